@@ -1,0 +1,255 @@
+"""Pack tokenized documents into fixed-length sequences: RoBERTa's FULL- and DOC-SENTENCES, BERT's pairs.
+
+Packers are pure state machines over a stream of documents (no I/O). Each call to `add` takes a
+batch of documents as one flat token array plus per-document lengths, and returns the sequences
+completed so far as a dict of arrays with one row per sequence. `state()` / `from_state()`
+capture everything needed to carry on exactly, so the shard stage can resume mid-corpus.
+
+Sequence fields:
+- `input_ids` (n, seq_len): the tokens, framed `<s> … </s>` (`[CLS] … [SEP]`), padded with pad.
+- `length` (n,): tokens before the padding (doc and pairs modes; full sequences are all seq_len).
+- `segment_b_start` (n,): position of segment B's first token (pairs mode).
+- `nsp_label` (n,): 0 when B continues A, 1 when B comes from another document (pairs mode;
+  the convention of `BertForPreTraining.next_sentence_label`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+
+PackMode = Literal["full", "doc", "pairs"]
+Sequences = dict[str, np.ndarray]
+
+
+@dataclass
+class PackStats:
+    """Counters of one packer; `tokens` counts every non-pad token written, framing included."""
+
+    documents: int = 0
+    document_tokens: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    padding_tokens: int = 0
+    dropped_tokens: int = 0
+    """Document tokens not written: the final partial sequence in `full` mode, 1-token leftovers in `pairs`."""
+
+    def merge(self, other: PackStats) -> None:
+        for key, value in asdict(other).items():
+            setattr(self, key, getattr(self, key) + value)
+
+
+class Packer:
+    """Base class: bookkeeping shared by the three modes."""
+
+    mode: PackMode
+    fields: tuple[str, ...] = ("input_ids",)
+
+    def __init__(self, seq_len: int, cls_id: int, sep_id: int, pad_id: int, dtype: np.dtype):
+        if seq_len < 8:
+            raise ValueError(f"seq_len must be at least 8, got {seq_len}")
+        self.seq_len = seq_len
+        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.dtype = np.dtype(dtype)
+        self.stats = PackStats()
+
+    def add(self, ids: np.ndarray, lengths: np.ndarray) -> Sequences:
+        """Consume documents (flat `ids`, split by `lengths`); return the sequences completed."""
+        self.stats.documents += len(lengths)
+        self.stats.document_tokens += int(lengths.sum())
+        out = self._add(ids, lengths)
+        self._count(out)
+        return out
+
+    def finish(self) -> Sequences:
+        """Flush at the end of the corpus; returns any last sequences."""
+        out = self._finish()
+        self._count(out)
+        return out
+
+    def _count(self, out: Sequences) -> None:
+        n = len(out["input_ids"])
+        self.stats.sequences += n
+        real = int(out["length"].sum()) if "length" in out else n * self.seq_len
+        self.stats.tokens += real
+        self.stats.padding_tokens += n * self.seq_len - real
+
+    def empty(self) -> Sequences:
+        return {name: np.zeros((0, self.seq_len) if name == "input_ids" else (0,), self._dtype_of(name))
+                for name in self.fields}
+
+    def _dtype_of(self, name: str) -> np.dtype:
+        return self.dtype if name == "input_ids" else np.dtype(np.int32 if name != "nsp_label" else np.int8)
+
+    def _finish(self) -> Sequences:
+        return self.empty()
+
+    # State: JSON-able scalars plus named arrays.
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        return {"stats": asdict(self.stats)}, {}
+
+    def load_state(self, scalars: dict, arrays: dict[str, np.ndarray]) -> None:
+        self.stats = PackStats(**scalars["stats"])
+
+
+class FullPacker(Packer):
+    """FULL-SENTENCES (Liu et al. 2019, §4.2): documents joined by a separator, cut every seq_len - 2.
+
+    Every sequence is exactly `seq_len` tokens, `<s>` + body + `</s>`; bodies may cross document
+    boundaries. The final partial body is dropped at `finish` and counted in `dropped_tokens`.
+    """
+
+    mode = "full"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.body = self.seq_len - 2
+        self.carry = np.zeros(0, self.dtype)
+
+    def _add(self, ids: np.ndarray, lengths: np.ndarray) -> Sequences:
+        # One separator after every document, inserted in one vectorised call.
+        stream = np.insert(ids.astype(self.dtype, copy=False), np.cumsum(lengths), self.sep_id)
+        stream = np.concatenate([self.carry, stream])
+        n = len(stream) // self.body
+        self.carry = stream[n * self.body:].copy()
+        seqs = np.empty((n, self.seq_len), self.dtype)
+        seqs[:, 0] = self.cls_id
+        seqs[:, 1:-1] = stream[: n * self.body].reshape(n, self.body)
+        seqs[:, -1] = self.sep_id
+        return {"input_ids": seqs}
+
+    def _finish(self) -> Sequences:
+        self.stats.dropped_tokens += int(np.count_nonzero(self.carry != self.sep_id))
+        self.carry = self.carry[:0]
+        return self.empty()
+
+    def state(self):
+        scalars, arrays = super().state()
+        return scalars, {"carry": self.carry}
+
+    def load_state(self, scalars, arrays):
+        super().load_state(scalars, arrays)
+        self.carry = arrays["carry"].astype(self.dtype)
+
+
+class DocPacker(Packer):
+    """DOC-SENTENCES: sequences never cross a document boundary; short ones are padded (and counted)."""
+
+    mode = "doc"
+    fields = ("input_ids", "length")
+
+    def _add(self, ids: np.ndarray, lengths: np.ndarray) -> Sequences:
+        body = self.seq_len - 2
+        chunks_per_doc = -(-lengths // body)  # ceil division; empty documents give no sequence
+        n = int(chunks_per_doc.sum())
+        seqs = np.full((n, self.seq_len), self.pad_id, self.dtype)
+        seq_lengths = np.empty(n, np.int32)
+        row, start = 0, 0
+        for doc_len in lengths.tolist():
+            for offset in range(0, doc_len, body):
+                take = min(body, doc_len - offset)
+                seqs[row, 0] = self.cls_id
+                seqs[row, 1: take + 1] = ids[start + offset: start + offset + take]
+                seqs[row, take + 1] = self.sep_id
+                seq_lengths[row] = take + 2
+                row += 1
+            start += doc_len
+        return {"input_ids": seqs, "length": seq_lengths}
+
+
+class PairsPacker(Packer):
+    """BERT's segment pairs for next-sentence prediction: `[CLS] A [SEP] B [SEP]`, padded.
+
+    Each document is walked left to right. A takes a random number of tokens from the current
+    position; half the time B is the true continuation (label 0), otherwise a span of the same
+    budget from another, recent document (label 1), and the walk resumes right after A so no
+    text of the current document is wasted (as in BERT's create_pretraining_data.py). Segments
+    are cut at token rather than sentence boundaries. "Another document" is drawn from a pool of
+    the last `pool_size` documents, which keeps memory bounded and the result deterministic.
+    """
+
+    mode = "pairs"
+    fields = ("input_ids", "length", "segment_b_start", "nsp_label")
+
+    def __init__(self, *args, seed: int = 0, pool_size: int = 64, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.pool: deque[np.ndarray] = deque(maxlen=pool_size)
+
+    def _add(self, ids: np.ndarray, lengths: np.ndarray) -> Sequences:
+        budget = self.seq_len - 3
+        rows: list[tuple[np.ndarray, np.ndarray, int]] = []
+        start = 0
+        for doc_len in lengths.tolist():
+            doc = ids[start: start + doc_len].astype(self.dtype, copy=False)
+            start += doc_len
+            pos = 0
+            while pos < doc_len:
+                chunk = doc[pos: pos + budget]
+                if len(chunk) < 2:
+                    self.stats.dropped_tokens += len(chunk)
+                    break
+                a_len = int(self.rng.integers(1, len(chunk)))
+                if self.pool and self.rng.random() < 0.5:
+                    other = self.pool[int(self.rng.integers(len(self.pool)))]
+                    b_len = min(budget - a_len, len(other))
+                    b_start = int(self.rng.integers(0, len(other) - b_len + 1))
+                    rows.append((chunk[:a_len], other[b_start: b_start + b_len], 1))
+                    pos += a_len
+                else:
+                    rows.append((chunk[:a_len], chunk[a_len:], 0))
+                    pos += len(chunk)
+            if doc_len:
+                self.pool.append(doc.copy())
+        return self._frame(rows)
+
+    def _frame(self, rows: list[tuple[np.ndarray, np.ndarray, int]]) -> Sequences:
+        n = len(rows)
+        seqs = np.full((n, self.seq_len), self.pad_id, self.dtype)
+        length = np.empty(n, np.int32)
+        b_start = np.empty(n, np.int32)
+        label = np.empty(n, np.int8)
+        for i, (a, b, is_random) in enumerate(rows):
+            la, lb = len(a), len(b)
+            seqs[i, 0] = self.cls_id
+            seqs[i, 1: 1 + la] = a
+            seqs[i, 1 + la] = self.sep_id
+            seqs[i, 2 + la: 2 + la + lb] = b
+            seqs[i, 2 + la + lb] = self.sep_id
+            length[i], b_start[i], label[i] = la + lb + 3, la + 2, is_random
+        return {"input_ids": seqs, "length": length, "segment_b_start": b_start, "nsp_label": label}
+
+    def state(self):
+        scalars, arrays = super().state()
+        scalars["rng"] = self.rng.bit_generator.state
+        lengths = np.array([len(d) for d in self.pool], np.int64)
+        arrays["pool_ids"] = np.concatenate(list(self.pool)) if self.pool else np.zeros(0, self.dtype)
+        arrays["pool_lengths"] = lengths
+        return scalars, arrays
+
+    def load_state(self, scalars, arrays):
+        super().load_state(scalars, arrays)
+        self.rng.bit_generator.state = scalars["rng"]
+        self.pool.clear()
+        offsets = np.concatenate([[0], np.cumsum(arrays["pool_lengths"])])
+        for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+            self.pool.append(arrays["pool_ids"][a:b].astype(self.dtype))
+
+
+PACKERS: dict[str, type[Packer]] = {"full": FullPacker, "doc": DocPacker, "pairs": PairsPacker}
+
+
+def make_packer(mode: PackMode, seq_len: int, cls_id: int, sep_id: int, pad_id: int, dtype, seed: int = 0) -> Packer:
+    """Build the packer for `mode`; `seed` only matters for pairs."""
+    if mode not in PACKERS:
+        raise ValueError(f"unknown packing mode {mode!r}; expected one of {', '.join(PACKERS)}")
+    kwargs = {"seed": seed} if mode == "pairs" else {}
+    return PACKERS[mode](seq_len, cls_id, sep_id, pad_id, dtype, **kwargs)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)

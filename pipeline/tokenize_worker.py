@@ -1,0 +1,130 @@
+"""What a shard-stage worker process does to one batch of raw records.
+
+Decode (UTF-8, JSON), choose the split by a hash of the text, tokenize, and return flat arrays.
+Problems with a record are returned as counts and messages, never raised, so the main process
+reports them cleanly instead of a traceback from inside a worker. Imports stay light (numpy and
+tokenizers) because every worker process imports this module at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_EXAMPLES = 10
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker needs; sent once at pool start-up."""
+
+    tokenizer_json: str
+    text_field: str
+    val_fraction: float
+    strict: bool
+    max_doc_bytes: int
+
+
+@dataclass
+class TokenizedBatch:
+    """Documents of one record batch, in input order, as flat token ids plus per-document lengths."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    is_val: np.ndarray
+    counts: Counter = field(default_factory=Counter)
+    """Skipped or repaired records by reason: empty, oversized, bad_record, invalid_utf8."""
+    examples: list[str] = field(default_factory=list)
+    """Up to MAX_EXAMPLES 'file line N: reason' messages for the skipped records."""
+    error: str | None = None
+    """Set under --strict when a record is bad; the main process stops with this message."""
+
+
+_settings: WorkerSettings | None = None
+_tokenizer = None
+
+
+def init_worker(settings: WorkerSettings) -> None:
+    """Build the tokenizer once per process."""
+    global _settings, _tokenizer
+    from tokenizers import Tokenizer
+
+    _settings = settings
+    _tokenizer = Tokenizer.from_str(settings.tokenizer_json)
+    # Literal "<mask>" or "</s>" in a corpus is text, not a control token: without this, the
+    # tokenizer would turn it into the special id and corrupt masking and packing downstream.
+    _tokenizer.encode_special_tokens = True
+
+
+def val_score(text: str) -> float:
+    """A number in [0, 1) fixed by the document's text; documents under val_fraction go to validation."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def tokenize_batch(source: str, fmt: str, lines: list[int], payloads: list) -> TokenizedBatch:
+    """Decode, split and tokenize one batch of raw records (see `pipeline.corpus.RecordBatch`)."""
+    assert _settings is not None and _tokenizer is not None, "init_worker was not called"
+    s = _settings
+    counts: Counter = Counter()
+    examples: list[str] = []
+
+    def skip(reason: str, line: int, detail: str) -> str | None:
+        counts[reason] += 1
+        message = f"{source} {'row' if fmt in ('parquet', 'hf') else 'line'} {line}: {detail}"
+        if len(examples) < MAX_EXAMPLES:
+            examples.append(message)
+        return message if s.strict else None
+
+    texts: list[str] = []
+    for line, payload in zip(lines, payloads, strict=True):
+        if payload is None:
+            if error := skip("oversized", line, f"document over --max-doc-bytes {s.max_doc_bytes} skipped"):
+                return _failed(error, counts, examples)
+            continue
+        if isinstance(payload, bytes):
+            try:
+                payload = payload.decode("utf-8")
+            except UnicodeDecodeError as err:
+                error = skip("invalid_utf8", line, f"invalid UTF-8 at byte {err.start} of the line")
+                if error:
+                    return _failed(error + " (--strict)", counts, examples)
+                payload = payload.decode("utf-8", errors="replace")
+        if fmt == "jsonl":
+            try:
+                record = json.loads(payload)
+            except ValueError as err:
+                if error := skip("bad_record", line, f"malformed JSON ({err})"):
+                    return _failed(error + " (--strict)", counts, examples)
+                continue
+            text = record.get(s.text_field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                if error := skip("bad_record", line, f"no string field {s.text_field!r}"):
+                    return _failed(error + " (--strict)", counts, examples)
+                continue
+        elif isinstance(payload, str):
+            text = payload
+        else:
+            if error := skip("bad_record", line, f"field {s.text_field!r} is not a string"):
+                return _failed(error + " (--strict)", counts, examples)
+            continue
+        if not text.strip():
+            counts["empty"] += 1
+            continue
+        texts.append(text)
+
+    encodings = _tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    lengths = np.fromiter((len(e) for e in encodings), np.int64, len(encodings))
+    ids = np.fromiter((i for e in encodings for i in e.ids), np.uint32, int(lengths.sum()))
+    is_val = np.fromiter((val_score(t) < s.val_fraction for t in texts), bool, len(texts)) \
+        if s.val_fraction > 0 else np.zeros(len(texts), bool)
+    return TokenizedBatch(ids, lengths, is_val, counts, examples)
+
+
+def _failed(error: str, counts: Counter, examples: list[str]) -> TokenizedBatch:
+    empty = np.zeros(0, np.int64)
+    return TokenizedBatch(empty.astype(np.uint32), empty, empty.astype(bool), counts, examples, error)

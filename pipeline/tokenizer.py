@@ -1,0 +1,203 @@
+"""Train, load and fingerprint tokenizers: byte-level BPE (RoBERTa) and WordPiece (BERT).
+
+Training uses HF `tokenizers`; the result is wrapped in `PreTrainedTokenizerFast` and saved, so
+`transformers.AutoTokenizer.from_pretrained(dir)` loads it. (transformers 5 builds an empty
+vocabulary from `RobertaTokenizerFast(vocab_file=..., merges_file=...)`, so we wrap the
+`tokenizers.Tokenizer` object instead; see shared/notes/platform-facts.md.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pipeline.errors import PipelineError
+
+TokenizerKind = Literal["bpe", "wordpiece"]
+
+# Special tokens in id order. RoBERTa's order matches roberta-base (<s>=0, <pad>=1, </s>=2,
+# <unk>=3); <mask> comes right after instead of at the end of the vocabulary.
+ROBERTA_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+DEFAULT_VOCAB_SIZE: dict[str, int] = {"bpe": 50_265, "wordpiece": 30_522}
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the data stage needs to know about a tokenizer, checked once at start-up."""
+
+    name: str
+    fingerprint: str
+    vocab_size: int
+    cls_id: int
+    """Id that opens every sequence (`<s>` or `[CLS]`)."""
+    sep_id: int
+    """Id that closes a sequence and separates documents or segments (`</s>` or `[SEP]`)."""
+    pad_id: int
+    mask_id: int
+    backend_json: str
+    """The `tokenizers.Tokenizer` serialised as JSON, so worker processes can rebuild it cheaply."""
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return (self.cls_id, self.sep_id, self.pad_id, self.mask_id)
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    kind: TokenizerKind,
+    vocab_size: int,
+    out_dir: Path,
+    *,
+    min_frequency: int = 2,
+    lowercase: bool | None = None,
+    model_max_length: int = 512,
+):
+    """Train a tokenizer on `texts` and save it to `out_dir` (written atomically).
+
+    `lowercase` defaults to False for BPE (RoBERTa is cased) and True for WordPiece
+    (bert-base-uncased).
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 256 + len(ROBERTA_SPECIAL_TOKENS):
+        raise PipelineError(f"--vocab-size {vocab_size} is too small: it must be at least 261")
+    if kind == "bpe":
+        lowercase = False if lowercase is None else lowercase
+        tok = Tokenizer(models.BPE(unk_token=None))
+        tok.normalizer = normalizers.Lowercase() if lowercase else None
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(ROBERTA_SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=True,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        bos, pad, eos, unk, mask = ROBERTA_SPECIAL_TOKENS
+        tok.post_processor = processors.RobertaProcessing(
+            (eos, tok.token_to_id(eos)), (bos, tok.token_to_id(bos)), trim_offsets=True, add_prefix_space=False
+        )
+        wrapped = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            bos_token=bos, eos_token=eos, cls_token=bos, sep_token=eos,
+            unk_token=unk, pad_token=pad, mask_token=mask,
+            model_max_length=model_max_length,
+        )
+    elif kind == "wordpiece":
+        lowercase = True if lowercase is None else lowercase
+        pad, unk, cls, sep, mask = BERT_SPECIAL_TOKENS
+        tok = Tokenizer(models.WordPiece(unk_token=unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None, clean_text=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(BERT_SPECIAL_TOKENS),
+            show_progress=True,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}",
+            pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+        )
+        wrapped = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            cls_token=cls, sep_token=sep, unk_token=unk, pad_token=pad, mask_token=mask,
+            model_max_length=model_max_length,
+        )
+    else:
+        raise PipelineError(f"--type must be 'bpe' or 'wordpiece', got {kind!r}")
+
+    if tok.get_vocab_size() <= len(BERT_SPECIAL_TOKENS):
+        raise PipelineError("the tokenizer learned no vocabulary: is the corpus empty?")
+    _save_atomically(wrapped, Path(out_dir))
+    return wrapped
+
+
+def _save_atomically(tokenizer, out_dir: Path) -> None:
+    """Save into a temporary sibling folder, then swap it into place."""
+    out_dir = out_dir.resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """Load a fast tokenizer from a local folder or a hub name such as `roberta-base`."""
+    from transformers import AutoTokenizer
+
+    name = str(name_or_path)
+    looks_local = os.sep in name or name.startswith(".") or Path(name).exists()
+    if looks_local and not Path(name).is_dir():
+        raise PipelineError(f"tokenizer folder {name} does not exist")
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise PipelineError(f"cannot load tokenizer {name!r}: {err}") from None
+    if not getattr(tok, "is_fast", False):
+        raise PipelineError(f"tokenizer {name!r} has no fast (Rust) implementation, which the pipeline needs")
+    return tok
+
+
+def describe_tokenizer(tok, name: str | None = None) -> TokenizerInfo:
+    """Check that `tok` has the special tokens an encoder needs and summarise it."""
+    name = name or getattr(tok, "name_or_path", "tokenizer")
+    ids = {
+        "cls/bos": tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id,
+        "sep/eos": tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id,
+        "pad": tok.pad_token_id,
+        "mask": tok.mask_token_id,
+    }
+    missing = [role for role, token_id in ids.items() if token_id is None]
+    if missing:
+        raise PipelineError(
+            f"tokenizer {name!r} lacks the special tokens {', '.join(missing)}; an encoder needs "
+            "<s> </s> <pad> <mask> (RoBERTa) or [CLS] [SEP] [PAD] [MASK] (BERT). "
+            "Train one with data_prep/train_tokenizer.py"
+        )
+    backend_json = tok.backend_tokenizer.to_str()
+    return TokenizerInfo(
+        name=str(name),
+        fingerprint=fingerprint(backend_json, tok),
+        vocab_size=len(tok),
+        cls_id=ids["cls/bos"],
+        sep_id=ids["sep/eos"],
+        pad_id=ids["pad"],
+        mask_id=ids["mask"],
+        backend_json=backend_json,
+    )
+
+
+def fingerprint(backend_json: str, tok) -> str:
+    """sha256 of the tokenizer's content: its `tokenizer.json` and its special-token map.
+
+    Hashing the canonical serialisation rather than the folder's bytes gives the same answer for
+    a local folder and the same tokenizer loaded from the hub cache.
+    """
+    digest = hashlib.sha256(backend_json.encode())
+    digest.update(json.dumps(tok.special_tokens_map, sort_keys=True, default=str).encode())
+    return "sha256:" + digest.hexdigest()
