@@ -2,7 +2,7 @@
 
 A shard is one zstd frame holding a small container:
 
-    b"RPSHARD1" | uint32 little-endian header length | header (JSON) | array bytes, in header order
+    b"RPSHARD1" | uint32 little-endian header length | header (JSON) | array bytes, sorted by field name
 
 The header maps each field name to its dtype and shape, and may carry extra JSON metadata. Arrays
 are C-ordered and read back as zero-copy views of the decompressed buffer. The same container
@@ -34,11 +34,12 @@ def encode(arrays: dict[str, np.ndarray], meta: dict | None = None, level: int =
     """Serialise named arrays (and optional JSON metadata) into compressed container bytes."""
     import zstandard
 
-    fields = {name: {"dtype": a.dtype.str, "shape": list(a.shape)} for name, a in arrays.items()}
+    names = sorted(arrays)  # the header is written with sorted keys, so the data must follow that order
+    fields = {name: {"dtype": arrays[name].dtype.str, "shape": list(arrays[name].shape)} for name in names}
     header = json.dumps({"version": FORMAT_VERSION, "fields": fields, "meta": meta or {}},
                         sort_keys=True).encode()
     parts = [MAGIC, struct.pack("<I", len(header)), header]
-    parts += [np.ascontiguousarray(a).tobytes() for a in arrays.values()]
+    parts += [np.ascontiguousarray(arrays[name]).tobytes() for name in names]
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(b"".join(parts))
 
 

@@ -65,11 +65,13 @@ def train_tokenizer(
     `lowercase` defaults to False for BPE (RoBERTa is cased) and True for WordPiece
     (bert-base-uncased).
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if vocab_size < 256 + len(ROBERTA_SPECIAL_TOKENS):
-        raise PipelineError(f"--vocab-size {vocab_size} is too small: it must be at least 261")
+    smallest = 256 + len(ROBERTA_SPECIAL_TOKENS) if kind == "bpe" else len(BERT_SPECIAL_TOKENS) + 1
+    if vocab_size < smallest:
+        # Byte-level BPE starts from all 256 bytes, plus the 5 special tokens.
+        raise PipelineError(f"--vocab-size {vocab_size} is too small for {kind}: it must be at least {smallest}")
     if kind == "bpe":
         lowercase = False if lowercase is None else lowercase
         tok = Tokenizer(models.BPE(unk_token=None))
@@ -85,13 +87,17 @@ def train_tokenizer(
         )
         tok.train_from_iterator(texts, trainer=trainer)
         bos, pad, eos, unk, mask = ROBERTA_SPECIAL_TOKENS
+        # As in roberta-base: "<mask>" absorbs the space before it, so "a <mask>" masks " word".
+        mask_token = AddedToken(mask, lstrip=True, rstrip=False, normalized=False, special=True)
+        tok.add_special_tokens([mask_token])
         tok.post_processor = processors.RobertaProcessing(
             (eos, tok.token_to_id(eos)), (bos, tok.token_to_id(bos)), trim_offsets=True, add_prefix_space=False
         )
         wrapped = PreTrainedTokenizerFast(
             tokenizer_object=tok,
             bos_token=bos, eos_token=eos, cls_token=bos, sep_token=eos,
-            unk_token=unk, pad_token=pad, mask_token=mask,
+            unk_token=unk, pad_token=pad,
+            mask_token=mask_token,
             model_max_length=model_max_length,
         )
     elif kind == "wordpiece":
@@ -117,6 +123,8 @@ def train_tokenizer(
             tokenizer_object=tok,
             cls_token=cls, sep_token=sep, unk_token=unk, pad_token=pad, mask_token=mask,
             model_max_length=model_max_length,
+            # BERT's segment embeddings need token_type_ids, which the generic class omits.
+            model_input_names=["input_ids", "token_type_ids", "attention_mask"],
         )
     else:
         raise PipelineError(f"--type must be 'bpe' or 'wordpiece', got {kind!r}")
