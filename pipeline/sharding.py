@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
-import shutil
 import sys
 import time
 from collections import Counter, deque
@@ -32,8 +31,15 @@ import numpy as np
 
 from pipeline.corpus import CorpusOptions, check_sources, iter_record_batches, resolve_inputs
 from pipeline.errors import PipelineError
-from pipeline.packing import PackMode, Packer, PackStats, Sequences, make_packer, token_dtype
-from pipeline.shard_format import FORMAT_VERSION, decode, encode, sha256_bytes, write_atomic, write_json_atomic
+from pipeline.packing import Packer, PackMode, PackStats, Sequences, make_packer, token_dtype
+from pipeline.shard_format import (
+    FORMAT_VERSION,
+    decode,
+    encode,
+    sha256_bytes,
+    write_atomic,
+    write_json_atomic,
+)
 from pipeline.shard_index import (
     INDEX_NAME,
     SKIP_REASONS,
@@ -463,10 +469,13 @@ def format_summary(result: dict) -> str:
     """A short human summary of an index (or of one part's summary)."""
     stats = result.get("totals") or result.get("stats", {})
     seconds = sum(p["seconds"] for p in result.get("parts", [result]))
+    per_split = {split: sum(s["sequences"] for s in shards) for split, shards in result["shards"].items()} \
+        if "shards" in result else {split: entry["sequences"] for split, entry in result["splits"].items()}
     lines = [
         f"documents        {stats.get('documents', 0):>14,}  ({stats.get('val_documents', 0):,} in validation)",
         f"document tokens  {stats.get('document_tokens', 0):>14,}",
-        f"sequences        {stats.get('sequences', 0):>14,}",
+        f"sequences        {stats.get('sequences', 0):>14,}  ("
+        + ", ".join(f"{split} {n:,}" for split, n in per_split.items()) + ")",
         f"padding          {stats.get('padding_tokens', 0):>14,}  "
         f"({stats.get('padding_fraction', 0.0) * 100 if 'padding_fraction' in stats else 0:.2f}% of slots)",
         f"dropped tokens   {stats.get('dropped_tokens', 0):>14,}  (final partial sequence / leftovers)",

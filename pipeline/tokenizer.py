@@ -65,7 +65,16 @@ def train_tokenizer(
     `lowercase` defaults to False for BPE (RoBERTa is cased) and True for WordPiece
     (bert-base-uncased).
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     smallest = 256 + len(ROBERTA_SPECIAL_TOKENS) if kind == "bpe" else len(BERT_SPECIAL_TOKENS) + 1

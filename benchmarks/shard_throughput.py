@@ -1,0 +1,202 @@
+"""Shard-stage throughput against the bare tokenizer and HF's run_mlm recipe, measured in one run.
+
+    python benchmarks/shard_throughput.py [--corpus FILE] [--tokenizer DIR] [--seq-len 512]
+
+Same corpus, tokenizer and cores for the three methods:
+- bare:    `tokenizers.Tokenizer.encode_batch` over texts already in memory (all cores; the floor);
+- shard:   `data_prep/shard.py` end to end, as a user runs it (reading, tokenizing, packing,
+           zstd, checksums, index; interpreter start-up included);
+- run_mlm: the HF recipe: `datasets` load → `map(tokenize, batched=True)` → `map(group_texts)` →
+           `save_to_disk`, with num_proc = cores.
+Rates use the same token count for all three (the corpus tokenized without special tokens).
+shard.py and run_mlm are timed the same way: the wall clock of a whole process, start-up and
+imports included; their in-process times (after imports) are printed too. Each method runs in
+its own process, whose peak memory (the whole process tree) is sampled.
+Then shard.py runs again on a tenth of the corpus, to show whether peak memory grows with it.
+
+Default corpus: ../shared/data/corpus/imdb-reviews.jsonl.zst when present, else the embedded one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
+
+
+def peak_rss_of(cmd: list[str], env: dict | None = None) -> tuple[float, int, str]:
+    """Run `cmd`; return (wall seconds, peak RSS of its process tree in bytes, stdout)."""
+    import psutil
+
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    peak = 0
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak
+        root = psutil.Process(proc.pid)
+        while not stop.is_set():
+            try:
+                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                peak = max(peak, rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    stop.set()
+    sampler.join()
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
+    return seconds, peak, out
+
+
+# ----------------------------------------------------------------------------- the methods (child processes)
+
+
+def method_bare(corpus: str, tokenizer: str) -> dict:
+    from tokenizers import Tokenizer
+
+    from pipeline.corpus import CorpusOptions, iter_texts, resolve_inputs
+
+    texts = list(iter_texts(resolve_inputs([corpus]), CorpusOptions()))
+    tok = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
+    started = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(texts), 1000):
+        tokens += sum(len(e.ids) for e in tok.encode_batch(texts[i: i + 1000], add_special_tokens=False))
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "documents": len(texts)}
+
+
+def method_run_mlm(corpus_jsonl: str, tokenizer: str, seq_len: int, workers: int, out: str) -> dict:
+    # Follows transformers/examples/pytorch/language-modeling/run_mlm.py (line_by_line=False).
+    from itertools import chain
+
+    import datasets
+    from transformers import AutoTokenizer
+
+    started = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    raw = datasets.load_dataset("json", data_files={"train": corpus_jsonl}, split="train")
+
+    def tokenize_function(examples):
+        return tok(examples["text"], return_special_tokens_mask=True)
+
+    tokenized = raw.map(tokenize_function, batched=True, num_proc=workers, remove_columns=raw.column_names)
+
+    def group_texts(examples):
+        concatenated = {k: list(chain(*examples[k])) for k in examples}
+        total = (len(concatenated["input_ids"]) // seq_len) * seq_len
+        return {k: [t[i: i + seq_len] for i in range(0, total, seq_len)] for k, t in concatenated.items()}
+
+    grouped = tokenized.map(group_texts, batched=True, num_proc=workers)
+    grouped.save_to_disk(out)
+    return {"seconds": time.perf_counter() - started, "sequences": len(grouped)}
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", default=None, help="jsonl(.zst) corpus (default: shared IMDB, else embedded)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: train a 32k BPE, untimed)")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--args", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.method:  # child process
+        fn = {"bare": method_bare, "run_mlm": method_run_mlm}[a.method]
+        print(json.dumps(fn(*json.loads(a.args))))
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="shard-bench-"))
+    py = sys.executable
+    try:
+        corpus = a.corpus or (str(SHARED_CORPUS) if SHARED_CORPUS.exists() else None)
+        if corpus is None:
+            corpus = str(work / "embedded.jsonl")
+            subprocess.run([py, "data_prep/make_default_corpus.py", "--out", corpus], cwd=ROOT, check=True)
+        # Plain jsonl for the datasets recipe and the 10% slice (untimed preparation).
+        from pipeline.corpus import CorpusOptions, iter_texts, resolve_inputs
+
+        texts = list(iter_texts(resolve_inputs([corpus]), CorpusOptions()))
+        plain, tenth = work / "corpus.jsonl", work / "tenth.jsonl"
+        plain.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        tenth.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[: len(texts) // 10]))
+        tokenizer = a.tokenizer
+        if tokenizer is None:
+            tokenizer = str(work / "tokenizer")
+            subprocess.run([py, "data_prep/train_tokenizer.py", "--input", str(plain), "--vocab-size", "32000",
+                            "--max-documents", "20000", "--out", tokenizer], cwd=ROOT, check=True,
+                           capture_output=True)
+        print(f"corpus {corpus}: {len(texts):,} documents; tokenizer {tokenizer}; {a.workers} workers; "
+              f"seq_len {a.seq_len}", flush=True)
+
+        env = {**os.environ, "HF_DATASETS_CACHE": str(work / "hf-cache"), "HF_HUB_OFFLINE": "1"}
+        results = {}
+        t, peak, out = peak_rss_of([py, __file__, "--method", "bare", "--args", json.dumps([corpus, tokenizer])])
+        bare = json.loads(out)
+        tokens = bare["tokens"]
+        results["bare encode_batch"] = (bare["seconds"], peak)
+
+        def shard_cmd(inputs: str, out: Path) -> list[str]:
+            return [py, "data_prep/shard.py", "--input", inputs, "--tokenizer", tokenizer, "--seq-len",
+                    str(a.seq_len), "--workers", str(a.workers), "--quiet", "--out", str(out)]
+
+        t, peak = peak_rss_of(shard_cmd(corpus, work / "shards"))[:2]
+        results["shard.py (end to end)"] = (t, peak)
+        index = json.loads((work / "shards" / "index.json").read_text())
+        assert index["totals"]["document_tokens"] == tokens, "shard.py and the bare tokenizer disagree on tokens"
+
+        t_mlm, peak_mlm, out = peak_rss_of([py, __file__, "--method", "run_mlm", "--args",
+                                            json.dumps([str(plain), tokenizer, a.seq_len, a.workers,
+                                                        str(work / "run_mlm")])], env=env)
+        mlm_inside = json.loads(out)["seconds"]
+        results["run_mlm recipe (end to end)"] = (t_mlm, peak_mlm)
+
+        t10, peak10 = peak_rss_of(shard_cmd(str(tenth), work / "tenth"))[:2]
+
+        shard_bytes = sum(s["bytes"] for split in index["splits"].values() for s in split["shards"])
+        print(f"\n{'method':<30}{'seconds':>9}{'Mtok/s':>9}{'vs bare':>9}{'peak MB':>9}")
+        for name, (seconds, peak) in results.items():
+            rate = tokens / seconds
+            print(f"{name:<30}{seconds:>9.2f}{rate / 1e6:>9.3f}{bare['seconds'] / seconds:>9.2f}{peak / 2**20:>9.0f}")
+        shard_s, mlm_s = results["shard.py (end to end)"][0], t_mlm
+        stage_s = index["parts"][0]["seconds"]
+        print(f"\nshard.py / bare tokenizer     {bare['seconds'] / shard_s:.2f}x   (target >= 0.85x)")
+        print(f"shard.py / run_mlm recipe     {mlm_s / shard_s:.2f}x   (target >= 1.5x; both whole processes)")
+        print(f"after imports: shard stage {stage_s:.2f} s, run_mlm {mlm_inside:.2f} s -> "
+              f"{mlm_inside / stage_s:.2f}x; shard stage / bare {bare['seconds'] / stage_s:.2f}x, "
+              f"run_mlm / bare {bare['seconds'] / mlm_inside:.2f}x")
+        print(f"bytes per token on disk       {shard_bytes / index['totals']['tokens']:.3f} "
+              f"({shard_bytes / 2**20:.1f} MiB for {index['totals']['tokens']:,} tokens, {index['dtype']})")
+        peak_all = results["shard.py (end to end)"][1]
+        print(f"peak memory, 10% vs 100%      {peak10 / 2**20:.0f} MB vs {peak_all / 2**20:.0f} MB "
+              f"(ratio {peak_all / peak10:.2f} for 10x the corpus; {t10:.1f} s vs {shard_s:.1f} s)")
+    finally:
+        if a.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

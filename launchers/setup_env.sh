@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Create or update the project's virtual environment; sourced by demo.sh and test.sh.
+#
+# torch is installed first and only if the environment has none: here `pip install torch==2.13.0`
+# takes the local CPU build, and a GPU user who installed a CUDA torch into .venv beforehand keeps
+# it (every other dependency accepts any torch >= 2.4). Re-runs are no-ops until pyproject.toml
+# changes. VENV=/path picks another environment; TORCH_SPEC='torch==X' another torch.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+    echo "error: Python 3.11 or newer is needed ($PYTHON is $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2
+    exit 2
+  }
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.roberta-pipeline-installed"
+want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)"
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    echo "setup: installing ${TORCH_SPEC:-torch==2.13.0} first (the CPU build, no CUDA packages)"
+    "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+  fi
+  echo "setup: installing roberta-pipeline and its dependencies"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+  echo "$want" > "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"
+export VIRTUAL_ENV="$VENV"
