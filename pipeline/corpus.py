@@ -349,31 +349,49 @@ def _iter_paragraph_docs(source: Source, max_doc_bytes: int) -> Iterator[tuple[i
 
 
 def iter_texts(sources: list[Source], options: CorpusOptions) -> Iterator[str]:
-    """Decoded document texts in order (for tokenizer training); bad records are skipped."""
+    """Decoded document texts in order (for tokenizer training); bad and empty records are skipped."""
     for batch in iter_record_batches(sources, options):
         for payload in batch.payloads:
-            text = decode_payload(payload, batch.format, options.text_field)
-            if isinstance(text, str) and text:
+            text = decode_record(payload, batch.format, options).text
+            if text and text.strip():
                 yield text
 
 
-def decode_payload(payload: bytes | str | None, fmt: Format, text_field: str) -> str | Exception | None:
-    """Turn a raw record into text, or an exception describing why it can't be (not raised)."""
+@dataclass(frozen=True)
+class Decoded:
+    """A raw record turned into text, or why it could not be (`reason` is a skip or repair)."""
+
+    text: str | None
+    reason: str | None = None
+    """oversized, bad_record or empty (text is None), or invalid_utf8 (text has U+FFFD replacements)."""
+    detail: str = ""
+    """Where in the record the problem is, for the message."""
+
+
+def decode_record(payload: bytes | str | None, fmt: Format, options: CorpusOptions) -> Decoded:
+    """Decode UTF-8, parse JSON and pick the text field of one raw record; never raises."""
     if payload is None:
-        return None
+        return Decoded(None, "oversized", f"document over --max-doc-bytes {options.max_doc_bytes} skipped")
+    repaired = None
     if isinstance(payload, bytes):
-        payload = payload.decode("utf-8", errors="replace")
+        try:
+            payload = payload.decode("utf-8")
+        except UnicodeDecodeError as err:
+            repaired = Decoded(None, "invalid_utf8", f"invalid UTF-8 at byte {err.start} of the line")
+            payload = payload.decode("utf-8", errors="replace")
     if fmt == "jsonl":
         try:
             record = json.loads(payload)
         except ValueError as err:
-            return err
-        if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-            return ValueError(f"field {text_field!r} is missing or not a string")
-        return record[text_field]
-    if not isinstance(payload, str):
-        return ValueError(f"field {text_field!r} is not a string")
-    return payload
+            return Decoded(None, "bad_record", f"malformed JSON ({err})")
+        payload = record.get(options.text_field) if isinstance(record, dict) else None
+        if not isinstance(payload, str):
+            return Decoded(None, "bad_record", f"no string field {options.text_field!r}")
+    elif not isinstance(payload, str):
+        return Decoded(None, "bad_record", f"field {options.text_field!r} is not a string")
+    if not payload.strip():
+        return Decoded(None, "empty")
+    return Decoded(payload, repaired.reason, repaired.detail) if repaired else Decoded(payload)
 
 
 def file_size(source: Source) -> int:

@@ -216,8 +216,7 @@ def run_shard_stage(args: ShardArgs) -> dict:
                for split in SPLITS}
     state = _resume(out, args, identity, packers, writers)
 
-    settings = WorkerSettings(tokenizer.backend_json, args.text_field, args.val_fraction, args.strict,
-                              args.max_doc_bytes)
+    settings = WorkerSettings(tokenizer.backend_json, options, args.val_fraction, args.strict)
     batches = ((i, (b.source, b.format, b.lines, b.payloads))
                for i, b in enumerate(iter_record_batches(sources, options))
                if i >= state.position and i % args.world_size == args.rank)

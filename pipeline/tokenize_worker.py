@@ -2,18 +2,19 @@
 
 Decode (UTF-8, JSON), choose the split by a hash of the text, tokenize, and return flat arrays.
 Problems with a record are returned as counts and messages, never raised, so the main process
-reports them cleanly instead of a traceback from inside a worker. Imports stay light (numpy and
-tokenizers) because every worker process imports this module at start-up.
+reports them cleanly instead of a traceback from inside a worker. Imports stay light (numpy,
+tokenizers and the corpus module) because every worker process imports this module at start-up.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pipeline.corpus import CorpusOptions, decode_record
 
 MAX_EXAMPLES = 10
 
@@ -23,10 +24,9 @@ class WorkerSettings:
     """Everything a worker needs; sent once at pool start-up."""
 
     tokenizer_json: str
-    text_field: str
+    corpus: CorpusOptions
     val_fraction: float
     strict: bool
-    max_doc_bytes: int
 
 
 @dataclass
@@ -69,59 +69,29 @@ def val_score(text: str) -> float:
 def tokenize_batch(source: str, fmt: str, lines: list[int], payloads: list) -> TokenizedBatch:
     """Decode, split and tokenize one batch of raw records (see `pipeline.corpus.RecordBatch`)."""
     assert _settings is not None and _tokenizer is not None, "init_worker was not called"
-    s = _settings
     counts: Counter = Counter()
     examples: list[str] = []
-
-    def skip(reason: str, line: int, detail: str) -> str | None:
-        counts[reason] += 1
-        message = f"{source} {'row' if fmt in ('parquet', 'hf') else 'line'} {line}: {detail}"
-        if len(examples) < MAX_EXAMPLES:
-            examples.append(message)
-        return message if s.strict else None
-
+    where = "row" if fmt in ("parquet", "hf") else "line"
     texts: list[str] = []
     for line, payload in zip(lines, payloads, strict=True):
-        if payload is None:
-            if error := skip("oversized", line, f"document over --max-doc-bytes {s.max_doc_bytes} skipped"):
-                return _failed(error, counts, examples)
-            continue
-        if isinstance(payload, bytes):
-            try:
-                payload = payload.decode("utf-8")
-            except UnicodeDecodeError as err:
-                error = skip("invalid_utf8", line, f"invalid UTF-8 at byte {err.start} of the line")
-                if error:
-                    return _failed(error + " (--strict)", counts, examples)
-                payload = payload.decode("utf-8", errors="replace")
-        if fmt == "jsonl":
-            try:
-                record = json.loads(payload)
-            except ValueError as err:
-                if error := skip("bad_record", line, f"malformed JSON ({err})"):
-                    return _failed(error + " (--strict)", counts, examples)
-                continue
-            text = record.get(s.text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                if error := skip("bad_record", line, f"no string field {s.text_field!r}"):
-                    return _failed(error + " (--strict)", counts, examples)
-                continue
-        elif isinstance(payload, str):
-            text = payload
-        else:
-            if error := skip("bad_record", line, f"field {s.text_field!r} is not a string"):
-                return _failed(error + " (--strict)", counts, examples)
-            continue
-        if not text.strip():
-            counts["empty"] += 1
-            continue
-        texts.append(text)
+        decoded = decode_record(payload, fmt, _settings.corpus)
+        if decoded.reason:
+            counts[decoded.reason] += 1
+            if decoded.reason != "empty":
+                message = f"{source} {where} {line}: {decoded.detail}"
+                if _settings.strict:
+                    return _failed(message + " (--strict)", counts, examples)
+                if len(examples) < MAX_EXAMPLES:
+                    examples.append(message)
+        if decoded.text is not None:
+            texts.append(decoded.text)
 
     encodings = _tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     lengths = np.fromiter((len(e) for e in encodings), np.int64, len(encodings))
     ids = np.fromiter((i for e in encodings for i in e.ids), np.uint32, int(lengths.sum()))
-    is_val = np.fromiter((val_score(t) < s.val_fraction for t in texts), bool, len(texts)) \
-        if s.val_fraction > 0 else np.zeros(len(texts), bool)
+    fraction = _settings.val_fraction
+    is_val = np.fromiter((val_score(t) < fraction for t in texts), bool, len(texts)) if fraction > 0 \
+        else np.zeros(len(texts), bool)
     return TokenizedBatch(ids, lengths, is_val, counts, examples)
 
 
