@@ -241,6 +241,12 @@ def cli(tmp_path, *inputs, tokenizer, extra=()) -> subprocess.CompletedProcess:
                       "--out", tmp_path / "out", "--workers", "1", *extra)
 
 
+def cli_succeeds(tmp_path, *inputs, tokenizer) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = cli(tmp_path, *inputs, tokenizer=tokenizer)
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads((tmp_path / "out" / "index.json").read_text())
+
+
 def assert_clean_error(proc, *fragments):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -272,9 +278,7 @@ def test_empty_corpus_is_an_error_and_writes_no_index(tmp_path, bpe_tokenizer_di
 def test_invalid_utf8_is_replaced_and_counted_or_an_error_under_strict(tmp_path, bpe_tokenizer_dir):
     path = tmp_path / "c.txt"
     path.write_bytes(b"good document one\n\nbad \xff\xfe bytes here\n\nanother good one\n")
-    proc = cli(tmp_path, path, tokenizer=bpe_tokenizer_dir)
-    assert proc.returncode == 0, proc.stderr
-    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    proc, index = cli_succeeds(tmp_path, path, tokenizer=bpe_tokenizer_dir)
     assert index["totals"]["skipped"]["invalid_utf8"] == 1 and index["totals"]["documents"] == 3
     assert "c.txt line 3: invalid UTF-8 at byte 4" in proc.stdout
     strict = cli(tmp_path, path, tokenizer=bpe_tokenizer_dir, extra=("--strict", "--overwrite"))
@@ -285,9 +289,7 @@ def test_invalid_utf8_is_replaced_and_counted_or_an_error_under_strict(tmp_path,
 def test_malformed_jsonl_line_is_counted_or_an_error_under_strict(tmp_path, bpe_tokenizer_dir):
     path = tmp_path / "c.jsonl"
     path.write_text('{"text": "first document"}\n{"text": "broken\n{"text": "third"}\n{"body": "x"}\n')
-    proc = cli(tmp_path, path, tokenizer=bpe_tokenizer_dir)
-    assert proc.returncode == 0, proc.stderr
-    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    proc, index = cli_succeeds(tmp_path, path, tokenizer=bpe_tokenizer_dir)
     assert index["totals"]["skipped"]["bad_record"] == 2 and index["totals"]["documents"] == 2
     assert "c.jsonl line 2: malformed JSON" in proc.stdout and "c.jsonl line 4: no string field 'text'" in proc.stdout
     strict = cli(tmp_path, path, tokenizer=bpe_tokenizer_dir, extra=("--strict", "--overwrite"))
@@ -307,9 +309,7 @@ def test_a_single_50_mb_line_is_skipped_and_counted_without_loading_it(tmp_path,
         fh.write(b"a normal first document\n\n")
         fh.write(b"word " * 10_000_000 + b"\n\n")  # 50 MB on one line
         fh.write(b"a normal last document\n")
-    proc = cli(tmp_path, path, tokenizer=bpe_tokenizer_dir)
-    assert proc.returncode == 0, proc.stderr
-    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    proc, index = cli_succeeds(tmp_path, path, tokenizer=bpe_tokenizer_dir)
     assert index["totals"]["skipped"]["oversized"] == 1 and index["totals"]["documents"] == 2
     assert "huge.txt line 3: document over --max-doc-bytes" in proc.stdout
 
