@@ -13,7 +13,6 @@ import glob
 import gzip
 import io
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -393,7 +392,3 @@ def decode_record(payload: bytes | str | None, fmt: Format, options: CorpusOptio
         return Decoded(None, "empty")
     return Decoded(payload, repaired.reason, repaired.detail) if repaired else Decoded(payload)
 
-
-def file_size(source: Source) -> int:
-    """On-disk size of a file source (0 for `hf:` inputs), for progress estimates."""
-    return 0 if source.format == "hf" else os.path.getsize(source.path)

@@ -71,10 +71,6 @@ class ShardedDataset:
         row = i - self._starts[shard]
         return {name: values[row] for name, values in arrays.items()}
 
-    def shard_of(self, i: int) -> int:
-        """Which shard holds sequence `i` (lets samplers keep reads shard-local)."""
-        return bisect.bisect_right(self._starts, i) - 1
-
     def _load(self, shard: int) -> dict[str, np.ndarray]:
         if shard in self._cache:
             self._cache.move_to_end(shard)

@@ -45,10 +45,6 @@ class TokenizerInfo:
     backend_json: str
     """The `tokenizers.Tokenizer` serialised as JSON, so worker processes can rebuild it cheaply."""
 
-    @property
-    def special_ids(self) -> tuple[int, ...]:
-        return (self.cls_id, self.sep_id, self.pad_id, self.mask_id)
-
 
 def train_tokenizer(
     texts: Iterable[str],
