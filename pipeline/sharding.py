@@ -346,7 +346,8 @@ def _completed_part(out: Path, rank: int, identity: dict) -> dict | None:
     for shards in summary["shards"].values():
         for shard in shards:
             if check_shard(out, shard, identity["seq_len"], summary["dtype"]) is not None:
-                path.unlink()
+                path.unlink()  # redo this part; until then no index may list its bad shard
+                (out / INDEX_NAME).unlink(missing_ok=True)
                 return None
     return summary
 

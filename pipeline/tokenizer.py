@@ -141,8 +141,15 @@ def train_tokenizer(
 
 
 def _save_atomically(tokenizer, out_dir: Path) -> None:
-    """Save into a temporary sibling folder, then swap it into place."""
+    """Save into a temporary sibling folder, then swap it into place.
+
+    Only an empty folder or an earlier tokenizer folder is replaced: anything else in `out_dir`
+    would be lost with the swap.
+    """
     out_dir = out_dir.resolve()
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "tokenizer.json").is_file():
+        raise PipelineError(f"--out {out_dir} holds other files and no tokenizer.json; "
+                            "choose an empty or new folder")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

@@ -209,6 +209,8 @@ def test_verify_and_reader_name_a_corrupted_or_truncated_shard(tmp_path, corpus_
     victim.write_bytes(bytes(data[: len(data) // 3]))
     proc = run_script("data_prep/verify_shards.py", out)
     assert proc.returncode == 1 and victim.name in proc.stderr and "truncated" in proc.stderr
+    shard(corpus_jsonl, bpe_tokenizer_dir, out)  # a rerun redoes the damaged part
+    assert verify_folder(out) == []
 
 
 def test_reader_refuses_another_tokenizer_or_sequence_length(tmp_path, corpus_jsonl, bpe_tokenizer_dir):

@@ -74,3 +74,13 @@ def test_train_tokenizer_cli_writes_a_loadable_folder(tmp_path, corpus_jsonl):
                       "--vocab-size", "250", "--min-frequency", "1", "--out", out, check=True)
     assert "vocabulary 250" in proc.stdout
     assert len(AutoTokenizer.from_pretrained(out)) == 250
+
+
+def test_training_into_a_folder_with_other_files_is_refused_and_keeps_them(tmp_path, documents):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(PipelineError, match="holds other files and no tokenizer.json"):
+        train_tokenizer(documents, "bpe", 300, tmp_path, min_frequency=1)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+    train_tokenizer(documents, "bpe", 300, tmp_path / "tok", min_frequency=1)
+    train_tokenizer(documents, "bpe", 320, tmp_path / "tok", min_frequency=1)  # retraining replaces it
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "tok")) == 320
