@@ -1,0 +1,63 @@
+"""Pretrain an encoder with DeepSpeed from the shards made by data_prep/shard.py.
+
+    deepspeed --num_gpus N launchers/pretrain.py --config configs/large.json [--set key=value ...]
+    torchrun --nproc_per_node N launchers/pretrain.py --config FILE
+    python launchers/pretrain.py --config FILE          (one process)
+
+`--set section.key=value` overrides a config key (the value is read as JSON when it parses, else
+as a string), e.g. `--set train.max_steps=100 --set deepspeed.zero_optimization.stage=3`.
+The run resumes by itself from the newest complete checkpoint in train.output_dir; SIGTERM or
+SIGUSR1 makes it finish the step, checkpoint and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
+
+from pipeline.errors import PipelineError, exit_on_pipeline_error
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="JSON config, e.g. configs/tiny.json")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--print-config", action="store_true",
+                   help="validate, print the resolved config and batch arithmetic, and exit")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
+    return p.parse_args(argv)
+
+
+@exit_on_pipeline_error
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from pipeline.distributed import prepare_environment
+
+    topology = prepare_environment()
+    from pipeline.batch_plan import BatchPlan
+    from pipeline.config_tree import to_dict
+    from pipeline.pretrain_config import load_pretrain_config
+
+    try:
+        config = load_pretrain_config(args.config, args.set, world_size=topology.world_size, cuda=topology.cuda)
+    except PipelineError:
+        if topology.rank != 0:  # every rank finds the same problems; one copy is enough
+            raise SystemExit(2) from None
+        raise
+    if args.print_config:
+        plan = BatchPlan.derive(config.train.global_batch_size, config.train.micro_batch_size, topology.world_size)
+        print(json.dumps({"config": to_dict(config), "world_size": plan.world_size,
+                          "gradient_accumulation": plan.accumulation}, indent=2))
+        return
+    from pipeline.trainer import run_pretraining
+
+    result = run_pretraining(config, topology)
+    if topology.is_main and result.export_dir:
+        print(f"done: {result.last_step} steps; model exported to {result.export_dir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

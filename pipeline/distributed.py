@@ -1,0 +1,62 @@
+"""Process-group set-up that works the same under `deepspeed`, `torchrun` and plain `python`."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    cuda: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_environment() -> Topology:
+    """Read (or, for plain `python`, invent) the launcher's variables; pick the accelerator.
+
+    Must run before `import deepspeed`: DeepSpeed chooses its accelerator at import time, and
+    without DS_ACCELERATOR=cpu on a machine with no GPU it goes looking for one.
+    """
+    import torch
+
+    if "RANK" not in os.environ:  # plain `python`: a world of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    world = int(os.environ["WORLD_SIZE"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    topology = Topology(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), world, local_world, cuda)
+    if cuda:
+        torch.cuda.set_device(topology.local_rank)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        # Ranks sharing a CPU would otherwise each start one thread per core and fight over them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    return topology
+
+
+def init_process_group(topology: Topology) -> None:
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if topology.cuda else "gloo")
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))

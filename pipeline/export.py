@@ -1,0 +1,69 @@
+"""A training checkpoint → an HF model folder (safetensors, config, tokenizer), from any ZeRO stage.
+
+The weights are consolidated to fp32 with DeepSpeed's own `zero_to_fp32` (which reassembles the
+partitions of ZeRO 1, 2 and 3 from the optimizer's fp32 master copy); a ZeRO-0 checkpoint holds
+whole weights already. They are loaded into transformers' plain `RobertaForMaskedLM` /
+`BertForPreTraining` with strict key checking, so the folder loads with `from_pretrained` and in
+`pipeline("fill-mask")`. The folder is written beside the target and renamed into place.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from pipeline.checkpoints import read_marker, resolve_checkpoint
+from pipeline.errors import PipelineError
+
+
+def consolidated_state_dict(checkpoint: Path, zero_stage: int) -> dict[str, torch.Tensor]:
+    """fp32 weights of the whole model, whatever the ZeRO stage and world size it was saved with."""
+    if zero_stage > 0 or any(checkpoint.glob("*optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        try:
+            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+        except ValueError:
+            if zero_stage > 0:
+                raise
+    states = torch.load(checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    return {k: v.float() for k, v in states["module"].items()}
+
+
+def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the HF model folder for checkpoint (or output folder) `path` to `out`; return `out`."""
+    from transformers import AutoTokenizer
+
+    from pipeline.modeling import EXPORT_CLASSES, hf_config
+    from pipeline.pretrain_config import ModelConfig
+    from pipeline.tokenizer import describe_tokenizer
+
+    checkpoint = resolve_checkpoint(path)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
+    marker = read_marker(checkpoint)
+    config = marker["config"]
+    tokenizer_dir = checkpoint.parent.parent / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir if tokenizer_dir.is_dir() else config["data"]["tokenizer"])
+    model_config = ModelConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in config["model"].items()})
+    hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
+    model = EXPORT_CLASSES[marker["architecture"]](hf)
+    state = consolidated_state_dict(checkpoint, marker["zero_stage"])
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise PipelineError(f"checkpoint {checkpoint} does not match {type(model).__name__}: "
+                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
