@@ -70,13 +70,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def build_config(cls: type[T], data: dict[str, Any], source: str) -> T:
-    """Build dataclass `cls` from `data`; raise ConfigError listing every unknown key and wrong type."""
+def build_config(cls: type[T], data: dict[str, Any]) -> tuple[T, list[str]]:
+    """Build dataclass `cls` from `data`, with every unknown key and wrong type listed as a problem.
+
+    A value of the wrong type is replaced by its default, so that the caller's cross-field checks
+    can still run and all problems reach the user together.
+    """
     problems: list[str] = []
     result = _build(cls, data, "", problems)
-    if problems:
-        raise ConfigError(source, problems)
-    return result
+    return result, problems
 
 
 def _build(cls, data: Any, prefix: str, problems: list[str]):

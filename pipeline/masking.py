@@ -63,7 +63,8 @@ class Masker:
     def keys(self, epoch: int, indices: np.ndarray, stream: int = TRAIN_STREAM) -> np.ndarray:
         """One 64-bit key per sequence from (seed, stream, epoch, index)."""
         epoch = 0 if self.spec.static else epoch
-        base = splitmix64(np.array([self.seed * 4 + stream], dtype=np.uint64) + _GOLDEN * np.uint64(epoch + 1))
+        base = splitmix64(np.array([self.seed * 4 + stream], dtype=np.uint64)
+                          + np.array([epoch + 1], dtype=np.uint64) * _GOLDEN)
         return splitmix64(base ^ splitmix64(indices.astype(np.uint64) + _GOLDEN))
 
     def __call__(self, input_ids: np.ndarray, epoch: int, indices: np.ndarray,

@@ -171,8 +171,8 @@ def load_pretrain_config(
     """Read, override and validate a pretraining config; all problems come in one ConfigError."""
     data = apply_overrides(read_json_config(path), list(overrides))
     source = str(path) + (f" (with {len(overrides)} --set override{'s' * (len(overrides) != 1)})" if overrides else "")
-    config = build_config(PretrainConfig, data, source)
-    problems = config_problems(config, world_size=world_size, cuda=cuda, check_files=check_files)
+    config, problems = build_config(PretrainConfig, data)
+    problems += config_problems(config, world_size=world_size, cuda=cuda, check_files=check_files and not problems)
     if problems:
         raise ConfigError(source, problems)
     return config

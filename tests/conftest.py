@@ -67,3 +67,44 @@ def wordpiece_tokenizer_dir(tmp_path_factory, documents) -> Path:
 @pytest.fixture(scope="session")
 def corpus_jsonl(tmp_path_factory, documents) -> Path:
     return write_jsonl(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", documents)
+
+
+@pytest.fixture(scope="session")
+def roberta_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
+    """Full-packed 64-token RoBERTa shards with a validation split."""
+    from pipeline.sharding import ShardArgs, run_shard_stage
+
+    out = tmp_path_factory.mktemp("shards") / "roberta"
+    run_shard_stage(ShardArgs(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64, out=str(out),
+                              workers=1, shard_size=100, val_fraction=0.1, progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def pairs_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir) -> Path:
+    """BERT segment-pair shards (for MLM + next-sentence prediction)."""
+    from pipeline.sharding import ShardArgs, run_shard_stage
+
+    out = tmp_path_factory.mktemp("shards") / "pairs"
+    run_shard_stage(ShardArgs(inputs=(str(corpus_jsonl),), tokenizer=str(wordpiece_tokenizer_dir), seq_len=64,
+                              out=str(out), workers=1, shard_size=100, val_fraction=0.1, pack="pairs",
+                              progress=False))
+    return out
+
+
+def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sections) -> dict:
+    """A config for a 2-layer encoder on the test shards; `sections` update whole sections' keys."""
+    config = {
+        "model": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128},
+        "data": {"shards": str(shards), "tokenizer": str(tokenizer), "num_workers": 0},
+        "optimizer": {"lr": 2e-3},
+        "schedule": {"warmup_steps": 2},
+        "train": {"output_dir": str(output_dir), "max_steps": 8, "global_batch_size": 16, "micro_batch_size": 4,
+                  "eval_sequences": 32, "log_every": 1},
+        "checkpoint": {"every": 4, "keep_last": 2},
+        "tracking": {"enabled": False},
+        "deepspeed": {"zero_optimization": {"stage": 0}},
+    }
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return config
