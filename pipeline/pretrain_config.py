@@ -247,11 +247,10 @@ def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
     ds = config.deepspeed
     problems = [f"deepspeed.{key}: derived by the pipeline; set {where}"
                 for key, where in DERIVED_DEEPSPEED_KEYS.items() if key in ds]
-    for name in ("bf16", "fp16", "zero_optimization"):
-        if name in ds and not isinstance(ds[name], dict):
-            problems.append(f"deepspeed.{name}: expected an object, got {ds[name]!r}")
-    if problems:
-        return problems
+    malformed = [f"deepspeed.{name}: expected an object, got {ds[name]!r}"
+                 for name in ("bf16", "fp16", "zero_optimization") if name in ds and not isinstance(ds[name], dict)]
+    if malformed:
+        return problems + malformed
     if ds.get("bf16", {}).get("enabled") and ds.get("fp16", {}).get("enabled"):
         problems.append("deepspeed.bf16.enabled and deepspeed.fp16.enabled: choose one precision")
     if ds.get("fp16", {}).get("enabled") and not cuda:
