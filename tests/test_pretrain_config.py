@@ -117,7 +117,8 @@ def test_deepspeed_receives_the_derived_sizes_and_the_users_own_keys(tmp_path, r
                                 deepspeed={"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}})
     config = load_pretrain_config(write(tmp_path, data), world_size=2)
     ds = deepspeed_config(config, BatchPlan.derive(16, 4, 2))
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (16, 4, 2)
+    sizes = ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+    assert sizes == (16, 4, 2)
     assert ds["zero_optimization"] == {"stage": 3} and ds["bf16"] == {"enabled": True}
     assert ds["optimizer"]["params"]["betas"] == [0.9, 0.98]
 

@@ -50,7 +50,8 @@ def test_resuming_at_step_k_continues_the_same_sequence_of_batches():
     shuffle = GlobalShuffle(300, BatchPlan.derive(32, 8, 2), seed=5)
     uninterrupted = [k.indices for k in shuffle.rank_keys(1, 0, 20)]
     resumed = [k.indices for k in GlobalShuffle(300, shuffle.plan, seed=5).rank_keys(1, 7, 20)]
-    assert all(np.array_equal(a, b) for a, b in zip(uninterrupted[7 * shuffle.plan.accumulation:], resumed, strict=True))
+    already_seen = 7 * shuffle.plan.accumulation
+    assert all(np.array_equal(a, b) for a, b in zip(uninterrupted[already_seen:], resumed, strict=True))
 
 
 def test_eval_batches_are_the_same_on_every_call_and_split_evenly():
