@@ -303,7 +303,7 @@ class Pretrainer:
         from tqdm.auto import tqdm
 
         return tqdm(total=self.config.train.max_steps, initial=self.step, desc="pretrain", unit="step",
-                    dynamic_ncols=True)
+                    dynamic_ncols=True, mininterval=1.0)
 
     def _print(self, message: str) -> None:
         if self.topology.is_main:

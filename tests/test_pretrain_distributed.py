@@ -187,3 +187,21 @@ def test_the_export_loads_in_transformers_and_fills_masks(tracked_runs, tmp_path
     proc = subprocess.run([PYTHON, "launchers/export.py", str(tracked_runs["root"] / "full"), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, env=DIST_ENV)
     assert proc.returncode == 2 and "exists and is not empty" in proc.stderr
+
+
+def test_bert_under_plain_python_trains_with_mlflow_unreachable(tmp_path, pairs_shards, wordpiece_tokenizer_dir):
+    """One process, no launcher; MLM + NSP on pairs shards; a tracking server that is not there."""
+    from transformers import BertForPreTraining
+
+    config = write_config(tmp_path / "bert.json", tiny_pretrain_config(
+        pairs_shards, wordpiece_tokenizer_dir, tmp_path / "bert", model={"architecture": "bert"},
+        train={"max_steps": 6}, checkpoint={"every": 3},
+        tracking={"enabled": True, "uri": "http://127.0.0.1:9", "experiment": "unreachable"}))
+    log = launch([], "launchers/pretrain.py", "--config", config)
+    assert "MLflow tracking at http://127.0.0.1:9 is off for this run" in log
+    records = [json.loads(x) for x in (tmp_path / "bert" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    assert all(abs(r["train/loss"] - r["train/mlm_loss"] - r["train/nsp_loss"]) < 1e-4 for r in steps)
+    model = BertForPreTraining.from_pretrained(tmp_path / "bert" / "export")
+    assert model.config.type_vocab_size == 2
