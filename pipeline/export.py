@@ -9,6 +9,7 @@ whole weights already. They are loaded into transformers' plain `RobertaForMaske
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,17 @@ import torch
 
 from pipeline.checkpoints import read_marker, resolve_checkpoint
 from pipeline.errors import PipelineError
+from pipeline.shard_format import write_json_atomic
+
+PROVENANCE_FILE = "pipeline_export.json"
+"""Where an export records its checkpoint and pretraining MLflow run, for fine-tuning runs to link to."""
+
+
+def provenance(checkpoint: Path, marker: dict) -> dict:
+    tracking = checkpoint.parent.parent / "tracking.json"
+    run = json.loads(tracking.read_text()) if tracking.exists() else {}
+    return {"checkpoint": str(checkpoint.resolve()), "step": marker.get("step"),
+            "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
 
 
 def consolidated_state_dict(checkpoint: Path, zero_stage: int) -> dict[str, torch.Tensor]:
@@ -63,6 +75,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    write_json_atomic(tmp / PROVENANCE_FILE, provenance(checkpoint, marker))
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)

@@ -67,10 +67,12 @@ class MetricsJsonl:
 class MlflowRun:
     """One MLflow run, created or re-opened; every call is best-effort."""
 
-    def __init__(self, uri: str | None, experiment: str, run_name: str | None, state_file: Path,
-                 flush_seconds: float = 10.0):
+    def __init__(self, uri: str | None, experiment: str, run_name: str | None, state_file: Path | None,
+                 flush_seconds: float = 10.0, tags: dict[str, str] | None = None):
+        """`state_file`: where the run id is kept so a rerun reopens the run; None: always a new run."""
         self.uri = uri or default_tracking_uri()
-        self.state_file = Path(state_file)
+        self.state_file = Path(state_file) if state_file else None
+        self.tags = tags or {}
         self.flush_seconds = flush_seconds
         self.enabled = True
         self.run_id: str | None = None
@@ -99,7 +101,7 @@ class MlflowRun:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(self.uri)
-        previous = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+        previous = json.loads(self.state_file.read_text()) if self.state_file and self.state_file.exists() else {}
         if previous.get("uri") == self.uri and previous.get("run_id"):
             self.run_id = previous["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
@@ -107,8 +109,9 @@ class MlflowRun:
             return
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
-        write_json_atomic(self.state_file, {"uri": self.uri, "run_id": self.run_id, "experiment": experiment})
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=self.tags).info.run_id
+        if self.state_file:
+            write_json_atomic(self.state_file, {"uri": self.uri, "run_id": self.run_id, "experiment": experiment})
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
