@@ -123,7 +123,7 @@ class Pretrainer:
             tmp.rename(tokenizer_dir)
         self.jsonl = MetricsJsonl(out / "metrics.jsonl", resume_step=self.step)
         if c.tracking.enabled:
-            self.mlflow = MlflowRun(c.tracking.uri, c.tracking.experiment, c.tracking.run_name,
+            self.mlflow = MlflowRun(c.tracking.uri, c.tracking.experiment, c.tracking.run_name or out.resolve().name,
                                     out / "tracking.json", c.tracking.flush_seconds)
             if not self.mlflow.reopened:
                 self.mlflow.log_params(flatten(to_dict(c)))
@@ -136,7 +136,7 @@ class Pretrainer:
                 "deepspeed_version": deepspeed.__version__, "torch_version": torch.__version__,
                 "transformers_version": transformers.__version__, "stage": "pretrain",
                 "parameters": str(self.num_parameters), "output_dir": str(out.resolve()),
-            })
+            })  # set on every (re)start: a resume may run on another world size
 
     # --- the loop ---------------------------------------------------------------------------
 
