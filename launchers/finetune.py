@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
@@ -47,6 +48,8 @@ def main(argv=None) -> None:
     from pipeline.finetuner import run_finetuning
 
     report = run_finetuning(config, args.model, seeds, args.from_scratch)
+    if os.environ.get("RANK", "0") != "0":
+        return
     headline = {k: round(v, 4) for k, v in report.items() if isinstance(v, float)}
     print(json.dumps({"task": report["task"], "seeds": seeds, "from_scratch": args.from_scratch, **headline}))
 

@@ -98,7 +98,7 @@ def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSourc
                       parent_run_id: str | None) -> dict[str, float]:
     """Train one seed; write its outputs to `<output_dir>/seed_<seed>/`; return its best dev metrics."""
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
+    from accelerate.utils import set_seed
     from tqdm.auto import tqdm
     from transformers import (
         AutoConfig,
@@ -109,13 +109,10 @@ def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSourc
     )
 
     t, spec = config.train, data.spec
-    import os
-
-    # Several CPU processes under `accelerate launch` need gloo named, or each thinks it is alone.
-    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if several and not torch.cuda.is_available() else []
-    accelerator = Accelerator(mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.gradient_accumulation,
-                              kwargs_handlers=handlers)
+    # Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each
+    # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU).
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=t.mixed_precision,
+                              gradient_accumulation_steps=t.gradient_accumulation)
     set_seed(seed)
     out = config.output_dir / f"seed_{seed}"
     tokenizer = AutoTokenizer.from_pretrained(source.path)
@@ -157,7 +154,8 @@ def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSourc
 
     best, best_state, best_epoch, history = None, None, 0, []
     main_metric = spec.metrics[0]
-    progress = tqdm(total=steps, desc=f"{spec.name} seed {seed}{' (scratch)' if from_scratch else ''}",
+    label = f"{spec.name} seed {seed}{' (scratch)' if from_scratch else ''}"
+    progress = tqdm(total=math.ceil(len(train_loader) / t.gradient_accumulation) * t.epochs, desc=label,
                     disable=not accelerator.is_main_process, mininterval=1.0)
     global_step = 0
     for epoch in range(1, t.epochs + 1):
@@ -192,7 +190,8 @@ def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSourc
 
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        result = {**best, "best_epoch": best_epoch, "seed": seed, "from_scratch": from_scratch}
+        result = {**best, "best_epoch": best_epoch, "seed": seed, "from_scratch": from_scratch,
+                  "processes": accelerator.num_processes}
         write_json_atomic(out / "metrics.json", result)
         write_json_atomic(out / "history.json", history)
         artifacts = [out / "metrics.json", out / "history.json"]
