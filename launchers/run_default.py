@@ -9,6 +9,10 @@ Runs each stage as its own command, exactly as a user would type it:
   4. data_prep/verify_shards.py         every checksum and count
   5. launchers/pretrain.py              configs/tiny.json on 2 ranks (`deepspeed --num_gpus 2`,
                                         DeepSpeed ZeRO-2 on CPU/gloo), checkpoints, MLflow, export/
+  6. data_prep/make_embedded_task.py    a GLUE-style task from the same corpus: which standard-library
+                                        package a docstring comes from (6 classes)
+  7. launchers/finetune.py              the export and a from-scratch baseline, 3 seeds each
+  8. launchers/compare.py               the table of both, joined to the pretraining run, and plots
 Reruns reuse what is complete (the shard stage verifies and skips its finished shards;
 pretraining resumes from its newest checkpoint); --fresh starts over.
 """
@@ -62,21 +66,31 @@ def main() -> None:
 
     corpus, tokenizer, shards = out / "corpus.jsonl", out / "tokenizer", out / "shards"
     if not corpus.exists():
-        run("1/5 embedded corpus", "data_prep/make_default_corpus.py", "--out", corpus)
+        run("1/8 embedded corpus", "data_prep/make_default_corpus.py", "--out", corpus)
     if not (tokenizer / "tokenizer.json").exists():
-        run("2/5 tokenizer", "data_prep/train_tokenizer.py", "--input", corpus, "--type", "bpe",
+        run("2/8 tokenizer", "data_prep/train_tokenizer.py", "--input", corpus, "--type", "bpe",
             "--vocab-size", VOCAB_SIZE, "--model-max-length", SEQ_LEN, "--out", tokenizer)
-    run("3/5 shards", "data_prep/shard.py", "--input", corpus, "--tokenizer", tokenizer, "--seq-len", SEQ_LEN,
+    run("3/8 shards", "data_prep/shard.py", "--input", corpus, "--tokenizer", tokenizer, "--seq-len", SEQ_LEN,
         "--val-fraction", "0.05", "--shard-size", "1024", "--workers", args.workers, "--out", shards)
-    run("4/5 verify", "data_prep/verify_shards.py", shards)
+    run("4/8 verify", "data_prep/verify_shards.py", shards)
     pretrain_dir = out / "pretrain"
     deepspeed = Path(sys.executable).parent / "deepspeed"
     # One thread per rank: two ranks on two cores otherwise fight over them (measured 2× slower).
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    run("5/5 pretrain (2 ranks)", "launchers/pretrain.py", "--config", "configs/tiny.json",
+    run("5/8 pretrain (2 ranks)", "launchers/pretrain.py", "--config", "configs/tiny.json",
         "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
         "--set", f"train.output_dir={pretrain_dir}", "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
         launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())], env=env)
+    task = out / "task"
+    run("6/8 fine-tuning task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
+    tracking = ["--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}"]
+    for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
+        folder = out / "finetune" / name.replace(" ", "-")
+        run(f"7/8 fine-tune ({name})", "launchers/finetune.py", "--config", "configs/glue/embedded-docs.json",
+            "--model", pretrain_dir / "export", "--seeds", "1,2,3", *extra,
+            "--set", f"data.train_file={task / 'train.jsonl'}", "--set", f"data.validation_file={task / 'dev.jsonl'}",
+            "--set", f"train.output_dir={folder}", *tracking, env=env)
+    run("8/8 compare", "launchers/compare.py", "--uri", f"sqlite:///{out / 'mlflow.db'}", "--out", out / "compare")
     print(f"\nmain job done in {time.monotonic() - started:.0f} s; outputs in {out}")
     print(f"model: {pretrain_dir / 'export'}; metrics: {pretrain_dir / 'metrics.jsonl'}; MLflow: "
           f"mlflow ui --backend-store-uri sqlite:///{out / 'mlflow.db'} --host 127.0.0.1")

@@ -143,8 +143,9 @@ class Pretrainer:
     def train(self) -> RunResult:
         c, topo, plan = self.config, self.topology, self.plan
         stop = StopRequest().install()
-        if self.step >= c.train.max_steps:
-            return self._finish(stop, None)
+        if self.step >= c.train.max_steps:  # a rerun of a finished run: only a missing export is redone
+            self._print(f"already trained to step {self.step} (train.max_steps {c.train.max_steps})")
+            return self._finish(stop, None, already_done=True)
         loader = iter(train_loader(self.train_batches, self.shuffle, rank=topo.rank, start_step=self.step,
                                    end_step=c.train.max_steps, num_workers=c.data.num_workers))
         progress = self._progress_bar()
@@ -195,10 +196,10 @@ class Pretrainer:
             progress.close()
         return self._finish(stop, stopped_by)
 
-    def _finish(self, stop: StopRequest, stopped_by: str | None) -> RunResult:
+    def _finish(self, stop: StopRequest, stopped_by: str | None, already_done: bool = False) -> RunResult:
         c = self.config
         export_dir = None
-        if stopped_by is None:
+        if stopped_by is None and not already_done:
             self._evaluate()
         newest = checkpoints.newest_complete(checkpoints.checkpoint_root(c.output_dir))
         if newest is None or newest.name != checkpoints.tag_for(self.step):
@@ -206,7 +207,7 @@ class Pretrainer:
         if stopped_by is not None:
             self._print(f"stopped by {stopped_by} after step {self.step}; checkpoint saved, "
                         f"{time.monotonic() - (stop.received_at or time.monotonic()):.1f} s after the signal")
-        elif c.train.export and self.topology.is_main:
+        elif c.train.export and self.topology.is_main and not (already_done and (c.output_dir / "export").is_dir()):
             from pipeline.export import export_checkpoint
 
             newest = checkpoints.newest_complete(checkpoints.checkpoint_root(c.output_dir))

@@ -1,0 +1,29 @@
+"""Make the main job's fine-tuning task from the embedded corpus: which package a docstring comes from.
+
+    python data_prep/make_embedded_task.py --corpus runs/default/corpus.jsonl --out runs/default/task
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import _bootstrap  # noqa: F401
+
+from pipeline.embedded_task import write_package_task
+from pipeline.errors import exit_on_pipeline_error
+
+
+@exit_on_pipeline_error
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, required=True, help="the embedded corpus (.jsonl)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for train.jsonl and dev.jsonl")
+    parser.add_argument("--classes", type=int, default=6, help="the N packages with the most docstrings")
+    args = parser.parse_args(argv)
+    info = write_package_task(args.corpus, args.out, args.classes)
+    print(f"wrote {args.out}: {info['train']} train / {info['dev']} dev docstrings, labels {', '.join(info['labels'])}")
+
+
+if __name__ == "__main__":
+    main()
