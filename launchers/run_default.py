@@ -57,6 +57,8 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="delete --out first and redo every stage")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
+    parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
+                        help="stop after this step (default: run all eight)")
     args = parser.parse_args()
     out = args.out.resolve()
     if args.fresh and out.exists():
@@ -73,6 +75,9 @@ def main() -> None:
     run("3/8 shards", "data_prep/shard.py", "--input", corpus, "--tokenizer", tokenizer, "--seq-len", SEQ_LEN,
         "--val-fraction", "0.05", "--shard-size", "1024", "--workers", args.workers, "--out", shards)
     run("4/8 verify", "data_prep/verify_shards.py", shards)
+    if args.stop_after == "verify":
+        print(f"\nmain job stopped after the data stage in {time.monotonic() - started:.0f} s; outputs in {out}")
+        return
     pretrain_dir = out / "pretrain"
     deepspeed = Path(sys.executable).parent / "deepspeed"
     # One thread per rank: two ranks on two cores otherwise fight over them (measured 2× slower).
@@ -81,6 +86,9 @@ def main() -> None:
         "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
         "--set", f"train.output_dir={pretrain_dir}", "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
         launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())], env=env)
+    if args.stop_after == "pretrain":
+        print(f"\nmain job stopped after pretraining in {time.monotonic() - started:.0f} s; outputs in {out}")
+        return
     task = out / "task"
     run("6/8 fine-tuning task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
     tracking = ["--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}"]
