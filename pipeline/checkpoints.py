@@ -80,16 +80,14 @@ def save_checkpoint(engine, output_dir: Path, step: int, train_state: dict[str, 
 
 
 def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` complete checkpoints, and incomplete ones older than those."""
+    """Delete all but the newest `keep_last` complete checkpoints, and every incomplete one."""
     done = complete_checkpoints(root)
     if not done:
         return
-    newest_step = int(_TAG.match(done[-1].name).group(1))
     stale = done[:-keep_last]
-    for folder in root.iterdir():
-        m = _TAG.match(folder.name)
-        if m and not (folder / COMPLETE_MARKER).exists() and int(m.group(1)) < newest_step:
-            stale.append(folder)  # left by a run killed while saving
+    # Incomplete folders were left by a run killed while saving (prune runs right after a save has
+    # been marked complete, so none is in progress): never usable, whatever their step.
+    stale += [p for p in root.iterdir() if _TAG.match(p.name) and not (p / COMPLETE_MARKER).exists()]
     for folder in stale:
         (folder / COMPLETE_MARKER).unlink(missing_ok=True)  # unusable first, so a half-deleted folder is never resumed
         shutil.rmtree(folder, ignore_errors=True)
