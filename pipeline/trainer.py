@@ -16,7 +16,8 @@ from pipeline import checkpoints
 from pipeline.batch_plan import BatchPlan
 from pipeline.config_tree import flatten, to_dict
 from pipeline.distributed import Topology, init_process_group
-from pipeline.engine import initialize_engine
+from pipeline.elastic import UNIVERSAL_DIR, convert_to_universal, needs_universal
+from pipeline.engine import initialize_engine, lr_multiplier
 from pipeline.errors import PipelineError
 from pipeline.flops import mfu, training_flops_per_token
 from pipeline.masking import IGNORE_INDEX, Masker, MaskingSpec, splitmix64
@@ -81,36 +82,53 @@ class Pretrainer:
             layers=model.config.num_hidden_layers, hidden=model.config.hidden_size,
             intermediate=model.config.intermediate_size, seq_len=self.seq_len, vocab=model.config.vocab_size,
             masked_fraction=m.probability)
-        self.engine = initialize_engine(model, config, self.plan)
         self.step = 0
         self.resumed_from: Path | None = None
-        if config.checkpoint.resume == "auto":
-            self._resume()
+        resume = self._resume_source() if config.checkpoint.resume == "auto" else None
+        if resume and resume[2]:  # a universal checkpoint: tell DeepSpeed before it builds its optimizer
+            config.deepspeed.setdefault("checkpoint", {})["load_universal"] = True
+        self.engine = initialize_engine(model, config, self.plan)
+        if resume:
+            self._load(*resume)
         self.jsonl = self.mlflow = None
         if topology.is_main:
             self._open_logs()
 
     # --- set-up ---------------------------------------------------------------------------
 
-    def _resume(self) -> None:
+    def _resume_source(self) -> tuple[Path, Path, bool] | None:
+        """(complete checkpoint, folder DeepSpeed loads it from, universal?) or None for a fresh start."""
         newest = checkpoints.newest_complete(checkpoints.checkpoint_root(self.config.output_dir))
         if newest is None:
-            return
-        marker = checkpoints.read_marker(newest)
-        saved = marker.get("batch_plan", {})
+            return None
+        saved = checkpoints.read_marker(newest).get("batch_plan", {})
         if saved.get("global_batch_size") != self.plan.global_batch_size:
             raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
                                 f"this run has {self.plan.global_batch_size}; resuming would change the data order "
                                 f"(use another train.output_dir, or the same global batch)")
-        if saved.get("world_size") != self.plan.world_size and self.config.zero_stage > 0:
-            raise PipelineError(f"checkpoint {newest} was written by {saved.get('world_size')} ranks with ZeRO stage "
-                                f"{self.config.zero_stage}, which DeepSpeed cannot load on {self.plan.world_size}; "
-                                f"resume with {saved.get('world_size')} ranks")
-        _, client_state = self.engine.load_checkpoint(str(newest.parent), tag=newest.name)
+        if not needs_universal(newest, saved.get("world_size"), self.plan.world_size):
+            return newest, newest.parent, False
+        if self.topology.is_main:
+            self._print(f"checkpoint {newest.name} was written by {saved.get('world_size')} ranks, this run has "
+                        f"{self.plan.world_size}: converting it to a universal checkpoint")
+            convert_to_universal(newest)
+        dist.barrier()
+        return newest, newest / UNIVERSAL_DIR, True
+
+    def _load(self, checkpoint: Path, load_root: Path, universal: bool) -> None:
+        _, client_state = self.engine.load_checkpoint(str(load_root), tag=checkpoint.name)
         if client_state is None:
-            raise PipelineError(f"checkpoint {newest}: DeepSpeed could not load it")
-        self.step = int(client_state["train_state"]["step"])
-        self.resumed_from = newest
+            raise PipelineError(f"checkpoint {checkpoint}: DeepSpeed could not load it")
+        state = client_state.get("train_state") or checkpoints.read_marker(checkpoint)["train_state"]
+        self.step = int(state["step"])
+        self.resumed_from = checkpoint
+        # The optimizer comes back with the LR it had; put the schedule's LR for the next step in
+        # place, which differs when train.max_steps or the schedule was changed for the resume.
+        scheduler = self.engine.lr_scheduler
+        scheduler.last_epoch = self.step
+        multiplier = lr_multiplier(self.step, self.config.schedule, self.config.train.max_steps)
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * multiplier
 
     def _open_logs(self) -> None:
         c, out = self.config, self.config.output_dir
