@@ -1,0 +1,175 @@
+"""Submit a pipeline job to SLURM: render the sbatch script from the config and flags, then sbatch it.
+
+    python launchers/submit.py pretrain --config configs/large.json --nodes 4 --gpus-per-node 8 \\
+        --time 24:00:00 --partition P [--account A] [--set key=value ...] [--dry-run]
+    python launchers/submit.py finetune --config configs/glue/sst2.json --model runs/x/export [--seeds 1,2,3]
+    python launchers/submit.py shard --config configs/shard/example.json --parts 16
+
+Prints the job id (for `shard`: the array job's, then the combine job's). `--dry-run` prints the
+rendered script(s) instead. The config is validated before anything is submitted. On nodes
+without GPUs (`--gpus-per-node 0`) each node runs `--procs-per-node` CPU processes (default 2,
+each with an equal share of the node's cores: with gloo, a few processes with several threads
+each beat one process per core). Scripts and logs go to `<output folder>/slurm/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
+
+from pipeline.errors import PipelineError, exit_on_pipeline_error
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "launchers" / "slurm"
+DEFAULT_CPU_PROCS = 2
+
+
+def render(template: str, values: dict[str, object]) -> str:
+    text = (TEMPLATES / template).read_text()
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", str(value))
+    if "{{" in text:
+        raise PipelineError(f"template {template}: unfilled placeholder near {text[text.index('{{'):][:30]!r}")
+    return "\n".join(line for line in text.splitlines() if line.strip() != "") + "\n"
+
+
+def common_values(args, job_name: str, log_dir: Path) -> dict[str, object]:
+    return {
+        "job_name": job_name, "time": args.time, "log_dir": log_dir.resolve(), "repo": ROOT,
+        "python_bin": Path(sys.executable).parent,
+        "partition_line": f"#SBATCH --partition={args.partition}" if args.partition else "",
+        "account_line": f"#SBATCH --account={args.account}" if args.account else "",
+        "gpu_line": f"#SBATCH --gpus-per-node={args.gpus_per_node}" if args.gpus_per_node else "",
+    }
+
+
+def procs_per_node(args) -> int:
+    return args.gpus_per_node or args.procs_per_node or DEFAULT_CPU_PROCS
+
+
+def sets(overrides: list[str]) -> str:
+    return " ".join(f"--set {shlex.quote(s)}" for s in overrides)
+
+
+def pretrain_scripts(args) -> tuple[Path, list[str]]:
+    from pipeline.pretrain_config import load_pretrain_config
+
+    procs = procs_per_node(args)
+    config = load_pretrain_config(args.config, args.set, world_size=args.nodes * procs, cuda=args.gpus_per_node > 0,
+                                  check_files=not args.no_check_files)
+    out = config.output_dir.resolve()
+    values = common_values(args, args.job_name or f"pretrain-{out.name}", out / "slurm")
+    values.update(nodes=args.nodes, procs=procs, signal_seconds=args.signal_seconds,
+                  config=shlex.quote(str(Path(args.config).resolve())), sets=sets(args.set))
+    return out / "slurm", [render("pretrain.sbatch", values)]
+
+
+def finetune_scripts(args) -> tuple[Path, list[str]]:
+    from pipeline.finetune_config import load_finetune_config
+
+    if not args.model:
+        raise PipelineError("finetune: --model is required (an export folder, a checkpoint, or a hub name)")
+    config = load_finetune_config(args.config, args.set)
+    out = config.output_dir.resolve()
+    extra = [f"--model {shlex.quote(str(args.model))}", sets(args.set)]
+    if args.seeds:
+        extra.append(f"--seeds {shlex.quote(args.seeds)}")
+    if args.from_scratch:
+        extra.append("--from-scratch")
+    values = common_values(args, args.job_name or f"finetune-{out.name}", out / "slurm")
+    values.update(procs=procs_per_node(args), config=shlex.quote(str(Path(args.config).resolve())),
+                  args=" ".join(e for e in extra if e))
+    return out / "slurm", [render("finetune.sbatch", values)]
+
+
+def shard_scripts(args) -> tuple[Path, list[str]]:
+    """The shard config is the flags of data_prep/shard.py as JSON keys, e.g. {"input": [...], "seq_len": 512}."""
+    from pipeline.config_tree import apply_overrides, read_json_config
+
+    sys.path.insert(0, str(ROOT / "data_prep"))
+    from shard import build_parser
+
+    data = apply_overrides(read_json_config(args.config), args.set)
+    known = {a.dest: a for a in build_parser()._actions if a.option_strings}
+    unknown = sorted(set(data) - set(known) | ({"rank", "world_size", "combine"} & set(data)))
+    if unknown:
+        raise PipelineError(f"config {args.config}: not shard.py options here: {', '.join(unknown)} "
+                            f"(known: {', '.join(sorted(set(known) - {'help', 'rank', 'world_size', 'combine'}))})")
+    if "out" not in data or "input" not in data:
+        raise PipelineError(f"config {args.config}: needs at least \"input\" and \"out\"")
+    flags = []
+    for key, value in data.items():
+        flag = known[key].option_strings[-1]
+        if isinstance(value, bool):
+            flags += [flag] if value else []
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    out = Path(data["out"]).resolve()
+    values = common_values(args, args.job_name or f"shard-{out.name}", out.parent / f"{out.name}-slurm")
+    values.update(parts=args.parts, last_part=args.parts - 1, flags=shlex.join(flags), out=shlex.quote(str(out)))
+    return out.parent / f"{out.name}-slurm", [render("shard.sbatch", values), render("shard_combine.sbatch", values)]
+
+
+def sbatch(script: Path, *extra: str) -> str:
+    try:
+        proc = subprocess.run(["sbatch", "--parsable", *extra, str(script)], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise PipelineError("sbatch not found: run this on a SLURM login node (or use --dry-run)") from None
+    if proc.returncode != 0:
+        raise PipelineError(f"sbatch {script} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+@exit_on_pipeline_error
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("job", choices=("pretrain", "finetune", "shard"))
+    p.add_argument("--config", required=True)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (0: CPU processes)")
+    p.add_argument("--procs-per-node", type=int, default=None,
+                   help=f"processes per node without GPUs (default {DEFAULT_CPU_PROCS})")
+    p.add_argument("--time", default="24:00:00", help="time limit, HH:MM:SS")
+    p.add_argument("--partition", default=None)
+    p.add_argument("--account", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--signal-seconds", type=int, default=300,
+                   help="pretrain: SIGUSR1 this long before the time limit, to checkpoint and requeue")
+    p.add_argument("--parts", type=int, default=4, help="shard: array tasks (input parts)")
+    p.add_argument("--model", default=None, help="finetune: the model to fine-tune")
+    p.add_argument("--seeds", default=None, help="finetune: comma-separated seeds")
+    p.add_argument("--from-scratch", action="store_true", help="finetune: the no-pretraining baseline")
+    p.add_argument("--job-name", default=None)
+    p.add_argument("--no-check-files", action="store_true", help="pretrain: skip checking data paths here")
+    p.add_argument("--dry-run", action="store_true", help="print the script(s) instead of submitting")
+    args = p.parse_args(argv)
+    if args.nodes < 1 or args.gpus_per_node < 0 or args.parts < 1:
+        raise PipelineError("--nodes and --parts must be ≥ 1, --gpus-per-node ≥ 0")
+    folder, scripts = {"pretrain": pretrain_scripts, "finetune": finetune_scripts, "shard": shard_scripts}[args.job](args)
+    if args.dry_run:
+        print("\n".join(scripts), end="")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    paths = []
+    for i, text in enumerate(scripts):
+        path = folder / f"{args.job}-{stamp}{'-combine' if i else ''}.sbatch"
+        path.write_text(text)
+        paths.append(path)
+    job = sbatch(paths[0])
+    print(job)
+    if len(paths) > 1:
+        print(sbatch(paths[1], f"--dependency=afterok:{job}"))
+
+
+if __name__ == "__main__":
+    main()
