@@ -15,7 +15,6 @@ each beat one process per core). Scripts and logs go to `<output folder>/slurm/`
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -154,7 +153,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.nodes < 1 or args.gpus_per_node < 0 or args.parts < 1:
         raise PipelineError("--nodes and --parts must be ≥ 1, --gpus-per-node ≥ 0")
-    folder, scripts = {"pretrain": pretrain_scripts, "finetune": finetune_scripts, "shard": shard_scripts}[args.job](args)
+    make_scripts = {"pretrain": pretrain_scripts, "finetune": finetune_scripts, "shard": shard_scripts}[args.job]
+    folder, scripts = make_scripts(args)
     if args.dry_run:
         print("\n".join(scripts), end="")
         return
