@@ -57,7 +57,7 @@ class MetricsJsonl:
         os.replace(tmp, self.path)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
         self._file.flush()
 
     def close(self) -> None:

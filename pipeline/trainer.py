@@ -84,6 +84,7 @@ class Pretrainer:
             masked_fraction=m.probability)
         self.step = 0
         self.resumed_from: Path | None = None
+        self.resume_seconds = 0.0
         resume = self._resume_source() if config.checkpoint.resume == "auto" else None
         if resume and resume[2]:  # a universal checkpoint: tell DeepSpeed before it builds its optimizer
             config.deepspeed.setdefault("checkpoint", {})["load_universal"] = True
@@ -116,12 +117,14 @@ class Pretrainer:
         return newest, newest / UNIVERSAL_DIR, True
 
     def _load(self, checkpoint: Path, load_root: Path, universal: bool) -> None:
+        started = time.perf_counter()
         _, client_state = self.engine.load_checkpoint(str(load_root), tag=checkpoint.name)
         if client_state is None:
             raise PipelineError(f"checkpoint {checkpoint}: DeepSpeed could not load it")
         state = client_state.get("train_state") or checkpoints.read_marker(checkpoint)["train_state"]
         self.step = int(state["step"])
         self.resumed_from = checkpoint
+        self.resume_seconds = time.perf_counter() - started
         # The optimizer comes back with the LR it had; put the schedule's LR for the next step in
         # place, which differs when train.max_steps or the schedule was changed for the resume.
         scheduler = self.engine.lr_scheduler
@@ -140,6 +143,9 @@ class Pretrainer:
             self.tokenizer.save_pretrained(tmp)
             tmp.rename(tokenizer_dir)
         self.jsonl = MetricsJsonl(out / "metrics.jsonl", resume_step=self.step)
+        if self.resumed_from is not None:
+            self.jsonl.write({"step": self.step, "resumed_from": str(self.resumed_from),
+                              "resume_load_seconds": round(self.resume_seconds, 3)})
         if c.tracking.enabled:
             self.mlflow = MlflowRun(c.tracking.uri, c.tracking.experiment, c.tracking.run_name or out.resolve().name,
                                     out / "tracking.json", c.tracking.flush_seconds)
@@ -223,8 +229,12 @@ class Pretrainer:
         if newest is None or newest.name != checkpoints.tag_for(self.step):
             self._checkpoint()
         if stopped_by is not None:
-            self._print(f"stopped by {stopped_by} after step {self.step}; checkpoint saved, "
-                        f"{time.monotonic() - (stop.received_at or time.monotonic()):.1f} s after the signal")
+            seconds = time.monotonic() - (stop.received_at or time.monotonic())
+            self._print(f"stopped by {stopped_by} after step {self.step}; checkpoint saved, {seconds:.1f} s after "
+                        "the signal")
+            if self.jsonl:
+                self.jsonl.write({"step": self.step, "stopped_by": stopped_by, "signal_to_checkpoint_seconds":
+                                  round(seconds, 3)})
         elif c.train.export and self.topology.is_main and not (already_done and (c.output_dir / "export").is_dir()):
             from pipeline.export import export_checkpoint
 
