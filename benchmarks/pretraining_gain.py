@@ -4,7 +4,7 @@
 
 Every stage runs through the user-facing commands, as the README shows them:
 1. a 16k byte-level BPE tokenizer and 128-token shards from the IMDB corpus (../shared/data);
-2. pretraining a small RoBERTa (4 layers, hidden 128) for `--steps` optimizer steps of 64
+2. pretraining a small RoBERTa (2 layers, hidden 128) for `--steps` optimizer steps of 64
    sequences on 2 DeepSpeed CPU ranks — the fixed budget;
 3. fine-tuning on SST-2 (the GLUE folder in ../shared/data) from the export and from scratch,
    the same architecture, recipe and seeds;
@@ -33,7 +33,8 @@ def run(*cmd, env=None) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=1000, help="pretraining optimizer steps (the budget)")
+    p.add_argument("--steps", type=int, default=2500, help="pretraining optimizer steps (the budget)")
+    p.add_argument("--layers", type=int, default=2, help="encoder layers (hidden 128, as configs/tiny.json)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--train-examples", type=int, default=10_000, help="SST-2 training examples used")
     p.add_argument("--epochs", type=int, default=3)
@@ -60,7 +61,7 @@ def main() -> None:
         "--set", f"data.shards={out / 'shards'}", "--set", f"data.tokenizer={out / 'tokenizer'}",
         "--set", f"train.output_dir={out / 'pretrain'}", "--set", f"train.max_steps={a.steps}",
         "--set", "train.global_batch_size=64", "--set", "train.micro_batch_size=32",
-        "--set", "model.num_hidden_layers=4", "--set", "schedule.warmup_steps=100",
+        "--set", f"model.num_hidden_layers={a.layers}", "--set", "schedule.warmup_steps=100",
         "--set", f"train.eval_every={max(1, a.steps // 4)}", "--set", f"checkpoint.every={max(1, a.steps // 4)}",
         "--set", f"tracking.uri={uri}", "--set", "tracking.experiment=pretraining-gain", env=env)
     pretrain_seconds = time.monotonic() - pretrain_started
