@@ -23,13 +23,15 @@ import argparse
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pipeline.distributed import free_port  # noqa: E402
+
 SEQ_LEN = 128
 VOCAB_SIZE = 8000
 
@@ -43,12 +45,6 @@ def run(step: str, *cmd: str | Path, launcher: list[str] | None = None, env: dic
     if subprocess.run(args, cwd=ROOT, env=env).returncode != 0:
         raise SystemExit(f"main job stopped: step '{step}' failed")
     print(f"   ({time.monotonic() - started:.1f} s)", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

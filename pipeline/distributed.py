@@ -20,7 +20,8 @@ class Topology:
         return self.rank == 0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nobody listens on now, for a rendezvous on this machine."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -37,7 +38,7 @@ def prepare_environment() -> Topology:
     if "RANK" not in os.environ:  # plain `python`: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     cuda = torch.cuda.is_available()
     if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")

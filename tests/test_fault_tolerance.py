@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, tiny_pretrain_config
 
+from pipeline.distributed import free_port
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
 
 
@@ -109,14 +111,6 @@ def test_a_corrupt_shard_stops_the_run_naming_the_shard(tmp_path, roberta_shards
 DEEPSPEED = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port"]
 
 
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def run_until_killed(cmd: list[str], output_dir: Path, after_step: int) -> None:
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -141,7 +135,7 @@ def test_elastic_resume_keeps_the_global_batch_and_data_order(tmp_path, roberta_
         return path
 
     def command(ranks: int, path: Path) -> list[str]:
-        prefix = [*DEEPSPEED, free_port()] if ranks == 2 else [PYTHON]
+        prefix = [*DEEPSPEED, str(free_port())] if ranks == 2 else [PYTHON]
         return [*prefix, "launchers/pretrain.py", "--config", str(path)]
 
     reference = subprocess.run(command(1, config("reference")), cwd=ROOT, env=ENV, capture_output=True, text=True)

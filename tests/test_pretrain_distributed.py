@@ -17,22 +17,16 @@ import pytest
 import torch
 from conftest import PYTHON, ROOT, tiny_pretrain_config
 
+from pipeline.distributed import free_port
+
 DIST_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
 DEEPSPEED = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port"]
 TORCHRUN = [str(Path(PYTHON).parent / "torchrun"), "--nproc_per_node", "2", "--master_port"]
 
 
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def launch(prefix: list[str], script: str, *args, wait: bool = True, timeout: float = 300):
     """Start `script` under a launcher prefix ([] for plain python); return the finished or running process."""
-    cmd = [*prefix, free_port(), script, *map(str, args)] if prefix else [PYTHON, script, *map(str, args)]
+    cmd = [*prefix, str(free_port()), script, *map(str, args)] if prefix else [PYTHON, script, *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=DIST_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if not wait:
         return proc
