@@ -143,11 +143,18 @@ def load_hf_glue(spec: TaskSpec) -> TaskData:
     def convert(split_name: str, labelled: bool) -> Split:
         part = ds[split_name]
         split = Split(f"datasets glue/{spec.name}/{split_name}", labels=[] if labelled else None)
+        # datasets numbers MNLI/QNLI/RTE's classes in its own order (entailment first); map by name.
+        names = getattr(part.features.get("label"), "names", None)
+        by_name = names and spec.labels and set(names) <= set(spec.labels)
         for i, row in enumerate(part):
             split.texts.append(tuple(row[c] for c in columns))
             split.ids.append(str(row.get("idx", i)))
             if labelled:
-                split.labels.append(float(row["label"]) if spec.is_regression else int(row["label"]))
+                label = row["label"]
+                if spec.is_regression:
+                    split.labels.append(float(label))
+                else:
+                    split.labels.append(spec.labels.index(names[label]) if by_name else int(label))
         return split
 
     if spec.name == "mnli":

@@ -113,3 +113,28 @@ def test_metrics_match_scikit_learn_and_scipy():
                         {"matched": np.array([1, 1]), "mismatched": np.array([0, 1])},
                         {"matched": np.array([1, 1]), "mismatched": np.array([1, 1])})
     assert mnli == {"accuracy_matched": 1.0, "accuracy_mismatched": 0.5}
+
+
+def test_datasets_glue_is_read_with_its_own_column_names(monkeypatch):
+    """The `datasets` path (online: load_dataset("glue", task)), fed a local DatasetDict of the same shape."""
+    import datasets
+
+    from pipeline.glue_data import load_hf_glue
+
+    def fake_load(name, task):
+        assert (name, task) == ("glue", "mnli")
+        rows = {"premise": ["A man eats.", "Nobody eats."], "hypothesis": ["Someone eats.", "A man eats."],
+                "label": [0, 2], "idx": [0, 1]}  # datasets' MNLI: 0 entailment, 1 neutral, 2 contradiction
+        features = datasets.Features({"premise": datasets.Value("string"), "hypothesis": datasets.Value("string"),
+                                      "label": datasets.ClassLabel(names=["entailment", "neutral", "contradiction"]),
+                                      "idx": datasets.Value("int32")})
+        train = datasets.Dataset.from_dict(rows, features=features)
+        return datasets.DatasetDict({split: train for split in ("train", "validation_matched",
+                                                                "validation_mismatched", "test_matched",
+                                                                "test_mismatched")})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    data = load_hf_glue(task_spec("mnli"))
+    assert data.train.texts[1] == ("Nobody eats.", "A man eats.")
+    assert [data.spec.labels[i] for i in data.train.labels] == ["entailment", "contradiction"]
+    assert set(data.dev) == {"matched", "mismatched"} and data.test["matched"].labels is None
