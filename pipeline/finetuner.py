@@ -121,8 +121,19 @@ def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSourc
         model_config = AutoConfig.from_pretrained(source.path, num_labels=spec.num_labels, problem_type=problem)
         model = AutoModelForSequenceClassification.from_config(model_config)
     else:
-        model = AutoModelForSequenceClassification.from_pretrained(source.path, num_labels=spec.num_labels,
-                                                                   problem_type=problem)
+        from transformers.utils import logging as hf_logging
+
+        # transformers prints a table of every newly initialised weight; the classifier head is
+        # always new here, so one line says it instead (on the main process).
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(source.path, num_labels=spec.num_labels,
+                                                                       problem_type=problem)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        if accelerator.is_main_process:
+            print(f"loaded {source.path} with a new {spec.num_labels}-way classification head", flush=True)
     collate = DataCollatorWithPadding(tokenizer)
     train_set = Encoded(data.train, tokenizer, config.data.max_seq_len, spec.is_regression)
     generator = torch.Generator().manual_seed(seed)
