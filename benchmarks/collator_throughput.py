@@ -70,7 +70,7 @@ def main() -> None:
         cache = TokenCache(tmp / "shards", "train", tmp / "cache")
         rows = np.arange(args.rows)
         masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, tuple(tokenizer.all_special_ids)), seed=0)
-        ours = MaskedBatches(cache, masker, pad_id=info.pad_id, with_segments=False)
+        ours = MaskedBatches(cache, masker, with_segments=False)
         key = MicroBatchKey(0, rows)
         ids = np.asarray(cache.fields["input_ids"][rows]).astype(np.int64)
         as_lists = [{"input_ids": row.tolist()} for row in ids]

@@ -12,7 +12,6 @@ class Topology:
     rank: int
     local_rank: int
     world_size: int
-    local_world_size: int
     cuda: bool
 
     @property
@@ -44,7 +43,7 @@ def prepare_environment() -> Topology:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     world = int(os.environ["WORLD_SIZE"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    topology = Topology(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), world, local_world, cuda)
+    topology = Topology(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), world, cuda)
     if cuda:
         torch.cuda.set_device(topology.local_rank)
     elif "OMP_NUM_THREADS" not in os.environ:
@@ -58,6 +57,3 @@ def init_process_group(topology: Topology) -> None:
 
     deepspeed.init_distributed(dist_backend="nccl" if topology.cuda else "gloo")
 
-
-def world_size_from_env() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))

@@ -12,9 +12,11 @@ from pipeline.modeling import parameter_groups
 from pipeline.pretrain_config import PretrainConfig, ScheduleConfig
 
 
-def deepspeed_config(config: PretrainConfig, plan: BatchPlan) -> dict[str, Any]:
+def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False) -> dict[str, Any]:
     """The user's `deepspeed` section plus what the pipeline derives: batch sizes, optimizer, clipping."""
     ds = copy.deepcopy(config.deepspeed)
+    if load_universal:  # resuming on another world size (pipeline/elastic.py)
+        ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") not in ("none", None)
     o = config.optimizer
     ds.update(
@@ -50,7 +52,7 @@ def lr_multiplier(step: int, schedule: ScheduleConfig, max_steps: int) -> float:
     return schedule.end_lr_ratio + (1.0 - schedule.end_lr_ratio) * remaining**power
 
 
-def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan):
+def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False):
     """`deepspeed.initialize` with our derived config; returns the engine."""
     import deepspeed
 
@@ -62,6 +64,6 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         model=model,
         model_parameters=parameter_groups(model, config.optimizer.weight_decay),
         lr_scheduler=make_scheduler,
-        config=deepspeed_config(config, plan),
+        config=deepspeed_config(config, plan, load_universal),
     )
     return engine

@@ -48,6 +48,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     """Write the HF model folder for checkpoint (or output folder) `path` to `out`; return `out`."""
     from transformers import AutoTokenizer
 
+    from pipeline.config_tree import build_config
     from pipeline.modeling import EXPORT_CLASSES, hf_config
     from pipeline.pretrain_config import ModelConfig
     from pipeline.tokenizer import describe_tokenizer
@@ -60,7 +61,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     config = marker["config"]
     tokenizer_dir = checkpoint.parent.parent / "tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir if tokenizer_dir.is_dir() else config["data"]["tokenizer"])
-    model_config = ModelConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in config["model"].items()})
+    model_config, _ = build_config(ModelConfig, config["model"])
     hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
     model = EXPORT_CLASSES[marker["architecture"]](hf)
     state = consolidated_state_dict(checkpoint, marker["zero_stage"])

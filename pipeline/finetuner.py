@@ -22,6 +22,7 @@ from pipeline.finetune_config import FinetuneConfig
 from pipeline.glue_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
 from pipeline.glue_metrics import task_metrics
 from pipeline.glue_tasks import task_spec
+from pipeline.modeling import parameter_groups
 from pipeline.shard_format import write_json_atomic
 from pipeline.tracking import MlflowRun, git_commit
 
@@ -143,12 +144,8 @@ def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSourc
                                                              spec.is_regression),
                                                      batch_size=t.eval_batch_size, collate_fn=collate)
                    for name, split in data.dev.items()}
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n]
-    no_decay_ids = {id(p) for p in no_decay}
-    decay = [p for p in model.parameters() if id(p) not in no_decay_ids]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=t.learning_rate,
-                                  betas=(0.9, 0.98), eps=1e-6)
+    optimizer = torch.optim.AdamW(parameter_groups(model, t.weight_decay), lr=t.learning_rate, betas=(0.9, 0.98),
+                                  eps=1e-6)
     steps = math.ceil(len(train_loader) / t.gradient_accumulation) * t.epochs
     scheduler = get_linear_schedule_with_warmup(optimizer, int(t.warmup_ratio * steps), steps)
     model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(

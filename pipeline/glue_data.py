@@ -74,10 +74,14 @@ def _jsonl_rows(path: Path):
             yield number, record, list(record)
 
 
+def _file_rows(path: Path, headerless: tuple[str, ...] | None = None):
+    return _jsonl_rows(path) if path.suffix.lower() == ".jsonl" else _rows(path, headerless)
+
+
 def read_split(path: Path, text_columns: tuple[str, ...], label_column: str | None, labels: tuple[str, ...] | None,
                *, headerless: tuple[str, ...] | None = None, labelled: bool = True) -> Split:
     """Read one file of a task; labels become class ids (or floats for regression)."""
-    rows = _jsonl_rows(path) if path.suffix.lower() == ".jsonl" else _rows(path, headerless)
+    rows = _file_rows(path, headerless)
     split = Split(str(path), labels=[] if labelled else None)
     label_ids = {label: i for i, label in enumerate(labels)} if labels else None
     for number, row, header in rows:
@@ -183,8 +187,7 @@ def load_custom(train_file: str, validation_file: str, test_file: str | None, te
 
 
 def _raw_labels(path: Path, label_field: str) -> set[str]:
-    rows = _jsonl_rows(path) if path.suffix.lower() == ".jsonl" else _rows(path, None)
-    return {str(row[label_field]).strip() for _, row, _ in rows if label_field in row}
+    return {str(row[label_field]).strip() for _, row, _ in _file_rows(path) if label_field in row}
 
 
 def _label_sort_key(label: str):

@@ -8,7 +8,6 @@ for the keys this pipeline derives (batch sizes, optimizer, scheduler), which it
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -291,6 +290,3 @@ def data_problems(config: PretrainConfig) -> list[str]:
                         "with --val-fraction > 0")
     return problems
 
-
-def steps_per_epoch(train_sequences: int, global_batch_size: int) -> int:
-    return max(1, math.floor(train_sequences / global_batch_size))

@@ -67,10 +67,9 @@ class GlobalShuffle:
 class MaskedBatches(torch.utils.data.Dataset):
     """`dataset[MicroBatchKey]` → a model-ready batch of tensors (masked input, labels, …)."""
 
-    def __init__(self, cache: TokenCache, masker: Masker, *, pad_id: int, with_segments: bool):
+    def __init__(self, cache: TokenCache, masker: Masker, *, with_segments: bool):
         self.cache = cache
         self.masker = masker
-        self.pad_id = pad_id
         self.with_segments = with_segments
 
     def __len__(self) -> int:
@@ -121,7 +120,12 @@ class RankKeys:
 
 def eval_keys(num_sequences: int, eval_sequences: int, micro_batch_size: int, rank: int,
               world_size: int) -> list[MicroBatchKey]:
-    """The fixed validation micro batches of this rank: the first `eval_sequences` sequences, fixed masks."""
-    total = min(num_sequences, eval_sequences)
-    batches = [np.arange(start, min(start + micro_batch_size, total)) for start in range(0, total, micro_batch_size)]
-    return [MicroBatchKey(0, idx, EVAL_STREAM) for idx in batches[rank::world_size]]
+    """This rank's fixed validation micro batches: an equal share of the first `eval_sequences` sequences.
+
+    Every rank gets the same number of forward passes (ZeRO-3 gathers parameters collectively in
+    each one, so an extra pass on one rank would hang the others): the set is trimmed to a multiple
+    of the world size, and each rank takes a contiguous slice of it in micro batches.
+    """
+    per_rank = max(1, min(num_sequences, eval_sequences) // world_size)
+    mine = np.arange(rank * per_rank, (rank + 1) * per_rank) % num_sequences  # wraps only if val < world size
+    return [MicroBatchKey(0, mine[i: i + micro_batch_size], EVAL_STREAM) for i in range(0, per_rank, micro_batch_size)]

@@ -70,9 +70,8 @@ class Pretrainer:
                            m.mask_token_fraction, m.random_token_fraction, static=m.mode == "static")
         self.masker = Masker(spec, config.train.seed)
         with_segments = config.model.architecture == "bert"
-        pad = self.tokenizer_info.pad_id
-        self.train_batches = MaskedBatches(self.train_cache, self.masker, pad_id=pad, with_segments=with_segments)
-        self.val_batches = MaskedBatches(self.val_cache, self.masker, pad_id=pad, with_segments=with_segments)
+        self.train_batches = MaskedBatches(self.train_cache, self.masker, with_segments=with_segments)
+        self.val_batches = MaskedBatches(self.val_cache, self.masker, with_segments=with_segments)
         self.shuffle = GlobalShuffle(len(self.train_cache), self.plan, config.train.seed)
 
         torch.manual_seed(config.train.seed)  # the same initial weights on every rank
@@ -86,9 +85,8 @@ class Pretrainer:
         self.resumed_from: Path | None = None
         self.resume_seconds = 0.0
         resume = self._resume_source() if config.checkpoint.resume == "auto" else None
-        if resume and resume[2]:  # a universal checkpoint: tell DeepSpeed before it builds its optimizer
-            config.deepspeed.setdefault("checkpoint", {})["load_universal"] = True
-        self.engine = initialize_engine(model, config, self.plan)
+        # A universal checkpoint must be announced before DeepSpeed builds its optimizer.
+        self.engine = initialize_engine(model, config, self.plan, load_universal=bool(resume and resume[2]))
         if resume:
             self._load(*resume)
         self.jsonl = self.mlflow = None

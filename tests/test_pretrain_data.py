@@ -58,6 +58,12 @@ def test_eval_batches_are_the_same_on_every_call_and_split_evenly():
     keys = [eval_keys(100, 64, 8, r, 2) for r in range(2)]
     assert len(keys[0]) == len(keys[1]) == 4
     assert sorted(np.concatenate([k.indices for ks in keys for k in ks])) == list(range(64))
+    # 50 sequences over 3 ranks in micro batches of 8: every rank runs the same number of forward
+    # passes (ZeRO-3 would hang otherwise), on disjoint sequences.
+    uneven = [eval_keys(100, 50, 8, r, 3) for r in range(3)]
+    assert len({len(ks) for ks in uneven}) == 1
+    seen = np.concatenate([k.indices for ks in uneven for k in ks])
+    assert len(seen) == len(set(seen.tolist())) == 48
 
 
 def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_shards, bpe_tokenizer_dir):
@@ -66,7 +72,7 @@ def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_
     rows = np.array([5, 0, 17, 3])
     assert np.array_equal(cache.fields["input_ids"][rows], np.stack([source[i]["input_ids"] for i in rows]))
     masker = Masker(MaskingSpec(400, 4, (0, 1, 2, 3, 4)), seed=0)
-    batches = MaskedBatches(cache, masker, pad_id=1, with_segments=False)
+    batches = MaskedBatches(cache, masker, with_segments=False)
     from pipeline.pretrain_data import MicroBatchKey
 
     batch = batches[MicroBatchKey(0, rows)]
@@ -81,7 +87,7 @@ def test_pairs_batches_carry_segments_and_next_sentence_labels(tmp_path, pairs_s
     masker = Masker(MaskingSpec(300, 4, (0, 1, 2, 3, 4)), seed=0)
     from pipeline.pretrain_data import MicroBatchKey
 
-    batch = MaskedBatches(cache, masker, pad_id=0, with_segments=True)[MicroBatchKey(0, np.arange(8))]
+    batch = MaskedBatches(cache, masker, with_segments=True)[MicroBatchKey(0, np.arange(8))]
     lengths = cache.fields["length"][:8]
     b_start = cache.fields["segment_b_start"][:8]
     for row in range(8):
