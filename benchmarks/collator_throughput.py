@@ -48,14 +48,14 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
-    from pipeline.embedded_corpus import write_embedded_corpus
-    from pipeline.masking import Masker, MaskingSpec
-    from pipeline.modeling import build_model
-    from pipeline.pretrain_config import ModelConfig
-    from pipeline.pretrain_data import MaskedBatches, MicroBatchKey
-    from pipeline.sharding import ShardArgs, run_shard_stage
-    from pipeline.token_cache import TokenCache
-    from pipeline.tokenizer import describe_tokenizer, train_tokenizer
+    from pipeline.data.default_corpus import write_embedded_corpus
+    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.token_cache import TokenCache
+    from pipeline.data.tokenizer import describe_tokenizer, train_tokenizer
+    from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.masking import Masker, MaskingSpec
+    from pipeline.pretrain.model import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

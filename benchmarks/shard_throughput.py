@@ -72,7 +72,7 @@ def peak_rss_of(cmd: list[str], env: dict | None = None) -> tuple[float, int, st
 def method_bare(corpus: str, tokenizer: str) -> dict:
     from tokenizers import Tokenizer
 
-    from pipeline.corpus import CorpusOptions, iter_texts, resolve_inputs
+    from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
 
     texts = list(iter_texts(resolve_inputs([corpus]), CorpusOptions()))
     tok = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
@@ -135,7 +135,7 @@ def main() -> None:
             corpus = str(work / "embedded.jsonl")
             subprocess.run([py, "data_prep/make_default_corpus.py", "--out", corpus], cwd=ROOT, check=True)
         # Plain jsonl for the datasets recipe and the 10% slice (untimed preparation).
-        from pipeline.corpus import CorpusOptions, iter_texts, resolve_inputs
+        from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
 
         texts = list(iter_texts(resolve_inputs([corpus]), CorpusOptions()))
         plain, tenth = work / "corpus.jsonl", work / "tenth.jsonl"

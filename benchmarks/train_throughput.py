@@ -10,7 +10,7 @@ one process with the same threads, data loading in the training process for both
 - HF:   `transformers.Trainer` on `RobertaForMaskedLM` with `DataCollatorForLanguageModeling`,
   step times from a callback.
 The first `--skip` steps of each are warm-up and not counted. The FLOP model's prediction for the
-sparse head (pipeline/flops.py) is printed beside the measured ratio.
+sparse head (pipeline/pretrain/flops.py) is printed beside the measured ratio.
 
 Default corpus: ../shared/data/corpus/imdb-reviews.jsonl.zst when present, else the embedded one.
 """
@@ -45,10 +45,10 @@ def hf_worker(shards: str, tokenizer_dir: str, steps: int, batch: int) -> None:
         TrainingArguments,
     )
 
-    from pipeline.modeling import hf_config
-    from pipeline.pretrain_config import ModelConfig
-    from pipeline.shard_dataset import ShardedDataset
-    from pipeline.tokenizer import describe_tokenizer
+    from pipeline.data.shard_reader import ShardedDataset
+    from pipeline.data.tokenizer import describe_tokenizer
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.model import hf_config
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     data = ShardedDataset(shards, "train")
@@ -109,11 +109,11 @@ def main() -> None:
         shards, tok, steps, batch = a.hf_worker
         return hf_worker(shards, tok, int(steps), int(batch))
 
-    from pipeline.corpus import CorpusOptions, iter_texts, resolve_inputs
-    from pipeline.embedded_corpus import write_embedded_corpus
-    from pipeline.flops import training_flops_per_token
-    from pipeline.sharding import ShardArgs, run_shard_stage
-    from pipeline.tokenizer import train_tokenizer
+    from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
+    from pipeline.data.default_corpus import write_embedded_corpus
+    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.tokenizer import train_tokenizer
+    from pipeline.pretrain.flops import training_flops_per_token
 
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "DS_ACCELERATOR": "cpu"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -158,7 +158,8 @@ def main() -> None:
           f"{1e3 * tokens / hf_rate:.0f} | 1.00 |")
     print(f"| ours (launchers/pretrain.py, DeepSpeed ZeRO 0, sparse head) | {ours_rate:,.0f} | "
           f"{1e3 * tokens / ours_rate:.0f} | **{ours_rate / hf_rate:.2f}** |")
-    print(f"\nFLOP model: dense head / sparse head = {predicted:.2f}× the FLOPs per token (pipeline/flops.py); "
+    print(f"\nFLOP model: dense head / sparse head = {predicted:.2f}× the FLOPs per token "
+          "(pipeline/pretrain/flops.py); "
           f"measured speed-up {ours_rate / hf_rate:.2f}×")
 
 

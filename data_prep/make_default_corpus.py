@@ -10,8 +10,8 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401
 
-from pipeline.embedded_corpus import write_embedded_corpus
-from pipeline.errors import exit_on_pipeline_error
+from pipeline.common.errors import exit_on_pipeline_error
+from pipeline.data.default_corpus import write_embedded_corpus
 
 
 @exit_on_pipeline_error

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401
 
-from pipeline.embedded_task import write_package_task
-from pipeline.errors import exit_on_pipeline_error
+from pipeline.common.errors import exit_on_pipeline_error
+from pipeline.finetune.docstring_task import write_package_task
 
 
 @exit_on_pipeline_error

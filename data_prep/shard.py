@@ -17,9 +17,9 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401
 
-from pipeline.errors import PipelineError, exit_on_pipeline_error
-from pipeline.shard_index import combine_parts
-from pipeline.sharding import ShardArgs, format_summary, run_shard_stage
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
+from pipeline.data.shard_index import combine_parts
+from pipeline.data.shard_stage import ShardArgs, format_summary, run_shard_stage
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401
 
-from pipeline.corpus import CorpusOptions, check_sources, iter_texts, resolve_inputs
-from pipeline.errors import PipelineError, exit_on_pipeline_error
-from pipeline.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
+from pipeline.data.corpus import CorpusOptions, check_sources, iter_texts, resolve_inputs
+from pipeline.data.tokenizer import DEFAULT_VOCAB_SIZE, train_tokenizer
 
 
 @exit_on_pipeline_error

@@ -12,7 +12,7 @@ import sys
 
 import _bootstrap  # noqa: F401
 
-from pipeline.shard_index import verify_folder
+from pipeline.data.shard_index import verify_folder
 
 
 def main(argv: list[str] | None = None) -> int:

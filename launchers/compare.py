@@ -17,7 +17,7 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-from pipeline.errors import PipelineError, exit_on_pipeline_error
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 
 @exit_on_pipeline_error
@@ -37,8 +37,8 @@ def main(argv=None) -> None:
         tags[key] = value
     from mlflow.tracking import MlflowClient
 
-    from pipeline.compare import build_table, format_table, plot_curves, select_runs
-    from pipeline.tracking import default_tracking_uri
+    from pipeline.tracking.compare import build_table, format_table, plot_curves, select_runs
+    from pipeline.tracking.mlflow_run import default_tracking_uri
 
     uri = args.uri or default_tracking_uri()
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():

@@ -14,7 +14,7 @@ import os
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-from pipeline.errors import exit_on_pipeline_error
+from pipeline.common.errors import exit_on_pipeline_error
 
 
 @exit_on_pipeline_error
@@ -25,7 +25,7 @@ def main(argv=None) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidation needs no GPU
-    from pipeline.export import export_checkpoint
+    from pipeline.pretrain.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
     print(f"exported {out}")

@@ -19,7 +19,7 @@ import os
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-from pipeline.errors import PipelineError, exit_on_pipeline_error
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -41,11 +41,11 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: train.seed)")
     p.add_argument("--from-scratch", action="store_true", help="random initial weights (the no-pretraining baseline)")
     args = p.parse_args(argv)
-    from pipeline.finetune_config import load_finetune_config
+    from pipeline.finetune.config import load_finetune_config
 
     config = load_finetune_config(args.config, args.set)
     seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
-    from pipeline.finetuner import run_finetuning
+    from pipeline.finetune.trainer import run_finetuning
 
     report = run_finetuning(config, args.model, seeds, args.from_scratch)
     if os.environ.get("RANK", "0") != "0":

@@ -18,7 +18,7 @@ import sys
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-from pipeline.errors import PipelineError, exit_on_pipeline_error
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,12 +34,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 @exit_on_pipeline_error
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from pipeline.distributed import prepare_environment
+    from pipeline.common.topology import prepare_environment
 
     topology = prepare_environment()
-    from pipeline.batch_plan import BatchPlan
-    from pipeline.config_tree import to_dict
-    from pipeline.pretrain_config import load_pretrain_config
+    from pipeline.common.config_tree import to_dict
+    from pipeline.pretrain.batch_plan import BatchPlan
+    from pipeline.pretrain.config import load_pretrain_config
 
     try:
         config = load_pretrain_config(args.config, args.set, world_size=topology.world_size, cuda=topology.cuda)
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
         print(json.dumps({"config": to_dict(config), "world_size": plan.world_size,
                           "gradient_accumulation": plan.accumulation}, indent=2))
         return
-    from pipeline.trainer import run_pretraining
+    from pipeline.pretrain.trainer import run_pretraining
 
     result = run_pretraining(config, topology)
     if topology.is_main and result.export_dir:

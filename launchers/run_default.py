@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.distributed import free_port  # noqa: E402
+from pipeline.common.topology import free_port  # noqa: E402
 
 SEQ_LEN = 128
 VOCAB_SIZE = 8000

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-from pipeline.errors import PipelineError, exit_on_pipeline_error
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "launchers" / "slurm"
@@ -58,7 +58,7 @@ def sets(overrides: list[str]) -> str:
 
 
 def pretrain_scripts(args) -> tuple[Path, list[str]]:
-    from pipeline.pretrain_config import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
 
     procs = procs_per_node(args)
     config = load_pretrain_config(args.config, args.set, world_size=args.nodes * procs, cuda=args.gpus_per_node > 0,
@@ -71,7 +71,7 @@ def pretrain_scripts(args) -> tuple[Path, list[str]]:
 
 
 def finetune_scripts(args) -> tuple[Path, list[str]]:
-    from pipeline.finetune_config import load_finetune_config
+    from pipeline.finetune.config import load_finetune_config
 
     if not args.model:
         raise PipelineError("finetune: --model is required (an export folder, a checkpoint, or a hub name)")
@@ -90,7 +90,7 @@ def finetune_scripts(args) -> tuple[Path, list[str]]:
 
 def shard_scripts(args) -> tuple[Path, list[str]]:
     """The shard config is the flags of data_prep/shard.py as JSON keys, e.g. {"input": [...], "seq_len": 512}."""
-    from pipeline.config_tree import apply_overrides, read_json_config
+    from pipeline.common.config_tree import apply_overrides, read_json_config
 
     sys.path.insert(0, str(ROOT / "data_prep"))
     from shard import build_parser

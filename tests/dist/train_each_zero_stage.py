@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.distributed import prepare_environment  # noqa: E402
+from pipeline.common.topology import prepare_environment  # noqa: E402
 
 
 def main() -> None:
@@ -24,8 +24,8 @@ def main() -> None:
     p.add_argument("--local_rank", type=int, default=None)
     args = p.parse_args()
     topology = prepare_environment()
-    from pipeline.pretrain_config import load_pretrain_config
-    from pipeline.trainer import run_pretraining
+    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.trainer import run_pretraining
 
     for stage in (0, 1, 2, 3):
         overrides = [f"deepspeed.zero_optimization.stage={stage}", f"train.output_dir={args.out_root}/zero{stage}"]

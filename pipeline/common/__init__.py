@@ -1,0 +1,1 @@
+"""Shared plumbing: config tree, errors, process topology, atomic files, stop signals."""

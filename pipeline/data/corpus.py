@@ -1,0 +1,394 @@
+"""Read a corpus: find its files, check them up front, and stream raw records in a fixed order.
+
+Inputs are `.txt`, `.jsonl` and `.parquet` files (each optionally `.zst` or `.gz`), folders,
+globs, and `hf:NAME` for a `datasets` dataset read in streaming mode. The reader hands out *raw*
+records (undecoded bytes for text formats) in small batches: decoding, JSON parsing and
+tokenizing happen in worker processes, so the reading process stays cheap and the order of
+records, and hence the output, is the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pipeline.common.errors import PipelineError
+
+Format = Literal["txt", "jsonl", "parquet", "hf"]
+Compression = Literal["none", "zst", "gz"]
+
+FORMATS: dict[str, Format] = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl",
+                              ".parquet": "parquet"}
+COMPRESSIONS: dict[str, Compression] = {".zst": "zst", ".zstd": "zst", ".gz": "gz"}
+HF_PREFIX = "hf:"
+SNIFF_BYTES = 1 << 16
+DEFAULT_MAX_DOC_BYTES = 10_000_000
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input: a file with its format and compression, or a `datasets` dataset name."""
+
+    path: str
+    format: Format
+    compression: Compression = "none"
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    """How to read the inputs; every field is part of the output's identity."""
+
+    text_field: str = "text"
+    """Field holding the text in jsonl records, parquet columns and `datasets` rows."""
+    one_doc_per_line: bool = False
+    """For .txt: each non-blank line is a document (default: documents are separated by blank lines)."""
+    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
+    """Documents larger than this many bytes are skipped and counted, never loaded whole."""
+    hf_config: str | None = None
+    """Configuration name for `hf:` inputs."""
+    hf_split: str = "train"
+    """Split to stream for `hf:` inputs."""
+
+
+@dataclass
+class RecordBatch:
+    """Consecutive raw records from one source, with the 1-based line (or row) of each."""
+
+    source: str
+    format: Format
+    lines: list[int] = field(default_factory=list)
+    payloads: list[bytes | str | None] = field(default_factory=list)
+    """Raw bytes (txt, jsonl), text (parquet, hf), or None for a record skipped as oversized."""
+
+
+# ----------------------------------------------------------------------------- resolving inputs
+
+
+def resolve_inputs(inputs: list[str]) -> list[Source]:
+    """Expand paths, folders and globs into sources, in a deterministic order.
+
+    Raises `PipelineError` for a missing path, an unmatched glob or an unknown extension.
+    """
+    if not inputs:
+        raise PipelineError("no --input given")
+    sources: list[Source] = []
+    for item in inputs:
+        if item.startswith(HF_PREFIX):
+            name = item[len(HF_PREFIX):]
+            if not name:
+                raise PipelineError(f"--input {item!r}: expected hf:NAME, e.g. hf:wikitext")
+            sources.append(Source(name, "hf"))
+        elif glob.has_magic(item):
+            matches = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise PipelineError(f"--input {item!r}: the pattern matches no file")
+            sources.extend(_file_source(Path(p)) for p in matches)
+        else:
+            path = Path(item)
+            if path.is_dir():
+                files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p, path))
+                known = [p for p in files if _split_suffixes(p) is not None]
+                if not known:
+                    raise PipelineError(
+                        f"--input {item}: the folder holds no .txt, .jsonl or .parquet file "
+                        "(optionally .zst or .gz)")
+                sources.extend(_file_source(p) for p in known)
+            elif path.is_file():
+                sources.append(_file_source(path))
+            else:
+                raise PipelineError(f"--input {item}: no such file or folder")
+    return sources
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _split_suffixes(path: Path) -> tuple[Format, Compression] | None:
+    suffixes = [s.lower() for s in path.suffixes]
+    compression: Compression = "none"
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        compression = COMPRESSIONS[suffixes.pop()]
+    if suffixes and suffixes[-1] in FORMATS:
+        return FORMATS[suffixes[-1]], compression
+    return None
+
+
+def _file_source(path: Path) -> Source:
+    kind = _split_suffixes(path)
+    if kind is None:
+        raise PipelineError(
+            f"{path}: unknown extension {''.join(path.suffixes) or '(none)'}; expected .txt, .jsonl "
+            "or .parquet, optionally followed by .zst or .gz")
+    return Source(str(path), *kind)
+
+
+# ----------------------------------------------------------------------------- up-front checks
+
+
+def check_sources(sources: list[Source], options: CorpusOptions) -> None:
+    """Look at the start of every file before any heavy work, and fail early on bad input.
+
+    Catches unreadable or corrupt compressed files, binary files, parquet files without the text
+    column, jsonl files whose first record lacks the text field, and a corpus of empty files.
+    """
+    nonempty = 0
+    for source in sources:
+        if source.format == "hf":
+            nonempty += 1
+            continue
+        if source.format == "parquet":
+            nonempty += _check_parquet(source, options)
+            continue
+        head = _read_head(source)
+        nul = head.find(b"\x00")
+        if nul >= 0:
+            raise PipelineError(f"{source.path}: looks like a binary file (NUL byte at offset {nul}), "
+                                f"not {source.format} text")
+        if head.strip():
+            nonempty += 1
+        if source.format == "jsonl":
+            _check_first_json_record(source, head, options.text_field)
+    if nonempty == 0:
+        raise PipelineError(f"the corpus is empty: {', '.join(s.path for s in sources)} hold no text")
+
+
+def _read_head(source: Source) -> bytes:
+    try:
+        with open_binary(source) as stream:
+            return stream.read(SNIFF_BYTES)
+    except OSError as err:  # gzip.BadGzipFile and PermissionError are OSErrors
+        raise PipelineError(f"{source.path}: cannot read: {err}") from None
+    except Exception as err:  # zstandard.ZstdError is not an OSError
+        raise PipelineError(f"{source.path}: not a valid {source.compression} file: {err}") from None
+
+
+def _check_first_json_record(source: Source, head: bytes, text_field: str) -> None:
+    for line_no, line in enumerate(head.split(b"\n")[:-1] or head.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return  # one malformed line is counted later, not fatal
+        if isinstance(record, dict) and text_field not in record:
+            fields = ", ".join(sorted(map(str, record))) or "(none)"
+            raise PipelineError(
+                f"{source.path} line {line_no}: the record has no field {text_field!r} "
+                f"(fields: {fields}); pass --text-field NAME")
+        return
+
+
+def _check_parquet(source: Source, options: CorpusOptions) -> int:
+    try:
+        with _parquet_file(source) as pf:
+            names = pf.schema_arrow.names
+            rows = pf.metadata.num_rows
+    except PipelineError:
+        raise
+    except Exception as err:
+        raise PipelineError(f"{source.path}: not a readable parquet file: {err}") from None
+    if options.text_field not in names:
+        raise PipelineError(f"{source.path}: no column {options.text_field!r} (columns: "
+                            f"{', '.join(names)}); pass --text-field NAME")
+    return int(rows > 0)
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+def open_binary(source: Source) -> io.BufferedIOBase:
+    """Open a file for reading, decompressing `.zst` and `.gz` on the fly."""
+    if source.compression == "gz":
+        return gzip.open(source.path, "rb")
+    raw = open(source.path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+    if source.compression == "zst":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+        return io.BufferedReader(reader, buffer_size=1 << 20)
+    return raw
+
+
+class _parquet_file:
+    """Context manager giving a `pyarrow.parquet.ParquetFile`, decompressing `.zst`/`.gz` to a temp file."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self._tmp = None
+
+    def __enter__(self):
+        import pyarrow.parquet as pq
+
+        if self.source.compression == "none":
+            return pq.ParquetFile(self.source.path)
+        import shutil
+        import tempfile
+
+        # Parquet needs random access, so a compressed file is spooled to disk (not memory).
+        self._tmp = tempfile.NamedTemporaryFile(suffix=".parquet")  # noqa: SIM115
+        with open_binary(self.source) as stream:
+            shutil.copyfileobj(stream, self._tmp, 1 << 20)
+        self._tmp.flush()
+        return pq.ParquetFile(self._tmp.name)
+
+    def __exit__(self, *exc):
+        if self._tmp is not None:
+            self._tmp.close()
+
+
+def iter_record_batches(
+    sources: list[Source], options: CorpusOptions, batch_records: int = 256, batch_bytes: int = 1 << 20
+) -> Iterator[RecordBatch]:
+    """Yield raw records from every source in order, grouped in batches of bounded size."""
+    for source in sources:
+        batch = RecordBatch(source.path, source.format)
+        size = 0
+        for line_no, payload in _iter_records(source, options):
+            batch.lines.append(line_no)
+            batch.payloads.append(payload)
+            size += len(payload) if payload is not None else 0
+            if len(batch.lines) >= batch_records or size >= batch_bytes:
+                yield batch
+                batch, size = RecordBatch(source.path, source.format), 0
+        if batch.lines:
+            yield batch
+
+
+def _iter_records(source: Source, options: CorpusOptions) -> Iterator[tuple[int, bytes | str | None]]:
+    if source.format == "jsonl" or (source.format == "txt" and options.one_doc_per_line):
+        with open_binary(source) as stream:
+            for line_no, line in iter_lines(stream, options.max_doc_bytes):
+                if line is None or line.strip():
+                    yield line_no, line
+    elif source.format == "txt":
+        yield from _iter_paragraph_docs(source, options.max_doc_bytes)
+    elif source.format == "parquet":
+        with _parquet_file(source) as pf:
+            row = 0
+            for batch in pf.iter_batches(columns=[options.text_field], batch_size=1024):
+                for text in batch.column(0).to_pylist():
+                    row += 1
+                    yield row, _text_or_oversized(text, options.max_doc_bytes)
+    elif source.format == "hf":
+        for row, text in enumerate(_iter_hf_texts(source, options), start=1):
+            yield row, _text_or_oversized(text, options.max_doc_bytes)
+
+
+def _text_or_oversized(text, max_doc_bytes: int):
+    # len(str) counts characters, at most 4 bytes each: a cheap bound before encoding.
+    if isinstance(text, str) and len(text) * 4 > max_doc_bytes and len(text.encode()) > max_doc_bytes:
+        return None
+    return text
+
+
+def _iter_hf_texts(source: Source, options: CorpusOptions) -> Iterator[object]:
+    import datasets
+
+    try:
+        stream = datasets.load_dataset(source.path, options.hf_config, split=options.hf_split, streaming=True)
+    except Exception as err:  # datasets raises many types; all mean "cannot open this dataset"
+        raise PipelineError(f"hf:{source.path}: cannot open the dataset: {err}") from None
+    for row in stream:
+        if options.text_field not in row:
+            raise PipelineError(f"hf:{source.path}: rows have no field {options.text_field!r} "
+                                f"(fields: {', '.join(row)}); pass --text-field NAME")
+        yield row[options.text_field]
+
+
+def iter_lines(stream: io.BufferedIOBase, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (line number, line without its newline), or None in place of a line over `max_bytes`.
+
+    An oversized line is skipped in bounded chunks, so a 50 MB (or 50 GB) line never sits in memory.
+    """
+    line_no = 0
+    while True:
+        line = stream.readline(max_bytes + 1)
+        if not line:
+            return
+        line_no += 1
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            while True:  # discard the rest of the line
+                rest = stream.readline(1 << 20)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield line_no, None
+            continue
+        yield line_no, line.rstrip(b"\r\n")
+
+
+def _iter_paragraph_docs(source: Source, max_doc_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """Documents separated by blank lines; a document over `max_doc_bytes` yields None."""
+    with open_binary(source) as stream:
+        lines: list[bytes] = []
+        first = 0
+        size = 0
+        oversized = False
+        for line_no, line in iter_lines(stream, max_doc_bytes):
+            if line is not None and not line.strip():
+                if lines or oversized:
+                    yield first, None if oversized else b"\n".join(lines)
+                lines, size, oversized = [], 0, False
+                continue
+            if not lines and not oversized:
+                first = line_no
+            if line is None or oversized or size + len(line) > max_doc_bytes:
+                lines, oversized = [], True
+                continue
+            lines.append(line)
+            size += len(line) + 1
+        if lines or oversized:
+            yield first, None if oversized else b"\n".join(lines)
+
+
+def iter_texts(sources: list[Source], options: CorpusOptions) -> Iterator[str]:
+    """Decoded document texts in order (for tokenizer training); bad and empty records are skipped."""
+    for batch in iter_record_batches(sources, options):
+        for payload in batch.payloads:
+            text = decode_record(payload, batch.format, options).text
+            if text and text.strip():
+                yield text
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A raw record turned into text, or why it could not be (`reason` is a skip or repair)."""
+
+    text: str | None
+    reason: str | None = None
+    """oversized, bad_record or empty (text is None), or invalid_utf8 (text has U+FFFD replacements)."""
+    detail: str = ""
+    """Where in the record the problem is, for the message."""
+
+
+def decode_record(payload: bytes | str | None, fmt: Format, options: CorpusOptions) -> Decoded:
+    """Decode UTF-8, parse JSON and pick the text field of one raw record; never raises."""
+    if payload is None:
+        return Decoded(None, "oversized", f"document over --max-doc-bytes {options.max_doc_bytes} skipped")
+    repaired = None
+    if isinstance(payload, bytes):
+        try:
+            payload = payload.decode("utf-8")
+        except UnicodeDecodeError as err:
+            repaired = Decoded(None, "invalid_utf8", f"invalid UTF-8 at byte {err.start} of the line")
+            payload = payload.decode("utf-8", errors="replace")
+    if fmt == "jsonl":
+        try:
+            record = json.loads(payload)
+        except ValueError as err:
+            return Decoded(None, "bad_record", f"malformed JSON ({err})")
+        payload = record.get(options.text_field) if isinstance(record, dict) else None
+        if not isinstance(payload, str):
+            return Decoded(None, "bad_record", f"no string field {options.text_field!r}")
+    elif not isinstance(payload, str):
+        return Decoded(None, "bad_record", f"field {options.text_field!r} is not a string")
+    if not payload.strip():
+        return Decoded(None, "empty")
+    return Decoded(payload, repaired.reason, repaired.detail) if repaired else Decoded(payload)
+

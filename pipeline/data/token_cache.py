@@ -1,0 +1,79 @@
+"""A decompressed, memory-mapped copy of one split of a shard folder, for random access in training.
+
+A global shuffle reads sequences in random order. From zstd shards that would decompress a whole
+shard per sequence (or hold every shard in memory); a flat `.npy` per field, memory-mapped, costs
+one page-cache read per sequence instead, and the operating system shares it between all ranks
+and DataLoader workers of a node. It is built once (about 1.4× the shards' size on disk): every
+shard is sha256-checked while it is copied, so a corrupt or truncated shard stops the run before
+the first step with an error naming the file. A file lock lets one process build it while the
+other ranks wait; the build is written to a temporary folder and renamed, so a killed build never
+leaves a cache that looks complete.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.common.atomic_files import publish_folder
+from pipeline.common.errors import PipelineError
+from pipeline.data.shard_reader import ShardedDataset
+
+
+class TokenCache:
+    """Fields of one split as read-only memory-mapped arrays: `cache.fields["input_ids"][rows]`."""
+
+    def __init__(self, shards: str | Path, split: str, cache_root: str | Path,
+                 *, seq_len: int | None = None, tokenizer_fingerprint: str | None = None):
+        self.source = ShardedDataset(shards, split, seq_len=seq_len, tokenizer_fingerprint=tokenizer_fingerprint,
+                                     cache_shards=1)
+        digest = hashlib.sha256(json.dumps(self.source.shards, sort_keys=True).encode()).hexdigest()[:16]
+        self.folder = Path(cache_root) / f"{split}-{digest}"
+        if not (self.folder / "done.json").exists():
+            self._build_once(Path(cache_root))
+        fields = json.loads((self.folder / "done.json").read_text())["fields"]
+        self.fields = {name: np.load(self.folder / f"{name}.npy", mmap_mode="r") for name in fields}
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @property
+    def seq_len(self) -> int:
+        return self.source.seq_len
+
+    def _build_once(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (self.folder / "done.json").exists():
+                self._build()
+
+    def _build(self) -> None:
+        source = self.source
+        tmp = self.folder.with_name(self.folder.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        outputs: dict[str, np.ndarray] = {}
+        row = 0
+        for shard in range(len(source.shards)):
+            arrays = source._load(shard)  # checks the shard's sha256 and row count
+            for name, values in arrays.items():
+                if name not in outputs:
+                    outputs[name] = np.lib.format.open_memmap(
+                        tmp / f"{name}.npy", mode="w+", dtype=values.dtype, shape=(len(source),) + values.shape[1:])
+                outputs[name][row: row + len(values)] = values
+            row += len(arrays["input_ids"])
+        if row != len(source):
+            raise PipelineError(f"{source.folder}: the {source.split} shards hold {row} sequences, "
+                                f"index.json says {len(source)}")
+        for array in outputs.values():
+            array.flush()
+        (tmp / "done.json").write_text(json.dumps({"fields": sorted(outputs), "sequences": row}))
+        # Another node (which does not share our lock) may have built it meanwhile: keep theirs.
+        publish_folder(tmp, self.folder, replace=False)

@@ -1,0 +1,1 @@
+"""Fine-tuning: tasks, their data and metrics, the trainer, and the main job's docstring task."""

@@ -1,0 +1,1 @@
+"""Pretraining: config, batch plan, masking, batches, model, DeepSpeed engine, trainer, checkpoints, export."""

@@ -1,0 +1,131 @@
+"""Training and evaluation batches: a seeded global shuffle per epoch, a disjoint slice per rank.
+
+The data order is a pure function of (seed, optimizer step): step `s` takes the global batch
+`s mod steps_per_epoch` of epoch `s // steps_per_epoch`'s permutation (the last partial batch of an
+epoch is dropped), and micro batch `k` of it is `BatchPlan`'s slice. So the only data state a
+checkpoint needs is the step (and `samples_consumed = step × global batch`), a resumed run sees
+exactly the batches and masks an uninterrupted one would, and a run resumed at another world size
+with the same global batch still sees the same data.
+
+Each DataLoader item is a whole micro batch: the sampler (in the training process) names the
+sequence indices, a worker gathers them from the memory-mapped cache and masks them in one
+vectorised call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline.data.token_cache import TokenCache
+from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
+
+
+@dataclass(frozen=True)
+class MicroBatchKey:
+    """Which sequences make up one micro batch, and the mask key's epoch and stream."""
+
+    epoch: int
+    indices: np.ndarray
+    stream: int = TRAIN_STREAM
+
+
+class GlobalShuffle:
+    """The epoch permutations and the step → sequence mapping shared by every rank."""
+
+    def __init__(self, num_sequences: int, plan: BatchPlan, seed: int):
+        self.num_sequences = num_sequences
+        self.plan = plan
+        self.seed = seed
+        self.steps_per_epoch = num_sequences // plan.global_batch_size
+        self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._epoch, self._order = epoch, rng.permutation(self.num_sequences)
+        return self._order
+
+    def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
+        """Micro batch `micro_index` (0 ≤ k < world × accumulation) of optimizer step `step`."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        start = within * self.plan.global_batch_size + micro_index * self.plan.micro_batch_size
+        return MicroBatchKey(epoch, self.order(epoch)[start: start + self.plan.micro_batch_size])
+
+    def rank_keys(self, rank: int, start_step: int, end_step: int) -> Iterator[MicroBatchKey]:
+        """This rank's micro batches, in the order it runs them, from `start_step` up to `end_step`."""
+        for step in range(start_step, end_step):
+            for micro_step in range(self.plan.accumulation):
+                yield self.micro_batch(step, self.plan.micro_batch_index(rank, micro_step))
+
+
+class MaskedBatches(torch.utils.data.Dataset):
+    """`dataset[MicroBatchKey]` → a model-ready batch of tensors (masked input, labels, …)."""
+
+    def __init__(self, cache: TokenCache, masker: Masker, *, with_segments: bool):
+        self.cache = cache
+        self.masker = masker
+        self.with_segments = with_segments
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, key: MicroBatchKey) -> dict[str, torch.Tensor]:
+        rows = np.sort(key.indices)  # sorted reads are sequential in the file; the order is restored below
+        restore = np.argsort(np.argsort(key.indices))
+        fields = {name: np.asarray(values[rows])[restore] for name, values in self.cache.fields.items()}
+        ids = fields["input_ids"]
+        corrupted, labels = self.masker(ids, key.epoch, key.indices, key.stream)
+        batch = {"input_ids": torch.from_numpy(corrupted), "labels": torch.from_numpy(labels)}
+        if "length" in fields:
+            positions = np.arange(ids.shape[1])
+            lengths = fields["length"].astype(np.int64)
+            if (lengths < ids.shape[1]).any():
+                batch["attention_mask"] = torch.from_numpy((positions[None, :] < lengths[:, None]).astype(np.int64))
+            if self.with_segments:
+                b_start = fields["segment_b_start"].astype(np.int64)
+                segment_b = (positions[None, :] >= b_start[:, None]) & (positions[None, :] < lengths[:, None])
+                batch["token_type_ids"] = torch.from_numpy(segment_b.astype(np.int64))
+                batch["next_sentence_label"] = torch.from_numpy(fields["nsp_label"].astype(np.int64))
+        return batch
+
+
+def train_loader(batches: MaskedBatches, shuffle: GlobalShuffle, *, rank: int, start_step: int, end_step: int,
+                 num_workers: int) -> DataLoader:
+    """This rank's micro batches from `start_step`, prefetched by `num_workers` processes."""
+    keys = RankKeys(shuffle, rank, start_step, end_step)
+    return DataLoader(batches, sampler=keys, batch_size=None, num_workers=num_workers,
+                      prefetch_factor=4 if num_workers else None)
+
+
+class RankKeys:
+    """The sampler: one rank's micro-batch keys, made as they are consumed rather than held in a list."""
+
+    def __init__(self, shuffle: GlobalShuffle, rank: int, start_step: int, end_step: int):
+        self.args = shuffle, rank, start_step, end_step
+
+    def __iter__(self):
+        shuffle, rank, start, end = self.args
+        return shuffle.rank_keys(rank, start, end)
+
+    def __len__(self) -> int:
+        shuffle, _, start, end = self.args
+        return (end - start) * shuffle.plan.accumulation
+
+
+def eval_keys(num_sequences: int, eval_sequences: int, micro_batch_size: int, rank: int,
+              world_size: int) -> list[MicroBatchKey]:
+    """This rank's fixed validation micro batches: an equal share of the first `eval_sequences` sequences.
+
+    Every rank gets the same number of forward passes (ZeRO-3 gathers parameters collectively in
+    each one, so an extra pass on one rank would hang the others): the set is trimmed to a multiple
+    of the world size, and each rank takes a contiguous slice of it in micro batches.
+    """
+    per_rank = max(1, min(num_sequences, eval_sequences) // world_size)
+    mine = np.arange(rank * per_rank, (rank + 1) * per_rank) % num_sequences  # wraps only if val < world size
+    return [MicroBatchKey(0, mine[i: i + micro_batch_size], EVAL_STREAM) for i in range(0, per_rank, micro_batch_size)]

@@ -1,0 +1,78 @@
+"""A training checkpoint → an HF model folder (safetensors, config, tokenizer), from any ZeRO stage.
+
+The weights are consolidated to fp32 with DeepSpeed's own `zero_to_fp32` (which reassembles the
+partitions of ZeRO 1, 2 and 3 from the optimizer's fp32 master copy); a ZeRO-0 checkpoint holds
+whole weights already. They are loaded into transformers' plain `RobertaForMaskedLM` /
+`BertForPreTraining` with strict key checking, so the folder loads with `from_pretrained` and in
+`pipeline("fill-mask")`. The folder is written beside the target and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.common.atomic_files import staged_folder, write_json_atomic
+from pipeline.common.errors import PipelineError
+from pipeline.pretrain.checkpoints import read_marker, resolve_checkpoint
+
+PROVENANCE_FILE = "pipeline_export.json"
+"""Where an export records its checkpoint and pretraining MLflow run, for fine-tuning runs to link to."""
+
+
+def provenance(checkpoint: Path, marker: dict) -> dict:
+    tracking = checkpoint.parent.parent / "tracking.json"
+    run = json.loads(tracking.read_text()) if tracking.exists() else {}
+    return {"checkpoint": str(checkpoint.resolve()), "step": marker.get("step"),
+            "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
+
+
+def consolidated_state_dict(checkpoint: Path, zero_stage: int) -> dict[str, torch.Tensor]:
+    """fp32 weights of the whole model, whatever the ZeRO stage and world size it was saved with."""
+    if zero_stage > 0 or any(checkpoint.glob("*optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        try:
+            return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
+        except ValueError:
+            if zero_stage > 0:
+                raise
+    states = torch.load(checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    return {k: v.float() for k, v in states["module"].items()}
+
+
+def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the HF model folder for checkpoint (or output folder) `path` to `out`; return `out`."""
+    from transformers import AutoTokenizer
+
+    from pipeline.common.config_tree import build_config
+    from pipeline.data.tokenizer import describe_tokenizer
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.model import EXPORT_CLASSES, hf_config
+
+    checkpoint = resolve_checkpoint(path)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
+    marker = read_marker(checkpoint)
+    config = marker["config"]
+    tokenizer_dir = checkpoint.parent.parent / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir if tokenizer_dir.is_dir() else config["data"]["tokenizer"])
+    model_config, _ = build_config(ModelConfig, config["model"])
+    hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
+    model = EXPORT_CLASSES[marker["architecture"]](hf)
+    state = consolidated_state_dict(checkpoint, marker["zero_stage"])
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise PipelineError(f"checkpoint {checkpoint} does not match {type(model).__name__}: "
+                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    with staged_folder(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / PROVENANCE_FILE, provenance(checkpoint, marker))
+    return out

@@ -1,0 +1,84 @@
+"""Encoders built from transformers' own classes, with the MLM head applied only at masked positions.
+
+`SparseRobertaForMaskedLM` and `SparseBertForPreTraining` subclass `RobertaForMaskedLM` and
+`BertForPreTraining` and only override `forward`: parameter names and state-dict keys are HF's,
+so an export is a plain HF checkpoint. The override gathers the ~15% masked positions before the
+head, so the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone;
+the loss is the same mean cross-entropy over masked tokens that HF computes from full logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+from transformers import BertConfig, BertForPreTraining, RobertaConfig, RobertaForMaskedLM
+
+from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.pretrain.config import ModelConfig
+from pipeline.pretrain.masking import IGNORE_INDEX
+
+HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
+                    "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
+
+
+def hf_config(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> RobertaConfig | BertConfig:
+    """RobertaConfig/BertConfig for `model`, sized to the tokenizer's vocabulary and `seq_len`."""
+    fields = {name: getattr(model, name) for name in HF_CONFIG_FIELDS}
+    fields["attn_implementation"] = model.attn_implementation
+    if model.architecture == "roberta":
+        # RoBERTa numbers positions from pad_id + 1, so seq_len tokens need pad_id + 1 more slots.
+        return RobertaConfig(**fields, vocab_size=tokenizer.vocab_size,
+                             max_position_embeddings=seq_len + tokenizer.pad_id + 1,
+                             type_vocab_size=model.type_vocab_size or 1, pad_token_id=tokenizer.pad_id,
+                             bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
+    return BertConfig(**fields, vocab_size=tokenizer.vocab_size, max_position_embeddings=seq_len,
+                      type_vocab_size=model.type_vocab_size or 2, pad_token_id=tokenizer.pad_id)
+
+
+def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+    """Mean cross-entropy over masked positions, projecting only those to the vocabulary."""
+    selected = labels != IGNORE_INDEX
+    logits = head(hidden[selected])
+    return F.cross_entropy(logits.float(), labels[selected])
+
+
+class SparseRobertaForMaskedLM(RobertaForMaskedLM):
+    """RobertaForMaskedLM whose training forward projects masked positions only; returns the loss."""
+
+    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, **_):
+        hidden = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                              return_dict=True).last_hidden_state
+        return {"loss": _masked_lm_loss(hidden, labels, self.lm_head)}
+
+
+class SparseBertForPreTraining(BertForPreTraining):
+    """BertForPreTraining (MLM + next-sentence prediction) with the sparse MLM head; returns the losses."""
+
+    def forward(self, input_ids, labels, next_sentence_label, attention_mask=None, token_type_ids=None, **_):
+        out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True)
+        mlm = _masked_lm_loss(out.last_hidden_state, labels, self.cls.predictions)
+        nsp = F.cross_entropy(self.cls.seq_relationship(out.pooler_output).float(), next_sentence_label)
+        return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp}
+
+
+SPARSE_CLASSES = {"roberta": SparseRobertaForMaskedLM, "bert": SparseBertForPreTraining}
+EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "bert": BertForPreTraining}
+
+
+def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
+    """A freshly initialised training model, or one loaded from `model.init_from`."""
+    cls = SPARSE_CLASSES[model.architecture]
+    if model.init_from:
+        return cls.from_pretrained(model.init_from, attn_implementation=model.attn_implementation)
+    return cls(hf_config(model, tokenizer, seq_len))
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_norm = "layernorm" in name.lower() or "layer_norm" in name.lower()
+        (no_decay if name.endswith("bias") or is_norm or param.ndim < 2 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

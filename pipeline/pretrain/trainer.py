@@ -1,0 +1,345 @@
+"""The pretraining loop: train steps, evaluation, checkpoints, resume, stop signals and metrics."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeline.common.atomic_files import staged_folder, write_json_atomic
+from pipeline.common.config_tree import flatten, to_dict
+from pipeline.common.errors import PipelineError
+from pipeline.common.stop_signal import StopRequest
+from pipeline.common.topology import Topology, init_process_group
+from pipeline.data.token_cache import TokenCache
+from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+from pipeline.pretrain import checkpoints
+from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys, train_loader
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.engine import initialize_engine, lr_multiplier
+from pipeline.pretrain.flops import mfu, training_flops_per_token
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec, splitmix64
+from pipeline.pretrain.model import build_model
+from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
+from pipeline.tracking.mlflow_run import MetricsJsonl, MlflowRun, git_commit
+
+
+@dataclass
+class RunResult:
+    last_step: int
+    stopped_by: str | None
+    export_dir: Path | None
+
+
+def seed_micro_batch(seed: int, step: int, micro_index: int) -> None:
+    """Seed dropout from the micro batch's place in the run, not from the RNG's history.
+
+    So a resumed run draws the same dropout masks as an uninterrupted one, and 2 ranks × 2 micro
+    steps draw the same as 1 rank × 4.
+    """
+    key = np.array([(seed << 20) ^ (step << 8) ^ micro_index], dtype=np.uint64)
+    torch.manual_seed(int(splitmix64(key)[0] >> np.uint64(1)))
+
+
+class Pretrainer:
+    """Owns the engine, data and logs of one pretraining run on this rank."""
+
+    def __init__(self, config: PretrainConfig, topology: Topology):
+        self.config = config
+        self.topology = topology
+        self.plan = BatchPlan.derive(config.train.global_batch_size, config.train.micro_batch_size,
+                                     topology.world_size)
+        init_process_group(topology)
+        self.tokenizer = load_tokenizer(config.data.tokenizer)
+        self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
+        fingerprint = self.tokenizer_info.fingerprint
+        cache = config.cache_dir
+        self.train_cache = TokenCache(config.data.shards, "train", cache, tokenizer_fingerprint=fingerprint)
+        self.val_cache = TokenCache(config.data.shards, "val", cache, tokenizer_fingerprint=fingerprint)
+        self.seq_len = self.train_cache.seq_len
+        m = config.masking
+        special = tuple(sorted(set(self.tokenizer.all_special_ids)))
+        spec = MaskingSpec(self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id, special, m.probability,
+                           m.mask_token_fraction, m.random_token_fraction, static=m.mode == "static")
+        self.masker = Masker(spec, config.train.seed)
+        with_segments = config.model.architecture == "bert"
+        self.train_batches = MaskedBatches(self.train_cache, self.masker, with_segments=with_segments)
+        self.val_batches = MaskedBatches(self.val_cache, self.masker, with_segments=with_segments)
+        self.shuffle = GlobalShuffle(len(self.train_cache), self.plan, config.train.seed)
+
+        torch.manual_seed(config.train.seed)  # the same initial weights on every rank
+        model = build_model(config.model, self.tokenizer_info, self.seq_len)
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        self.flops_per_token = training_flops_per_token(
+            layers=model.config.num_hidden_layers, hidden=model.config.hidden_size,
+            intermediate=model.config.intermediate_size, seq_len=self.seq_len, vocab=model.config.vocab_size,
+            masked_fraction=m.probability)
+        self.step = 0
+        self.resumed_from: Path | None = None
+        self.resume_seconds = 0.0
+        resume = self._resume_source() if config.checkpoint.resume == "auto" else None
+        # A universal checkpoint must be announced before DeepSpeed builds its optimizer.
+        self.engine = initialize_engine(model, config, self.plan, load_universal=bool(resume and resume[2]))
+        if resume:
+            self._load(*resume)
+        self.jsonl = self.mlflow = None
+        if topology.is_main:
+            self._open_logs()
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def _resume_source(self) -> tuple[Path, Path, bool] | None:
+        """(complete checkpoint, folder DeepSpeed loads it from, universal?) or None for a fresh start."""
+        newest = checkpoints.newest_complete(checkpoints.checkpoint_root(self.config.output_dir))
+        if newest is None:
+            return None
+        saved = checkpoints.read_marker(newest).get("batch_plan", {})
+        if saved.get("global_batch_size") != self.plan.global_batch_size:
+            raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
+                                f"this run has {self.plan.global_batch_size}; resuming would change the data order "
+                                f"(use another train.output_dir, or the same global batch)")
+        if not needs_universal(newest, saved.get("world_size"), self.plan.world_size):
+            return newest, newest.parent, False
+        if self.topology.is_main:
+            self._print(f"checkpoint {newest.name} was written by {saved.get('world_size')} ranks, this run has "
+                        f"{self.plan.world_size}: converting it to a universal checkpoint")
+            convert_to_universal(newest)
+        dist.barrier()
+        return newest, newest / UNIVERSAL_DIR, True
+
+    def _load(self, checkpoint: Path, load_root: Path, universal: bool) -> None:
+        started = time.perf_counter()
+        _, client_state = self.engine.load_checkpoint(str(load_root), tag=checkpoint.name)
+        if client_state is None:
+            raise PipelineError(f"checkpoint {checkpoint}: DeepSpeed could not load it")
+        state = client_state.get("train_state") or checkpoints.read_marker(checkpoint)["train_state"]
+        self.step = int(state["step"])
+        self.resumed_from = checkpoint
+        self.resume_seconds = time.perf_counter() - started
+        # The optimizer comes back with the LR it had; put the schedule's LR for the next step in
+        # place, which differs when train.max_steps or the schedule was changed for the resume.
+        scheduler = self.engine.lr_scheduler
+        scheduler.last_epoch = self.step
+        multiplier = lr_multiplier(self.step, self.config.schedule, self.config.train.max_steps)
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * multiplier
+
+    def _open_logs(self) -> None:
+        c, out = self.config, self.config.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out / "config.json", to_dict(c))
+        tokenizer_dir = out / "tokenizer"
+        if not tokenizer_dir.exists():
+            with staged_folder(tokenizer_dir) as tmp:
+                self.tokenizer.save_pretrained(tmp)
+        self.jsonl = MetricsJsonl(out / "metrics.jsonl", resume_step=self.step)
+        if self.resumed_from is not None:
+            self.jsonl.write({"step": self.step, "resumed_from": str(self.resumed_from),
+                              "resume_load_seconds": round(self.resume_seconds, 3)})
+        if c.tracking.enabled:
+            self.mlflow = MlflowRun(c.tracking.uri, c.tracking.experiment, c.tracking.run_name or out.resolve().name,
+                                    out / "tracking.json", c.tracking.flush_seconds)
+            if not self.mlflow.reopened:
+                self.mlflow.log_params(flatten(to_dict(c)))
+                self.mlflow.log_artifact(out / "config.json")
+            import deepspeed
+            import transformers
+            self.mlflow.set_tags({
+                "git_commit": git_commit(), "world_size": str(self.plan.world_size),
+                "gradient_accumulation": str(self.plan.accumulation),
+                "deepspeed_version": deepspeed.__version__, "torch_version": torch.__version__,
+                "transformers_version": transformers.__version__, "stage": "pretrain",
+                "parameters": str(self.num_parameters), "output_dir": str(out.resolve()),
+            })  # set on every (re)start: a resume may run on another world size
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def train(self) -> RunResult:
+        c, topo, plan = self.config, self.topology, self.plan
+        stop = StopRequest().install()
+        if self.step >= c.train.max_steps:  # a rerun of a finished run: only a missing export is redone
+            self._print(f"already trained to step {self.step} (train.max_steps {c.train.max_steps})")
+            return self._finish(stop, None, already_done=True)
+        loader = iter(train_loader(self.train_batches, self.shuffle, rank=topo.rank, start_step=self.step,
+                                   end_step=c.train.max_steps, num_workers=c.data.num_workers))
+        progress = self._progress_bar()
+        window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+        stopped_by = None
+        self.engine.train()
+        while self.step < c.train.max_steps:
+            micro_losses, extra, step_tokens = [], {}, 0
+            lr = self.engine.get_lr()[0]  # the LR this step uses; the scheduler moves on inside engine.step()
+            for micro_step in range(plan.accumulation):
+                batch = next(loader)
+                real = batch.get("attention_mask", batch["input_ids"])
+                step_tokens += int(real.sum()) if "attention_mask" in batch else real.numel()
+                seed_micro_batch(c.train.seed, self.step, plan.micro_batch_index(topo.rank, micro_step))
+                out = self.engine(**{k: v.to(self.engine.device) for k, v in batch.items()})
+                self.engine.backward(out["loss"])
+                self.engine.step()
+                micro_losses.append(out["loss"].detach().float())
+                for key in ("mlm_loss", "nsp_loss"):
+                    if key in out:
+                        extra.setdefault(key, []).append(out[key].detach().float())
+            self.step += 1
+            # One all-reduce per step carries the losses, token count and any stop request.
+            summary = torch.stack([torch.stack(micro_losses).mean()] + [torch.stack(v).mean() for v in extra.values()]
+                                  + [torch.tensor(float(step_tokens), device=micro_losses[0].device),
+                                     torch.tensor(float(stop.requested), device=micro_losses[0].device)]).cpu()
+            dist.all_reduce(summary)
+            n = plan.world_size
+            loss = summary[0].item() / n
+            extras = {k: summary[1 + i].item() / n for i, k in enumerate(extra)}
+            window_tokens += summary[-2].item()
+            window_steps += 1
+            if not math.isfinite(loss) and c.precision != "fp16":
+                self._stop_on_nonfinite(loss)
+            if self.step % c.train.log_every == 0 or self.step == c.train.max_steps:
+                elapsed = time.perf_counter() - window_start
+                self._log_step(loss, extras, lr, window_tokens / elapsed,
+                               window_steps * plan.global_batch_size / elapsed, progress)
+                window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+            if c.train.eval_every and self.step % c.train.eval_every == 0 and self.step < c.train.max_steps:
+                self._evaluate()
+            if summary[-1].item() > 0:
+                stopped_by = stop.signal_name or "a stop signal on another rank"
+                break
+            if self.step % c.checkpoint.every == 0 and self.step < c.train.max_steps:
+                self._checkpoint()
+        if progress is not None:
+            progress.close()
+        return self._finish(stop, stopped_by)
+
+    def _finish(self, stop: StopRequest, stopped_by: str | None, already_done: bool = False) -> RunResult:
+        c = self.config
+        export_dir = None
+        if stopped_by is None and not already_done:
+            self._evaluate()
+        newest = checkpoints.newest_complete(checkpoints.checkpoint_root(c.output_dir))
+        if newest is None or newest.name != checkpoints.tag_for(self.step):
+            self._checkpoint()
+        if stopped_by is not None:
+            seconds = time.monotonic() - (stop.received_at or time.monotonic())
+            self._print(f"stopped by {stopped_by} after step {self.step}; checkpoint saved, {seconds:.1f} s after "
+                        "the signal")
+            if self.jsonl:
+                self.jsonl.write({"step": self.step, "stopped_by": stopped_by, "signal_to_checkpoint_seconds":
+                                  round(seconds, 3)})
+        elif c.train.export and self.topology.is_main and not (already_done and (c.output_dir / "export").is_dir()):
+            from pipeline.pretrain.export import export_checkpoint
+
+            newest = checkpoints.newest_complete(checkpoints.checkpoint_root(c.output_dir))
+            export_dir = export_checkpoint(newest, c.output_dir / "export", overwrite=True)
+            self._print(f"exported {export_dir}")
+            if self.mlflow:
+                self.mlflow.log_artifact(export_dir, "export")
+        if self.mlflow:
+            self.mlflow.finish("FINISHED" if stopped_by is None else "KILLED")
+        if self.jsonl:
+            self.jsonl.close()
+        stop.restore()
+        dist.barrier()
+        return RunResult(self.step, stopped_by, export_dir)
+
+    def _stop_on_nonfinite(self, loss: float) -> None:
+        newest = checkpoints.newest_complete(checkpoints.checkpoint_root(self.config.output_dir))
+        if self.mlflow:
+            self.mlflow.finish("FAILED")
+        raise PipelineError(f"the training loss is {loss} at step {self.step}; stopping without saving. "
+                            f"The last good checkpoint is {newest or 'none (no checkpoint yet)'}. Lower "
+                            f"optimizer.lr, raise schedule.warmup_steps or check the data")
+
+    # --- evaluation, checkpoints, logging ------------------------------------------------------
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict[str, float]:
+        keys = eval_keys(len(self.val_cache), self.config.train.eval_sequences, self.plan.micro_batch_size,
+                         self.topology.rank, self.topology.world_size)
+        self.engine.eval()
+        totals = torch.zeros(2, dtype=torch.float64)
+        for key in keys:
+            batch = {k: v.to(self.engine.device) for k, v in self.val_batches[key].items()}
+            out = self.engine(**batch)
+            masked = (batch["labels"] != IGNORE_INDEX).sum().item()
+            totals += torch.tensor([out.get("mlm_loss", out["loss"]).float().item() * masked, masked],
+                                   dtype=torch.float64)
+        self.engine.train()
+        dist.all_reduce(totals)
+        loss = (totals[0] / totals[1].clamp(min=1)).item()
+        metrics = {"eval/mlm_loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
+        if self.topology.is_main:
+            self.jsonl.write({"step": self.step, **metrics})
+            if self.mlflow:
+                self.mlflow.log_metrics(metrics, self.step, flush=True)
+            self._print(f"step {self.step}: eval MLM loss {loss:.4f}, perplexity {metrics['eval/perplexity']:.2f}")
+        return metrics
+
+    def _checkpoint(self) -> None:
+        plan = self.plan
+        state = {"step": self.step, "samples_consumed": self.step * plan.global_batch_size,
+                 "epoch": self.step // self.shuffle.steps_per_epoch}
+        marker = {"batch_plan": {"global_batch_size": plan.global_batch_size, "micro_batch_size": plan.micro_batch_size,
+                                 "world_size": plan.world_size, "accumulation": plan.accumulation},
+                  "architecture": self.config.model.architecture, "seq_len": self.seq_len,
+                  "zero_stage": self.config.zero_stage, "precision": self.config.precision,
+                  "config": to_dict(self.config)}
+        start = time.perf_counter()
+        folder = checkpoints.save_checkpoint(self.engine, self.config.output_dir, self.step, state, marker,
+                                             self.config.checkpoint.keep_last)
+        if self.topology.is_main:
+            self.jsonl.write({"step": self.step, "checkpoint": str(folder), "checkpoint_seconds":
+                              round(time.perf_counter() - start, 3)})
+            if self.mlflow:
+                self.mlflow.flush()
+
+    def _log_step(self, loss: float, extras: dict[str, float], lr: float, tokens_per_s: float,
+                  samples_per_s: float, progress) -> None:
+        if not self.topology.is_main:
+            return
+        engine = self.engine
+        grad_norm = engine.get_global_grad_norm()
+        scale = getattr(engine.optimizer, "cur_scale", None) if self.config.precision == "fp16" else 1.0
+        metrics: dict[str, Any] = {
+            "train/loss": loss, **{f"train/{k}": v for k, v in extras.items()},
+            "train/lr": lr,
+            "train/grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "train/loss_scale": float(scale) if scale is not None else None,
+            "train/tokens_per_s": tokens_per_s, "train/samples_per_s": samples_per_s,
+            "train/mfu": mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.plan.world_size),
+            "train/epoch": self.step / self.shuffle.steps_per_epoch,
+        }
+        self.jsonl.write({"step": self.step, **{k: v for k, v in metrics.items() if v is not None}})
+        if self.mlflow:
+            self.mlflow.log_metrics(metrics, self.step)
+        if progress is not None:
+            progress.update(self.step - progress.n)
+            progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
+                                 refresh=False)
+
+    def _progress_bar(self):
+        if not self.topology.is_main:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.config.train.max_steps, initial=self.step, desc="pretrain", unit="step",
+                    dynamic_ncols=True, mininterval=1.0)
+
+    def _print(self, message: str) -> None:
+        if self.topology.is_main:
+            from tqdm.auto import tqdm
+
+            tqdm.write(message)
+
+
+def run_pretraining(config: PretrainConfig, topology: Topology) -> RunResult:
+    trainer = Pretrainer(config, topology)
+    if trainer.resumed_from is not None:
+        trainer._print(f"resumed from {trainer.resumed_from} (step {trainer.step})")
+    return trainer.train()

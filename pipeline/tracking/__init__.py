@@ -1,0 +1,1 @@
+"""Run tracking: metrics sinks (MLflow, JSONL) and comparisons across runs."""

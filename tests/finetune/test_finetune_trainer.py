@@ -1,0 +1,122 @@
+"""Fine-tuning end to end: a learnable task under `accelerate launch`, seeds, outputs, MLflow, compare."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import PYTHON, ROOT, WORDS, run_script
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ACCELERATE = [str(Path(PYTHON).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def keyword_examples(n: int, seed: int) -> list[dict]:
+    """Six random words; the label says whether `river` is among them (balanced)."""
+    rng = random.Random(seed)
+    others = [w for w in WORDS if w != "river"]
+    rows = []
+    for i in range(n):
+        words = [rng.choice(others) for _ in range(6)]
+        if i % 2:
+            words[rng.randrange(6)] = "river"
+        rows.append({"text": " ".join(words), "label": "yes" if i % 2 else "no"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def keyword_task(tmp_path_factory, bpe_tokenizer_dir):
+    """A custom task, a tiny RoBERTa folder that claims a pretraining run, and a config; MLflow in the folder."""
+    from mlflow.tracking import MlflowClient
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
+
+    root = tmp_path_factory.mktemp("keyword")
+    for name, n, seed in (("train", 400, 0), ("dev", 100, 1), ("test", 20, 2)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keyword_examples(n, seed)))
+    tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer_dir)
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id)
+    RobertaForMaskedLM(config).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("glue-tests")
+    pretrain = client.create_run(experiment, run_name="tiny-pretrain", tags={"stage": "pretrain"})
+    client.log_metric(pretrain.info.run_id, "train/loss", 3.5, step=1)
+    (root / "model" / "pipeline_export.json").write_text(json.dumps(
+        {"pretrain_run_id": pretrain.info.run_id, "checkpoint": "/ckpt/step_00000100"}))
+    cfg = {"task": "custom",
+           "data": {"train_file": str(root / "train.jsonl"), "validation_file": str(root / "dev.jsonl"),
+                    "test_file": str(root / "test.jsonl"), "text_fields": ["text"], "label_field": "label"},
+           "train": {"output_dir": str(root / "ft"), "learning_rate": 1e-3, "batch_size": 16, "epochs": 4,
+                     "warmup_ratio": 0.1},
+           "tracking": {"enabled": True, "uri": uri, "experiment": "glue-tests"}}
+    (root / "config.json").write_text(json.dumps(cfg))
+    return {"root": root, "uri": uri, "pretrain_run_id": pretrain.info.run_id}
+
+
+@pytest.fixture(scope="module")
+def two_process_run(keyword_task):
+    root = keyword_task["root"]
+    proc = subprocess.run([*ACCELERATE, "launchers/finetune.py", "--config", str(root / "config.json"),
+                           "--model", str(root / "model"), "--seeds", "1,2"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((root / "ft" / "metrics.json").read_text())
+
+
+def test_learns_an_easy_task_to_high_accuracy_on_two_processes(two_process_run, keyword_task):
+    report = two_process_run
+    assert report["accuracy"] >= 0.95 and report["seeds"] == [1, 2]
+    assert {"accuracy", "accuracy_mean", "accuracy_std", "f1_macro"} <= set(report)
+    seed_dir = keyword_task["root"] / "ft" / "seed_2"
+    per_seed = json.loads((seed_dir / "metrics.json").read_text())
+    assert per_seed["processes"] == 2 and 1 <= per_seed["best_epoch"] <= 4
+    lines = (seed_dir / "test_predictions.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 21
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"yes", "no"}
+    assert (seed_dir / "confusion_dev.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mlflow_runs_link_to_the_pretraining_run_and_compare_joins_them(two_process_run, keyword_task, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    root = keyword_task["root"]
+    scratch = run_script("launchers/finetune.py", "--config", root / "config.json", "--model", root / "model",
+                         "--from-scratch", "--set", f"train.output_dir={root / 'scratch'}", "--set", "train.epochs=1")
+    assert scratch.returncode == 0, scratch.stderr[-3000:]
+    client = MlflowClient(keyword_task["uri"])
+    runs = client.search_runs([client.get_experiment_by_name("glue-tests").experiment_id])
+    seeds = [r for r in runs if r.data.tags.get("stage") == "finetune"]
+    assert len(seeds) == 3 and all(r.data.tags["pretrain_run_id"] == keyword_task["pretrain_run_id"] for r in seeds)
+    assert all(r.data.tags["pretrain_checkpoint"] == "/ckpt/step_00000100" for r in seeds)
+    epochs = client.get_metric_history(seeds[0].info.run_id, "eval/accuracy")
+    assert sorted(m.step for m in epochs) in ([1, 2, 3, 4], [1])
+
+    proc = run_script("launchers/compare.py", "--uri", keyword_task["uri"], "--experiment", "glue-tests",
+                      "--out", tmp_path / "plots")
+    assert proc.returncode == 0, proc.stderr
+    header, _, row = proc.stdout.splitlines()[:3]
+    assert "custom/accuracy (pretrained)" in header and "custom/accuracy (scratch)" in header
+    assert row.startswith("tiny-pretrain") and "train/loss" in header
+    assert (tmp_path / "plots" / "finetune_train_loss.png").exists()
+
+
+def test_bad_inputs_stop_with_a_clear_error(keyword_task, tmp_path):
+    root = keyword_task["root"]
+    proc = run_script("launchers/finetune.py", "--config", root / "config.json", "--model", tmp_path / "nope")
+    assert proc.returncode == 2 and "no such folder" in proc.stderr
+    bad = json.loads((root / "config.json").read_text())
+    bad["data"]["label_field"] = "stars"
+    bad["train"]["epochs"] = 0
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    proc = run_script("launchers/finetune.py", "--config", tmp_path / "bad.json", "--model", root / "model")
+    assert proc.returncode == 2 and "train.epochs: must be ≥ 1" in proc.stderr
+    proc = run_script("launchers/finetune.py", "--config", tmp_path / "bad.json", "--model", root / "model",
+                      "--set", "train.epochs=1")
+    assert proc.returncode == 2 and "train.jsonl:1: no column 'stars'" in proc.stderr

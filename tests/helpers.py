@@ -1,0 +1,57 @@
+"""Test helpers shared by every test folder: small corpora, script runner, a tiny pretraining config."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+WORDS = ("the a model token encoder shard packing corpus reader document sequence batch mask "
+         "river mountain quietly seven orange language tensor gradient learning pretraining").split()
+
+
+def make_documents(n: int, seed: int = 0, min_words: int = 5, max_words: int = 120) -> list[str]:
+    """Deterministic pseudo-English documents; each starts with a unique marker `docN`."""
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))]
+        docs.append(f"doc{i} " + " ".join(words) + ".")
+    return docs
+
+
+def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({"id": i, field: d}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+def run_script(script: str, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a data_prep/ or launchers/ script as a user would, capturing its output."""
+    proc = subprocess.run([PYTHON, str(ROOT / script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sections) -> dict:
+    """A config for a 2-layer encoder on the test shards; `sections` update whole sections' keys."""
+    config = {
+        "model": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128},
+        "data": {"shards": str(shards), "tokenizer": str(tokenizer), "num_workers": 0},
+        "optimizer": {"lr": 2e-3},
+        "schedule": {"warmup_steps": 2},
+        "train": {"output_dir": str(output_dir), "max_steps": 8, "global_batch_size": 16, "micro_batch_size": 4,
+                  "eval_sequences": 32, "log_every": 1},
+        "checkpoint": {"every": 4, "keep_last": 2},
+        "tracking": {"enabled": False},
+        "deepspeed": {"zero_optimization": {"stage": 0}},
+    }
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return config

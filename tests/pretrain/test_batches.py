@@ -1,0 +1,109 @@
+"""Data order: a seeded global shuffle, disjoint rank slices, and batches that depend on the step alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.common.atomic_files import write_json_atomic
+from pipeline.data.shard_index import load_index
+from pipeline.data.shard_reader import ShardedDataset
+from pipeline.data.token_cache import TokenCache
+from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec
+
+
+def step_sequences(shuffle: GlobalShuffle, rank: int, step: int) -> list[np.ndarray]:
+    return [k.indices for k in shuffle.rank_keys(rank, step, step + 1)]
+
+
+def test_ranks_read_disjoint_slices_that_cover_each_global_batch():
+    plan = BatchPlan.derive(16, 2, 4)
+    shuffle = GlobalShuffle(100, plan, seed=3)
+    for step in range(12):  # crosses two epoch boundaries (6 steps per epoch)
+        parts = [np.concatenate(step_sequences(shuffle, r, step)) for r in range(4)]
+        together = np.concatenate(parts)
+        assert len(set(together.tolist())) == 16
+        epoch, within = divmod(step, 6)
+        assert sorted(together) == sorted(shuffle.order(epoch)[within * 16:(within + 1) * 16])
+
+
+def test_two_ranks_times_two_micro_steps_see_the_micro_batches_of_one_rank_times_four():
+    one = GlobalShuffle(200, BatchPlan.derive(16, 4, 1), seed=0)
+    two = GlobalShuffle(200, BatchPlan.derive(16, 4, 2), seed=0)
+    for step in range(5):
+        single = {tuple(b) for b in step_sequences(one, 0, step)}
+        double = {tuple(b) for r in range(2) for b in step_sequences(two, r, step)}
+        assert single == double
+
+
+def test_each_epoch_is_a_new_permutation_and_the_seed_fixes_it():
+    shuffle = GlobalShuffle(50, BatchPlan.derive(10, 10, 1), seed=1)
+    first, second = shuffle.order(0).copy(), shuffle.order(1).copy()
+    assert sorted(first) == list(range(50)) and not np.array_equal(first, second)
+    assert np.array_equal(GlobalShuffle(50, shuffle.plan, seed=1).order(1), second)
+    assert not np.array_equal(GlobalShuffle(50, shuffle.plan, seed=2).order(0), first)
+
+
+def test_resuming_at_step_k_continues_the_same_sequence_of_batches():
+    shuffle = GlobalShuffle(300, BatchPlan.derive(32, 8, 2), seed=5)
+    uninterrupted = [k.indices for k in shuffle.rank_keys(1, 0, 20)]
+    resumed = [k.indices for k in GlobalShuffle(300, shuffle.plan, seed=5).rank_keys(1, 7, 20)]
+    already_seen = 7 * shuffle.plan.accumulation
+    assert all(np.array_equal(a, b) for a, b in zip(uninterrupted[already_seen:], resumed, strict=True))
+
+
+def test_eval_batches_are_the_same_on_every_call_and_split_evenly():
+    keys = [eval_keys(100, 64, 8, r, 2) for r in range(2)]
+    assert len(keys[0]) == len(keys[1]) == 4
+    assert sorted(np.concatenate([k.indices for ks in keys for k in ks])) == list(range(64))
+    # 50 sequences over 3 ranks in micro batches of 8: every rank runs the same number of forward
+    # passes (ZeRO-3 would hang otherwise), on disjoint sequences.
+    uneven = [eval_keys(100, 50, 8, r, 3) for r in range(3)]
+    assert len({len(ks) for ks in uneven}) == 1
+    seen = np.concatenate([k.indices for ks in uneven for k in ks])
+    assert len(seen) == len(set(seen.tolist())) == 48
+
+
+def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    cache = TokenCache(roberta_shards, "train", tmp_path / "cache")
+    source = ShardedDataset(roberta_shards, "train")
+    rows = np.array([5, 0, 17, 3])
+    assert np.array_equal(cache.fields["input_ids"][rows], np.stack([source[i]["input_ids"] for i in rows]))
+    masker = Masker(MaskingSpec(400, 4, (0, 1, 2, 3, 4)), seed=0)
+    batches = MaskedBatches(cache, masker, with_segments=False)
+    from pipeline.pretrain.batches import MicroBatchKey
+
+    batch = batches[MicroBatchKey(0, rows)]
+    labels = batch["labels"].numpy()
+    chosen = labels != IGNORE_INDEX
+    assert np.array_equal(labels[chosen], cache.fields["input_ids"][rows][chosen])
+    assert "attention_mask" not in batch  # full packing: no padding to mask
+
+
+def test_pairs_batches_carry_segments_and_next_sentence_labels(tmp_path, pairs_shards):
+    cache = TokenCache(pairs_shards, "train", tmp_path / "cache")
+    masker = Masker(MaskingSpec(300, 4, (0, 1, 2, 3, 4)), seed=0)
+    from pipeline.pretrain.batches import MicroBatchKey
+
+    batch = MaskedBatches(cache, masker, with_segments=True)[MicroBatchKey(0, np.arange(8))]
+    lengths = cache.fields["length"][:8]
+    b_start = cache.fields["segment_b_start"][:8]
+    for row in range(8):
+        types = batch["token_type_ids"][row].numpy()
+        assert types[: b_start[row]].sum() == 0 and types[b_start[row]: lengths[row]].all()
+    assert set(batch["next_sentence_label"].tolist()) <= {0, 1}
+
+
+def test_a_corrupt_shard_stops_the_cache_build_naming_the_file(tmp_path, roberta_shards):
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(roberta_shards, copy)
+    shard = copy / load_index(copy)["splits"]["train"]["shards"][1]["file"]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(Exception, match=str(shard.name)):
+        TokenCache(copy, "train", tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("train-*/done.json"))
+    write_json_atomic(tmp_path / "unused.json", {})  # keep the import honest: atomic writes are what the cache uses

@@ -1,0 +1,77 @@
+"""The sparse MLM head: HF's parameter names, HF's loss to 1e-5, and the FLOP model behind the speed-up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertForPreTraining, RobertaForMaskedLM
+
+from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.pretrain.config import ModelConfig
+from pipeline.pretrain.flops import training_flops_per_token
+from pipeline.pretrain.masking import IGNORE_INDEX
+from pipeline.pretrain.model import build_model, parameter_groups
+
+TOKENIZER = TokenizerInfo("test", "sha256:0", 500, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
+SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def masked_batch(rows=4, length=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 500, (rows, length), generator=g)
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    chosen = torch.rand(ids.shape, generator=g) < 0.15
+    labels[chosen] = ids[chosen]
+    return ids, labels
+
+
+def test_roberta_loss_equals_hf_full_logit_loss_and_keys_match():
+    torch.manual_seed(0)
+    sparse = build_model(ModelConfig(architecture="roberta", **SMALL), TOKENIZER, seq_len=32).eval()
+    reference = RobertaForMaskedLM(sparse.config).eval()
+    assert list(reference.state_dict()) == list(sparse.state_dict())
+    reference.load_state_dict(sparse.state_dict())
+    ids, labels = masked_batch()
+    ours = sparse(input_ids=ids, labels=labels)["loss"]
+    theirs = reference(input_ids=ids, labels=labels).loss
+    assert abs(ours.item() - theirs.item()) < 1e-5
+
+
+def test_roberta_positions_leave_room_for_the_padding_offset():
+    model = build_model(ModelConfig(**SMALL), TOKENIZER, seq_len=32)
+    assert model.config.max_position_embeddings == 32 + TOKENIZER.pad_id + 1
+    assert model.config.vocab_size == 500 and model.config._attn_implementation == "sdpa"
+
+
+def test_bert_mlm_and_nsp_losses_equal_hf_and_keys_match():
+    torch.manual_seed(0)
+    sparse = build_model(ModelConfig(architecture="bert", **SMALL), TOKENIZER, seq_len=32).eval()
+    reference = BertForPreTraining(sparse.config).eval()
+    assert list(reference.state_dict()) == list(sparse.state_dict())
+    reference.load_state_dict(sparse.state_dict())
+    ids, labels = masked_batch()
+    segments = (torch.arange(32) >= 16).long().expand(4, 32)
+    nsp = torch.tensor([0, 1, 0, 1])
+    ours = sparse(input_ids=ids, labels=labels, token_type_ids=segments, next_sentence_label=nsp)
+    theirs = reference(input_ids=ids, labels=labels, token_type_ids=segments, next_sentence_label=nsp)
+    assert abs(ours["loss"].item() - theirs.loss.item()) < 1e-5
+    assert sparse.config.type_vocab_size == 2
+
+
+def test_no_weight_decay_on_biases_and_layer_norms():
+    model = build_model(ModelConfig(**SMALL), TOKENIZER, seq_len=32)
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] or "layer_norm" in names[id(p)]
+               for p in no_decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.01
+
+
+@pytest.mark.parametrize("vocab,expected_at_least", [(50_265, 2.0)])
+def test_flop_model_predicts_the_sparse_head_saving_at_benchmark_size(vocab, expected_at_least):
+    shape = dict(layers=4, hidden=256, intermediate=1024, seq_len=128, vocab=vocab)
+    dense = training_flops_per_token(**shape, masked_fraction=None)
+    sparse = training_flops_per_token(**shape, masked_fraction=0.15)
+    assert dense / sparse > expected_at_least

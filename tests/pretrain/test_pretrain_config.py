@@ -1,0 +1,132 @@
+"""The pretraining config: shipped files validate, overrides apply, and every problem is reported at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, run_script, tiny_pretrain_config
+
+from pipeline.common.config_tree import ConfigError, apply_overrides, parse_override
+from pipeline.common.errors import PipelineError
+from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
+from pipeline.pretrain.engine import deepspeed_config, lr_multiplier
+
+CONFIGS = sorted((ROOT / "configs").glob("*.json"))
+
+
+def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_validates(path):
+    load_pretrain_config(path, world_size=1, cuda=True, check_files=False)
+
+
+def test_shipped_presets_have_the_published_recipes():
+    base = load_pretrain_config(ROOT / "configs/base.json", world_size=8, cuda=True, check_files=False)
+    assert (base.model.num_hidden_layers, base.model.hidden_size, base.train.global_batch_size) == (12, 768, 8192)
+    assert (base.optimizer.lr, base.schedule.warmup_steps, base.train.max_steps) == (6e-4, 24_000, 500_000)
+    assert (base.optimizer.betas, base.optimizer.eps, base.optimizer.weight_decay) == ((0.9, 0.98), 1e-6, 0.01)
+    assert base.precision == "bf16" and base.model.hidden_dropout_prob == 0.1
+    large = load_pretrain_config(ROOT / "configs/large.json", world_size=8, cuda=True, check_files=False)
+    assert (large.model.num_hidden_layers, large.model.hidden_size, large.train.global_batch_size) == (24, 1024, 8192)
+    assert (large.optimizer.lr, large.schedule.warmup_steps, large.train.max_steps) == (4e-4, 30_000, 500_000)
+    assert large.precision == "bf16" and large.zero_stage == 2
+    bert = load_pretrain_config(ROOT / "configs/bert-base.json", world_size=8, cuda=True, check_files=False)
+    assert bert.model.architecture == "bert"
+
+
+def test_set_overrides_parse_json_values_else_strings():
+    assert parse_override("train.max_steps=100") == (["train", "max_steps"], 100)
+    assert parse_override("optimizer.betas=[0.9,0.95]") == (["optimizer", "betas"], [0.9, 0.95])
+    assert parse_override("data.shards=/data/shards") == (["data", "shards"], "/data/shards")
+    data = apply_overrides({"deepspeed": {}}, ["deepspeed.zero_optimization.stage=3", "deepspeed.bf16.enabled=true"])
+    assert data["deepspeed"] == {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    with pytest.raises(PipelineError, match="section.key=value"):
+        parse_override("no-equals-sign")
+
+
+def test_unknown_keys_wrong_types_and_cross_field_problems_come_in_one_error(tmp_path):
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out")
+    data["model"]["hidden_sise"] = 64                       # unknown key
+    data["train"]["max_steps"] = "many"                     # wrong type
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(path, world_size=1)
+    message = str(err.value)
+    assert "model.hidden_sise: unknown key" in message and "train.max_steps: expected an integer" in message
+
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out")
+    data["model"]["num_attention_heads"] = 5                # 64 is not divisible by 5
+    data["train"]["global_batch_size"] = 18                 # not divisible by 4 × 2 ranks
+    data["deepspeed"]["train_batch_size"] = 18              # owned by the pipeline
+    data["deepspeed"]["fp16"] = {"enabled": True}           # no GPU
+    data["masking"] = {"probability": 1.5}
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), world_size=2, cuda=False)
+    problems = err.value.problems
+    assert any("hidden_size 64 is not divisible by model.num_attention_heads 5" in p for p in problems)
+    assert any("global_batch_size 18 is not divisible by train.micro_batch_size 4 × world size 2 = 8" in p
+               for p in problems)
+    assert any("deepspeed.train_batch_size: derived by the pipeline" in p for p in problems)
+    assert any("fp16 needs a GPU" in p for p in problems)
+    assert any("masking.probability" in p for p in problems)
+    assert any("data.shards" in p for p in problems)
+    assert len(problems) >= 6
+
+
+def test_shards_made_with_another_tokenizer_are_refused(tmp_path, roberta_shards, wordpiece_tokenizer_dir):
+    path = write(tmp_path, tiny_pretrain_config(roberta_shards, wordpiece_tokenizer_dir, tmp_path / "out"))
+    with pytest.raises(ConfigError, match="is not the tokenizer data.shards"):
+        load_pretrain_config(path)
+
+
+def test_bert_needs_pairs_shards(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", model={"architecture": "bert"})
+    with pytest.raises(ConfigError, match="--pack pairs"):
+        load_pretrain_config(write(tmp_path, data))
+
+
+def test_cli_reports_config_problems_before_starting_anything(tmp_path):
+    path = write(tmp_path, {"model": {"layers": 2}, "train": {"global_batch_size": 10, "micro_batch_size": 4}})
+    proc = run_script("launchers/pretrain.py", "--config", path, "--set", "optimizer.lr=-1")
+    assert proc.returncode == 2
+    assert "model.layers: unknown key" in proc.stderr and "optimizer.lr: must be > 0" in proc.stderr
+    assert "global_batch_size 10 is not divisible" in proc.stderr and "Traceback" not in proc.stderr
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text('{"train": {"max_steps": 10,}}')
+    proc = run_script("launchers/pretrain.py", "--config", bad_json)
+    assert proc.returncode == 2 and "line 1 column" in proc.stderr
+
+
+def test_gradient_accumulation_is_derived_from_the_world_size():
+    assert BatchPlan.derive(8192, 32, 8).accumulation == 32
+    assert BatchPlan.derive(8192, 32, 256).accumulation == 1
+    with pytest.raises(PipelineError, match="8192 is not divisible by .* 96 × world size 1"):
+        BatchPlan.derive(8192, 96, 1)
+
+
+def test_deepspeed_receives_the_derived_sizes_and_the_users_own_keys(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
+                                deepspeed={"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}})
+    config = load_pretrain_config(write(tmp_path, data), world_size=2)
+    ds = deepspeed_config(config, BatchPlan.derive(16, 4, 2))
+    sizes = ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+    assert sizes == (16, 4, 2)
+    assert ds["zero_optimization"] == {"stage": 3} and ds["bf16"] == {"enabled": True}
+    assert ds["optimizer"]["params"]["betas"] == [0.9, 0.98]
+
+
+def test_schedule_warms_up_linearly_then_decays_to_the_end_ratio():
+    schedule = ScheduleConfig(warmup_steps=4, decay="linear", end_lr_ratio=0.1)
+    lrs = [lr_multiplier(step, schedule, 14) for step in range(15)]
+    assert lrs[:4] == [0.2, 0.4, 0.6, 0.8] and lrs[4] == 1.0
+    assert lrs[14] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
+    poly = ScheduleConfig(warmup_steps=0, decay="polynomial", power=2.0)
+    assert lr_multiplier(5, poly, 10) == pytest.approx(0.25)
