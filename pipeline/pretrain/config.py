@@ -288,5 +288,49 @@ def data_problems(config: PretrainConfig) -> list[str]:
     if index["splits"]["val"]["sequences"] == 0:
         problems.append(f"data.shards: {config.data.shards} has no validation sequences; re-run shard.py "
                         "with --val-fraction > 0")
+    if config.model.init_from:
+        problems += init_from_problems(config, info, index["seq_len"])
+    return problems
+
+
+# The HF `model_type` that continued pretraining of each architecture can start from.
+INIT_FROM_MODEL_TYPES = {"roberta": "roberta", "bert": "bert"}
+
+
+def init_from_problems(config: PretrainConfig, tokenizer, seq_len: int) -> list[str]:
+    """Check `model.init_from` weights against the tokenizer and the shards before any weights are loaded.
+
+    Continued pretraining (fairseq's README: start from a released checkpoint) only makes sense with the
+    tokenizer those weights were trained with, and position embeddings long enough for the shards.
+    """
+    from transformers import AutoConfig
+
+    from pipeline.common.hub_names import local_or_hub
+
+    source = config.model.init_from
+    try:
+        hf = AutoConfig.from_pretrained(local_or_hub(source, "model.init_from"))
+    except PipelineError as err:
+        return [str(err)]
+    except (OSError, ValueError) as err:
+        return [f"model.init_from {source}: cannot read its config.json ({str(err).splitlines()[0][:200]})"]
+    problems = []
+    want = INIT_FROM_MODEL_TYPES[config.model.architecture]
+    if hf.model_type != want:
+        problems.append(f"model.init_from {source}: holds a {hf.model_type!r} model, model.architecture is "
+                        f"{config.model.architecture!r} (expects {want!r})")
+    if hf.vocab_size != tokenizer.vocab_size:
+        problems.append(f"model.init_from {source}: its vocabulary has {hf.vocab_size} tokens, data.tokenizer "
+                        f"{config.data.tokenizer} has {tokenizer.vocab_size}; continue pretraining with the "
+                        "tokenizer those weights were trained with")
+    if hf.pad_token_id is not None and hf.pad_token_id != tokenizer.pad_id:
+        problems.append(f"model.init_from {source}: its pad id is {hf.pad_token_id}, data.tokenizer's is "
+                        f"{tokenizer.pad_id}; the special ids must agree")
+    # RoBERTa numbers positions from pad_id + 1 (see pipeline/pretrain/model.py hf_config).
+    needed = seq_len + (tokenizer.pad_id + 1 if config.model.architecture == "roberta" else 0)
+    if hf.max_position_embeddings < needed:
+        problems.append(f"model.init_from {source}: has {hf.max_position_embeddings} position embeddings, the "
+                        f"shards' seq_len {seq_len} needs {needed}; shard with --seq-len "
+                        f"{hf.max_position_embeddings - (needed - seq_len)} or less")
     return problems
 

@@ -10,7 +10,10 @@ whole weights already. They are loaded into transformers' plain `RobertaForMaske
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,17 +32,47 @@ def provenance(checkpoint: Path, marker: dict) -> dict:
             "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
 
 
+def _deepspeed_safe_globals() -> list:
+    """The few DeepSpeed types its checkpoints pickle besides tensors and plain containers."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+
+
+def load_checkpoint_file(path: Path) -> Any:
+    """`torch.load` with `weights_only=True`: tensors, containers and the allow-listed DeepSpeed types only.
+
+    A checkpoint is a pickle, and a pickle from elsewhere can run code when loaded the default way.
+    """
+    with torch.serialization.safe_globals(_deepspeed_safe_globals()):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:
+            found = re.search(r"Unsupported global: GLOBAL (\S+)|Unsupported operand \S+", str(err))
+            what = found.group(1) or found.group(0) if found else "an object the safe loader refuses"
+            raise PipelineError(f"{path}: refused to load: it holds {what}, not only tensors and DeepSpeed's "
+                                "checkpoint types, and could run code when unpickled. Only load checkpoints "
+                                "you trust") from None
+
+
 def consolidated_state_dict(checkpoint: Path, zero_stage: int) -> dict[str, torch.Tensor]:
     """fp32 weights of the whole model, whatever the ZeRO stage and world size it was saved with."""
     if zero_stage > 0 or any(checkpoint.glob("*optim_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+        # DeepSpeed's consolidation unpickles with weights_only=False. Every file it will read is
+        # first loaded here the safe way, so it only ever unpickles what passed the allow-list. This
+        # reads the checkpoint twice; an export is a one-off, and safety is worth the extra read.
+        for path in sorted(checkpoint.glob("*.pt")):
+            load_checkpoint_file(path)
         try:
             return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.parent), tag=checkpoint.name)
         except ValueError:
             if zero_stage > 0:
                 raise
-    states = torch.load(checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    states = load_checkpoint_file(checkpoint / "mp_rank_00_model_states.pt")
     return {k: v.float() for k, v in states["module"].items()}
 
 

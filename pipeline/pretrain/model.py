@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 from transformers import BertConfig, BertForPreTraining, RobertaConfig, RobertaForMaskedLM
 
+from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.masking import IGNORE_INDEX
@@ -68,8 +69,9 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "bert": BertForPreTraining}
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
     """A freshly initialised training model, or one loaded from `model.init_from`."""
     cls = SPARSE_CLASSES[model.architecture]
-    if model.init_from:
-        return cls.from_pretrained(model.init_from, attn_implementation=model.attn_implementation)
+    if model.init_from:  # checked against the tokenizer and seq_len when the config was loaded
+        return cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
+                                   attn_implementation=model.attn_implementation)
     return cls(hf_config(model, tokenizer, seq_len))
 
 
