@@ -185,10 +185,12 @@ class FineTuner:
         preds, golds = [], []
         for batch in loader:
             pred, gold = self.family.predict(self.model(**batch), batch)
+            if gold is None:  # an unlabelled test split
+                preds.append(self.accelerator.gather_for_metrics(pred).cpu())
+                continue
             pred, gold = self.accelerator.gather_for_metrics((pred, gold))
             preds.append(pred.cpu())
-            if gold is not None:
-                golds.append(gold.cpu())
+            golds.append(gold.cpu())
         return torch.cat(preds).numpy(), torch.cat(golds).numpy() if golds else None
 
     def save(self, result: SeedResult) -> None:
