@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, WORDS, predict_with_saved_model, run_script, tiny_pretrain_config
 
+from pipeline.common.run_layout import PretrainLayout
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ACCELERATE = [str(Path(PYTHON).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
@@ -58,8 +60,8 @@ def pretrained(keyword_task, roberta_shards, bpe_tokenizer_dir):
     proc = subprocess.run([PYTHON, "launchers/pretrain.py", "--config", str(root / "pretrain.json")], cwd=ROOT,
                           env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    keyword_task.update(checkpoint=root / "pretrain" / "checkpoints" / "step_00000004",
-                        pretrain_run_id=json.loads((root / "pretrain" / "tracking.json").read_text())["run_id"])
+    keyword_task.update(checkpoint=PretrainLayout(root / "pretrain").checkpoints / "step_00000004",
+                        pretrain_run_id=json.loads(PretrainLayout(root / "pretrain").tracking.read_text())["run_id"])
     return root / "pretrain"
 
 
