@@ -1,0 +1,143 @@
+"""Extractive question answering (`squad`, `qa-custom`) as a fine-tuning task family.
+
+The family reads SQuAD JSON or JSONL files (`qa_data`), encodes question/context windows
+(`qa_features`), builds an `AutoModelForQuestionAnswering`, turns gathered start/end logits into
+one answer per question (n-best over all of its windows, a no-answer threshold for SQuAD 2.0),
+scores exact match and F1 with the official normalisation, and writes `predictions.json` in the
+official format, `{id: answer}`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.errors import PipelineError
+from pipeline.finetune.metrics import squad_metrics
+from pipeline.finetune.qa_data import QASplit, read_qa
+from pipeline.finetune.qa_features import QAWindows, best_answers, encode_qa, question_lengths
+from pipeline.finetune.task_data import TaskData
+from pipeline.finetune.tasks import TaskSpec
+from pipeline.finetune.token_family import load_head_model
+
+QA_TASKS = ("squad", "qa-custom")
+QA_METRICS = ("f1", "exact_match")
+# Logits put at padded positions so that padding is never an answer, yet stays finite in any dtype.
+PAD_LOGIT = -1e4
+
+
+def load_qa_task(task: str, data) -> TaskData:
+    train = read_qa(data.train_file)
+    if data.max_train_examples:
+        train.examples, train.where = train.examples[:data.max_train_examples], train.where[:data.max_train_examples]
+    dev = {"dev": read_qa(data.validation_file)}
+    test = {"test": read_qa(data.test_file)} if data.test_file else {}
+    return TaskData(TaskSpec(task, ("question", "context"), None, (), QA_METRICS), train, dev, test)
+
+
+class QADataset(torch.utils.data.Dataset):
+    def __init__(self, windows: QAWindows):
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i: int) -> dict:
+        w = self.windows
+        item = {"input_ids": w.input_ids[i], "attention_mask": [1] * len(w.input_ids[i]),
+                "start_positions": w.start_positions[i], "end_positions": w.end_positions[i]}
+        if w.token_type_ids is not None:
+            item["token_type_ids"] = w.token_type_ids[i]
+        return item
+
+
+class QuestionAnsweringFamily:
+    """The per-family parts of fine-tuning for answer spans in a context."""
+
+    task_type = "question-answering"
+
+    def __init__(self, data: TaskData, config_data):
+        self.data, self.spec, self.options = data, data.spec, config_data
+        self.max_seq_len, self.doc_stride = config_data.max_seq_len, config_data.doc_stride
+        v2 = config_data.version_2_with_negative
+        self.allow_no_answer = v2 if v2 is not None else any(
+            s.has_unanswerable for s in (data.train, *data.dev.values()))
+        self.windows: dict[str, QAWindows] = {}
+
+    @property
+    def main_metric(self) -> str:
+        return self.spec.metrics[0]
+
+    def build_model(self, source: str, from_scratch: bool) -> torch.nn.Module:
+        from transformers import AutoModelForQuestionAnswering
+
+        return load_head_model(AutoModelForQuestionAnswering, source, from_scratch)
+
+    def encode(self, split: QASplit, tokenizer, max_seq_len: int) -> torch.utils.data.Dataset:
+        # The tokenizer needs room for the context beside the question and the overlap; say which question is too long.
+        room = max_seq_len - self.doc_stride - 4
+        for length, where in zip(question_lengths(tokenizer, split.examples), split.where, strict=True):
+            if length >= room:
+                raise PipelineError(f"{where}: the question is {length} tokens; with data.max_seq_len "
+                                    f"{max_seq_len} and data.doc_stride {self.doc_stride} it must be under {room}")
+        windows = encode_qa(tokenizer, split.examples, max_seq_len, self.doc_stride)
+        self.windows[split.source] = windows
+        print(f"{split.source}: {windows.summary()}", flush=True)
+        return QADataset(windows)
+
+    def collator(self, tokenizer):
+        from transformers import DataCollatorWithPadding
+
+        return DataCollatorWithPadding(tokenizer)
+
+    def predict(self, output, batch: dict) -> tuple[torch.Tensor, None]:
+        """Start and end logits `(batch, 2, max_seq_len)`, padded so that batches gather across processes."""
+        logits = torch.stack([output.start_logits, output.end_logits], dim=1).float()
+        return F.pad(logits, (0, self.max_seq_len - logits.shape[-1]), value=PAD_LOGIT), None
+
+    def answers(self, split: QASplit, logits: np.ndarray) -> dict[str, str]:
+        o = self.options
+        return best_answers(split.examples, self.windows[split.source], logits[:, 0], logits[:, 1], n_best=o.n_best,
+                            max_answer_length=o.max_answer_length, allow_no_answer=self.allow_no_answer,
+                            null_threshold=o.null_score_diff_threshold)
+
+    def metrics(self, predictions: dict[str, np.ndarray], labels: dict) -> dict[str, float]:
+        result = {}
+        for n, (name, logits) in enumerate(predictions.items()):
+            split = self.data.dev[name]
+            scores = squad_metrics(self.answers(split, logits), split.golds())
+            result.update(scores if n == 0 else {f"{k}_{name}": v for k, v in scores.items()})
+        return result
+
+    def provenance(self) -> dict:
+        o = self.options
+        return {"task": self.spec.name, "task_type": self.task_type, "labels": [], "doc_stride": self.doc_stride,
+                "n_best": o.n_best, "max_answer_length": o.max_answer_length,
+                "version_2_with_negative": self.allow_no_answer,
+                "null_score_diff_threshold": o.null_score_diff_threshold}
+
+    def write_dev_reports(self, root: Path, splits: dict[str, QASplit], predictions: dict[str, np.ndarray],
+                          labels: dict) -> list[Path]:
+        """`predictions.json` in the official format (`predictions_<split>.json` for several dev splits)."""
+        written = []
+        for name, split in splits.items():
+            path = root / ("predictions.json" if len(splits) == 1 else f"predictions_{name}.json")
+            write_json_atomic(path, self.answers(split, predictions[name]))
+            written.append(path)
+        return written
+
+    def write_test_predictions(self, root: Path, name: str, split: QASplit, predictions: np.ndarray) -> list[Path]:
+        """`test_predictions.json`, and `test_metrics.json` when the test questions have answers."""
+        answers = self.answers(split, predictions)
+        stem = "test" if name == "test" else f"test_{name}"
+        path = root / f"{stem}_predictions.json"
+        write_json_atomic(path, answers)
+        written = [path]
+        if any(e.answers for e in split.examples):
+            write_json_atomic(root / f"{stem}_metrics.json", squad_metrics(answers, split.golds()))
+            written.append(root / f"{stem}_metrics.json")
+        return written

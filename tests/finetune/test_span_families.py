@@ -1,0 +1,152 @@
+"""The token and QA task families end to end in one process: files → windows → model → words/answers → files.
+
+Each test re-scores the written prediction files independently (seqeval on the CoNLL output, the
+official normalisation on predictions.json) and checks the family's metrics agree exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from helpers import WORDS
+
+from pipeline.common.errors import PipelineError
+from pipeline.finetune.config import FinetuneDataConfig
+from pipeline.finetune.metrics import squad_metrics
+from pipeline.finetune.qa_family import QuestionAnsweringFamily, load_qa_task
+from pipeline.finetune.token_family import TokenTaggingFamily, load_token_task, read_conll_predictions
+
+ENTITIES = {"river": "LOC", "mountain": "LOC", "seven": "NUM", "orange": "COLOR"}
+
+
+def tagged_sentences(n: int, seed: int) -> list[tuple[list[str], list[str]]]:
+    """Random word sentences; the listed words are entities, and `river mountain` is one two-word LOC entity."""
+    rng = random.Random(seed)
+    sentences = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 30))]
+        tags = []
+        for i, w in enumerate(words):
+            kind = ENTITIES.get(w)
+            inside = kind == "LOC" and w == "mountain" and i > 0 and words[i - 1] == "river"
+            tags.append("O" if kind is None else ("I-" if inside else "B-") + kind)
+        sentences.append((words, tags))
+    return sentences
+
+
+def write_conll(path, sentences) -> None:
+    path.write_text("-DOCSTART- O\n\n" + "".join("".join(f"{w} X {t}\n" for w, t in zip(*s, strict=True)) + "\n"
+                                                 for s in sentences))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, bpe_tokenizer_dir):
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer_dir)
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id)
+    RobertaForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, tokenizer
+
+
+def run_family(family, model, tokenizer, split, max_seq_len: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """What the trainer's validation does, in one process: batches → family.predict → concatenated arrays."""
+    dataset = family.encode(split, tokenizer, max_seq_len)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=family.collator(tokenizer))
+    predictions, labels = [], []
+    model.eval()
+    with torch.no_grad():
+        for batch in loader:
+            p, g = family.predict(model(**batch), batch)
+            predictions.append(p)
+            labels.append(g)
+    return torch.cat(predictions).numpy(), torch.cat(labels).numpy() if labels[0] is not None else None
+
+
+def test_token_family_predicts_one_tag_per_word_and_its_conll_file_rescores_the_same(tmp_path, tiny_model):
+    from seqeval.metrics import f1_score
+
+    folder, tokenizer = tiny_model
+    for name, n, seed in (("train", 40, 0), ("dev", 12, 1), ("test", 10, 2)):
+        write_conll(tmp_path / f"{name}.txt", tagged_sentences(n, seed))
+    data_config = FinetuneDataConfig(train_file=str(tmp_path / "train.txt"), validation_file=str(tmp_path / "dev.txt"),
+                                     test_file=str(tmp_path / "test.txt"), max_seq_len=16)
+    data = load_token_task("ner", data_config)
+    assert data.spec.metrics[0] == "f1" and "B-LOC" in data.spec.labels and data.spec.labels[0] == "O"
+    family = TokenTaggingFamily(data, data_config)
+    model = family.build_model(str(folder), from_scratch=False)
+    assert model.config.id2label[1] == data.spec.labels[1]
+    predictions, labels = run_family(family, model, tokenizer, data.dev["dev"], 16)
+    assert predictions.shape[1] == 16 and family.windows[data.dev["dev"].source].split_sentences > 0
+    metrics = family.metrics({"dev": predictions}, {"dev": labels})
+    [path] = family.write_dev_reports(tmp_path, data.dev, {"dev": predictions}, {"dev": labels})
+    gold, predicted = read_conll_predictions(path)
+    assert gold == data.dev["dev"].tags and [len(s) for s in predicted] == [len(s) for s in gold]
+    assert metrics["f1"] == f1_score(gold, predicted) and {"f1_LOC", "precision", "recall"} <= metrics.keys()
+    test_predictions, _ = run_family(family, model, tokenizer, data.test["test"], 16)
+    conll, scores = family.write_test_predictions(tmp_path, "test", data.test["test"], test_predictions)
+    assert json.loads(scores.read_text())["f1"] == f1_score(*read_conll_predictions(conll))
+
+
+def test_pos_and_custom_tasks_score_accuracy_and_unknown_dev_tags_stop(tmp_path):
+    conllu = "1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n2\tthere\tthere\tADV\t_\t_\t1\tdep\t_\t_\n\n"
+    (tmp_path / "train.conllu").write_text(conllu)
+    (tmp_path / "dev.conllu").write_text(conllu.replace("ADV", "NOUN"))
+    config = FinetuneDataConfig(train_file=str(tmp_path / "train.conllu"), validation_file=str(tmp_path / "dev.conllu"))
+    with pytest.raises(PipelineError, match=r"dev.conllu:1: tag 'NOUN' \(word 2, 'there'\) never occurs"):
+        load_token_task("pos", config)
+    (tmp_path / "dev.conllu").write_text(conllu)
+    assert load_token_task("pos", config).spec.metrics == ("accuracy",)
+    (tmp_path / "t.jsonl").write_text(json.dumps({"tokens": ["a", "b"], "tags": ["noun", "verb"]}) + "\n")
+    custom = FinetuneDataConfig(train_file=str(tmp_path / "t.jsonl"), validation_file=str(tmp_path / "t.jsonl"))
+    assert load_token_task("token-custom", custom).spec.metrics == ("accuracy",)
+    (tmp_path / "t.jsonl").write_text(json.dumps({"tokens": ["a", "b"], "tags": ["B-X", "O"]}) + "\n")
+    assert load_token_task("token-custom", custom).spec.metrics[0] == "f1"
+
+
+def test_qa_family_answers_every_question_and_predictions_json_rescores_the_same(tmp_path, tiny_model):
+    folder, tokenizer = tiny_model
+    rng = random.Random(0)
+    rows = []
+    for i in range(12):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(10, 60))]
+        context = " ".join(words)
+        answer = words[len(words) // 2]
+        start = len(" ".join(words[:len(words) // 2])) + 1
+        rows.append({"id": f"q{i}", "question": f"which word is in the middle of {i}?", "context": context,
+                     "answers": {"text": [answer], "answer_start": [start]}})
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data_config = FinetuneDataConfig(train_file=str(tmp_path / "qa.jsonl"), validation_file=str(tmp_path / "qa.jsonl"),
+                                     max_seq_len=64, doc_stride=16)
+    data = load_qa_task("qa-custom", data_config)
+    family = QuestionAnsweringFamily(data, data_config)
+    assert not family.allow_no_answer
+    model = family.build_model(str(folder), from_scratch=True)
+    logits, labels = run_family(family, model, tokenizer, data.dev["dev"], 64)
+    assert labels is None and logits.shape[1:] == (2, 64)
+    assert family.windows[data.dev["dev"].source].split_contexts > 0
+    metrics = family.metrics({"dev": logits}, {"dev": None})
+    [path] = family.write_dev_reports(tmp_path, data.dev, {"dev": logits}, {})
+    answers = json.loads(path.read_text())
+    assert sorted(answers) == [r["id"] for r in sorted(rows, key=lambda r: r["id"])]
+    assert all(a and a in r["context"] for a, r in zip((answers[r["id"]] for r in rows), rows, strict=True))
+    assert squad_metrics(answers, data.dev["dev"].golds()) == metrics
+
+
+def test_a_question_too_long_for_the_window_names_its_line(tmp_path, tiny_model):
+    _, tokenizer = tiny_model
+    row = {"id": "q", "question": "river " * 50, "context": "a river", "answers": {"text": [], "answer_start": []}}
+    (tmp_path / "qa.jsonl").write_text("\n" + json.dumps(row) + "\n")
+    config = FinetuneDataConfig(train_file=str(tmp_path / "qa.jsonl"), validation_file=str(tmp_path / "qa.jsonl"),
+                                max_seq_len=64, doc_stride=16)
+    family = QuestionAnsweringFamily(load_qa_task("qa-custom", config), config)
+    assert family.allow_no_answer
+    with pytest.raises(PipelineError, match=r"qa.jsonl:2: the question is \d+ tokens"):
+        family.encode(family.data.train, tokenizer, 64)
