@@ -17,12 +17,13 @@ import torch.nn.functional as F
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.metrics import squad_metrics
 from pipeline.finetune.qa_data import QASplit, read_qa
 from pipeline.finetune.qa_features import QAWindows, best_answers, encode_qa, question_lengths
 from pipeline.finetune.task_data import TaskData
+from pipeline.finetune.task_family import TaskFamily, load_head_model
 from pipeline.finetune.tasks import TaskSpec
-from pipeline.finetune.token_family import load_head_model
 
 QA_TASKS = ("squad", "qa-custom")
 QA_METRICS = ("f1", "exact_match")
@@ -55,7 +56,7 @@ class QADataset(torch.utils.data.Dataset):
         return item
 
 
-class QuestionAnsweringFamily:
+class QuestionAnsweringFamily(TaskFamily):
     """The per-family parts of fine-tuning for answer spans in a context."""
 
     task_type = "question-answering"
@@ -67,10 +68,6 @@ class QuestionAnsweringFamily:
         self.allow_no_answer = v2 if v2 is not None else any(
             s.has_unanswerable for s in (data.train, *data.dev.values()))
         self.windows: dict[str, QAWindows] = {}
-
-    @property
-    def main_metric(self) -> str:
-        return self.spec.metrics[0]
 
     def build_model(self, source: str, from_scratch: bool) -> torch.nn.Module:
         from transformers import AutoModelForQuestionAnswering
@@ -120,24 +117,23 @@ class QuestionAnsweringFamily:
                 "version_2_with_negative": self.allow_no_answer,
                 "null_score_diff_threshold": o.null_score_diff_threshold}
 
-    def write_dev_reports(self, root: Path, splits: dict[str, QASplit], predictions: dict[str, np.ndarray],
+    def write_dev_reports(self, seed: SeedLayout, splits: dict[str, QASplit], predictions: dict[str, np.ndarray],
                           labels: dict) -> list[Path]:
         """`predictions.json` in the official format (`predictions_<split>.json` for several dev splits)."""
         written = []
         for name, split in splits.items():
-            path = root / ("predictions.json" if len(splits) == 1 else f"predictions_{name}.json")
+            path = seed.answers(name, len(splits))
             write_json_atomic(path, self.answers(split, predictions[name]))
             written.append(path)
         return written
 
-    def write_test_predictions(self, root: Path, name: str, split: QASplit, predictions: np.ndarray) -> list[Path]:
+    def write_test_predictions(self, seed: SeedLayout, name: str, split: QASplit, predictions: np.ndarray
+                               ) -> list[Path]:
         """`test_predictions.json`, and `test_metrics.json` when the test questions have answers."""
         answers = self.answers(split, predictions)
-        stem = "test" if name == "test" else f"test_{name}"
-        path = root / f"{stem}_predictions.json"
+        path = seed.test_predictions(name, ".json")
         write_json_atomic(path, answers)
-        written = [path]
-        if any(e.answers for e in split.examples):
-            write_json_atomic(root / f"{stem}_metrics.json", squad_metrics(answers, split.golds()))
-            written.append(root / f"{stem}_metrics.json")
-        return written
+        if not any(e.answers for e in split.examples):
+            return [path]
+        write_json_atomic(seed.test_metrics(name), squad_metrics(answers, split.golds()))
+        return [path, seed.test_metrics(name)]

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 
 from pipeline.common.atomic_files import write_json_atomic, write_text_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.metrics import entity_metrics, token_accuracy
 from pipeline.finetune.task_data import TaskData
+from pipeline.finetune.task_family import TaskFamily, load_head_model
 from pipeline.finetune.tasks import TaskSpec
 from pipeline.finetune.token_data import (
     TagFormat,
@@ -86,7 +88,7 @@ class WindowDataset(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": self.windows.labels[i]}
 
 
-class TokenTaggingFamily:
+class TokenTaggingFamily(TaskFamily):
     """The per-family parts of fine-tuning for one tag per word."""
 
     task_type = "token-classification"
@@ -99,10 +101,6 @@ class TokenTaggingFamily:
         self.entity_level = data.spec.metrics == ENTITY_METRICS
         self.windows: dict[str, TokenWindows] = {}
         """The windows of every split encoded so far, by file: predictions map back to words through them."""
-
-    @property
-    def main_metric(self) -> str:
-        return self.spec.metrics[0]
 
     def build_model(self, source: str, from_scratch: bool) -> torch.nn.Module:
         from transformers import AutoModelForTokenClassification
@@ -154,21 +152,21 @@ class TokenTaggingFamily:
         return {"task": self.spec.name, "task_type": self.task_type, "labels": self.labels,
                 "label_all_tokens": self.label_all_tokens, "entity_level": self.entity_level}
 
-    def write_dev_reports(self, root: Path, splits: dict[str, TaggedSplit], predictions: dict[str, np.ndarray],
-                          labels: dict[str, np.ndarray]) -> list[Path]:
+    def write_dev_reports(self, seed: SeedLayout, splits: dict[str, TaggedSplit],
+                          predictions: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> list[Path]:
         """`dev_predictions.conll` (`dev_predictions_<split>.conll` for several dev splits)."""
         written = []
         for name, split in splits.items():
-            path = root / ("dev_predictions.conll" if len(splits) == 1 else f"dev_predictions_{name}.conll")
+            path = seed.dev_predictions(name, len(splits), ".conll")
             write_conll(path, split, self.word_tags(split, predictions[name]))
             written.append(path)
         return written
 
-    def write_test_predictions(self, root: Path, name: str, split: TaggedSplit, predictions: np.ndarray) -> list[Path]:
+    def write_test_predictions(self, seed: SeedLayout, name: str, split: TaggedSplit, predictions: np.ndarray
+                               ) -> list[Path]:
         """`test_predictions.conll`, and `test_metrics.json` (the test files of these tasks carry gold tags)."""
         predicted = self.word_tags(split, predictions)
-        stem = "test" if name == "test" else f"test_{name}"
-        conll, scores = root / f"{stem}_predictions.conll", root / f"{stem}_metrics.json"
+        conll, scores = seed.test_predictions(name, ".conll"), seed.test_metrics(name)
         write_conll(conll, split, predicted)
         write_json_atomic(scores, self.score(split, predicted))
         return [conll, scores]
@@ -201,20 +199,4 @@ def read_conll_predictions(path: str | Path) -> tuple[list[list[str]], list[list
         gold.pop()
         predicted.pop()
     return gold, predicted
-
-
-def load_head_model(auto_class, source: str, from_scratch: bool, **kwargs) -> torch.nn.Module:
-    """`auto_class` from `source` with a new task head; from the config alone (random weights) when `from_scratch`."""
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    if from_scratch:
-        return auto_class.from_config(AutoConfig.from_pretrained(source, **kwargs))
-    # transformers prints a table of every newly initialised weight; the head is always new here.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        return auto_class.from_pretrained(source, **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
 

@@ -15,6 +15,7 @@ import torch
 from helpers import WORDS
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneDataConfig
 from pipeline.finetune.metrics import squad_metrics
 from pipeline.finetune.qa_family import QuestionAnsweringFamily, load_qa_task
@@ -86,12 +87,14 @@ def test_token_family_predicts_one_tag_per_word_and_its_conll_file_rescores_the_
     predictions, labels = run_family(family, model, tokenizer, data.dev["dev"], 16)
     assert predictions.shape[1] == 16 and family.windows[data.dev["dev"].source].split_sentences > 0
     metrics = family.metrics({"dev": predictions}, {"dev": labels})
-    [path] = family.write_dev_reports(tmp_path, data.dev, {"dev": predictions}, {"dev": labels})
+    [path] = family.write_dev_reports(SeedLayout(tmp_path, 1), data.dev, {"dev": predictions}, {"dev": labels})
+    assert path.name == "dev_predictions.conll"
     gold, predicted = read_conll_predictions(path)
     assert gold == data.dev["dev"].tags and [len(s) for s in predicted] == [len(s) for s in gold]
     assert metrics["f1"] == f1_score(gold, predicted) and {"f1_LOC", "precision", "recall"} <= metrics.keys()
     test_predictions, _ = run_family(family, model, tokenizer, data.test["test"], 16)
-    conll, scores = family.write_test_predictions(tmp_path, "test", data.test["test"], test_predictions)
+    conll, scores = family.write_test_predictions(SeedLayout(tmp_path, 1), "test", data.test["test"], test_predictions)
+    assert (conll.name, scores.name) == ("test_predictions.conll", "test_metrics.json")
     assert json.loads(scores.read_text())["f1"] == f1_score(*read_conll_predictions(conll))
 
 
@@ -133,7 +136,8 @@ def test_qa_family_answers_every_question_and_predictions_json_rescores_the_same
     assert labels is None and logits.shape[1:] == (2, 64)
     assert family.windows[data.dev["dev"].source].split_contexts > 0
     metrics = family.metrics({"dev": logits}, {"dev": None})
-    [path] = family.write_dev_reports(tmp_path, data.dev, {"dev": logits}, {})
+    [path] = family.write_dev_reports(SeedLayout(tmp_path, 1), data.dev, {"dev": logits}, {})
+    assert path.name == "predictions.json"
     answers = json.loads(path.read_text())
     assert sorted(answers) == [r["id"] for r in sorted(rows, key=lambda r: r["id"])]
     assert all(a and a in r["context"] for a, r in zip((answers[r["id"]] for r in rows), rows, strict=True))
