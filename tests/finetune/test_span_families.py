@@ -7,12 +7,15 @@ official normalisation on predictions.json) and checks the family's metrics agre
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import WORDS
+from helpers import PYTHON, ROOT, WORDS, run_script
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import SeedLayout
@@ -154,3 +157,91 @@ def test_a_question_too_long_for_the_window_names_its_line(tmp_path, tiny_model)
     assert family.allow_no_answer
     with pytest.raises(PipelineError, match=r"qa.jsonl:2: the question is \d+ tokens"):
         family.encode(family.data.train, tokenizer, 64)
+
+
+# ----------------------------------------------------------------------------- through the launcher
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ACCELERATE = [str(Path(PYTHON).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def write_config(path: Path, task: str, files: dict, output_dir: Path, **data) -> Path:
+    config = {"task": task, "data": {**{k: str(v) for k, v in files.items()}, **data},
+              "train": {"output_dir": str(output_dir), "learning_rate": 1e-3, "batch_size": 16, "epochs": 4,
+                        "warmup_ratio": 0.1, "eval_batch_size": 16},
+              "tracking": {"enabled": False}}
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.slow
+def test_two_processes_learn_a_tagging_task_and_the_saved_model_tags_words_the_same(tmp_path, tiny_model):
+    from seqeval.metrics import f1_score
+
+    from pipeline.finetune.span_predictors import WordTagger
+
+    folder, _ = tiny_model
+    files = {}
+    for key, name, n, seed in (("train_file", "train", 400, 0), ("validation_file", "dev", 60, 1),
+                               ("test_file", "test", 30, 2)):
+        write_conll(tmp_path / f"{name}.txt", tagged_sentences(n, seed))
+        files[key] = tmp_path / f"{name}.txt"
+    out = tmp_path / "ner"
+    config = write_config(tmp_path / "ner.json", "ner", files, out, max_seq_len=24)
+    proc = subprocess.run([*ACCELERATE, "launchers/finetune.py", "--config", str(config), "--model", str(folder),
+                           "--seeds", "1,2"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["seeds"] == [1, 2] and report["f1"] >= 0.9 and {"f1_mean", "f1_std", "accuracy"} <= report.keys()
+    assert "sentences longer than max_seq_len split into windows" in proc.stdout
+    best = json.loads((out / "best_model.json").read_text())
+    seed_dir = out / f"seed_{best['seed']}"
+    per_seed = json.loads((seed_dir / "metrics.json").read_text())
+    assert per_seed["processes"] == 2 and (seed_dir / "complete.json").is_file()
+    # The CoNLL files re-score with seqeval to exactly the metrics the run reported.
+    gold, predicted = read_conll_predictions(seed_dir / "dev_predictions.conll")
+    assert f1_score(gold, predicted) == per_seed["f1"] == best["value"]
+    test_gold, test_predicted = read_conll_predictions(seed_dir / "test_predictions.conll")
+    assert f1_score(test_gold, test_predicted) == json.loads((seed_dir / "test_metrics.json").read_text())["f1"]
+    # The saved model alone, through the hub-style tagger, gives one tag per word: the same tags.
+    tagger = WordTagger(seed_dir / "model")
+    dev = [s for s, _ in tagged_sentences(60, 1)]
+    assert tagger.predict_many(dev) == predicted
+    assert tagger.predict(" ".join(dev[0])) == predicted[0]
+
+
+@pytest.mark.slow
+def test_qa_run_answers_across_windows_and_the_saved_model_answers_the_same(tmp_path, tiny_model):
+    from pipeline.finetune.span_predictors import QuestionAnswerer
+
+    folder, _ = tiny_model
+    rng = random.Random(0)
+
+    def rows(n: int, prefix: str) -> list[dict]:
+        out = []
+        for i in range(n):
+            words = [rng.choice([w for w in WORDS if w != "seven"]) for _ in range(rng.randint(20, 50))]
+            words[rng.randrange(len(words))] = "seven"
+            context = " ".join(words)
+            out.append({"id": f"{prefix}{i}", "question": "what is the number?", "context": context,
+                        "answers": {"text": ["seven"], "answer_start": [context.index("seven")]}})
+        return out
+
+    files = {}
+    for key, name, n in (("train_file", "train", 300), ("validation_file", "dev", 40)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(n, name)))
+        files[key] = tmp_path / f"{name}.jsonl"
+    out = tmp_path / "qa"
+    config = write_config(tmp_path / "qa.json", "qa-custom", files, out, max_seq_len=48, doc_stride=16)
+    proc = run_script("launchers/finetune.py", "--config", config, "--model", folder, "--seeds", "3", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["exact_match"] >= 90 and report["f1"] >= report["exact_match"]
+    assert "contexts longer than one window" in proc.stdout
+    answers = json.loads((out / "seed_3" / "predictions.json").read_text())
+    golds = {r["id"]: r["answers"]["text"] for r in map(json.loads, files["validation_file"].read_text().splitlines())}
+    assert squad_metrics(answers, golds) == {k: report[k] for k in ("exact_match", "f1")}
+    answerer = QuestionAnswerer(out / "seed_3" / "model")
+    dev = [json.loads(line) for line in files["validation_file"].read_text().splitlines()[:10]]
+    assert [answerer.answer(r["question"], r["context"]) for r in dev] == [answers[r["id"]] for r in dev]
