@@ -55,8 +55,8 @@ def token_accuracy(gold: list[list[str]], predicted: list[list[str]]) -> float:
     return sum(g == p for g, p in pairs) / len(pairs)
 
 
-# SQuAD's official evaluation (v2.0 script, which equals v1.1's on answerable questions):
-# lower case, strip punctuation, drop the articles a/an/the, collapse whitespace.
+# SQuAD's official evaluation: lower case, strip punctuation, drop the articles a/an/the,
+# collapse whitespace; exact match and token F1, the maximum over the gold answers.
 def normalize_answer(text: str) -> str:
     import re
     import string
@@ -66,11 +66,10 @@ def normalize_answer(text: str) -> str:
 
 
 def answer_f1(prediction: str, gold: str) -> float:
+    """Token F1 of two answers after normalisation (0 when they share no token, as evaluate-v1.1.py)."""
     from collections import Counter
 
     predicted, expected = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    if not predicted or not expected:  # a no-answer gold (v2) matches only an empty prediction
-        return float(predicted == expected)
     same = sum((Counter(predicted) & Counter(expected)).values())
     if same == 0:
         return 0.0
@@ -79,16 +78,22 @@ def answer_f1(prediction: str, gold: str) -> float:
 
 
 def squad_metrics(predictions: dict[str, str], golds: dict[str, list[str]]) -> dict[str, float]:
-    """Exact match and F1 in percent, as the official script reports them: max over gold answers, mean over questions.
+    """Exact match and F1 in percent, as the official scripts report them, averaged over questions.
 
-    A question whose gold answers all normalise to nothing is a no-answer question (SQuAD 2.0), scored against "".
+    An answerable question scores as in evaluate-v1.1.py (the maximum over its gold answers); an
+    unanswerable one (SQuAD 2.0, no gold answers) scores 1 for an empty prediction and 0 otherwise,
+    as in evaluate-v2.0.py.
     """
     missing = golds.keys() - predictions.keys()
     if missing:
         raise ValueError(f"{len(missing)} questions have no prediction (e.g. {next(iter(missing))!r})")
     em = f1 = 0.0
     for qid, answers in golds.items():
-        answers = [a for a in answers if normalize_answer(a)] or [""]
-        em += max(float(normalize_answer(predictions[qid]) == normalize_answer(a)) for a in answers)
-        f1 += max(answer_f1(predictions[qid], a) for a in answers)
+        prediction = predictions[qid]
+        if not answers:
+            hit = float(normalize_answer(prediction) == "")
+            em, f1 = em + hit, f1 + hit
+            continue
+        em += max(float(normalize_answer(prediction) == normalize_answer(a)) for a in answers)
+        f1 += max(answer_f1(prediction, a) for a in answers)
     return {"exact_match": 100 * em / len(golds), "f1": 100 * f1 / len(golds)}
