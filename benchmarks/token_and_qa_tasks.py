@@ -43,6 +43,15 @@ def run(*cmd, env=None) -> None:
     subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, check=True)
 
 
+def first_sentences(path: Path, n: int | None, out: Path) -> Path:
+    """The first `n` blank-line-separated sentences of a CoNLL / CoNLL-U file (all of it when n is None)."""
+    if n is None:
+        return path
+    blocks = [b for b in path.read_text(encoding="utf-8").split("\n\n") if b.strip()]
+    out.write_text("\n\n".join(blocks[:n]) + "\n\n", encoding="utf-8")
+    return out
+
+
 def squad_split(out: Path, eval_articles: int) -> tuple[Path, Path]:
     """SQuAD v1.1 dev → a training part and an evaluation part, whole articles each."""
     import zstandard
@@ -139,8 +148,11 @@ def main() -> None:
     p.add_argument("--pos-train", type=int, default=2000, help="UD EWT training sentences used")
     p.add_argument("--squad-train", type=int, default=2000, help="questions of the training articles used")
     p.add_argument("--squad-eval-articles", type=int, default=6, help="last articles of SQuAD dev held out")
+    p.add_argument("--eval-sentences", type=int, default=None,
+                   help="score NER/POS on the first N dev and test sentences only (default: all)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-4, help="fine-tuning learning rate (small encoders want more)")
+    p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-seq-len", type=int, default=128, help="≤ the model's positions")
     p.add_argument("--doc-stride", type=int, default=32, help="QA window overlap at this max_seq_len")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "token-and-qa-tasks")
@@ -151,10 +163,13 @@ def main() -> None:
     (out / "data").mkdir(parents=True, exist_ok=True)
     squad_train, squad_eval = squad_split(out / "data", a.squad_eval_articles)
     ner, pos = SHARED / "ner/conll2003", SHARED / "pos/ud_en_ewt"
+    data, n = out / "data", a.eval_sentences
     files = {
-        "ner": (ner / "eng.train", ner / "eng.testa", ner / "eng.testb", a.ner_train),
-        "pos": (pos / "en_ewt-ud-train.conllu.zst", pos / "en_ewt-ud-dev.conllu", pos / "en_ewt-ud-test.conllu",
-                a.pos_train),
+        "ner": (ner / "eng.train", first_sentences(ner / "eng.testa", n, data / "ner-dev.conll"),
+                first_sentences(ner / "eng.testb", n, data / "ner-test.conll"), a.ner_train),
+        "pos": (pos / "en_ewt-ud-train.conllu.zst",
+                first_sentences(pos / "en_ewt-ud-dev.conllu", n, data / "dev.conllu"),
+                first_sentences(pos / "en_ewt-ud-test.conllu", n, data / "test.conllu"), a.pos_train),
         "squad": (squad_train, squad_eval, None, a.squad_train),
     }
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
@@ -171,7 +186,7 @@ def main() -> None:
                 "--set", f"data.max_train_examples={n}", "--set", f"data.max_seq_len={a.max_seq_len}",
                 *(["--set", f"data.doc_stride={a.doc_stride}"] if task == "squad" else []),
                 "--set", f"train.epochs={a.epochs}", "--set", f"train.learning_rate={a.lr}",
-                "--set", "train.batch_size=32", "--set", f"train.output_dir={folder}",
+                "--set", f"train.batch_size={a.batch_size}", "--set", f"train.output_dir={folder}",
                 "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "--set", "tracking.experiment=tasks", env=env)
             timings[(task, scratch)] = time.monotonic() - started
             seeds = [int(s) for s in a.seeds.split(",")]

@@ -59,10 +59,10 @@ def load_token_task(task: str, data) -> TaskData:
     """Read train/dev(/test) files of a token task; dev/test tags must be known from train (or mapped to O)."""
     kind = TOKEN_TASKS[task]
     train = read_tagged(data.train_file, kind.format)
+    labels = label_list(train)  # from the whole file: a quick run on its first sentences still knows every tag
     if data.max_train_examples:
         n = data.max_train_examples
         train.words, train.tags, train.lines = train.words[:n], train.tags[:n], train.lines[:n]
-    labels = label_list(train)
     dev = {"dev": read_tagged(data.validation_file, kind.format)}
     test = {"test": read_tagged(data.test_file, kind.format)} if data.test_file else {}
     for split in (*dev.values(), *test.values()):

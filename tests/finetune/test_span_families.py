@@ -245,3 +245,27 @@ def test_qa_run_answers_across_windows_and_the_saved_model_answers_the_same(tmp_
     answerer = QuestionAnswerer(out / "seed_3" / "model")
     dev = [json.loads(line) for line in files["validation_file"].read_text().splitlines()[:10]]
     assert [answerer.answer(r["question"], r["context"]) for r in dev] == [answers[r["id"]] for r in dev]
+
+
+def test_shipped_task_configs_load_and_bad_ones_list_every_problem(tmp_path):
+    from pipeline.common.config_tree import ConfigError
+    from pipeline.finetune.config import load_finetune_config
+
+    for name in ("train", "dev", "test"):
+        (tmp_path / name).write_text("x O\n")
+    files = [f"data.train_file={tmp_path / 'train'}", f"data.validation_file={tmp_path / 'dev'}"]
+    configs = sorted((ROOT / "configs" / "tasks").glob("*.json"))
+    assert {p.stem for p in configs} == {"ner", "pos", "squad", "token-custom", "qa-custom"}
+    for path in configs:
+        test = [f"data.test_file={tmp_path / 'test'}"] if "custom" not in path.stem else []
+        config = load_finetune_config(path, [*files, *test])
+        assert config.task == path.stem
+    squad = load_finetune_config(ROOT / "configs/tasks/squad.json", files)
+    assert (squad.data.max_seq_len, squad.data.doc_stride, squad.data.n_best, squad.data.max_answer_length) == (
+        384, 128, 20, 30)
+    with pytest.raises(ConfigError) as err:
+        load_finetune_config(ROOT / "configs/tasks/squad.json",
+                             ["data.train_file=/no/such.json", f"data.validation_file={tmp_path / 'dev'}",
+                              "data.doc_stride=300", "data.n_best=0"])
+    assert len(err.value.problems) == 3 and "data.train_file: /no/such.json does not exist" in str(err.value)
+    assert "data.doc_stride: must be > 0 and under half of data.max_seq_len (384), got 300" in str(err.value)
