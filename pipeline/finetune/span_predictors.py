@@ -1,6 +1,7 @@
 """Use a fine-tuned token or QA model: one tag per word, and `answer(question, context)`.
 
-These read a saved seed model (`<output_dir>/seed_N/model/`) and its provenance
+These read a saved seed model (`<output_dir>/seed_N/model/`, or the best one of an output folder
+through its `best_model.json`) and its provenance
 (`pipeline_finetune.json`: max_seq_len, doc_stride, n-best, …), and go through the same windows
 and post-processing as training and evaluation, so a sentence longer than a window or a context
 longer than 384 tokens is handled here exactly as in the dev metrics.
@@ -20,6 +21,13 @@ from pipeline.finetune.qa_features import best_answers, encode_qa
 from pipeline.finetune.token_features import WordPieces, encode_tagged, word_predictions
 
 
+def model_folder(path: str | Path) -> Path:
+    """A saved seed model (`seed_N/model`), or a fine-tuning output folder: its best seed's model."""
+    path = Path(path)
+    pointer = path / "best_model.json"
+    return path / json.loads(pointer.read_text())["path"] if pointer.is_file() else path
+
+
 def _provenance(folder: Path, task_type: str) -> dict:
     path = folder / PROVENANCE_FILE
     if not path.is_file():
@@ -36,7 +44,7 @@ class WordTagger:
     def __init__(self, folder: str | Path, batch_size: int = 32):
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-        folder = Path(folder)
+        folder = model_folder(folder)
         self.info = _provenance(folder, "token-classification")
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForTokenClassification.from_pretrained(folder).eval()
@@ -69,7 +77,7 @@ class QuestionAnswerer:
     def __init__(self, folder: str | Path, batch_size: int = 16):
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-        folder = Path(folder)
+        folder = model_folder(folder)
         self.info = _provenance(folder, "question-answering")
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForQuestionAnswering.from_pretrained(folder).eval()
