@@ -16,6 +16,7 @@ import torch
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
+from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneConfig
@@ -192,14 +193,12 @@ class FineTuner:
         preds, golds = [], []
         for batch in loader:
             pred, gold = self.family.predict(self.model(**batch), batch)
-            # Unlabelled splits (test files, QA) have no gold tensor; accelerate cannot gather a None.
-            if gold is None:
-                pred = self.accelerator.gather_for_metrics(pred)
-            else:
-                pred, gold = self.accelerator.gather_for_metrics((pred, gold))
+            if gold is None:  # an unlabelled test split
+                preds.append(self.accelerator.gather_for_metrics(pred).cpu())
+                continue
+            pred, gold = self.accelerator.gather_for_metrics((pred, gold))
             preds.append(pred.cpu())
-            if gold is not None:
-                golds.append(gold.cpu())
+            golds.append(gold.cpu())
         return torch.cat(preds).numpy(), torch.cat(golds).numpy() if golds else None
 
     def save(self, result: SeedResult) -> None:
@@ -255,6 +254,9 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
     family = task_family(data, config.data)
     plan = config.batch_plan(current_topology().world_size)
     accelerator = build_accelerator(config, plan)
+    if accelerator.num_processes != plan.world_size:  # the batch plan would split the batch wrongly
+        raise PipelineError(f"the launcher started {plan.world_size} processes (WORLD_SIZE) but accelerate sees "
+                            f"{accelerator.num_processes}; check `accelerate config` (on CPU: --multi_gpu with gloo)")
     is_main = accelerator.is_main_process
     source = resolve_model(model, layout.source_model, is_main=is_main, barrier=accelerator.wait_for_everyone)
     kind = "scratch" if from_scratch else "pretrained"

@@ -114,7 +114,7 @@ class TrackingConfig:
     experiment: str = "pretrain"
     run_name: str | None = None
     flush_seconds: float = 10.0
-    """Buffer per-step metrics and send them at most this often (and at every eval, checkpoint and the end)."""
+    """Seconds between waits for MLflow's background logging (also at evals, checkpoints, the end)."""
 
 
 @dataclass

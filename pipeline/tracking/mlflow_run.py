@@ -57,10 +57,11 @@ class MlflowSink(MetricsSink):
             self.log_params(params)
 
     def _guard(self, what: str, fn, *args):
+        """`fn(*args)`, or None once tracking is off; `fn` may name a method of the MLflow client."""
         if not self.enabled:
             return None
         try:
-            return fn(*args)
+            return (getattr(self.client, fn) if isinstance(fn, str) else fn)(*args)
         except Exception as err:  # noqa: BLE001 - any tracking failure must leave training running
             self.enabled = False
             self._in_flight = []
@@ -94,7 +95,7 @@ class MlflowSink(MetricsSink):
             return
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
-        operations = self._guard("log metrics", self.client.log_batch, self.run_id, items, (), (), False)
+        operations = self._guard("log metrics", "log_batch", self.run_id, items, (), (), False)
         if operations is not None:
             self._in_flight.append(operations)
         if time.monotonic() - self._last_flush >= self.flush_seconds:
@@ -112,21 +113,21 @@ class MlflowSink(MetricsSink):
         items = [Param(k[:250], json.dumps(v) if not isinstance(v, str) else v)  # JSON keeps None/true readable
                  for k, v in params.items()]
         for i in range(0, len(items), 100):
-            self._guard("log params", self.client.log_batch, self.run_id, (), items[i: i + 100])
+            self._guard("log params", "log_batch", self.run_id, (), items[i: i + 100])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
         items = [RunTag(k, str(v)) for k, v in tags.items()]
-        self._guard("set tags", self.client.log_batch, self.run_id, (), (), items)
+        self._guard("set tags", "log_batch", self.run_id, (), (), items)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if Path(path).is_dir():
-            self._guard("log artifacts", self.client.log_artifacts, self.run_id, str(path), artifact_path)
+            self._guard("log artifacts", "log_artifacts", self.run_id, str(path), artifact_path)
         else:
-            self._guard("log artifact", self.client.log_artifact, self.run_id, str(path), artifact_path)
+            self._guard("log artifact", "log_artifact", self.run_id, str(path), artifact_path)
 
     def close(self, status: str = "FINISHED") -> None:
         self.flush()
-        self._guard("finish", self.client.set_terminated, self.run_id, status)
+        self._guard("finish", "set_terminated", self.run_id, status)
         self.enabled = False  # a second close (an error path after a normal one) does nothing
