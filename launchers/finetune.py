@@ -1,14 +1,16 @@
-"""Fine-tune a pretrained encoder on a GLUE task or a custom GLUE-style task, and log it to MLflow.
+"""Fine-tune a pretrained encoder on a GLUE, token-tagging or extractive-QA task, and log it to MLflow.
 
     python launchers/finetune.py --config configs/glue/sst2.json --model runs/default/pretrain/export \\
         [--set key=value ...] [--seeds 1,2,3] [--from-scratch]
+    python launchers/finetune.py --config configs/tasks/ner.json --model ...  (ner pos squad token-custom qa-custom)
     accelerate launch --num_processes 2 launchers/finetune.py --config ...     (several processes)
 
 --model is an HF model folder or hub name (e.g. `roberta-base` when online), or a pretraining
 checkpoint / output folder (exported first). --from-scratch trains the same architecture from
 random weights: the baseline that shows what pretraining bought. Each seed writes
 `<train.output_dir>/seed_N/` (the best epoch's model as an HF folder, metrics.json, history.json,
-dev and test predictions, confusion matrix, and complete.json last: a rerun skips finished seeds);
+dev and test predictions — CoNLL files for token tasks, predictions.json for QA — confusion matrix,
+and complete.json last: a rerun skips finished seeds);
 `<train.output_dir>/metrics.json` holds the median, mean and standard deviation over seeds, and
 `best_model.json` points at the best seed's model.
 """

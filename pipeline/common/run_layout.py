@@ -93,13 +93,27 @@ class SeedLayout:
     def history(self) -> Path:
         return self.root / "history.json"
 
-    def dev_predictions(self, split: str, splits: int) -> Path:
-        """`dev_predictions.tsv`, or `dev_predictions_<split>.tsv` when the task has several dev splits."""
-        return self.root / ("dev_predictions.tsv" if splits == 1 else f"dev_predictions_{split}.tsv")
+    def dev_predictions(self, split: str, splits: int, suffix: str = ".tsv") -> Path:
+        """`dev_predictions.tsv`, or `dev_predictions_<split>.tsv` when the task has several dev splits.
 
-    def test_predictions(self, split: str) -> Path:
-        """GLUE submission files: `test_predictions.tsv`, or `test_<split>.tsv` (MNLI's matched/mismatched)."""
-        return self.root / ("test_predictions.tsv" if split == "test" else f"test_{split}.tsv")
+        Token tasks write CoNLL (`.conll`: word, gold, predicted).
+        """
+        return self.root / (f"dev_predictions{suffix}" if splits == 1 else f"dev_predictions_{split}{suffix}")
+
+    def test_predictions(self, split: str, suffix: str = ".tsv") -> Path:
+        """GLUE submission files: `test_predictions.tsv`, or `test_<split>.tsv` (MNLI's matched/mismatched).
+
+        Token tasks write `test_predictions.conll`, QA tasks `test_predictions.json` (`{id: answer}`).
+        """
+        return self.root / (f"test_predictions{suffix}" if split == "test" else f"test_{split}{suffix}")
+
+    def test_metrics(self, split: str) -> Path:
+        """Metrics on a test split that has gold labels (token and QA tasks)."""
+        return self.root / ("test_metrics.json" if split == "test" else f"test_{split}_metrics.json")
+
+    def answers(self, split: str, splits: int) -> Path:
+        """QA dev answers in the official SQuAD format, `{id: answer}`: `predictions.json`."""
+        return self.root / ("predictions.json" if splits == 1 else f"predictions_{split}.json")
 
     def confusion(self, split: str) -> Path:
         return self.root / f"confusion_{split}.png"

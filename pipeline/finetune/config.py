@@ -12,6 +12,9 @@ from pipeline.finetune.tasks import GLUE_TASKS, task_spec
 from pipeline.pretrain.batch_plan import BatchPlan, batch_problem
 from pipeline.pretrain.config import TrackingConfig
 
+SPAN_TASKS = ("ner", "pos", "token-custom", "squad", "qa-custom")
+"""Token tagging and extractive QA tasks: read from data.train_file / validation_file / test_file."""
+
 
 @dataclass
 class FinetuneDataConfig:
@@ -30,6 +33,20 @@ class FinetuneDataConfig:
     max_seq_len: int = 128
     max_train_examples: int | None = None
     """Use only the first N training examples (quick runs)."""
+    label_all_tokens: bool = False
+    """Token tasks: label every sub-token of a word (a `B-X` word's later pieces as `I-X`), not only the first."""
+    map_unknown_tags_to_o: bool = False
+    """Token tasks: read a dev/test tag that the train file never has as `O`, instead of stopping with an error."""
+    doc_stride: int = 128
+    """QA: tokens of overlap between consecutive windows of a context longer than max_seq_len."""
+    n_best: int = 20
+    """QA: start and end candidates per window paired into answer spans."""
+    max_answer_length: int = 30
+    """QA: the longest answer considered, in tokens."""
+    version_2_with_negative: bool | None = None
+    """QA: questions may have no answer (SQuAD 2.0); None: when the train or dev file has unanswerable ones."""
+    null_score_diff_threshold: float = 0.0
+    """QA with no-answer: answer "" when the no-answer score beats the best span's by more than this (logits)."""
 
 
 @dataclass
@@ -56,7 +73,7 @@ class FinetuneTrainConfig:
 @dataclass
 class FinetuneConfig:
     task: str = "sst2"
-    """A GLUE task name, or `custom`."""
+    """A GLUE task name, `custom`, a token task (`ner`, `pos`, `token-custom`) or a QA task (`squad`, `qa-custom`)."""
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="finetune"))
@@ -89,11 +106,14 @@ def finetune_problems(c: FinetuneConfig, world_size: int = 1) -> list[str]:
     problems = []
     add = problems.append
     d, t = c.data, c.train
-    if c.task != "custom":
+    if c.task in SPAN_TASKS:
+        problems += span_task_problems(c)
+    elif c.task != "custom":
         try:
             task_spec(c.task)
         except Exception:  # noqa: BLE001
-            add(f"task: {c.task!r} is not a GLUE task ({', '.join(GLUE_TASKS)}) or 'custom'")
+            add(f"task: {c.task!r} is not a GLUE task ({', '.join(GLUE_TASKS)}), 'custom', or one of "
+                f"{', '.join(SPAN_TASKS)}")
         if not d.glue_dir and not d.use_datasets:
             add("data.glue_dir: required for a GLUE task (or set data.use_datasets=true)")
         elif d.glue_dir and not Path(d.glue_dir).is_dir():
@@ -121,4 +141,26 @@ def finetune_problems(c: FinetuneConfig, world_size: int = 1) -> list[str]:
     if t.learning_rate <= 0 or not 0 <= t.warmup_ratio < 1:
         add(f"train.learning_rate must be > 0 and train.warmup_ratio in [0, 1), got {t.learning_rate} and "
             f"{t.warmup_ratio}")
+    return problems
+
+
+
+def span_task_problems(c: FinetuneConfig) -> list[str]:
+    problems = []
+    add = problems.append
+    d = c.data
+    for name in ("train_file", "validation_file", "test_file"):
+        value = getattr(d, name)
+        if value is None and name != "test_file" or value == "":
+            add(f"data.{name}: required for task {c.task!r}")
+        elif value is not None and not Path(value).is_file():
+            add(f"data.{name}: {value} does not exist")
+    if d.glue_dir or d.use_datasets:
+        add(f"data.glue_dir / data.use_datasets: task {c.task!r} reads data.train_file and data.validation_file")
+    if c.task in ("squad", "qa-custom"):
+        if not 0 < d.doc_stride < d.max_seq_len // 2:
+            add(f"data.doc_stride: must be > 0 and under half of data.max_seq_len ({d.max_seq_len}), "
+                f"got {d.doc_stride}")
+        if d.n_best < 1 or d.max_answer_length < 1:
+            add(f"data.n_best and data.max_answer_length must be ≥ 1, got {d.n_best} and {d.max_answer_length}")
     return problems

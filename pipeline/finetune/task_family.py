@@ -3,7 +3,8 @@
 A family says which HF model class to build (with the task's label names), how to encode a
 split, how a batch's output becomes predictions, which metrics those give, and which files to
 write about them. `SequenceTask` covers sentence and sentence-pair tasks (GLUE): one class or
-one score per example. Token classification and extractive QA plug in as further subclasses.
+one score per example. Token classification (`token_family.py`) and extractive QA
+(`qa_family.py`) are the other two families.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class TaskFamily:
                           labels: dict[str, np.ndarray]) -> list[Path]:
         raise NotImplementedError
 
-    def write_test_predictions(self, path: Path, split: Split, predictions: np.ndarray) -> None:
+    def write_test_predictions(self, seed: SeedLayout, name: str, split: Split, predictions: np.ndarray
+                               ) -> list[Path]:
+        """Write the predictions on test split `name`; return the files written."""
         raise NotImplementedError
 
 
@@ -89,7 +92,7 @@ class SequenceTask(TaskFamily):
         self.task_type = "regression" if spec.is_regression else "classification"
 
     def build_model(self, source: str, from_scratch: bool) -> torch.nn.Module:
-        from transformers import AutoConfig, AutoModelForSequenceClassification
+        from transformers import AutoModelForSequenceClassification
 
         spec = self.spec
         kwargs = {"num_labels": spec.num_labels,
@@ -97,18 +100,7 @@ class SequenceTask(TaskFamily):
         if not spec.is_regression:  # the saved model's config then names the task's real classes
             kwargs["id2label"] = dict(enumerate(spec.class_names))
             kwargs["label2id"] = {name: i for i, name in enumerate(spec.class_names)}
-        if from_scratch:
-            return AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(source, **kwargs))
-        from transformers.utils import logging as hf_logging
-
-        # transformers prints a table of every newly initialised weight; the classification head is
-        # always new here, so the trainer says so in one line instead.
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            return AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
-        finally:
-            hf_logging.set_verbosity(verbosity)
+        return load_head_model(AutoModelForSequenceClassification, source, from_scratch, **kwargs)
 
     def encode(self, split: Split, tokenizer, max_seq_len: int) -> torch.utils.data.Dataset:
         return EncodedSplit(split, tokenizer, max_seq_len, self.spec.is_regression)
@@ -142,12 +134,15 @@ class SequenceTask(TaskFamily):
                         for name in predictions]
         return written
 
-    def write_test_predictions(self, path: Path, split: Split, predictions: np.ndarray) -> None:
+    def write_test_predictions(self, seed: SeedLayout, name: str, split: Split, predictions: np.ndarray
+                               ) -> list[Path]:
         """The GLUE submission format: `index<TAB>prediction`, labels as in the task's files."""
         shown = ([f"{v:.3f}" for v in predictions] if self.spec.is_regression
                  else [self.spec.labels[int(v)] for v in predictions])
+        path = seed.test_predictions(name)
         write_text_atomic(path, "index\tprediction\n"
                           + "".join(f"{i}\t{p}\n" for i, p in zip(split.ids, shown, strict=True)))
+        return [path]
 
     def _confusion(self, path: Path, split: str, predictions: np.ndarray, labels: np.ndarray) -> Path:
         import matplotlib
@@ -167,6 +162,30 @@ class SequenceTask(TaskFamily):
         return path
 
 
-def task_family(data: TaskData) -> TaskFamily:
-    """The family that handles `data`'s task."""
+def load_head_model(auto_class, source: str, from_scratch: bool, **kwargs) -> torch.nn.Module:
+    """`auto_class` from `source` with a new task head; from the config alone (random weights) when `from_scratch`."""
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    if from_scratch:
+        return auto_class.from_config(AutoConfig.from_pretrained(source, **kwargs))
+    # transformers prints a table of every newly initialised weight; the task head is always new
+    # here, so the trainer says so in one line instead.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return auto_class.from_pretrained(source, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def task_family(data: TaskData, options=None) -> TaskFamily:
+    """The family that handles `data`'s task; `options` is the config's data section (token and QA settings)."""
+    from pipeline.finetune.qa_family import QA_TASKS, QuestionAnsweringFamily
+    from pipeline.finetune.token_family import TOKEN_TASKS, TokenTaggingFamily
+
+    if data.spec.name in TOKEN_TASKS:
+        return TokenTaggingFamily(data, options)
+    if data.spec.name in QA_TASKS:
+        return QuestionAnsweringFamily(data, options)
     return SequenceTask(data.spec)

@@ -31,7 +31,14 @@ from pipeline.tracking.metrics import MetricsSink, open_metrics
 
 
 def load_task(config: FinetuneConfig) -> TaskData:
+    from pipeline.finetune.qa_family import QA_TASKS, load_qa_task
+    from pipeline.finetune.token_family import TOKEN_TASKS, load_token_task
+
     d = config.data
+    if config.task in TOKEN_TASKS:
+        return load_token_task(config.task, d)
+    if config.task in QA_TASKS:
+        return load_qa_task(config.task, d)
     if config.task == "custom":
         data = load_custom(d.train_file, d.validation_file, d.test_file, d.text_fields, d.label_field, d.task_type,
                            d.labels)
@@ -210,8 +217,7 @@ class FineTuner:
             best = self.best_evaluation
             artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels)
             for name, values in test_predictions.items():
-                self.family.write_test_predictions(out.test_predictions(name), self.data.test[name], values)
-                artifacts.append(out.test_predictions(name))
+                artifacts += self.family.write_test_predictions(out, name, self.data.test[name], values)
             save_model(out.model, acc.unwrap_model(self.model), self.tokenizer, {
                 **self.family.provenance(), "seed": self.seed, "metrics": result.best,
                 "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
@@ -245,7 +251,7 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
 
     layout = config.layout
     data = load_task(config)  # every problem with the data surfaces here, before any model is loaded
-    family = task_family(data)
+    family = task_family(data, config.data)
     plan = config.batch_plan(current_topology().world_size)
     accelerator = build_accelerator(config, plan)
     if accelerator.num_processes != plan.world_size:  # the batch plan would split the batch wrongly
