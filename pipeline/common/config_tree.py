@@ -99,26 +99,24 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
             values[name] = _build(hint, data[name], f"{prefix}{name}.", problems)
         else:
             value, problem = _coerce(data[name], hint)
-            if problem:
-                # A list of objects is checked item by item, so the user learns which key of which item is wrong.
-                problems.extend(_item_problems(data[name], hint, f"{prefix}{name}")
-                                or [f"{prefix}{name}: expected {problem}, got {json.dumps(data[name])}"])
-            else:
+            if not problem:
                 values[name] = value
+            elif (items := _build_items(data[name], hint, f"{prefix}{name}", problems)) is not None:
+                values[name] = items
+            else:
+                problems.append(f"{prefix}{name}: expected {problem}, got {json.dumps(data[name])}")
     return cls(**values)
 
 
-def _item_problems(value: Any, hint: Any, where: str) -> list[str]:
-    """The problems of each object in `value` when `hint` is (or offers) a list of dataclasses; else []."""
+def _build_items(value: Any, hint: Any, where: str, problems: list[str]) -> list | None:
+    """A list of objects built item by item, naming the item and key of each problem (wrong values take
+    their defaults, as in sections); None when `value` is not a list or `hint` offers no list of dataclasses."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for option in options:
         (item,) = typing.get_args(option) if typing.get_origin(option) is list else (None,)
         if isinstance(value, list) and dataclasses.is_dataclass(item):
-            problems: list[str] = []
-            for i, entry in enumerate(value):
-                _build(item, entry, f"{where}[{i}].", problems)
-            return problems
-    return []
+            return [_build(item, entry, f"{where}[{i}].", problems) for i, entry in enumerate(value)]
+    return None
 
 
 def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:

@@ -345,7 +345,7 @@ def data_problems(config: PretrainConfig) -> list[str]:
         for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
             if index[entry] != first_index[entry]:
                 problems.append(f"data.shards: mixed corpora must share one {what}: {first} has {entry} "
-                                f"{first_index[entry]!r}, {folder} has {index[entry]!r}; re-shard one of them")
+                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
         if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
             problems.append(f"data.shards: mixed corpora must share one tokenizer: {first} was made with "
                             f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
