@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from helpers import make_documents, tiny_pretrain_config, write_jsonl
 
 from pipeline.common.config_tree import ConfigError
+from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle
 from pipeline.pretrain.config import load_pretrain_config
@@ -196,3 +198,57 @@ def test_mixed_batches_eval_sets_and_progress_come_from_each_corpus(tmp_path, tm
     metrics = data.eval_metrics(np.array([[40.0, 10.0], [30.0, 10.0]]))  # losses 4 and 3, shares 0.25 and 0.75
     assert metrics["eval/news/mlm_loss"] == 4 and metrics["eval/wiki/mlm_loss"] == 3
     assert metrics["eval/mlm_loss"] == pytest.approx(3.25)
+
+
+@pytest.mark.slow
+def test_a_mixed_run_logs_each_corpus_and_resumes_to_the_same_losses(tmp_path, roberta_shards, books,
+                                                                      bpe_tokenizer_dir):
+    """One process, 8 steps of a 1:3 mix with MLflow; then the run again from its step-4 checkpoint."""
+    import shutil
+    import subprocess
+
+    from helpers import PYTHON, ROOT
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mix = [{"path": str(roberta_shards), "weight": 1}, {"path": str(books), "weight": 3}]
+    config = tiny_pretrain_config(Path("x"), bpe_tokenizer_dir, tmp_path / "full", train={"eval_every": 4,
+                                  "export": False}, tracking={"enabled": True, "uri": uri})
+    config["data"].update(shards=mix, num_workers=1, cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "full.json").write_text(json.dumps(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+
+    def run(name: str) -> dict[int, dict]:
+        proc = subprocess.run([PYTHON, "launchers/pretrain.py", "--config", str(tmp_path / f"{name}.json")],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        records: dict[int, dict] = {}
+        for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            records.setdefault(record["step"], {}).update(record)
+        return records
+
+    full = run("full")
+    assert full[8]["data/roberta/tokens"] == 8 * 4 * 64 and full[8]["data/books/tokens"] == 8 * 12 * 64
+    books_train = load_index(books)["splits"]["train"]["sequences"]
+    assert full[8]["data/books/epoch"] == pytest.approx(96 / books_train)
+    for step in (4, 8):
+        per_corpus = full[step]["eval/roberta/mlm_loss"], full[step]["eval/books/mlm_loss"]
+        assert full[step]["eval/mlm_loss"] == pytest.approx(0.25 * per_corpus[0] + 0.75 * per_corpus[1])
+    assert full[8]["eval/mlm_loss"] < full[4]["eval/mlm_loss"]
+
+    client = MlflowClient(uri)
+    run_id = json.loads((tmp_path / "full" / "tracking.json").read_text())["run_id"]
+    for key in ("data/books/tokens", "data/roberta/epoch", "eval/roberta/mlm_loss", "eval/mlm_loss"):
+        assert client.get_metric_history(run_id, key), key
+
+    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_00000008")
+    config["train"]["output_dir"] = str(tmp_path / "resumed")
+    config["tracking"]["enabled"] = False
+    (tmp_path / "resumed.json").write_text(json.dumps(config))
+    resumed = run("resumed")
+    assert "resumed_from" in resumed[4]
+    # The same batches, masks and dropout after the resume: the same losses, bit for bit.
+    assert [resumed[s]["train/loss"] for s in range(1, 9)] == [full[s]["train/loss"] for s in range(1, 9)]
+    assert resumed[8]["eval/books/mlm_loss"] == full[8]["eval/books/mlm_loss"]
