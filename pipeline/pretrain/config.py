@@ -302,9 +302,9 @@ def mix_problems(data: DataConfig, global_batch_size: int) -> list[str]:
             add(f"{key}.path: required (a folder written by data_prep/shard.py)")
         if not 0 < source.weight < float("inf"):
             add(f"{key}.weight: must be a positive number, got {source.weight}")
-        if not source.name or not set(source.name) <= _NAME_CHARS:
-            add(f"{key}.name: {source.name!r} (from the folder's name unless set) may hold only letters, digits, "
-                f"'_', '-' and '.', as it becomes part of metric keys; set {key}.name")
+        if not source.name or not set(source.name) <= _NAME_CHARS or not source.name[0].isalnum():
+            add(f"{key}.name: {source.name!r} (from the folder's name unless set) must start with a letter or digit "
+                f"and hold only letters, digits, '_', '-' and '.', as it becomes part of metric keys; set {key}.name")
     names = [s.name for s in corpora]
     for name in sorted({n for n in names if names.count(n) > 1}):
         add(f"data.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
