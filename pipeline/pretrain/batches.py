@@ -23,11 +23,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline.data.token_cache import TokenCache
+from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
 
 if TYPE_CHECKING:
     from pipeline.pretrain.mixture import ConcatenatedCaches
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
 
 
 @dataclass(frozen=True)

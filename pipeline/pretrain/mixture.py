@@ -43,9 +43,14 @@ _ORDER, _MIX = 1, 2  # RNG salts: a corpus's epoch permutation, a step's shuffle
 
 
 def corpus_shares(weights: list[float]) -> list[Fraction]:
-    """The weights normalised to sum exactly 1."""
-    total = sum(Fraction(w) for w in weights)
-    return [Fraction(w) / total for w in weights]
+    """The weights normalised to sum exactly 1.
+
+    Each weight is read as the decimal the user wrote (`repr` of the float), not the binary float:
+    0.7 is 7/10, so a 0.7:0.3 mix gives exactly 2,688 of 3,840 sequences, not 2,687.
+    """
+    exact = [Fraction(repr(float(w))) for w in weights]
+    total = sum(exact)
+    return [w / total for w in exact]
 
 
 class ConcatenatedCaches:

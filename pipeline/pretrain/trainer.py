@@ -272,7 +272,8 @@ class Pretrainer:
             self.jsonl.write({"step": self.step, **metrics})
             if self.mlflow:
                 self.mlflow.log_metrics(metrics, self.step, flush=True)
-            per_corpus = "".join(f", {k.split('/')[1]} {v:.4f}" for k, v in metrics.items() if k.count("/") == 2)
+            per_corpus = "".join(f", {s.name} {metrics[f'eval/{s.name}/mlm_loss']:.4f}"
+                                 for s in self.data.corpora if self.data.mixed)
             self._print(f"step {self.step}: eval MLM loss {metrics['eval/mlm_loss']:.4f}{per_corpus}, "
                         f"perplexity {metrics['eval/perplexity']:.2f}")
         return metrics

@@ -49,6 +49,7 @@ def test_over_10000_sequences_the_realised_mix_is_within_one_point_of_the_weight
     counts = corpus_counts(shuffle, range(250))  # 250 steps × 40 = 10,000 sequences
     assert counts.sum() == 10_000
     assert np.abs(counts / 10_000 - shares).max() < 0.01
+    assert counts.tolist() == [round(s * 10_000) for s in shares]  # weights are read as the decimals written
     # Stronger, and what makes it hold at any length: after every step each corpus is within one
     # sequence of its share.
     for step in (1, 7, 33, 250):
