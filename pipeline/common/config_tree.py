@@ -1,6 +1,7 @@
 """Typed config trees: JSON → nested dataclasses, `--set a.b=value` overrides, all problems at once.
 
-Every stage's config is a dataclass whose fields are sections (dataclasses) or plain values.
+Every stage's config is a dataclass whose fields are sections (dataclasses), plain values, or lists
+of small objects (dataclasses too, such as the corpora of a weighted data mix).
 `build_config` reports unknown keys and wrong types together, naming each key by its dotted path,
 so a user fixes a config in one round instead of one error per launch.
 """
@@ -98,11 +99,24 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
             values[name] = _build(hint, data[name], f"{prefix}{name}.", problems)
         else:
             value, problem = _coerce(data[name], hint)
-            if problem:
-                problems.append(f"{prefix}{name}: expected {problem}, got {json.dumps(data[name])}")
-            else:
+            if not problem:
                 values[name] = value
+            elif (items := _build_items(data[name], hint, f"{prefix}{name}", problems)) is not None:
+                values[name] = items
+            else:
+                problems.append(f"{prefix}{name}: expected {problem}, got {json.dumps(data[name])}")
     return cls(**values)
+
+
+def _build_items(value: Any, hint: Any, where: str, problems: list[str]) -> list | None:
+    """A list of objects built item by item, naming the item and key of each problem (wrong values take
+    their defaults, as in sections); None when `value` is not a list or `hint` offers no list of dataclasses."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for option in options:
+        (item,) = typing.get_args(option) if typing.get_origin(option) is list else (None,)
+        if isinstance(value, list) and dataclasses.is_dataclass(item):
+            return [_build(item, entry, f"{where}[{i}].", problems) for i, entry in enumerate(value)]
+    return None
 
 
 def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
@@ -136,6 +150,10 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
             if all(p is None for _, p in items):
                 return tuple(v for v, _ in items), None
         return None, f"a list of {len(args)} {_describe(args[0])}s"
+    if dataclasses.is_dataclass(hint):
+        problems: list[str] = []
+        built = _build(hint, value, "", problems)
+        return (built, None) if not problems else (None, _describe(hint))
     if origin is dict or hint is dict:
         return (value, None) if isinstance(value, dict) else (None, "an object")
     if origin is list:
@@ -149,6 +167,10 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
 
 
 def _describe(hint: Any) -> str:
+    if dataclasses.is_dataclass(hint):
+        return "{" + ", ".join(f.name for f in dataclasses.fields(hint)) + "} object"
+    if typing.get_origin(hint) is list:
+        return f"list of {_describe(typing.get_args(hint)[0])}s"
     return {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}.get(hint, str(hint))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,17 +26,35 @@ from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
 
+if TYPE_CHECKING:
+    from pipeline.pretrain.mixture import ConcatenatedCaches
+
 
 @dataclass(frozen=True)
 class MicroBatchKey:
-    """Which sequences make up one micro batch, and the mask key's epoch and stream."""
+    """Which sequences make up one micro batch, and the mask key's epoch (one, or one per sequence) and stream."""
 
-    epoch: int
+    epoch: int | np.ndarray
     indices: np.ndarray
     stream: int = TRAIN_STREAM
 
 
-class GlobalShuffle:
+class StepOrder:
+    """A step → micro batches mapping under a BatchPlan: `GlobalShuffle`, or `mixture.MixedShuffle` for corpora."""
+
+    plan: BatchPlan
+
+    def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
+        raise NotImplementedError
+
+    def rank_keys(self, rank: int, start_step: int, end_step: int) -> Iterator[MicroBatchKey]:
+        """This rank's micro batches, in the order it runs them, from `start_step` up to `end_step`."""
+        for step in range(start_step, end_step):
+            for micro_step in range(self.plan.accumulation):
+                yield self.micro_batch(step, self.plan.micro_batch_index(rank, micro_step))
+
+
+class GlobalShuffle(StepOrder):
     """The epoch permutations and the step → sequence mapping shared by every rank."""
 
     def __init__(self, num_sequences: int, plan: BatchPlan, seed: int):
@@ -57,17 +76,11 @@ class GlobalShuffle:
         start = within * self.plan.global_batch_size + micro_index * self.plan.micro_batch_size
         return MicroBatchKey(epoch, self.order(epoch)[start: start + self.plan.micro_batch_size])
 
-    def rank_keys(self, rank: int, start_step: int, end_step: int) -> Iterator[MicroBatchKey]:
-        """This rank's micro batches, in the order it runs them, from `start_step` up to `end_step`."""
-        for step in range(start_step, end_step):
-            for micro_step in range(self.plan.accumulation):
-                yield self.micro_batch(step, self.plan.micro_batch_index(rank, micro_step))
-
 
 class MaskedBatches(torch.utils.data.Dataset):
     """`dataset[MicroBatchKey]` → a model-ready batch of tensors (masked input, labels, …)."""
 
-    def __init__(self, cache: TokenCache, masker: Masker, *, with_segments: bool):
+    def __init__(self, cache: TokenCache | ConcatenatedCaches, masker: Masker, *, with_segments: bool):
         self.cache = cache
         self.masker = masker
         self.with_segments = with_segments
@@ -95,7 +108,7 @@ class MaskedBatches(torch.utils.data.Dataset):
         return batch
 
 
-def train_loader(batches: MaskedBatches, shuffle: GlobalShuffle, *, rank: int, start_step: int, end_step: int,
+def train_loader(batches: MaskedBatches, shuffle: StepOrder, *, rank: int, start_step: int, end_step: int,
                  num_workers: int) -> DataLoader:
     """This rank's micro batches from `start_step`, prefetched by `num_workers` processes."""
     keys = RankKeys(shuffle, rank, start_step, end_step)
@@ -106,7 +119,7 @@ def train_loader(batches: MaskedBatches, shuffle: GlobalShuffle, *, rank: int, s
 class RankKeys:
     """The sampler: one rank's micro-batch keys, made as they are consumed rather than held in a list."""
 
-    def __init__(self, shuffle: GlobalShuffle, rank: int, start_step: int, end_step: int):
+    def __init__(self, shuffle: StepOrder, rank: int, start_step: int, end_step: int):
         self.args = shuffle, rank, start_step, end_step
 
     def __iter__(self):

@@ -42,15 +42,37 @@ class ModelConfig:
 
 
 @dataclass
+class CorpusSource:
+    """One corpus of a weighted mix: `{"path": "shards/wiki", "weight": 0.3}` (Megatron's data blend)."""
+
+    path: str = ""
+    """A folder written by data_prep/shard.py."""
+    weight: float = 1.0
+    """Relative share of the training sequences drawn from this corpus (the weights are normalised to sum 1)."""
+    name: str | None = None
+    """The corpus's name in metric keys such as `eval/<name>/mlm_loss`; None: the folder's name."""
+
+
+@dataclass
 class DataConfig:
-    shards: str = ""
-    """The folder written by data_prep/shard.py."""
+    shards: str | list[CorpusSource] = ""
+    """The folder written by data_prep/shard.py, or a weighted mix of such folders: a list of {path, weight}."""
     tokenizer: str = ""
     """The tokenizer the shards were made with: a folder or a hub name."""
     num_workers: int = 2
     """DataLoader worker processes per rank (0: load in the training process)."""
     cache_dir: str | None = None
     """Where the decompressed token cache lives; None: `<train.output_dir>/token_cache`."""
+
+    @property
+    def mixed(self) -> bool:
+        """True when `shards` is a list of weighted corpora (even a list of one)."""
+        return isinstance(self.shards, list)
+
+    def corpora(self) -> list[CorpusSource]:
+        """Every corpus with its name filled in; a single folder is one corpus of weight 1."""
+        sources = self.shards if self.mixed else [CorpusSource(path=self.shards)]
+        return [CorpusSource(s.path, s.weight, s.name or Path(s.path).name) for s in sources]
 
 
 @dataclass
@@ -184,7 +206,9 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
     problems: list[str] = []
     add = problems.append
     if not c.data.shards:
-        add("data.shards: required (the folder written by data_prep/shard.py)")
+        add("data.shards: required (the folder written by data_prep/shard.py, or a list of {path, weight})")
+    elif c.data.mixed:
+        problems += mix_problems(c.data, c.train.global_batch_size)
     if not c.data.tokenizer:
         add("data.tokenizer: required (the tokenizer folder or hub name the shards were made with)")
     if c.data.num_workers < 0:
@@ -262,35 +286,91 @@ def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
     return problems
 
 
+# MLflow accepts these in metric keys; '/' is kept out of names because it separates the key's parts.
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def mix_problems(data: DataConfig, global_batch_size: int) -> list[str]:
+    """Checks of a weighted list of corpora that need no files: paths, weights, names."""
+    from pipeline.pretrain.mixture import corpus_shares
+
+    problems = []
+    add = problems.append
+    corpora = data.corpora()
+    for i, source in enumerate(corpora):
+        key = f"data.shards[{i}]"
+        if not source.path:
+            add(f"{key}.path: required (a folder written by data_prep/shard.py)")
+        if not 0 < source.weight < float("inf"):
+            add(f"{key}.weight: must be a positive number, got {source.weight}")
+        if not source.name or not set(source.name) <= _NAME_CHARS or not source.name[0].isalnum():
+            add(f"{key}.name: {source.name!r} (from the folder's name unless set) must start with a letter or digit "
+                f"and hold only letters, digits, '_', '-' and '.', as it becomes part of metric keys; set {key}.name")
+    names = [s.name for s in corpora]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        add(f"data.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
+    paths = [str(Path(s.path).resolve()) for s in corpora if s.path]
+    for path in sorted({p for p in paths if paths.count(p) > 1}):
+        add(f"data.shards: {path} is listed {paths.count(path)} times; give it one entry with the summed weight")
+    if problems:
+        return problems
+    for source, share in zip(corpora, corpus_shares([s.weight for s in corpora]), strict=True):
+        if share * global_batch_size < 1:  # see mixture.py: each step's quota is then never negative
+            add(f"data.shards: {source.name} has weight {source.weight}, a share of {float(share):.3g}: less than "
+                f"one of the {global_batch_size} sequences of a global batch; each corpus needs a share ≥ "
+                f"1/train.global_batch_size = {1 / global_batch_size:.3g} (raise its weight or the global batch)")
+    return problems
+
+
 def data_problems(config: PretrainConfig) -> list[str]:
-    """Check the shard folder and tokenizer against each other and the model, without loading shards."""
+    """Check the shard folders and tokenizer against each other and the model, without loading shards."""
     from pipeline.data.shard_index import load_index
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 
-    try:
-        index = load_index(config.data.shards)
-    except PipelineError as err:
-        return [f"data.shards: {err}"]
+    key = "data.shards" if not config.data.mixed else "data.shards[{}].path"
+    indexes = {}
     problems = []
+    for i, source in enumerate(config.data.corpora()):
+        try:
+            indexes[source.path] = load_index(source.path)
+        except PipelineError as err:
+            problems.append(f"{key.format(i)}: {err}")
+    if problems:
+        return problems
     try:
         info = describe_tokenizer(load_tokenizer(config.data.tokenizer), config.data.tokenizer)
     except PipelineError as err:
         return [f"data.tokenizer: {err}"]
-    if info.fingerprint != index["tokenizer"]["fingerprint"]:
-        problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
-                        f"{config.data.shards} was made with ({index['tokenizer']['name']})")
-    if config.model.architecture == "bert" and index["pack"] != "pairs":
-        problems.append(f"model.architecture is bert (MLM + next-sentence prediction), which needs shards "
-                        f"packed with --pack pairs; {config.data.shards} holds {index['pack']!r} sequences")
-    train = index["splits"]["train"]["sequences"]
-    if train < config.train.global_batch_size:
+    (first, first_index), *others = indexes.items()
+    for folder, index in others:  # a mix feeds one model: one vocabulary, one sequence length, one layout
+        for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
+            if index[entry] != first_index[entry]:
+                problems.append(f"data.shards: mixed corpora must share one {what}: {first} has {entry} "
+                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
+        if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
+            problems.append(f"data.shards: mixed corpora must share one tokenizer: {first} was made with "
+                            f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
+                            f"{folder} with {index['tokenizer']['name']} "
+                            f"({index['tokenizer']['fingerprint'][:19]}…)")
+    for folder, index in indexes.items():
+        if info.fingerprint != index["tokenizer"]["fingerprint"]:
+            problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
+                            f"{folder} was made with ({index['tokenizer']['name']})")
+        if config.model.architecture == "bert" and index["pack"] != "pairs":
+            problems.append(f"model.architecture is bert (MLM + next-sentence prediction), which needs shards "
+                            f"packed with --pack pairs; {folder} holds {index['pack']!r} sequences")
+        if index["splits"]["val"]["sequences"] == 0:
+            problems.append(f"data.shards: {folder} has no validation sequences; re-run shard.py "
+                            "with --val-fraction > 0")
+    train = sum(index["splits"]["train"]["sequences"] for index in indexes.values())
+    if not config.data.mixed and train < config.train.global_batch_size:
         problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
                         f"(train.global_batch_size {config.train.global_batch_size})")
-    if index["splits"]["val"]["sequences"] == 0:
-        problems.append(f"data.shards: {config.data.shards} has no validation sequences; re-run shard.py "
-                        "with --val-fraction > 0")
+    for folder, index in indexes.items():
+        if config.data.mixed and index["splits"]["train"]["sequences"] == 0:
+            problems.append(f"data.shards: {folder} has no train sequences")
     if config.model.init_from:
-        problems += init_from_problems(config, info, index["seq_len"])
+        problems += init_from_problems(config, info, first_index["seq_len"])
     return problems
 
 

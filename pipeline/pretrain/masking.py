@@ -60,14 +60,14 @@ class Masker:
         # Random replacements are ordinary tokens only: a random <s> or <pad> would teach nothing.
         self._ordinary_ids = np.flatnonzero(~self._is_special[: spec.vocab_size])
 
-    def keys(self, epoch: int, indices: np.ndarray, stream: int = TRAIN_STREAM) -> np.ndarray:
-        """One 64-bit key per sequence from (seed, stream, epoch, index)."""
-        epoch = 0 if self.spec.static else epoch
+    def keys(self, epoch: int | np.ndarray, indices: np.ndarray, stream: int = TRAIN_STREAM) -> np.ndarray:
+        """One 64-bit key per sequence from (seed, stream, epoch, index); `epoch` is one or one per sequence."""
+        epoch = 0 if self.spec.static else epoch  # a mix of corpora has an epoch per sequence (mixture.py)
         base = splitmix64(np.array([self.seed * 4 + stream], dtype=np.uint64)
-                          + np.array([epoch + 1], dtype=np.uint64) * _GOLDEN)
+                          + (np.atleast_1d(np.asarray(epoch, dtype=np.uint64)) + np.uint64(1)) * _GOLDEN)
         return splitmix64(base ^ splitmix64(indices.astype(np.uint64) + _GOLDEN))
 
-    def __call__(self, input_ids: np.ndarray, epoch: int, indices: np.ndarray,
+    def __call__(self, input_ids: np.ndarray, epoch: int | np.ndarray, indices: np.ndarray,
                  stream: int = TRAIN_STREAM) -> tuple[np.ndarray, np.ndarray]:
         """Return (corrupted input ids, labels) as int64; labels are IGNORE_INDEX where nothing is predicted."""
         spec = self.spec

@@ -18,15 +18,14 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
-from pipeline.data.token_cache import TokenCache
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys, train_loader
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, lr_multiplier
 from pipeline.pretrain.flops import mfu, training_flops_per_token
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec, splitmix64
+from pipeline.pretrain.mixture import PretrainData
 from pipeline.pretrain.model import build_model
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink, open_metrics
@@ -61,20 +60,15 @@ class Pretrainer:
         init_process_group(topology)
         self.tokenizer = load_tokenizer(config.data.tokenizer)
         self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
-        fingerprint = self.tokenizer_info.fingerprint
-        cache = config.cache_dir
-        self.train_cache = TokenCache(config.data.shards, "train", cache, tokenizer_fingerprint=fingerprint)
-        self.val_cache = TokenCache(config.data.shards, "val", cache, tokenizer_fingerprint=fingerprint)
-        self.seq_len = self.train_cache.seq_len
         m = config.masking
         special = tuple(sorted(set(self.tokenizer.all_special_ids)))
         spec = MaskingSpec(self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id, special, m.probability,
                            m.mask_token_fraction, m.random_token_fraction, static=m.mode == "static")
         self.masker = Masker(spec, config.train.seed)
-        with_segments = config.model.architecture == "bert"
-        self.train_batches = MaskedBatches(self.train_cache, self.masker, with_segments=with_segments)
-        self.val_batches = MaskedBatches(self.val_cache, self.masker, with_segments=with_segments)
-        self.shuffle = GlobalShuffle(len(self.train_cache), self.plan, config.train.seed)
+        self.data = PretrainData(config.data, self.plan, self.masker, seed=config.train.seed,
+                                 cache_dir=config.cache_dir, tokenizer_fingerprint=self.tokenizer_info.fingerprint,
+                                 with_segments=config.model.architecture == "bert")
+        self.seq_len = self.data.seq_len
 
         seed_everything(config.train.seed)  # the same initial weights on every rank
         model = build_model(config.model, self.tokenizer_info, self.seq_len)
@@ -160,8 +154,8 @@ class Pretrainer:
         if self.step >= c.train.max_steps:  # a rerun of a finished run: only a missing export is redone
             self._print(f"already trained to step {self.step} (train.max_steps {c.train.max_steps})")
             return self._finish(stop, None, already_done=True)
-        loader = iter(train_loader(self.train_batches, self.shuffle, rank=topo.rank, start_step=self.step,
-                                   end_step=c.train.max_steps, num_workers=c.data.num_workers))
+        loader = iter(self.data.loader(rank=topo.rank, start_step=self.step, end_step=c.train.max_steps,
+                                       num_workers=c.data.num_workers))
         progress = self._progress_bar()
         window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
         stopped_by = None
@@ -247,29 +241,32 @@ class Pretrainer:
 
     @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:
-        keys = eval_keys(len(self.val_cache), self.config.train.eval_sequences, self.plan.micro_batch_size,
-                         self.topology.rank, self.topology.world_size)
+        eval_sets = self.data.eval_sets(self.config.train.eval_sequences, self.plan.micro_batch_size,
+                                        self.topology.rank, self.topology.world_size)
         self.engine.eval()
-        totals = torch.zeros(2, dtype=torch.float64)
-        for key in keys:
-            batch = {k: v.to(self.engine.device) for k, v in self.val_batches[key].items()}
-            out = self.engine(**batch)
-            masked = (batch["labels"] != IGNORE_INDEX).sum().item()
-            totals += torch.tensor([out.get("mlm_loss", out["loss"]).float().item() * masked, masked],
-                                   dtype=torch.float64)
+        totals = torch.zeros(len(eval_sets), 2, dtype=torch.float64)  # per corpus: loss × masked, masked
+        for corpus, keys in enumerate(eval_sets):
+            for key in keys:
+                batch = {k: v.to(self.engine.device) for k, v in self.data.val_batches[key].items()}
+                out = self.engine(**batch)
+                masked = (batch["labels"] != IGNORE_INDEX).sum().item()
+                totals[corpus] += torch.tensor([out.get("mlm_loss", out["loss"]).float().item() * masked, masked],
+                                               dtype=torch.float64)
         self.engine.train()
         dist.all_reduce(totals)
-        loss = (totals[0] / totals[1].clamp(min=1)).item()
-        metrics = {"eval/mlm_loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
+        metrics = self.data.eval_metrics(totals.numpy())
         self.metrics.log(metrics, self.step)
         self.metrics.flush()
-        self._print(f"step {self.step}: eval MLM loss {loss:.4f}, perplexity {metrics['eval/perplexity']:.2f}")
+        per_corpus = "".join(f", {s.name} {metrics[f'eval/{s.name}/mlm_loss']:.4f}"
+                             for s in self.data.corpora if self.data.mixed)
+        self._print(f"step {self.step}: eval MLM loss {metrics['eval/mlm_loss']:.4f}{per_corpus}, "
+                    f"perplexity {metrics['eval/perplexity']:.2f}")
         return metrics
 
     def _checkpoint(self) -> None:
         plan = self.plan
         state = {"step": self.step, "samples_consumed": self.step * plan.global_batch_size,
-                 "epoch": self.step // self.shuffle.steps_per_epoch}
+                 "epoch": self.data.epoch_state(self.step)}
         marker = {"batch_plan": {"global_batch_size": plan.global_batch_size, "micro_batch_size": plan.micro_batch_size,
                                  "world_size": plan.world_size, "accumulation": plan.accumulation},
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
@@ -294,7 +291,7 @@ class Pretrainer:
             "train/loss_scale": float(scale) if scale is not None else None,
             "train/tokens_per_s": tokens_per_s, "train/samples_per_s": samples_per_s,
             "train/mfu": mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.plan.world_size),
-            "train/epoch": self.step / self.shuffle.steps_per_epoch,
+            **self.data.progress(self.step),
         }
         self.metrics.log(metrics, self.step)
         if progress is not None:

@@ -1,0 +1,232 @@
+"""Weighted corpus mixing (Megatron's data blend), and the trainer's one view of its data.
+
+With the weights normalised to shares p_c and cumulative shares P_c (P_0 = 0, P_K = 1), the
+first s steps of global batch B hold
+
+    K_c(s) = ⌊P_c·s·B⌋ − ⌊P_{c−1}·s·B⌋
+
+sequences of corpus c. The counts sum to s·B (the sum telescopes), stay within one sequence of
+p_c·s·B at every step, and are a closed form of the step: a resumed run and every rank compute
+the same batches without replaying history (Megatron's greedy blend needs the whole index built
+up front instead). Step s takes K_c(s+1) − K_c(s) sequences of c, which is never negative when
+p_c·B ≥ 1 (checked in config.py). The arithmetic is exact (`fractions`), so no rounding can
+break the sum at step 10⁶.
+
+Corpus c's k-th draw is position k mod N_c of its epoch ⌊k / N_c⌋ permutation, seeded by (seed,
+c, epoch): a corpus that runs out starts its next epoch on its own, and since the Masker keys a
+mask by (epoch, sequence index) it gets new masks. Sequence indices are global over the corpora
+laid end to end (corpus c's row i is row offset_c + i), so two corpora never share a mask key.
+The B sequences of a step are then shuffled by a permutation seeded by (seed, step), so every
+micro batch (and every rank) sees the mix rather than one corpus.
+
+A single folder (`data.shards` a string) keeps `batches.GlobalShuffle`'s order exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from fractions import Fraction
+from itertools import accumulate
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from pipeline.data.token_cache import TokenCache
+from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, MicroBatchKey, StepOrder, eval_keys, train_loader
+from pipeline.pretrain.config import DataConfig
+from pipeline.pretrain.masking import Masker
+
+_ORDER, _MIX = 1, 2  # RNG salts: a corpus's epoch permutation, a step's shuffle
+
+
+def corpus_shares(weights: list[float]) -> list[Fraction]:
+    """The weights normalised to sum exactly 1.
+
+    Each weight is read as the decimal the user wrote (`repr` of the float), not the binary float:
+    0.7 is 7/10, so a 0.7:0.3 mix gives exactly 2,688 of 3,840 sequences, not 2,687.
+    """
+    exact = [Fraction(repr(float(w))) for w in weights]
+    total = sum(exact)
+    return [w / total for w in exact]
+
+
+class ConcatenatedCaches:
+    """Several corpora's token caches as one row space: row `offsets[c] + i` is corpus c's row i."""
+
+    def __init__(self, caches: list[TokenCache]):
+        self.caches = caches
+        self.offsets = np.cumsum([0] + [len(c) for c in caches])
+        self.fields = {name: _ConcatenatedField(self, name) for name in caches[0].fields}
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def seq_len(self) -> int:
+        return self.caches[0].seq_len
+
+    def corpus_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, rows, side="right") - 1
+
+
+class _ConcatenatedField:
+    """`field[rows]` gathered from each corpus's memory map (rows keep their order)."""
+
+    def __init__(self, owner: ConcatenatedCaches, name: str):
+        self.owner, self.name = owner, name
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        owner = self.owner
+        first = owner.caches[0].fields[self.name]
+        out = np.empty((len(rows),) + first.shape[1:], dtype=first.dtype)
+        corpus = owner.corpus_of(rows)
+        for c in np.unique(corpus):
+            mine = corpus == c
+            out[mine] = owner.caches[c].fields[self.name][rows[mine] - owner.offsets[c]]
+        return out
+
+
+class MixedShuffle(StepOrder):
+    """Step → micro batches drawn from several corpora in proportion to their weights (see the module doc)."""
+
+    def __init__(self, sizes: list[int], weights: list[float], plan: BatchPlan, seed: int):
+        self.sizes = [int(n) for n in sizes]
+        self.offsets = np.cumsum([0] + self.sizes[:-1])
+        self.plan = plan
+        self.seed = seed
+        self._bounds = [Fraction(0), *accumulate(corpus_shares(weights))]  # the last is exactly 1
+        self._orders: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._step, self._batch = -1, (np.empty(0, np.int64), np.empty(0, np.int64))
+
+    def drawn(self, step: int) -> np.ndarray:
+        """Sequences taken from each corpus by the first `step` steps."""
+        n = step * self.plan.global_batch_size
+        return np.diff([b.numerator * n // b.denominator for b in self._bounds]).astype(np.int64)
+
+    def order(self, corpus: int, epoch: int) -> np.ndarray:
+        """Corpus `corpus`'s sequence order in its epoch `epoch`; the last few are kept (one corpus at a time
+        crosses an epoch boundary, and the logs ask about the current ones)."""
+        key = (corpus, epoch)
+        if key not in self._orders:
+            rng = np.random.default_rng([self.seed, _ORDER, corpus, epoch])
+            self._orders[key] = rng.permutation(self.sizes[corpus])
+            while len(self._orders) > 2 * len(self.sizes):
+                self._orders.popitem(last=False)
+        self._orders.move_to_end(key)
+        return self._orders[key]
+
+    def step_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(global row, corpus epoch) of each of step `step`'s sequences, in global-batch order."""
+        if step != self._step:
+            start, end = self.drawn(step), self.drawn(step + 1)
+            rows, epochs = [], []
+            for c, size in enumerate(self.sizes):
+                epoch, position = np.divmod(np.arange(start[c], end[c]), size)
+                local = np.empty_like(position)
+                for e in np.unique(epoch):
+                    now = epoch == e
+                    local[now] = self.order(c, int(e))[position[now]]
+                rows.append(self.offsets[c] + local)
+                epochs.append(epoch)
+            mix = np.random.default_rng([self.seed, _MIX, step]).permutation(self.plan.global_batch_size)
+            self._step, self._batch = step, (np.concatenate(rows)[mix], np.concatenate(epochs)[mix])
+        return self._batch
+
+    def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
+        rows, epochs = self.step_rows(step)
+        mine = slice(micro_index * self.plan.micro_batch_size, (micro_index + 1) * self.plan.micro_batch_size)
+        return MicroBatchKey(epochs[mine], rows[mine])
+
+
+class PretrainData:
+    """The trainer's data: masked train and validation batches, the step order, eval sets and progress.
+
+    One object for a single folder and a mix, so the trainer asks the same questions of both; for a
+    single folder every answer (order, masks, eval set, metric keys) is the one it had before mixing.
+    """
+
+    def __init__(self, data: DataConfig, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
+                 tokenizer_fingerprint: str, with_segments: bool):
+        self.corpora = data.corpora()
+        self.mixed = data.mixed
+        train, val = [], []
+        for source in self.corpora:  # one cache per corpus; seq_len is checked again against the first
+            seq_len = train[0].seq_len if train else None
+            train.append(TokenCache(source.path, "train", cache_dir, seq_len=seq_len,
+                                    tokenizer_fingerprint=tokenizer_fingerprint))
+            val.append(TokenCache(source.path, "val", cache_dir, seq_len=train[0].seq_len,
+                                  tokenizer_fingerprint=tokenizer_fingerprint))
+        self.seq_len = train[0].seq_len
+        self.shares = [float(s) for s in corpus_shares([s.weight for s in self.corpora])]
+        self._train, self._val_sizes = train, [len(v) for v in val]
+        self._prefix: dict[tuple[int, int], np.ndarray] = {}
+        if self.mixed:
+            train_rows, val_rows = ConcatenatedCaches(train), ConcatenatedCaches(val)
+            self.order: StepOrder = MixedShuffle([len(t) for t in train], [s.weight for s in self.corpora], plan, seed)
+        else:
+            train_rows, val_rows = train[0], val[0]
+            self.order = GlobalShuffle(len(train[0]), plan, seed)
+        self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments)
+        self.val_batches = MaskedBatches(val_rows, masker, with_segments=with_segments)
+
+    def loader(self, *, rank: int, start_step: int, end_step: int, num_workers: int) -> DataLoader:
+        return train_loader(self.train_batches, self.order, rank=rank, start_step=start_step, end_step=end_step,
+                            num_workers=num_workers)
+
+    def eval_sets(self, eval_sequences: int, micro_batch_size: int, rank: int,
+                  world_size: int) -> list[list[MicroBatchKey]]:
+        """Per corpus, this rank's fixed validation micro batches (`eval_sequences` of each corpus)."""
+        sets, offset = [], 0
+        for size in self._val_sizes:
+            keys = eval_keys(size, eval_sequences, micro_batch_size, rank, world_size)
+            sets.append([MicroBatchKey(k.epoch, k.indices + offset, k.stream) for k in keys])
+            offset += size
+        return sets
+
+    def eval_metrics(self, totals: np.ndarray) -> dict[str, float]:
+        """Metrics from per-corpus (loss × masked tokens, masked tokens) sums over all ranks.
+
+        `eval/mlm_loss` of a mix weighs each corpus's loss by its share: the loss on the training mix,
+        whatever the sizes of the validation splits.
+        """
+        losses = totals[:, 0] / np.maximum(totals[:, 1], 1)
+        loss = float(np.dot(self.shares, losses)) if self.mixed else float(losses[0])
+        metrics = {"eval/mlm_loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
+        if self.mixed:
+            metrics.update({f"eval/{s.name}/mlm_loss": float(v) for s, v in zip(self.corpora, losses, strict=True)})
+        return metrics
+
+    def progress(self, step: int) -> dict[str, float]:
+        """How far training is through the data after `step` steps, for the step logs."""
+        if not self.mixed:
+            return {"train/epoch": step / self.order.steps_per_epoch}
+        metrics = {}
+        for c, (source, drawn) in enumerate(zip(self.corpora, self.order.drawn(step), strict=True)):
+            metrics[f"data/{source.name}/epoch"] = float(drawn / len(self._train[c]))
+            metrics[f"data/{source.name}/tokens"] = self._tokens(c, int(drawn))
+        return metrics
+
+    def epoch_state(self, step: int) -> int | dict[str, int]:
+        """The epoch for the checkpoint's train state: one number, or one per corpus of a mix."""
+        if not self.mixed:
+            return step // self.order.steps_per_epoch
+        return {s.name: int(d // len(t)) for s, d, t in zip(self.corpora, self.order.drawn(step), self._train,
+                                                            strict=True)}
+
+    def _tokens(self, corpus: int, drawn: int) -> int:
+        """Real (unpadded) tokens in corpus `corpus`'s first `drawn` draws: exact, from the epoch's order."""
+        cache = self._train[corpus]
+        if "length" not in cache.fields:  # full packing: every sequence is seq_len real tokens
+            return drawn * cache.seq_len
+        epoch, position = divmod(drawn, len(cache))
+        key = (corpus, epoch)
+        if key not in self._prefix:
+            lengths = np.asarray(cache.fields["length"], dtype=np.int64)
+            self._prefix = {k: v for k, v in self._prefix.items() if k[0] != corpus}  # one epoch per corpus
+            self._prefix[key] = np.concatenate([[0], np.cumsum(lengths[self.order.order(corpus, epoch)])])
+        prefix = self._prefix[key]
+        return int(epoch * prefix[-1] + prefix[position])
