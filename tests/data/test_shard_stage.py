@@ -19,16 +19,17 @@ from transformers import AutoTokenizer
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.shard_index import verify_folder
+from pipeline.data.shard_options import ShardOptions
 from pipeline.data.shard_reader import ShardedDataset
-from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+from pipeline.data.shard_stage import run_shard_stage
 from pipeline.data.tokenize_worker import val_score
 
 
 def shard(corpus, tokenizer, out, **overrides) -> dict:
     settings = dict(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=32, out=str(out), workers=1,
-                    shard_size=50, progress=False)
+                    shard_size=50, quiet=True)
     settings.update(overrides)
-    return run_shard_stage(ShardArgs(**settings))
+    return run_shard_stage(ShardOptions(**settings))
 
 
 def file_digests(folder: Path) -> dict[str, str]:
@@ -81,7 +82,7 @@ def test_validation_split_holds_whole_documents_disjoint_from_training(tmp_path,
 
 
 def test_doc_mode_gives_back_every_document_text(tmp_path, corpus_jsonl, bpe_tokenizer_dir, documents):
-    shard(corpus_jsonl, bpe_tokenizer_dir, tmp_path / "s", pack="doc", seq_len=256)
+    shard(corpus_jsonl, bpe_tokenizer_dir, tmp_path / "s", pack="doc", seq_len=256, val_fraction=0.0)
     assert decode_documents(tmp_path / "s", "train", bpe_tokenizer_dir) == documents
 
 
