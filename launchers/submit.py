@@ -15,6 +15,7 @@ each beat one process per core). Scripts and logs go to `<output folder>/slurm/`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -75,7 +76,7 @@ def finetune_scripts(args) -> tuple[Path, list[str]]:
 
     if not args.model:
         raise PipelineError("finetune: --model is required (an export folder, a checkpoint, or a hub name)")
-    config = load_finetune_config(args.config, args.set)
+    config = load_finetune_config(args.config, args.set, check_files=not args.no_check_files)
     out = config.output_dir.resolve()
     extra = [f"--model {shlex.quote(str(args.model))}", sets(args.set)]
     if args.seeds:
@@ -90,31 +91,20 @@ def finetune_scripts(args) -> tuple[Path, list[str]]:
 
 def shard_scripts(args) -> tuple[Path, list[str]]:
     """The shard config is the flags of data_prep/shard.py as JSON keys, e.g. {"input": [...], "seq_len": 512}."""
+    from pipeline.common.cli_options import config_argv, options_from_config
     from pipeline.common.config_tree import apply_overrides, read_json_config
-
-    sys.path.insert(0, str(ROOT / "data_prep"))
-    from shard import build_parser
+    from pipeline.data.shard_options import ShardOptions
 
     data = apply_overrides(read_json_config(args.config), args.set)
-    known = {a.dest: a for a in build_parser()._actions if a.option_strings}
-    unknown = sorted(set(data) - set(known) | ({"rank", "world_size", "combine"} & set(data)))
-    if unknown:
-        raise PipelineError(f"config {args.config}: not shard.py options here: {', '.join(unknown)} "
-                            f"(known: {', '.join(sorted(set(known) - {'help', 'rank', 'world_size', 'combine'}))})")
-    if "out" not in data or "input" not in data:
-        raise PipelineError(f"config {args.config}: needs at least \"input\" and \"out\"")
-    flags = []
-    for key, value in data.items():
-        flag = known[key].option_strings[-1]
-        if isinstance(value, bool):
-            flags += [flag] if value else []
-        elif isinstance(value, list):
-            flags += [flag, *map(str, value)]
-        else:
-            flags += [flag, str(value)]
-    out = Path(data["out"]).resolve()
+    # Each array task gets its own --rank and --world-size from the sbatch script.
+    options = options_from_config(ShardOptions, data, args.config, exclude=("rank", "world_size"))
+    options = dataclasses.replace(options, rank=0, world_size=args.parts)
+    if problems := options.problems():
+        raise PipelineError(f"config {args.config}: " + "; ".join(problems))
+    out = Path(options.out).resolve()
     values = common_values(args, args.job_name or f"shard-{out.name}", out.parent / f"{out.name}-slurm")
-    values.update(parts=args.parts, last_part=args.parts - 1, flags=shlex.join(flags), out=shlex.quote(str(out)))
+    values.update(parts=args.parts, last_part=args.parts - 1, flags=shlex.join(config_argv(ShardOptions, data)),
+                  out=shlex.quote(str(out)))
     return out.parent / f"{out.name}-slurm", [render("shard.sbatch", values), render("shard_combine.sbatch", values)]
 
 
@@ -148,7 +138,7 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", default=None, help="finetune: comma-separated seeds")
     p.add_argument("--from-scratch", action="store_true", help="finetune: the no-pretraining baseline")
     p.add_argument("--job-name", default=None)
-    p.add_argument("--no-check-files", action="store_true", help="pretrain: skip checking data paths here")
+    p.add_argument("--no-check-files", action="store_true", help="pretrain, finetune: skip checking data paths here")
     p.add_argument("--dry-run", action="store_true", help="print the script(s) instead of submitting")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.gpus_per_node < 0 or args.parts < 1:

@@ -17,11 +17,14 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import json
 import textwrap
 import types
 import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, TypeVar
+
+from pipeline.common.errors import PipelineError
 
 T = TypeVar("T")
 
@@ -151,6 +154,37 @@ def options_from_namespace(cls: type[T], namespace: argparse.Namespace, parser: 
             value = tuple(value)
         values[option.field] = value
     return cls(**values)
+
+
+def options_from_config(cls: type[T], data: dict[str, Any], source: str, *, exclude: tuple[str, ...] = ()) -> T:
+    """Build `cls` from a JSON job config whose keys are the flags' (`seq_len` for `--seq-len`).
+
+    The values go through the same parser as the command line, so a config is checked exactly as
+    the job's own command line will be. Options in `exclude` are set by the job itself.
+    """
+    known = {o.key: o for o in cli_options(cls) if o.field not in exclude}
+    problems = [f"{key}: not an option here (known: {', '.join(known)})" for key in data if key not in known]
+    problems += [f"{o.key}: required" for o in known.values() if o.required and o.key not in data]
+    problems += [f"{key}: expected true or false, got {json.dumps(value)}" for key, value in data.items()
+                 if key in known and known[key].is_switch and not isinstance(value, bool)]
+    if problems:
+        raise PipelineError(f"config {source}: " + "; ".join(problems))
+    argv = config_argv(cls, data)
+    parser = argparse.ArgumentParser(prog=source, exit_on_error=False)
+    add_options(parser, cls)
+    try:
+        namespace, extra = parser.parse_known_args(argv)
+    except argparse.ArgumentError as err:
+        raise PipelineError(f"config {source}: {err}") from None
+    if extra:
+        raise PipelineError(f"config {source}: a list where one value was expected ({' '.join(extra)})")
+    return options_from_namespace(cls, namespace, parser)
+
+
+def config_argv(cls: type, data: dict[str, Any]) -> list[str]:
+    """The command-line words for a job config (keys as in `options_from_config`)."""
+    known = {o.key: o for o in cli_options(cls)}
+    return [word for key, value in data.items() for word in known[key].to_argv(value)]
 
 
 def _help_text(option: CliOption) -> str:

@@ -58,17 +58,19 @@ class FinetuneConfig:
         return Path(self.train.output_dir)
 
 
-def load_finetune_config(path: str | Path, overrides: list[str] = ()) -> FinetuneConfig:
+def load_finetune_config(path: str | Path, overrides: list[str] = (), *, check_files: bool = True) -> FinetuneConfig:
+    """Read, override and validate a fine-tuning config; `check_files=False` skips checking that its data exists."""
     data = apply_overrides(read_json_config(path), list(overrides))
     source = str(path) + (" (with --set overrides)" if overrides else "")
     config, problems = build_config(FinetuneConfig, data)
-    problems += finetune_problems(config)
+    problems += finetune_problems(config, check_files=check_files)
     if problems:
         raise ConfigError(source, problems)
     return config
 
 
-def finetune_problems(c: FinetuneConfig) -> list[str]:
+def finetune_problems(c: FinetuneConfig, *, check_files: bool = True) -> list[str]:
+    """Every problem with the config's types, keys and cross-field rules; with `check_files`, missing data too."""
     problems = []
     add = problems.append
     d, t = c.data, c.train
@@ -79,14 +81,14 @@ def finetune_problems(c: FinetuneConfig) -> list[str]:
             add(f"task: {c.task!r} is not a GLUE task ({', '.join(GLUE_TASKS)}) or 'custom'")
         if not d.glue_dir and not d.use_datasets:
             add("data.glue_dir: required for a GLUE task (or set data.use_datasets=true)")
-        elif d.glue_dir and not Path(d.glue_dir).is_dir():
+        elif check_files and d.glue_dir and not Path(d.glue_dir).is_dir():
             add(f"data.glue_dir: {d.glue_dir} is not a folder")
     else:
         for name in ("train_file", "validation_file"):
             value = getattr(d, name)
             if not value:
                 add(f"data.{name}: required for a custom task")
-            elif not Path(value).is_file():
+            elif check_files and not Path(value).is_file():
                 add(f"data.{name}: {value} does not exist")
         if not 1 <= len(d.text_fields) <= 2:
             add(f"data.text_fields: a custom task needs 1 or 2 text columns, got {d.text_fields}")
