@@ -286,7 +286,9 @@ def data_problems(config: PretrainConfig) -> list[str]:
         problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
                         f"(train.global_batch_size {config.train.global_batch_size})")
     if index["splits"]["val"]["sequences"] == 0:
-        problems.append(f"data.shards: {config.data.shards} has no validation sequences; re-run shard.py "
-                        "with --val-fraction > 0")
+        held_out = index["totals"].get("val_documents", 0)
+        problems.append(f"data.shards: {config.data.shards} has no validation sequences ({held_out} documents held "
+                        f"out with --val-fraction {index['args'].get('val_fraction')}); re-run data_prep/shard.py "
+                        "with a larger --val-fraction (and --overwrite), or on more text")
     return problems
 

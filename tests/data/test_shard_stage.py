@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from helpers import PYTHON, ROOT, make_documents, run_script, write_jsonl
+from helpers import PYTHON, ROOT, make_documents, run_script, tiny_pretrain_config, write_jsonl
 from transformers import AutoTokenizer
 
 from pipeline.common.errors import PipelineError
@@ -192,6 +192,37 @@ def test_ranks_write_parts_and_the_last_one_combines_the_index(tmp_path, corpus_
     assert verify_folder(out) == []
     combined = run_script("data_prep/shard.py", "--combine", "--world-size", "2", "--out", out, check=True)
     assert f"{len(documents):,}" in combined.stdout
+
+
+def test_shards_made_with_default_options_are_accepted_by_pretraining(tmp_path, corpus_jsonl, bpe_tokenizer_dir):
+    from pipeline.pretrain.config import load_pretrain_config
+
+    proc = run_script("data_prep/shard.py", "--input", corpus_jsonl, "--tokenizer", bpe_tokenizer_dir, "--seq-len", 64,
+                      "--out", tmp_path / "s", "--workers", 1, check=True)  # no --val-fraction: 5% held out
+    assert "warning" not in proc.stdout
+    index = json.loads((tmp_path / "s" / "index.json").read_text())
+    assert index["args"]["val_fraction"] == 0.05 and index["splits"]["val"]["sequences"] > 0
+    config = tmp_path / "pretrain.json"
+    config.write_text(json.dumps(tiny_pretrain_config(tmp_path / "s", bpe_tokenizer_dir, tmp_path / "run")))
+    load_pretrain_config(config, check_files=True)
+
+
+def test_a_corpus_too_small_for_a_validation_split_is_warned_about_and_pretraining_names_the_fix(
+        tmp_path, bpe_tokenizer_dir):
+    from pipeline.common.config_tree import ConfigError
+    from pipeline.pretrain.config import load_pretrain_config
+
+    corpus = write_jsonl(tmp_path / "small.jsonl", make_documents(12, seed=5))
+    proc = run_script("data_prep/shard.py", "--input", corpus, "--tokenizer", bpe_tokenizer_dir, "--seq-len", 16,
+                      "--out", tmp_path / "s", "--workers", 1, check=True)
+    assert "warning: --val-fraction 0.05 gave no validation sequence" in proc.stdout
+    assert "rerun with a larger --val-fraction" in proc.stdout
+    config = tmp_path / "pretrain.json"
+    config.write_text(json.dumps(tiny_pretrain_config(tmp_path / "s", bpe_tokenizer_dir, tmp_path / "run",
+                                                      train={"global_batch_size": 4, "micro_batch_size": 4})))
+    with pytest.raises(ConfigError, match=r"no validation sequences .*--val-fraction 0.05\); re-run "
+                                          r"data_prep/shard.py with a larger --val-fraction"):
+        load_pretrain_config(config, check_files=True)
 
 
 def test_verify_and_reader_name_a_corrupted_or_truncated_shard(tmp_path, corpus_jsonl, bpe_tokenizer_dir):
