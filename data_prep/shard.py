@@ -23,7 +23,7 @@ from pipeline.common.cli_options import add_options, options_from_namespace
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 from pipeline.data.shard_index import combine_parts
 from pipeline.data.shard_options import ShardOptions
-from pipeline.data.shard_stage import run_shard_stage
+from pipeline.data.shard_stage import run_hash_pass, run_shard_stage
 from pipeline.data.stage_report import format_summary
 
 
@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(parser, ShardOptions)
     # A mode of this script, not an option of the stage: it only needs --out and --world-size.
     parser.add_argument("--combine", action="store_true", help="only combine finished parts into index.json")
+    parser.add_argument("--dedup-hashes-only", action="store_true",
+                        help="with --dedup exact: only hash this rank's records (the first pass of an array job)")
     return parser
 
 
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
         print(format_summary(index))
         return
     options = options_from_namespace(ShardOptions, a, parser)
+    if a.dedup_hashes_only:
+        print(f"wrote {run_hash_pass(options)}", file=sys.stderr)
+        return
     result = run_shard_stage(options)
     if not options.quiet:
         part = f"part {options.rank} of {options.world_size}"

@@ -5,7 +5,8 @@
     python launchers/submit.py finetune --config configs/glue/sst2.json --model runs/x/export [--seeds 1,2,3]
     python launchers/submit.py shard --config configs/shard/example.json --parts 16
 
-Prints the job id (for `shard`: the array job's, then the combine job's). `--dry-run` prints the
+Prints the job id (for `shard`: the array job's, then the combine job's; with `"dedup": "exact"`
+a hashing array job comes first). `--dry-run` prints the
 rendered script(s) instead. The config is validated before anything is submitted. On nodes
 without GPUs (`--gpus-per-node 0`) each node runs `--procs-per-node` CPU processes (default 2,
 each with an equal share of the node's cores: with gloo, a few processes with several threads
@@ -105,7 +106,10 @@ def shard_scripts(args) -> tuple[Path, list[str]]:
     values = common_values(args, args.job_name or f"shard-{out.name}", out.parent / f"{out.name}-slurm")
     values.update(parts=args.parts, last_part=args.parts - 1, flags=shlex.join(config_argv(ShardOptions, data)),
                   out=shlex.quote(str(out)))
-    return out.parent / f"{out.name}-slurm", [render("shard.sbatch", values), render("shard_combine.sbatch", values)]
+    templates = ["shard.sbatch", "shard_combine.sbatch"]
+    if options.dedup == "exact":  # every rank's hashes first, so that each task reads only its own piece
+        templates.insert(0, "shard_hashes.sbatch")
+    return out.parent / f"{out.name}-slurm", [render(t, values) for t in templates]
 
 
 def sbatch(script: Path, *extra: str) -> str:
@@ -150,15 +154,12 @@ def main(argv=None) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    paths = []
-    for i, text in enumerate(scripts):
-        path = folder / f"{args.job}-{stamp}{'-combine' if i else ''}.sbatch"
+    job = None
+    for i, text in enumerate(scripts):  # each job starts once the one before it succeeded
+        path = folder / f"{args.job}-{stamp}-{i}.sbatch"
         path.write_text(text)
-        paths.append(path)
-    job = sbatch(paths[0])
-    print(job)
-    if len(paths) > 1:
-        print(sbatch(paths[1], f"--dependency=afterok:{job}"))
+        job = sbatch(path, *([f"--dependency=afterok:{job}"] if job else []))
+        print(job)
 
 
 if __name__ == "__main__":

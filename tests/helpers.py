@@ -55,3 +55,14 @@ def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sect
     for section, values in sections.items():
         config.setdefault(section, {}).update(values)
     return config
+
+
+def decode_documents(folder: Path, split: str, tokenizer_dir: Path) -> list[str]:
+    """Texts of a doc-packed shard split, one per document (sequences never cross documents)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.data.shard_reader import ShardedDataset
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ds = ShardedDataset(folder, split)
+    return [tok.decode(ds[i]["input_ids"][1: ds[i]["length"] - 1]) for i in range(len(ds))]

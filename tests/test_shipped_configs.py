@@ -21,7 +21,7 @@ CONFIGS = ROOT / "configs"
 def load_pretrain(path: Path) -> None:
     from pipeline.pretrain.config import load_pretrain_config
 
-    load_pretrain_config(path, check_files=False)
+    load_pretrain_config(path, cuda=True, check_files=False)  # the big presets are GPU configs
 
 
 def load_finetune(path: Path) -> None:

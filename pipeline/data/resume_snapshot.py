@@ -25,7 +25,7 @@ class StageState:
     """Everything that changes while a part is written; what a resume snapshot restores."""
 
     position: int = 0
-    """Index of the next record batch to read (counting every rank's batches)."""
+    """Index of the next record batch of this rank's input pieces to read."""
     counts: Counter = field(default_factory=Counter)
     """Skipped or repaired records by reason."""
     examples: list[str] = field(default_factory=list)

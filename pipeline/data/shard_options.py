@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pipeline.data.corpus import DEFAULT_MAX_DOC_BYTES, CorpusOptions
 from pipeline.data.packers import PackMode
@@ -57,6 +57,9 @@ class ShardOptions:
     """This process's part of the input, from 0 to world size - 1."""
     world_size: int = 1
     """Number of independent processes (parts)."""
+    dedup: Literal["none", "exact"] = "none"
+    """exact: drop documents whose normalised text (NFKC, case-folded, whitespace collapsed) came earlier, across
+    all inputs and ranks."""
     overwrite: bool = False
     """Replace shards made with other arguments."""
     strict: bool = False
@@ -71,6 +74,8 @@ class ShardOptions:
     def problems(self) -> list[str]:
         """Every invalid option, so they can be reported together."""
         found = []
+        if self.dedup not in ("none", "exact"):
+            found.append(f"--dedup {self.dedup!r}: expected none or exact")
         if self.pack not in ("full", "doc", "pairs"):
             found.append(f"--pack {self.pack!r}: expected full, doc or pairs")
         if self.seq_len < 8:
@@ -89,6 +94,11 @@ class ShardOptions:
             found.append(f"--compression-level {self.compression_level}: zstd levels are 1 to 22")
         return found
 
+    def reading_key(self) -> dict:
+        """What fixes the records each rank reads (for files kept across runs, such as dedup hashes)."""
+        return {"inputs": list(self.inputs), "world_size": self.world_size,
+                **dataclasses.asdict(self.corpus_options())}
+
     def corpus_options(self) -> CorpusOptions:
         return CorpusOptions(self.text_field, self.one_doc_per_line, self.max_doc_bytes,
                              self.hf_config, self.hf_split)
@@ -96,6 +106,8 @@ class ShardOptions:
     def identity(self, tokenizer: TokenizerInfo) -> dict:
         """What determines the output: every option but those in RUN_ONLY."""
         values = {k: v for k, v in dataclasses.asdict(self).items() if k not in RUN_ONLY}
+        if self.dedup == "none":  # not a key of folders made before the option existed, which stay resumable
+            del values["dedup"]
         values["inputs"] = list(self.inputs)
         values["tokenizer_fingerprint"] = tokenizer.fingerprint
         values["format_version"] = FORMAT_VERSION

@@ -60,6 +60,9 @@ def format_summary(result: dict) -> str:
         f"time             {seconds:>14.1f} s  "
         f"({stats.get('document_tokens', 0) / max(seconds, 1e-9) / 1e6:.2f}M tokens/s)",
     ]
+    if "duplicates" in stats:
+        lines.insert(3, f"duplicates       {stats['duplicates']['documents']:>14,}  documents dropped "
+                        f"(--dedup exact), {stats['duplicates']['tokens']:,} tokens")
     if "splits" in result and (warning := validation_warning(result)):
         lines.append(warning)
     return "\n".join(lines)

@@ -99,14 +99,15 @@ def test_shard_py_keeps_every_flag_name_and_default(monkeypatch):
     assert flags_of(parser) == {
         "--input", "--tokenizer", "--seq-len", "--out", "--pack", "--workers", "--val-fraction", "--shard-size",
         "--text-field", "--one-doc-per-line", "--max-doc-bytes", "--hf-config", "--hf-split", "--rank",
-        "--world-size", "--seed", "--compression-level", "--overwrite", "--strict", "--combine", "--quiet"}
+        "--world-size", "--seed", "--compression-level", "--overwrite", "--strict", "--combine", "--quiet",
+        "--dedup", "--dedup-hashes-only"}
     a = parser.parse_args(["--input", "a.jsonl", "b.txt", "--tokenizer", "tok", "--seq-len", "32", "--out", "s"])
     options = options_from_namespace(ShardOptions, a, parser)
     assert options == ShardOptions(inputs=("a.jsonl", "b.txt"), tokenizer="tok", seq_len=32, out="s", pack="full",
                                    workers=os.cpu_count() or 1, val_fraction=0.05, shard_size=8192,
                                    text_field="text", one_doc_per_line=False, max_doc_bytes=10_000_000,
                                    hf_config=None, hf_split="train", rank=0, world_size=1, overwrite=False,
-                                   strict=False, seed=0, compression_level=3, quiet=False)
+                                   strict=False, seed=0, compression_level=3, quiet=False, dedup="none")
     assert a.combine is False
 
 

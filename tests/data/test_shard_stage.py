@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from helpers import PYTHON, ROOT, make_documents, run_script, tiny_pretrain_config, write_jsonl
+from helpers import PYTHON, ROOT, decode_documents, make_documents, run_script, tiny_pretrain_config, write_jsonl
 from transformers import AutoTokenizer
 
 from pipeline.common.errors import PipelineError
@@ -35,13 +35,6 @@ def shard(corpus, tokenizer, out, **overrides) -> dict:
 def file_digests(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*.zst")) if "parts" not in p.parts}
-
-
-def decode_documents(folder: Path, split: str, tokenizer_dir: Path) -> list[str]:
-    """Texts of a doc-packed split, one per document (sequences never cross documents)."""
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    ds = ShardedDataset(folder, split)
-    return [tok.decode(ds[i]["input_ids"][1: ds[i]["length"] - 1]) for i in range(len(ds))]
 
 
 def test_index_is_complete_and_reader_gives_back_the_sequences(tmp_path, corpus_jsonl, bpe_tokenizer_dir, documents):
@@ -192,6 +185,31 @@ def test_ranks_write_parts_and_the_last_one_combines_the_index(tmp_path, corpus_
     assert verify_folder(out) == []
     combined = run_script("data_prep/shard.py", "--combine", "--world-size", "2", "--out", out, check=True)
     assert f"{len(documents):,}" in combined.stdout
+
+
+def test_each_rank_reads_only_its_byte_range_and_reruns_are_byte_identical(tmp_path, bpe_tokenizer_dir):
+    corpus = write_jsonl(tmp_path / "c.jsonl", make_documents(3000, seed=11))
+    whole = shard(corpus, bpe_tokenizer_dir, tmp_path / "one", pack="doc", seq_len=256)
+    for run in ("a", "b"):
+        for rank in (2, 0, 1):
+            index = shard(corpus, bpe_tokenizer_dir, tmp_path / run, rank=rank, world_size=3, pack="doc", seq_len=256)
+    assert file_digests(tmp_path / "a") == file_digests(tmp_path / "b")
+    assert index["totals"]["documents"] == whole["totals"]["documents"] == 3000
+    assert index["totals"]["document_tokens"] == whole["totals"]["document_tokens"]
+    size = corpus.stat().st_size
+    assert whole["parts"][0]["input_bytes_read"] == size
+    for part in index["parts"]:
+        assert part["input_bytes_read"] <= size / 3 + 64 * 1024  # its third, and at most a read buffer more
+    ranges = sorted((p["start"], p["stop"]) for part in json_parts(tmp_path / "a") for p in part["inputs"])
+    assert [r for pair in ranges for r in pair] == [0, *[r[1] for r in ranges[:-1] for _ in (0, 1)], size]
+    # Rank-local text, whole documents: decoding every rank's shards gives back every document once.
+    texts = sorted(decode_documents(tmp_path / "a", "train", bpe_tokenizer_dir)
+                   + decode_documents(tmp_path / "a", "val", bpe_tokenizer_dir))
+    assert texts == sorted(make_documents(3000, seed=11))
+
+
+def json_parts(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((folder / "parts").glob("part*.json"))]
 
 
 def test_shards_made_with_default_options_are_accepted_by_pretraining(tmp_path, corpus_jsonl, bpe_tokenizer_dir):

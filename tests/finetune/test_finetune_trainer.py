@@ -70,6 +70,7 @@ def two_process_run(keyword_task):
     return json.loads((root / "ft" / "metrics.json").read_text())
 
 
+@pytest.mark.slow  # accelerate launch of 2 processes
 def test_learns_an_easy_task_to_high_accuracy_on_two_processes(two_process_run, keyword_task):
     report = two_process_run
     assert report["accuracy"] >= 0.95 and report["seeds"] == [1, 2]
@@ -83,6 +84,7 @@ def test_learns_an_easy_task_to_high_accuracy_on_two_processes(two_process_run, 
     assert (seed_dir / "confusion_dev.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # accelerate launch of 2 processes
 def test_mlflow_runs_link_to_the_pretraining_run_and_compare_joins_them(two_process_run, keyword_task, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -107,6 +109,7 @@ def test_mlflow_runs_link_to_the_pretraining_run_and_compare_joins_them(two_proc
     assert (tmp_path / "plots" / "finetune_train_loss.png").exists()
 
 
+@pytest.mark.slow  # three launches of the fine-tuning CLI, on the module's model fixture
 def test_bad_inputs_stop_with_a_clear_error(keyword_task, tmp_path):
     root = keyword_task["root"]
     proc = run_script("launchers/finetune.py", "--config", root / "config.json", "--model", tmp_path / "nope")

@@ -131,6 +131,12 @@ def test_slurm_dry_run_of_a_shard_config_renders_its_flags_and_checks_them(tmp_p
                  "--val-fraction 0.1 --one-doc-per-line --shard-size 50",
                  '--rank "$SLURM_ARRAY_TASK_ID" --world-size 3', "--combine --world-size 3", "verify_shards.py"):
         assert line in proc.stdout, line
+    dedup = run_script("launchers/submit.py", "shard", "--config", config, "--parts", 3, "--dry-run",
+                       "--set", "dedup=exact")
+    assert dedup.returncode == 0, dedup.stderr
+    hashes, array = dedup.stdout.split("#!/usr/bin/env bash")[1:3]
+    assert "--dedup exact" in hashes and "--dedup-hashes-only" in hashes and "#SBATCH --array=0-2" in hashes
+    assert "--dedup exact" in array and "--dedup-hashes-only" not in array
     config.write_text(json.dumps({"input": ["a.jsonl"], "tokenizer": "tok", "seq_len": 4, "out": "s", "rank": 1}))
     bad = run_script("launchers/submit.py", "shard", "--config", config, "--dry-run")
     assert bad.returncode == 2 and "rank: not an option here" in bad.stderr
