@@ -1,10 +1,11 @@
-"""Read a corpus: find its files, check them up front, and stream raw records in a fixed order.
+"""Read a corpus: find its files, check them up front, and batch raw records in a fixed order.
 
 Inputs are `.txt`, `.jsonl` and `.parquet` files (each optionally `.zst` or `.gz`), folders,
 globs, and `hf:NAME` for a `datasets` dataset read in streaming mode. The reader hands out *raw*
-records (undecoded bytes for text formats) in small batches: decoding, JSON parsing and
-tokenizing happen in worker processes, so the reading process stays cheap and the order of
-records, and hence the output, is the same whatever the number of workers.
+records (undecoded bytes for text formats; see `pipeline.data.record_reader`) in small batches:
+decoding (`decode_record`), JSON parsing and tokenizing happen in worker processes, so the
+reading process stays cheap and the order of records, and hence the output, is the same
+whatever the number of workers.
 """
 
 from __future__ import annotations
