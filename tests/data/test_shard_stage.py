@@ -145,10 +145,14 @@ def test_a_folder_with_other_files_is_not_written_into(tmp_path, corpus_jsonl, b
 
 
 @pytest.mark.slow
-def test_restart_after_kill_carries_on_and_gives_identical_bytes(tmp_path, bpe_tokenizer_dir):
+@pytest.mark.parametrize("world_size", [1, 2], ids=["one-process", "rank-0-of-2-reading-a-byte-range"])
+def test_restart_after_kill_carries_on_and_gives_identical_bytes(tmp_path, bpe_tokenizer_dir, world_size):
     corpus = write_jsonl(tmp_path / "big.jsonl", make_documents(6000, seed=7))
     common = ["--input", corpus, "--tokenizer", bpe_tokenizer_dir, "--seq-len", "32", "--shard-size", "20",
-              "--workers", "1", "--val-fraction", "0.1", "--quiet"]
+              "--workers", "1", "--val-fraction", "0.1", "--world-size", world_size, "--rank", "0", "--quiet"]
+    for folder in ("whole", "killed"):  # the other rank, if any, runs undisturbed
+        for rank in range(1, world_size):
+            run_script("data_prep/shard.py", *common, "--rank", rank, "--out", tmp_path / folder, check=True)
     run_script("data_prep/shard.py", *common, "--out", tmp_path / "whole", check=True)
 
     out = tmp_path / "killed"
