@@ -49,7 +49,8 @@ def main() -> None:
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
     from pipeline.data.default_corpus import write_embedded_corpus
-    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, train_tokenizer
     from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
@@ -63,8 +64,8 @@ def main() -> None:
         write_embedded_corpus(corpus)
         texts = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
         train_tokenizer(texts, "bpe", 8000, tmp / "tok", model_max_length=args.seq_len)
-        run_shard_stage(ShardArgs(inputs=(str(corpus),), tokenizer=str(tmp / "tok"), seq_len=args.seq_len,
-                                  out=str(tmp / "shards"), workers=2, progress=False))
+        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tmp / "tok"), seq_len=args.seq_len,
+                                     out=str(tmp / "shards"), workers=2, val_fraction=0.0, quiet=True))
         tokenizer = AutoTokenizer.from_pretrained(tmp / "tok")
         info = describe_tokenizer(tokenizer)
         cache = TokenCache(tmp / "shards", "train", tmp / "cache")

@@ -158,8 +158,9 @@ def main() -> None:
         results["bare encode_batch"] = (bare["seconds"], peak)
 
         def shard_cmd(inputs: str, out: Path) -> list[str]:
+            # No validation split, as when the README's figures were measured (hashing is not the point here).
             return [py, "data_prep/shard.py", "--input", inputs, "--tokenizer", tokenizer, "--seq-len",
-                    str(a.seq_len), "--workers", str(a.workers), "--quiet", "--out", str(out)]
+                    str(a.seq_len), "--workers", str(a.workers), "--val-fraction", "0", "--quiet", "--out", str(out)]
 
         t, peak = peak_rss_of(shard_cmd(corpus, work / "shards"))[:2]
         results["shard.py (end to end)"] = (t, peak)

@@ -111,7 +111,8 @@ def main() -> None:
 
     from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
     from pipeline.data.default_corpus import write_embedded_corpus
-    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
     from pipeline.pretrain.flops import training_flops_per_token
 
@@ -132,8 +133,8 @@ def main() -> None:
         tok = tmp / "tokenizer"
         train_tokenizer(texts, "bpe", 50_265, tok, model_max_length=a.seq_len)
         shards = tmp / "shards"
-        run_shard_stage(ShardArgs(inputs=(str(corpus),), tokenizer=str(tok), seq_len=a.seq_len, out=str(shards),
-                                  val_fraction=0.01, workers=a.threads, progress=False))
+        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tok), seq_len=a.seq_len, out=str(shards),
+                                     val_fraction=0.01, workers=a.threads, quiet=True))
         vocab = json.loads((shards / "index.json").read_text())["tokenizer"]["vocab_size"]
 
         ours_steps = ours(shards, tok, a.steps, a.batch, tmp / "ours", env)

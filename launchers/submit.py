@@ -5,7 +5,8 @@
     python launchers/submit.py finetune --config configs/glue/sst2.json --model runs/x/export [--seeds 1,2,3]
     python launchers/submit.py shard --config configs/shard/example.json --parts 16
 
-Prints the job id (for `shard`: the array job's, then the combine job's). `--dry-run` prints the
+Prints the job id (for `shard`: the array job's, then the combine job's; with `"dedup": "exact"`
+a hashing array job comes first). `--dry-run` prints the
 rendered script(s) instead. The config is validated before anything is submitted. On nodes
 without GPUs (`--gpus-per-node 0`) each node runs `--procs-per-node` CPU processes (default 2,
 each with an equal share of the node's cores: with gloo, a few processes with several threads
@@ -15,6 +16,7 @@ each beat one process per core). Scripts and logs go to `<output folder>/slurm/`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -75,7 +77,8 @@ def finetune_scripts(args) -> tuple[Path, list[str]]:
 
     if not args.model:
         raise PipelineError("finetune: --model is required (an export folder, a checkpoint, or a hub name)")
-    config = load_finetune_config(args.config, args.set, world_size=procs_per_node(args))  # one node
+    config = load_finetune_config(args.config, args.set, world_size=procs_per_node(args),  # one node
+                                  check_files=not args.no_check_files)
     out = config.output_dir.resolve()
     extra = [f"--model {shlex.quote(str(args.model))}", sets(args.set)]
     if args.seeds:
@@ -90,32 +93,24 @@ def finetune_scripts(args) -> tuple[Path, list[str]]:
 
 def shard_scripts(args) -> tuple[Path, list[str]]:
     """The shard config is the flags of data_prep/shard.py as JSON keys, e.g. {"input": [...], "seq_len": 512}."""
+    from pipeline.common.cli_options import config_argv, options_from_config
     from pipeline.common.config_tree import apply_overrides, read_json_config
-
-    sys.path.insert(0, str(ROOT / "data_prep"))
-    from shard import build_parser
+    from pipeline.data.shard_options import ShardOptions
 
     data = apply_overrides(read_json_config(args.config), args.set)
-    known = {a.dest: a for a in build_parser()._actions if a.option_strings}
-    unknown = sorted(set(data) - set(known) | ({"rank", "world_size", "combine"} & set(data)))
-    if unknown:
-        raise PipelineError(f"config {args.config}: not shard.py options here: {', '.join(unknown)} "
-                            f"(known: {', '.join(sorted(set(known) - {'help', 'rank', 'world_size', 'combine'}))})")
-    if "out" not in data or "input" not in data:
-        raise PipelineError(f"config {args.config}: needs at least \"input\" and \"out\"")
-    flags = []
-    for key, value in data.items():
-        flag = known[key].option_strings[-1]
-        if isinstance(value, bool):
-            flags += [flag] if value else []
-        elif isinstance(value, list):
-            flags += [flag, *map(str, value)]
-        else:
-            flags += [flag, str(value)]
-    out = Path(data["out"]).resolve()
+    # Each array task gets its own --rank and --world-size from the sbatch script.
+    options = options_from_config(ShardOptions, data, args.config, exclude=("rank", "world_size"))
+    options = dataclasses.replace(options, rank=0, world_size=args.parts)
+    if problems := options.problems():
+        raise PipelineError(f"config {args.config}: " + "; ".join(problems))
+    out = Path(options.out).resolve()
     values = common_values(args, args.job_name or f"shard-{out.name}", out.parent / f"{out.name}-slurm")
-    values.update(parts=args.parts, last_part=args.parts - 1, flags=shlex.join(flags), out=shlex.quote(str(out)))
-    return out.parent / f"{out.name}-slurm", [render("shard.sbatch", values), render("shard_combine.sbatch", values)]
+    values.update(parts=args.parts, last_part=args.parts - 1, flags=shlex.join(config_argv(ShardOptions, data)),
+                  out=shlex.quote(str(out)))
+    templates = ["shard.sbatch", "shard_combine.sbatch"]
+    if options.dedup == "exact":  # every rank's hashes first, so that each task reads only its own piece
+        templates.insert(0, "shard_hashes.sbatch")
+    return out.parent / f"{out.name}-slurm", [render(t, values) for t in templates]
 
 
 def sbatch(script: Path, *extra: str) -> str:
@@ -148,7 +143,7 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", default=None, help="finetune: comma-separated seeds")
     p.add_argument("--from-scratch", action="store_true", help="finetune: the no-pretraining baseline")
     p.add_argument("--job-name", default=None)
-    p.add_argument("--no-check-files", action="store_true", help="pretrain: skip checking data paths here")
+    p.add_argument("--no-check-files", action="store_true", help="pretrain, finetune: skip checking data paths here")
     p.add_argument("--dry-run", action="store_true", help="print the script(s) instead of submitting")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.gpus_per_node < 0 or args.parts < 1:
@@ -160,15 +155,12 @@ def main(argv=None) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    paths = []
-    for i, text in enumerate(scripts):
-        path = folder / f"{args.job}-{stamp}{'-combine' if i else ''}.sbatch"
+    job = None
+    for i, text in enumerate(scripts):  # each job starts once the one before it succeeded
+        path = folder / f"{args.job}-{stamp}-{i}.sbatch"
         path.write_text(text)
-        paths.append(path)
-    job = sbatch(paths[0])
-    print(job)
-    if len(paths) > 1:
-        print(sbatch(paths[1], f"--dependency=afterok:{job}"))
+        job = sbatch(path, *([f"--dependency=afterok:{job}"] if job else []))
+        print(job)
 
 
 if __name__ == "__main__":

@@ -39,21 +39,23 @@ def corpus_jsonl(tmp_path_factory, documents) -> Path:
 @pytest.fixture(scope="session")
 def roberta_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
     """Full-packed 64-token RoBERTa shards with a validation split."""
-    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
 
     out = tmp_path_factory.mktemp("shards") / "roberta"
-    run_shard_stage(ShardArgs(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64, out=str(out),
-                              workers=1, shard_size=100, val_fraction=0.1, progress=False))
+    run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64,
+                                 out=str(out), workers=1, shard_size=100, val_fraction=0.1, quiet=True))
     return out
 
 
 @pytest.fixture(scope="session")
 def pairs_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir) -> Path:
     """BERT segment-pair shards (for MLM + next-sentence prediction)."""
-    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
 
     out = tmp_path_factory.mktemp("shards") / "pairs"
-    run_shard_stage(ShardArgs(inputs=(str(corpus_jsonl),), tokenizer=str(wordpiece_tokenizer_dir), seq_len=64,
-                              out=str(out), workers=1, shard_size=100, val_fraction=0.1, pack="pairs",
-                              progress=False))
+    run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(wordpiece_tokenizer_dir), seq_len=64,
+                                 out=str(out), workers=1, shard_size=100, val_fraction=0.1, pack="pairs",
+                                 quiet=True))
     return out

@@ -74,3 +74,14 @@ def predict_with_saved_model(folder: Path, texts: list[str], batch_size: int):
             rows = [{k: v[i] for k, v in encoded.items()} for i in range(start, min(start + batch_size, len(texts)))]
             predictions.append(model(**collate(rows)).logits.argmax(-1).numpy())
     return model, np.concatenate(predictions)
+
+
+def decode_documents(folder: Path, split: str, tokenizer_dir: Path) -> list[str]:
+    """Texts of a doc-packed shard split, one per document (sequences never cross documents)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.data.shard_reader import ShardedDataset
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ds = ShardedDataset(folder, split)
+    return [tok.decode(ds[i]["input_ids"][1: ds[i]["length"] - 1]) for i in range(len(ds))]

@@ -1,17 +1,16 @@
-"""Read a corpus: find its files, check them up front, and stream raw records in a fixed order.
+"""Read a corpus: find its files, check them up front, and batch raw records in a fixed order.
 
 Inputs are `.txt`, `.jsonl` and `.parquet` files (each optionally `.zst` or `.gz`), folders,
 globs, and `hf:NAME` for a `datasets` dataset read in streaming mode. The reader hands out *raw*
-records (undecoded bytes for text formats) in small batches: decoding, JSON parsing and
-tokenizing happen in worker processes, so the reading process stays cheap and the order of
-records, and hence the output, is the same whatever the number of workers.
+records (undecoded bytes for text formats; see `pipeline.data.record_reader`) in small batches:
+decoding (`decode_record`), JSON parsing and tokenizing happen in worker processes, so the
+reading process stays cheap and the order of records, and hence the output, is the same
+whatever the number of workers.
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.common.errors import PipelineError
+from pipeline.data.record_reader import iter_records, open_binary, parquet_file
 
 Format = Literal["txt", "jsonl", "parquet", "hf"]
 Compression = Literal["none", "zst", "gz"]
@@ -187,7 +187,7 @@ def _check_first_json_record(source: Source, head: bytes, text_field: str) -> No
 
 def _check_parquet(source: Source, options: CorpusOptions) -> int:
     try:
-        with _parquet_file(source) as pf:
+        with parquet_file(source) as pf:
             names = pf.schema_arrow.names
             rows = pf.metadata.num_rows
     except PipelineError:
@@ -200,47 +200,7 @@ def _check_parquet(source: Source, options: CorpusOptions) -> int:
     return int(rows > 0)
 
 
-# ----------------------------------------------------------------------------- streaming
-
-
-def open_binary(source: Source) -> io.BufferedIOBase:
-    """Open a file for reading, decompressing `.zst` and `.gz` on the fly."""
-    if source.compression == "gz":
-        return gzip.open(source.path, "rb")
-    raw = open(source.path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
-    if source.compression == "zst":
-        import zstandard
-
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
-        return io.BufferedReader(reader, buffer_size=1 << 20)
-    return raw
-
-
-class _parquet_file:
-    """Context manager giving a `pyarrow.parquet.ParquetFile`, decompressing `.zst`/`.gz` to a temp file."""
-
-    def __init__(self, source: Source):
-        self.source = source
-        self._tmp = None
-
-    def __enter__(self):
-        import pyarrow.parquet as pq
-
-        if self.source.compression == "none":
-            return pq.ParquetFile(self.source.path)
-        import shutil
-        import tempfile
-
-        # Parquet needs random access, so a compressed file is spooled to disk (not memory).
-        self._tmp = tempfile.NamedTemporaryFile(suffix=".parquet")  # noqa: SIM115
-        with open_binary(self.source) as stream:
-            shutil.copyfileobj(stream, self._tmp, 1 << 20)
-        self._tmp.flush()
-        return pq.ParquetFile(self._tmp.name)
-
-    def __exit__(self, *exc):
-        if self._tmp is not None:
-            self._tmp.close()
+# ----------------------------------------------------------------------------- batching
 
 
 def iter_record_batches(
@@ -248,103 +208,25 @@ def iter_record_batches(
 ) -> Iterator[RecordBatch]:
     """Yield raw records from every source in order, grouped in batches of bounded size."""
     for source in sources:
-        batch = RecordBatch(source.path, source.format)
-        size = 0
-        for line_no, payload in _iter_records(source, options):
-            batch.lines.append(line_no)
-            batch.payloads.append(payload)
-            size += len(payload) if payload is not None else 0
-            if len(batch.lines) >= batch_records or size >= batch_bytes:
-                yield batch
-                batch, size = RecordBatch(source.path, source.format), 0
-        if batch.lines:
+        yield from batched(source.path, source.format, iter_records(source, options), batch_records, batch_bytes)
+
+
+def batched(
+    label: str, fmt: Format, records: Iterator[tuple[int, bytes | str | None]], batch_records: int = 256,
+    batch_bytes: int = 1 << 20,
+) -> Iterator[RecordBatch]:
+    """Group one source's records in batches of at most `batch_records` records or about `batch_bytes` bytes."""
+    batch = RecordBatch(label, fmt)
+    size = 0
+    for line_no, payload in records:
+        batch.lines.append(line_no)
+        batch.payloads.append(payload)
+        size += len(payload) if payload is not None else 0
+        if len(batch.lines) >= batch_records or size >= batch_bytes:
             yield batch
-
-
-def _iter_records(source: Source, options: CorpusOptions) -> Iterator[tuple[int, bytes | str | None]]:
-    if source.format == "jsonl" or (source.format == "txt" and options.one_doc_per_line):
-        with open_binary(source) as stream:
-            for line_no, line in iter_lines(stream, options.max_doc_bytes):
-                if line is None or line.strip():
-                    yield line_no, line
-    elif source.format == "txt":
-        yield from _iter_paragraph_docs(source, options.max_doc_bytes)
-    elif source.format == "parquet":
-        with _parquet_file(source) as pf:
-            row = 0
-            for batch in pf.iter_batches(columns=[options.text_field], batch_size=1024):
-                for text in batch.column(0).to_pylist():
-                    row += 1
-                    yield row, _text_or_oversized(text, options.max_doc_bytes)
-    elif source.format == "hf":
-        for row, text in enumerate(_iter_hf_texts(source, options), start=1):
-            yield row, _text_or_oversized(text, options.max_doc_bytes)
-
-
-def _text_or_oversized(text, max_doc_bytes: int):
-    # len(str) counts characters, at most 4 bytes each: a cheap bound before encoding.
-    if isinstance(text, str) and len(text) * 4 > max_doc_bytes and len(text.encode()) > max_doc_bytes:
-        return None
-    return text
-
-
-def _iter_hf_texts(source: Source, options: CorpusOptions) -> Iterator[object]:
-    import datasets
-
-    try:
-        stream = datasets.load_dataset(source.path, options.hf_config, split=options.hf_split, streaming=True)
-    except Exception as err:  # datasets raises many types; all mean "cannot open this dataset"
-        raise PipelineError(f"hf:{source.path}: cannot open the dataset: {err}") from None
-    for row in stream:
-        if options.text_field not in row:
-            raise PipelineError(f"hf:{source.path}: rows have no field {options.text_field!r} "
-                                f"(fields: {', '.join(row)}); pass --text-field NAME")
-        yield row[options.text_field]
-
-
-def iter_lines(stream: io.BufferedIOBase, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
-    """Yield (line number, line without its newline), or None in place of a line over `max_bytes`.
-
-    An oversized line is skipped in bounded chunks, so a 50 MB (or 50 GB) line never sits in memory.
-    """
-    line_no = 0
-    while True:
-        line = stream.readline(max_bytes + 1)
-        if not line:
-            return
-        line_no += 1
-        if len(line) > max_bytes and not line.endswith(b"\n"):
-            while True:  # discard the rest of the line
-                rest = stream.readline(1 << 20)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            yield line_no, None
-            continue
-        yield line_no, line.rstrip(b"\r\n")
-
-
-def _iter_paragraph_docs(source: Source, max_doc_bytes: int) -> Iterator[tuple[int, bytes | None]]:
-    """Documents separated by blank lines; a document over `max_doc_bytes` yields None."""
-    with open_binary(source) as stream:
-        lines: list[bytes] = []
-        first = 0
-        size = 0
-        oversized = False
-        for line_no, line in iter_lines(stream, max_doc_bytes):
-            if line is not None and not line.strip():
-                if lines or oversized:
-                    yield first, None if oversized else b"\n".join(lines)
-                lines, size, oversized = [], 0, False
-                continue
-            if not lines and not oversized:
-                first = line_no
-            if line is None or oversized or size + len(line) > max_doc_bytes:
-                lines, oversized = [], True
-                continue
-            lines.append(line)
-            size += len(line) + 1
-        if lines or oversized:
-            yield first, None if oversized else b"\n".join(lines)
+            batch, size = RecordBatch(label, fmt), 0
+    if batch.lines:
+        yield batch
 
 
 def iter_texts(sources: list[Source], options: CorpusOptions) -> Iterator[str]:

@@ -105,8 +105,8 @@ def combine_parts(out: Path, world_size: int) -> dict | None:
         "splits": splits,
         "totals": totals,
         "args": identity,
-        "parts": [{"rank": p["rank"], "seconds": p["seconds"], "stats": p["stats"], "examples": p["examples"]}
-                  for p in parts],
+        "parts": [{"rank": p["rank"], "seconds": p["seconds"], "input_bytes_read": p.get("input_bytes_read"),
+                   "stats": p["stats"], "examples": p["examples"]} for p in parts],
     }
     write_json_atomic(out / INDEX_NAME, index)
     return index

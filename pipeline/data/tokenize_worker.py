@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.data.corpus import CorpusOptions, decode_record
+from pipeline.data.exact_dedup import normalised_hash
 
 MAX_EXAMPLES = 10
 
@@ -37,7 +38,8 @@ class TokenizedBatch:
     lengths: np.ndarray
     is_val: np.ndarray
     counts: Counter = field(default_factory=Counter)
-    """Skipped or repaired records by reason: empty, oversized, bad_record, invalid_utf8."""
+    """Skipped or repaired records by reason (empty, oversized, bad_record, invalid_utf8), and the
+    duplicate_documents and duplicate_tokens left out."""
     examples: list[str] = field(default_factory=list)
     """Up to MAX_EXAMPLES 'file line N: reason' messages for the skipped records."""
     error: str | None = None
@@ -66,15 +68,36 @@ def val_score(text: str) -> float:
     return int.from_bytes(digest, "little") / 2.0**64
 
 
-def tokenize_batch(source: str, fmt: str, lines: list[int], payloads: list) -> TokenizedBatch:
-    """Decode, split and tokenize one batch of raw records (see `pipeline.data.corpus.RecordBatch`)."""
+def hash_batch(source: str, fmt: str, lines: list[int], payloads: list) -> np.ndarray:
+    """The normalised-text hash of every record of one batch (NO_TEXT where a record has no usable text)."""
+    assert _settings is not None, "init_worker was not called"
+    hashes = np.zeros(len(payloads), np.uint64)
+    for i, payload in enumerate(payloads):
+        text = decode_record(payload, fmt, _settings.corpus).text
+        if text is not None:
+            hashes[i] = normalised_hash(text)
+    return hashes
+
+
+def tokenize_batch(
+    source: str, fmt: str, lines: list[int], payloads: list, drop: np.ndarray | None = None
+) -> TokenizedBatch:
+    """Decode, split and tokenize one batch of raw records (see `pipeline.data.corpus.RecordBatch`).
+
+    `drop` marks duplicates (`pipeline.data.exact_dedup`): they are tokenized to count their tokens,
+    then left out.
+    """
     assert _settings is not None and _tokenizer is not None, "init_worker was not called"
     counts: Counter = Counter()
     examples: list[str] = []
     where = "row" if fmt in ("parquet", "hf") else "line"
     texts: list[str] = []
-    for line, payload in zip(lines, payloads, strict=True):
+    duplicates: list[str] = []
+    for i, (line, payload) in enumerate(zip(lines, payloads, strict=True)):
         decoded = decode_record(payload, fmt, _settings.corpus)
+        if drop is not None and drop[i]:
+            duplicates.append(decoded.text)
+            continue
         if decoded.reason:
             counts[decoded.reason] += 1
             if decoded.reason != "empty":
@@ -86,6 +109,10 @@ def tokenize_batch(source: str, fmt: str, lines: list[int], payloads: list) -> T
         if decoded.text is not None:
             texts.append(decoded.text)
 
+    if duplicates:
+        counts["duplicate_documents"] = len(duplicates)
+        counts["duplicate_tokens"] = sum(len(e) for e in _tokenizer.encode_batch_fast(duplicates,
+                                                                                      add_special_tokens=False))
     encodings = _tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     lengths = np.fromiter((len(e) for e in encodings), np.int64, len(encodings))
     ids = np.fromiter((i for e in encodings for i in e.ids), np.uint32, int(lengths.sum()))

@@ -97,17 +97,23 @@ class FinetuneConfig:
 BATCH_KEYS = ("train.batch_size", "train.micro_batch_size")
 
 
-def load_finetune_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1) -> FinetuneConfig:
-    """Read, override and validate a fine-tuning config for `world_size` processes; all problems at once."""
-    return load_config(FinetuneConfig, path, overrides, lambda config, _: finetune_problems(config, world_size))
+def load_finetune_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,
+                         check_files: bool = True) -> FinetuneConfig:
+    """Read, override and validate a fine-tuning config for `world_size` processes; all problems at once.
+
+    `check_files=False` checks types, keys and cross-field rules only, not that the data exists.
+    """
+    return load_config(FinetuneConfig, path, overrides,
+                       lambda config, _: finetune_problems(config, world_size, check_files=check_files))
 
 
-def finetune_problems(c: FinetuneConfig, world_size: int = 1) -> list[str]:
+def finetune_problems(c: FinetuneConfig, world_size: int = 1, *, check_files: bool = True) -> list[str]:
+    """Every problem with the config's types, keys and cross-field rules; with `check_files`, missing data too."""
     problems = []
     add = problems.append
     d, t = c.data, c.train
     if c.task in SPAN_TASKS:
-        problems += span_task_problems(c)
+        problems += span_task_problems(c, check_files)
     elif c.task != "custom":
         try:
             task_spec(c.task)
@@ -116,14 +122,14 @@ def finetune_problems(c: FinetuneConfig, world_size: int = 1) -> list[str]:
                 f"{', '.join(SPAN_TASKS)}")
         if not d.glue_dir and not d.use_datasets:
             add("data.glue_dir: required for a GLUE task (or set data.use_datasets=true)")
-        elif d.glue_dir and not Path(d.glue_dir).is_dir():
+        elif check_files and d.glue_dir and not Path(d.glue_dir).is_dir():
             add(f"data.glue_dir: {d.glue_dir} is not a folder")
     else:
         for name in ("train_file", "validation_file"):
             value = getattr(d, name)
             if not value:
                 add(f"data.{name}: required for a custom task")
-            elif not Path(value).is_file():
+            elif check_files and not Path(value).is_file():
                 add(f"data.{name}: {value} does not exist")
         if not 1 <= len(d.text_fields) <= 2:
             add(f"data.text_fields: a custom task needs 1 or 2 text columns, got {d.text_fields}")
@@ -144,8 +150,8 @@ def finetune_problems(c: FinetuneConfig, world_size: int = 1) -> list[str]:
     return problems
 
 
-
-def span_task_problems(c: FinetuneConfig) -> list[str]:
+def span_task_problems(c: FinetuneConfig, check_files: bool = True) -> list[str]:
+    """Problems of a token-tagging or QA task's data section (`check_files`: and whether its files exist)."""
     problems = []
     add = problems.append
     d = c.data
@@ -153,7 +159,7 @@ def span_task_problems(c: FinetuneConfig) -> list[str]:
         value = getattr(d, name)
         if value is None and name != "test_file" or value == "":
             add(f"data.{name}: required for task {c.task!r}")
-        elif value is not None and not Path(value).is_file():
+        elif check_files and value is not None and not Path(value).is_file():
             add(f"data.{name}: {value} does not exist")
     if d.glue_dir or d.use_datasets:
         add(f"data.glue_dir / data.use_datasets: task {c.task!r} reads data.train_file and data.validation_file")

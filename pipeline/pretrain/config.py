@@ -360,8 +360,10 @@ def data_problems(config: PretrainConfig) -> list[str]:
             problems.append(f"model.architecture is bert (MLM + next-sentence prediction), which needs shards "
                             f"packed with --pack pairs; {folder} holds {index['pack']!r} sequences")
         if index["splits"]["val"]["sequences"] == 0:
-            problems.append(f"data.shards: {folder} has no validation sequences; re-run shard.py "
-                            "with --val-fraction > 0")
+            held_out = index["totals"].get("val_documents", 0)
+            problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "
+                            f"with --val-fraction {index['args'].get('val_fraction')}); re-run data_prep/shard.py "
+                            "with a larger --val-fraction (and --overwrite), or on more text")
     train = sum(index["splits"]["train"]["sequences"] for index in indexes.values())
     if not config.data.mixed and train < config.train.global_batch_size:
         problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import run_script
 
 from pipeline.data.default_corpus import iter_docstring_records, iter_topic_records
@@ -18,6 +19,7 @@ def test_documentation_topics_and_docstrings_are_both_present_and_substantial():
     assert not any(".test." in r["source"] or r["source"].startswith("docstring:test.") for r in docstrings)
 
 
+@pytest.mark.slow  # the main job's data stage end to end: corpus, an 8k tokenizer, shards, verification
 def test_main_job_builds_corpus_tokenizer_and_verified_shards(tmp_path):
     """The main job's data steps (the training steps are tested on their own, and run by demo.sh)."""
     proc = run_script("launchers/run_default.py", "--out", tmp_path, "--workers", "2", "--stop-after", "verify",

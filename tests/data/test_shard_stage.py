@@ -14,33 +14,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from helpers import PYTHON, ROOT, make_documents, run_script, write_jsonl
+from helpers import PYTHON, ROOT, decode_documents, make_documents, run_script, tiny_pretrain_config, write_jsonl
 from transformers import AutoTokenizer
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.shard_index import verify_folder
+from pipeline.data.shard_options import ShardOptions
 from pipeline.data.shard_reader import ShardedDataset
-from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+from pipeline.data.shard_stage import run_shard_stage
 from pipeline.data.tokenize_worker import val_score
 
 
 def shard(corpus, tokenizer, out, **overrides) -> dict:
     settings = dict(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=32, out=str(out), workers=1,
-                    shard_size=50, progress=False)
+                    shard_size=50, quiet=True)
     settings.update(overrides)
-    return run_shard_stage(ShardArgs(**settings))
+    return run_shard_stage(ShardOptions(**settings))
 
 
 def file_digests(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*.zst")) if "parts" not in p.parts}
-
-
-def decode_documents(folder: Path, split: str, tokenizer_dir: Path) -> list[str]:
-    """Texts of a doc-packed split, one per document (sequences never cross documents)."""
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    ds = ShardedDataset(folder, split)
-    return [tok.decode(ds[i]["input_ids"][1: ds[i]["length"] - 1]) for i in range(len(ds))]
 
 
 def test_index_is_complete_and_reader_gives_back_the_sequences(tmp_path, corpus_jsonl, bpe_tokenizer_dir, documents):
@@ -81,7 +75,7 @@ def test_validation_split_holds_whole_documents_disjoint_from_training(tmp_path,
 
 
 def test_doc_mode_gives_back_every_document_text(tmp_path, corpus_jsonl, bpe_tokenizer_dir, documents):
-    shard(corpus_jsonl, bpe_tokenizer_dir, tmp_path / "s", pack="doc", seq_len=256)
+    shard(corpus_jsonl, bpe_tokenizer_dir, tmp_path / "s", pack="doc", seq_len=256, val_fraction=0.0)
     assert decode_documents(tmp_path / "s", "train", bpe_tokenizer_dir) == documents
 
 
@@ -151,20 +145,25 @@ def test_a_folder_with_other_files_is_not_written_into(tmp_path, corpus_jsonl, b
 
 
 @pytest.mark.slow
-def test_restart_after_kill_carries_on_and_gives_identical_bytes(tmp_path, bpe_tokenizer_dir):
+@pytest.mark.parametrize("world_size", [1, 2], ids=["one-process", "rank-0-of-2-reading-a-byte-range"])
+def test_restart_after_kill_carries_on_and_gives_identical_bytes(tmp_path, bpe_tokenizer_dir, world_size):
     corpus = write_jsonl(tmp_path / "big.jsonl", make_documents(6000, seed=7))
     common = ["--input", corpus, "--tokenizer", bpe_tokenizer_dir, "--seq-len", "32", "--shard-size", "20",
-              "--workers", "1", "--val-fraction", "0.1", "--quiet"]
+              "--workers", "1", "--val-fraction", "0.1", "--world-size", world_size, "--rank", "0", "--quiet"]
+    for folder in ("whole", "killed"):  # the other rank, if any, runs undisturbed
+        for rank in range(1, world_size):
+            run_script("data_prep/shard.py", *common, "--rank", rank, "--out", tmp_path / folder, check=True)
     run_script("data_prep/shard.py", *common, "--out", tmp_path / "whole", check=True)
 
     out = tmp_path / "killed"
     proc = subprocess.Popen([PYTHON, str(ROOT / "data_prep/shard.py"), *map(str, common), "--out", str(out)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     snapshot = out / "parts" / "part00000.resume.zst"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # start-up alone can take a minute on busy shared cores
     while not snapshot.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
+    assert snapshot.exists(), "killed before the first resume snapshot was written"
     assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (out / "index.json").exists()
     partial = file_digests(out)
@@ -191,6 +190,62 @@ def test_ranks_write_parts_and_the_last_one_combines_the_index(tmp_path, corpus_
     assert verify_folder(out) == []
     combined = run_script("data_prep/shard.py", "--combine", "--world-size", "2", "--out", out, check=True)
     assert f"{len(documents):,}" in combined.stdout
+
+
+def test_each_rank_reads_only_its_byte_range_and_reruns_are_byte_identical(tmp_path, bpe_tokenizer_dir):
+    corpus = write_jsonl(tmp_path / "c.jsonl", make_documents(3000, seed=11))
+    whole = shard(corpus, bpe_tokenizer_dir, tmp_path / "one", pack="doc", seq_len=256)
+    for run in ("a", "b"):
+        for rank in (2, 0, 1):
+            index = shard(corpus, bpe_tokenizer_dir, tmp_path / run, rank=rank, world_size=3, pack="doc", seq_len=256)
+    assert file_digests(tmp_path / "a") == file_digests(tmp_path / "b")
+    assert index["totals"]["documents"] == whole["totals"]["documents"] == 3000
+    assert index["totals"]["document_tokens"] == whole["totals"]["document_tokens"]
+    size = corpus.stat().st_size
+    assert whole["parts"][0]["input_bytes_read"] == size
+    for part in index["parts"]:
+        assert part["input_bytes_read"] <= size / 3 + 64 * 1024  # its third, and at most a read buffer more
+    ranges = sorted((p["start"], p["stop"]) for part in json_parts(tmp_path / "a") for p in part["inputs"])
+    assert [r for pair in ranges for r in pair] == [0, *[r[1] for r in ranges[:-1] for _ in (0, 1)], size]
+    # Rank-local text, whole documents: decoding every rank's shards gives back every document once.
+    texts = sorted(decode_documents(tmp_path / "a", "train", bpe_tokenizer_dir)
+                   + decode_documents(tmp_path / "a", "val", bpe_tokenizer_dir))
+    assert texts == sorted(make_documents(3000, seed=11))
+
+
+def json_parts(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((folder / "parts").glob("part*.json"))]
+
+
+def test_shards_made_with_default_options_are_accepted_by_pretraining(tmp_path, corpus_jsonl, bpe_tokenizer_dir):
+    from pipeline.pretrain.config import load_pretrain_config
+
+    proc = run_script("data_prep/shard.py", "--input", corpus_jsonl, "--tokenizer", bpe_tokenizer_dir, "--seq-len", 64,
+                      "--out", tmp_path / "s", "--workers", 1, check=True)  # no --val-fraction: 5% held out
+    assert "warning" not in proc.stdout
+    index = json.loads((tmp_path / "s" / "index.json").read_text())
+    assert index["args"]["val_fraction"] == 0.05 and index["splits"]["val"]["sequences"] > 0
+    config = tmp_path / "pretrain.json"
+    config.write_text(json.dumps(tiny_pretrain_config(tmp_path / "s", bpe_tokenizer_dir, tmp_path / "run")))
+    load_pretrain_config(config, check_files=True)
+
+
+def test_a_corpus_too_small_for_a_validation_split_is_warned_about_and_pretraining_names_the_fix(
+        tmp_path, bpe_tokenizer_dir):
+    from pipeline.common.config_tree import ConfigError
+    from pipeline.pretrain.config import load_pretrain_config
+
+    corpus = write_jsonl(tmp_path / "small.jsonl", make_documents(12, seed=5))
+    proc = run_script("data_prep/shard.py", "--input", corpus, "--tokenizer", bpe_tokenizer_dir, "--seq-len", 16,
+                      "--out", tmp_path / "s", "--workers", 1, check=True)
+    assert "warning: --val-fraction 0.05 gave no validation sequence" in proc.stdout
+    assert "rerun with a larger --val-fraction" in proc.stdout
+    config = tmp_path / "pretrain.json"
+    config.write_text(json.dumps(tiny_pretrain_config(tmp_path / "s", bpe_tokenizer_dir, tmp_path / "run",
+                                                      train={"global_batch_size": 4, "micro_batch_size": 4})))
+    with pytest.raises(ConfigError, match=r"no validation sequences .*--val-fraction 0.05\); re-run "
+                                          r"data_prep/shard.py with a larger --val-fraction"):
+        load_pretrain_config(config, check_files=True)
 
 
 def test_verify_and_reader_name_a_corrupted_or_truncated_shard(tmp_path, corpus_jsonl, bpe_tokenizer_dir):

@@ -76,7 +76,7 @@ def two_process_run(keyword_task, pretrained):
     return {"report": json.loads((root / "ft" / "metrics.json").read_text()), "log": proc.stdout + proc.stderr}
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # accelerate launch of 2 processes
 def test_learns_an_easy_task_to_high_accuracy_on_two_processes(two_process_run, keyword_task):
     report = two_process_run["report"]
     assert report["accuracy"] >= 0.95 and report["seeds"] == [1, 2]
@@ -90,7 +90,7 @@ def test_learns_an_easy_task_to_high_accuracy_on_two_processes(two_process_run, 
     assert (seed_dir / "confusion_dev.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # accelerate launch of 2 processes
 def test_the_checkpoint_is_exported_once_by_rank_0(two_process_run, keyword_task):
     ft = keyword_task["root"] / "ft"
     exports = [line for line in two_process_run["log"].splitlines() if line.startswith("exported ")]
@@ -101,7 +101,7 @@ def test_the_checkpoint_is_exported_once_by_rank_0(two_process_run, keyword_task
     assert not [p.name for p in ft.iterdir() if p.name.startswith(".")]  # no staging folder left behind
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # accelerate launch of 2 processes
 def test_models_saved_on_two_processes_reproduce_their_dev_predictions(two_process_run, keyword_task):
     ft = keyword_task["root"] / "ft"
     best = json.loads((ft / "best_model.json").read_text())
@@ -117,7 +117,7 @@ def test_models_saved_on_two_processes_reproduce_their_dev_predictions(two_proce
         assert accuracy == json.loads((ft / f"seed_{seed}" / "complete.json").read_text())["metrics"]["accuracy"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # accelerate launch of 2 processes
 def test_mlflow_runs_link_to_the_pretraining_run_and_compare_joins_them(two_process_run, keyword_task, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -145,6 +145,7 @@ def test_mlflow_runs_link_to_the_pretraining_run_and_compare_joins_them(two_proc
     assert (tmp_path / "plots" / "finetune_train_loss.png").exists()
 
 
+@pytest.mark.slow  # three launches of the fine-tuning CLI, on the module's model fixture
 def test_bad_inputs_stop_with_a_clear_error(keyword_task, tmp_path):
     root = keyword_task["root"]
     proc = run_script("launchers/finetune.py", "--config", root / "config.json", "--model", tmp_path / "nope")

@@ -2,7 +2,8 @@
 
 Two slurmd "nodes" on this machine: the pretraining job spans both (one torchrun per node,
 started by srun), is preempted with `scancel --signal=USR1 --batch`, requeues itself and finishes
-with the losses of an uninterrupted run. Select these tests with `pytest -k slurm`.
+with the losses of an uninterrupted run. Select these tests with `pytest -m slurm`; the tests
+without that marker need no cluster.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ SETUP = ROOT / "tests" / "slurm" / "setup.sh"
 
 
 def slurm_unavailable_reason() -> str | None:
+    """Why no cluster can be stood up on this machine, or None when one can."""
     if os.geteuid() != 0:
         return "standing up a SLURM cluster needs root"
     if not shutil.which("apt-get") or not shutil.which("dpkg"):
@@ -31,22 +34,52 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def slurm():
-    """A running 2-node cluster; yields the environment its client commands need."""
+def stand_up_cluster(setup: Path, base: Path) -> dict[str, str]:
+    """Run the set-up script; skip where no cluster can start here, fail where one could but set-up broke."""
     reason = slurm_unavailable_reason()
     if reason:
         pytest.skip(reason)
+    env = {**os.environ, "BASE": str(base), "NODES": "2", "PORT_BASE": str(18000 + os.getpid() % 500 * 4)}
+    proc = subprocess.run(["bash", str(setup)], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"a SLURM cluster can start here (root, apt-get), but {setup.name} failed "
+                    f"(exit {proc.returncode}): {(proc.stderr or proc.stdout)[-500:]}", pytrace=False)
+    env["SLURM_CONF"] = str(base / "etc" / "slurm.conf")
+    return env
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A running 2-node cluster; yields the environment its client commands need."""
     base = Path(tempfile.mkdtemp(prefix="pipeline-slurm-"))  # munge needs an a+x path to its socket
     base.chmod(0o755)
-    env = {**os.environ, "BASE": str(base), "NODES": "2", "PORT_BASE": str(18000 + os.getpid() % 500 * 4)}
-    proc = subprocess.run(["bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.skip(f"could not stand up SLURM: {(proc.stderr or proc.stdout)[-500:]}")
-    env["SLURM_CONF"] = str(base / "etc" / "slurm.conf")
+    try:
+        env = stand_up_cluster(SETUP, base)
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
     yield env
     subprocess.run(["bash", str(ROOT / "tests" / "slurm" / "teardown.sh")], env=env, timeout=60)
     shutil.rmtree(base, ignore_errors=True)
+
+
+def test_slurm_set_up_that_breaks_where_a_cluster_can_start_is_a_failure_not_a_skip(tmp_path, monkeypatch):
+    broken = tmp_path / "setup.sh"
+    broken.write_text("echo 'slurmctld: fatal: cannot bind port' >&2; exit 3\n")
+    monkeypatch.setattr(sys.modules[__name__], "slurm_unavailable_reason", lambda: None)
+    with pytest.raises(pytest.fail.Exception, match="can start here .*setup.sh failed \\(exit 3\\).*cannot bind"):
+        stand_up_cluster(broken, tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "slurm_unavailable_reason", lambda: "needs root")
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        stand_up_cluster(broken, tmp_path)
+
+
+def test_slurm_unavailable_reason_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "needs root" in slurm_unavailable_reason()
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "apt-get" in slurm_unavailable_reason()
 
 
 def submit(env, *args) -> list[str]:
@@ -89,6 +122,33 @@ def test_slurm_dry_run_renders_requeue_signal_and_one_launcher_per_node(tmp_path
     assert bad.returncode == 2 and "not divisible" in bad.stderr
 
 
+def test_slurm_dry_run_of_a_shard_config_renders_its_flags_and_checks_them(tmp_path):
+    config = tmp_path / "shard.json"
+    config.write_text(json.dumps({"input": ["a.jsonl", "b dir/"], "tokenizer": "tok", "seq_len": 64,
+                                  "out": str(tmp_path / "shards"), "val_fraction": 0.1, "one_doc_per_line": True}))
+    proc = run_script("launchers/submit.py", "shard", "--config", config, "--parts", 3, "--dry-run",
+                      "--set", "shard_size=50")
+    assert proc.returncode == 0, proc.stderr
+    for line in ("#SBATCH --array=0-2", "--input a.jsonl 'b dir/' --tokenizer tok --seq-len 64",
+                 "--val-fraction 0.1 --one-doc-per-line --shard-size 50",
+                 '--rank "$SLURM_ARRAY_TASK_ID" --world-size 3', "--combine --world-size 3", "verify_shards.py"):
+        assert line in proc.stdout, line
+    dedup = run_script("launchers/submit.py", "shard", "--config", config, "--parts", 3, "--dry-run",
+                       "--set", "dedup=exact")
+    assert dedup.returncode == 0, dedup.stderr
+    hashes, array = dedup.stdout.split("#!/usr/bin/env bash")[1:3]
+    assert "--dedup exact" in hashes and "--dedup-hashes-only" in hashes and "#SBATCH --array=0-2" in hashes
+    assert "--dedup exact" in array and "--dedup-hashes-only" not in array
+    config.write_text(json.dumps({"input": ["a.jsonl"], "tokenizer": "tok", "seq_len": 4, "out": "s", "rank": 1}))
+    bad = run_script("launchers/submit.py", "shard", "--config", config, "--dry-run")
+    assert bad.returncode == 2 and "rank: not an option here" in bad.stderr
+    config.write_text(json.dumps({"input": ["a.jsonl"], "tokenizer": "tok", "seq_len": 4, "out": "s"}))
+    bad = run_script("launchers/submit.py", "shard", "--config", config, "--dry-run")
+    assert bad.returncode == 2 and "--seq-len 4: must be at least 8" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_slurm_shard_array_job_then_combine(slurm, tmp_path, bpe_tokenizer_dir, documents):
     inputs = [write_jsonl(tmp_path / f"part{i}.jsonl", documents[i::2]) for i in range(2)]
     config = tmp_path / "shard.json"
@@ -136,6 +196,8 @@ def losses(folder: Path) -> dict[int, float]:
             if "train/loss" in r}
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_slurm_pretrain_on_two_nodes_checkpoints_requeues_and_matches(preempted_job):
     fields, log = preempted_job["fields"], preempted_job["log"]
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log[-3000:]
@@ -149,6 +211,8 @@ def test_slurm_pretrain_on_two_nodes_checkpoints_requeues_and_matches(preempted_
     assert per_rank, "torchrun writes a log per rank"
 
 
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_slurm_requeued_job_keeps_logging_to_the_same_mlflow_run(preempted_job):
     from mlflow.tracking import MlflowClient
 

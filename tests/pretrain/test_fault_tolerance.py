@@ -17,6 +17,8 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import free_port
 
+pytestmark = pytest.mark.slow  # every test runs pretraining end to end in its own processes
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
 
 

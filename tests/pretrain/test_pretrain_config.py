@@ -1,4 +1,4 @@
-"""The pretraining config: shipped files validate, overrides apply, and every problem is reported at once."""
+"""The pretraining config: presets, overrides, every problem at once (shipped files: test_shipped_configs.py)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,11 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
 from pipeline.pretrain.engine import deepspeed_config, lr_multiplier
 
-CONFIGS = sorted((ROOT / "configs").glob("*.json"))
-
 
 def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
     path = tmp_path / name
     path.write_text(json.dumps(data))
     return path
-
-
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
-def test_every_shipped_config_validates(path):
-    load_pretrain_config(path, world_size=1, cuda=True, check_files=False)
 
 
 def test_shipped_presets_have_the_published_recipes():

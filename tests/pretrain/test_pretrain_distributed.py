@@ -20,6 +20,8 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import free_port
 
+pytestmark = pytest.mark.slow  # every test shares a deepspeed/torchrun launch of 2 ranks
+
 DIST_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
 DEEPSPEED = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--master_port"]
 TORCHRUN = [str(Path(PYTHON).parent / "torchrun"), "--nproc_per_node", "2", "--master_port"]
