@@ -25,7 +25,7 @@ from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys, t
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, lr_multiplier
 from pipeline.pretrain.flops import mfu, training_flops_per_token
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec, splitmix64
+from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, splitmix64
 from pipeline.pretrain.model import build_model
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.mlflow_run import MetricsJsonl, MlflowRun, git_commit
@@ -65,10 +65,8 @@ class Pretrainer:
         self.val_cache = TokenCache(config.data.shards, "val", cache, tokenizer_fingerprint=fingerprint)
         self.seq_len = self.train_cache.seq_len
         m = config.masking
-        special = tuple(sorted(set(self.tokenizer.all_special_ids)))
-        spec = MaskingSpec(self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id, special, m.probability,
-                           m.mask_token_fraction, m.random_token_fraction, static=m.mode == "static")
-        self.masker = Masker(spec, config.train.seed)
+        self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
+                                   config.train.seed)
         with_segments = config.model.architecture == "bert"
         self.train_batches = MaskedBatches(self.train_cache, self.masker, with_segments=with_segments)
         self.val_batches = MaskedBatches(self.val_cache, self.masker, with_segments=with_segments)
