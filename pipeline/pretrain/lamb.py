@@ -9,12 +9,14 @@ checked against this environment (torch 2.13 CPU build) in November 2026:
 - `torch_optimizer.Lamb` (0.3.0, unmaintained since 2021, needs pytorch-ranger) imports, but
   applies the trust ratio to every parameter, biases and LayerNorm included, with no per-group
   switch, and skips bias correction unless `debias=True`.
-So this is written out, following NVIDIA's NVLAMB and DeepSpeed's `FusedLamb` step so CPU and GPU
-runs take the same update: Adam moments with explicit bias correction, plus decoupled weight
-decay, scaled per parameter tensor by the trust ratio ‖w‖ / ‖update‖ clamped to
-[`min_trust`, `max_trust`] (DeepSpeed's `min_coeff`/`max_coeff`, 0.01 and 10). Parameter groups
-with weight decay 0 (biases and LayerNorm, `model.parameter_groups`) get no trust ratio: their
-update is Adam's, as in timm and the LAMB paper's BERT setup.
+So this is written out, as the LAMB paper's Algorithm 2 (and NVIDIA's NVLAMB, timm): Adam moments
+with explicit bias correction, m̂ / (√v̂ + ε), plus decoupled weight decay, scaled per parameter
+tensor by the trust ratio ‖w‖ / ‖update‖ clamped to [`min_trust`, `max_trust`] (DeepSpeed's
+`min_coeff`/`max_coeff`, 0.01 and 10, so both paths clamp alike). Parameter groups with weight
+decay 0 (biases and LayerNorm, `model.parameter_groups`) get no trust ratio: their update is
+Adam's, as in timm and the LAMB paper's BERT setup. One known difference from DeepSpeed's CUDA
+kernel: it folds bias correction into the step size (lr·√(1-β₂ᵗ)/(1-β₁ᵗ)) after the trust ratio,
+so its early steps in the decayed groups are smaller until that factor reaches 1.
 
 Under ZeRO 1–3 DeepSpeed hands the optimizer flat partitions that mix many layers, so the "layer"
 whose norm the trust ratio uses becomes one rank's slice of a flattened group; see README.

@@ -210,3 +210,37 @@ def build_masker(masking, tokenizer, vocab_size: int, mask_id: int, seed: int) -
                        unit=masking.unit, span_p=masking.span_p, span_max_words=masking.span_max_words)
     table = word_start_table(tokenizer, vocab_size) if masking.unit != "token" else None
     return Masker(spec, seed, table)
+
+
+@dataclass(frozen=True)
+class MaskStatistics:
+    """What a batch of masks realised, measured from the labels alone (benchmarks and tests)."""
+
+    masked_fraction: float
+    """Chosen tokens ÷ ordinary (non-special) tokens."""
+    whole_word_fraction: float
+    """Of the words with at least one chosen token, the fraction with all their tokens chosen."""
+    run_lengths: np.ndarray
+    """`run_lengths[k]`: how many maximal runs of k consecutive chosen words (index 0 unused)."""
+
+
+def mask_statistics(masker: Masker, input_ids: np.ndarray, labels: np.ndarray) -> MaskStatistics:
+    """Realised statistics of `labels` over `input_ids`, with words as `masker` delimits them."""
+    special = masker._is_special[input_ids]
+    starts = masker.word_starts(input_ids, special)
+    rows, length = input_ids.shape
+    ordinary = ~special
+    chosen = (labels != IGNORE_INDEX) & ordinary
+    word = (np.cumsum(starts, axis=1) - 1 + np.arange(rows)[:, None] * length)[ordinary]
+    tokens = np.bincount(word, minlength=rows * length)
+    hits = np.bincount(word, weights=chosen[ordinary], minlength=rows * length)
+    touched = hits > 0
+    word_chosen = (hits == tokens) & touched  # a word counts as chosen in a run only if wholly chosen
+    # Runs of chosen words within a row: pad each row's words with a False on both sides.
+    padded = np.zeros((rows, length + 2), dtype=np.int8)
+    padded[:, 1:-1] = word_chosen.reshape(rows, length)
+    edges = np.diff(padded, axis=1)
+    runs = np.flatnonzero(edges.ravel() == -1) - np.flatnonzero(edges.ravel() == 1)
+    return MaskStatistics(masked_fraction=float(chosen.sum() / max(ordinary.sum(), 1)),
+                          whole_word_fraction=float(word_chosen.sum() / max(touched.sum(), 1)),
+                          run_lengths=np.bincount(runs, minlength=2))
