@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from helpers import make_documents
+from helpers import make_documents, tiny_pretrain_config
 
+from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import load_tokenizer
+from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.masking import Masker, MaskingSpec
 from pipeline.pretrain.word_starts import word_rule, word_start_table
 
@@ -43,12 +47,20 @@ def test_table_starts_equal_the_tokenizers_word_boundaries(request, fixture, rul
     assert sum(len(a) - a.sum() for a in ours) > 20  # words split into several tokens were seen
 
 
-def test_a_tokenizer_without_word_markers_is_refused_with_the_way_out(tmp_path):
+def test_a_tokenizer_without_word_markers_is_refused_with_the_way_out(tmp_path, roberta_shards):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate([*specials, "a", "b"])}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     with pytest.raises(PipelineError, match="masking.unit=token"):
-        word_start_table(tokenizer, 3)
+        word_start_table(tokenizer, 7)
+    # The config check says so before any process starts.
+    tokenizer.save_pretrained(tmp_path / "wordlevel")
+    config = tiny_pretrain_config(roberta_shards, tmp_path / "wordlevel", tmp_path / "out", masking={"unit": "word"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="masking.unit word: tokenizer .* need word boundaries"):
+        load_pretrain_config(tmp_path / "config.json")
