@@ -140,13 +140,16 @@ class Masker:
                 chosen_start = starts & (_uniform(bits) < spec.probability)
                 chosen = np.take_along_axis(chosen_start, owner, axis=1) & ~special
             else:
-                chosen, span_kind_bits = self._spans(keys, starts, special)
+                chosen, span_slot = self._spans(keys, starts, special)
         labels = np.where(chosen, ids, IGNORE_INDEX)
 
         # A second, independent draw for the chosen positions only: which corruption, which token.
         rows_i, cols_i = np.nonzero(chosen)
         second = splitmix64(bits[rows_i, cols_i] ^ _M2)
-        kind = _uniform(span_kind_bits[rows_i, cols_i] if spec.unit == "span" else second)
+        if spec.unit == "span":  # one draw per span, keyed by the span's slot in its row
+            kind = _uniform(splitmix64(keys[rows_i] ^ ((span_slot[rows_i, cols_i] + np.uint64(1)) * _GOLDEN) ^ _KIND))
+        else:
+            kind = _uniform(second)
         corrupted = ids.copy()
         to_mask = kind < spec.mask_token_fraction
         to_random = (~to_mask) & (kind < spec.mask_token_fraction + spec.random_token_fraction)
@@ -163,7 +166,7 @@ class Masker:
         return ~special & (self._starts_word[ids] | after_special)
 
     def _spans(self, keys: np.ndarray, starts: np.ndarray, special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(chosen tokens, per-token bits of the span's 80/10/10 draw) for span masking."""
+        """(chosen tokens, each token's span slot) for span masking."""
         spec = self.spec
         rows = len(keys)
         word_of_token = np.cumsum(starts, axis=1) - 1
@@ -184,12 +187,13 @@ class Masker:
         visible = (span_end > 0) & (span_start < words)
         r, j = np.nonzero(visible)
         lo, hi = np.clip(span_start[r, j], 0, words), np.clip(span_end[r, j], 0, words)
-        # Spans never touch, so a running count of starts minus ends marks covered words, and the
-        # running maximum of the slot number at each start names the span a word belongs to.
-        depth = np.zeros((rows, words + 1), dtype=np.int64)
-        np.add.at(depth, (r, lo), 1)
-        np.add.at(depth, (r, hi), -1)
-        covered = np.cumsum(depth, axis=1)[:, :words] > 0
+        # Spans never touch (so no start or end position repeats), hence a running count of starts
+        # minus ends marks covered words, and the running maximum of the slot number at each start
+        # names the span a word belongs to.
+        depth = np.zeros((rows, words + 1), dtype=np.int8)
+        depth[r, lo] = 1
+        depth[r, hi] = -1
+        covered = np.cumsum(depth, axis=1, dtype=np.int8)[:, :words] > 0
         slot_at = np.full((rows, words + 1), -1, dtype=np.int64)
         slot_at[r, lo] = j
         span_of_word = np.maximum.accumulate(slot_at, axis=1)[:, :words]
@@ -197,8 +201,7 @@ class Masker:
         chosen = np.take_along_axis(covered, word, axis=1) & ~special if words else np.zeros_like(special)
         span_slot = np.take_along_axis(span_of_word, word, axis=1).astype(np.uint64) if words else \
             np.zeros(special.shape, dtype=np.uint64)
-        kind_bits = splitmix64(keys[:, None] ^ ((span_slot + np.uint64(1)) * _GOLDEN) ^ _KIND)
-        return chosen, kind_bits
+        return chosen, span_slot
 
 
 def build_masker(masking, tokenizer, vocab_size: int, mask_id: int, seed: int) -> Masker:
@@ -225,7 +228,10 @@ class MaskStatistics:
 
 
 def mask_statistics(masker: Masker, input_ids: np.ndarray, labels: np.ndarray) -> MaskStatistics:
-    """Realised statistics of `labels` over `input_ids`, with words as `masker` delimits them."""
+    """Realised statistics of `labels` over `input_ids`, with words as `masker` delimits them.
+
+    `masker` needs the word-start table (any unit built with one) for word-level figures to mean anything.
+    """
     special = masker._is_special[input_ids]
     starts = masker.word_starts(input_ids, special)
     rows, length = input_ids.shape
