@@ -1,8 +1,9 @@
 """The DeepSpeed engine: its config derived from ours, AdamW or LAMB groups, and the warmup-then-decay schedule.
 
 LAMB: on GPU, DeepSpeed's fused `Lamb` built from the config; on CPU (no CUDA build of it), ours
-(pipeline/pretrain/lamb.py) passed to `deepspeed.initialize` as a client optimizer. Both take the
-same step, with bias correction on and no trust ratio for the no-decay group. DeepSpeed's ZeRO
+(pipeline/pretrain/lamb.py) passed to `deepspeed.initialize` as a client optimizer. Both correct
+the moments' bias, clamp the trust ratio to [0.01, 10] and skip it for the no-decay group (lamb.py
+notes the one difference in where the bias correction is applied). DeepSpeed's ZeRO
 refuses optimizers it has not tested unless `zero_allow_untested_optimizer` is set; the pipeline
 sets it for LAMB, and warns that under ZeRO the trust ratio is computed per flat partition.
 """
