@@ -9,7 +9,7 @@ the warmup-then-linear-decay schedule (`lr_multiplier`, warmup a quarter of the 
 clipping at 1.0, and, for LAMB, the optimizer `engine.client_optimizer` gives a CPU run; AdamW is
 torch's, as DeepSpeed's `torch_adam` path builds it. The loop is plain torch rather than DeepSpeed
 to keep the comparison about the optimizer step alone. Reported: the MLM loss on a fixed
-validation batch at the start and the end, and the lowest along the way.
+validation batch at the start and the end, and the highest and lowest along the way.
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ def main() -> None:
     results = {(name, lr): run(name, lr) for lr in args.lr for name in ("adamw", "lamb")}
     print(f"global batch {args.batch} × {args.seq_len} tokens, {args.steps} steps (warmup {schedule.warmup_steps}, "
           f"then linear decay), {len(train)} train sequences, validation MLM loss on 256 fixed sequences\n")
-    print("| optimizer | peak LR | start | lowest | end | end − start |")
-    print("|---|---|---|---|---|---|")
+    print("| optimizer | peak LR | start | highest | lowest | end | end − start |")
+    print("|---|---|---|---|---|---|---|")
     for (name, lr), losses in results.items():
         finite = [x for x in losses if np.isfinite(x)]
-        print(f"| {name} | {lr:g} | {losses[0]:.3f} | {min(finite):.3f} | {losses[-1]:.3f} | "
+        print(f"| {name} | {lr:g} | {losses[0]:.3f} | {max(losses):.3f} | {min(finite):.3f} | {losses[-1]:.3f} | "
               f"{losses[-1] - losses[0]:+.3f} |")
 
 
