@@ -1,15 +1,20 @@
-"""Masking collator speed: ours against HF's `DataCollatorForLanguageModeling`, on the same batch.
+"""Masking collator speed and realised statistics: each masking unit against token masking and HF's collator.
 
     python benchmarks/collator_throughput.py [--rows 64] [--seq-len 512] [--repeats 30]
 
-Both mask the same 64 × 512 batch of real token ids (the embedded corpus, tokenized with a BPE
-tokenizer trained here) at 15%, 80/10/10:
-- ours: `MaskedBatches[key]`, the whole DataLoader item: gather rows from the memory-mapped
-  token cache, hash-based masks, tensors out;
-- HF:   `DataCollatorForLanguageModeling(tokenizer)` on the examples as a `datasets` map gives
-  them to the Trainer (dicts of token-id lists), and again on dicts of tensors (its fastest input).
+All mask 64 × 512 batches of real token ids (the embedded corpus, tokenized with a BPE tokenizer
+trained here) at 15%:
+- ours: `MaskedBatches[key]`, the whole DataLoader item: gather rows from the memory-mapped token
+  cache, hash-based masks, tensors out; for each `masking.unit` (token, word, span);
+- HF:   `DataCollatorForLanguageModeling(tokenizer)` on the examples as a `datasets` map gives them
+  to the Trainer (dicts of token-id lists), and on dicts of tensors (its fastest input); and with
+  `whole_word_mask=True` (transformers 5's whole-word masking, which needs each example's
+  `offset_mapping` from tokenization time) on tensors with offsets. HF has no span masking.
 Then one training step (forward, backward, optimizer) of the train_throughput model (4 layers,
-hidden 256, sparse head) on the same batch, to show the collator's share of a step.
+hidden 256, sparse head) on the same batch, to show each collator's share of a step; and each
+unit's realised statistics over at least a million tokens of the corpus (several epochs of masks
+if the corpus is smaller): masked fraction, fraction of touched words wholly masked, and the span
+length histogram against SpanBERT's geometric target.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--stat-tokens", type=int, default=1_000_000, help="tokens masked for the statistics")
     args = p.parse_args()
 
     import numpy as np
@@ -54,10 +60,11 @@ def main() -> None:
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, train_tokenizer
     from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.masking import Masker, MaskingSpec
+    from pipeline.pretrain.config import MaskingConfig, ModelConfig
+    from pipeline.pretrain.masking import build_masker, mask_statistics, span_length_distribution
     from pipeline.pretrain.model import build_model
 
+    units = ("token", "word", "span")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus = tmp / "corpus.jsonl"
@@ -70,23 +77,37 @@ def main() -> None:
         info = describe_tokenizer(tokenizer)
         cache = TokenCache(tmp / "shards", "train", tmp / "cache")
         rows = np.arange(args.rows)
-        masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, tuple(tokenizer.all_special_ids)), seed=0)
-        ours = MaskedBatches(cache, masker, with_segments=False)
+        maskers = {unit: build_masker(MaskingConfig(unit=unit), tokenizer, info.vocab_size, info.mask_id, seed=0)
+                   for unit in units}
         key = MicroBatchKey(0, rows)
         ids = np.asarray(cache.fields["input_ids"][rows]).astype(np.int64)
         as_lists = [{"input_ids": row.tolist()} for row in ids]
         as_tensors = [{"input_ids": torch.from_numpy(row)} for row in ids]
         hf = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
+        # HF's whole-word masking reads word boundaries from character offsets, so it needs the
+        # examples as tokenized from text (the shards keep ids only); made here, outside the timing.
+        long_texts = [t for t in texts if len(t) > 4 * args.seq_len][: args.rows]
+        encoded = tokenizer(long_texts, truncation=True, max_length=args.seq_len, padding="max_length",
+                            return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
+        with_offsets = [{k: encoded[k][i] for k in ("input_ids", "offset_mapping", "special_tokens_mask")}
+                        for i in range(len(long_texts))]
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "random token replacement is not supported with whole word masking"
+            hf_wwm = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, whole_word_mask=True)
 
         torch.set_num_threads(2)
-        t_ours = best_of(lambda: ours[key], args.repeats)
+        ours = {unit: MaskedBatches(cache, maskers[unit], with_segments=False) for unit in units}
+        t_ours = {unit: best_of(lambda b=ours[unit]: b[key], args.repeats) for unit in units}
         t_hf_lists = best_of(lambda: hf(as_lists), args.repeats)
         t_hf_tensors = best_of(lambda: hf(as_tensors), args.repeats)
+        t_hf_wwm = best_of(lambda: hf_wwm(with_offsets), args.repeats)
 
         model_config = ModelConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024)
         model = build_model(model_config, info, args.seq_len)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        batch = ours[key]
+        batch = MaskedBatches(cache, maskers["token"], with_segments=False)[key]
 
         def train_step():
             loss = model(**batch)["loss"]
@@ -96,15 +117,49 @@ def main() -> None:
 
         t_step = best_of(train_step, max(3, args.repeats // 10))
 
+        # Statistics over ≥ stat_tokens tokens: the whole train split, with a new mask each epoch.
+        all_ids = np.asarray(cache.fields["input_ids"][:]).astype(np.int64)
+        epochs = -(-args.stat_tokens // all_ids.size)
+        stats = {}
+        for unit, masker in maskers.items():
+            labels = np.concatenate([masker(all_ids, e, np.arange(len(all_ids)))[1] for e in range(epochs)])
+            # Words as the vocabulary delimits them, for every unit (the token masker has no word table).
+            stats[unit] = mask_statistics(maskers["word"], np.concatenate([all_ids] * epochs), labels)
+
     print(f"batch {args.rows} × {args.seq_len} tokens, median of {args.repeats} calls, 2 threads\n")
-    print("| collator | ms per batch | ours is × faster |")
-    print("|---|---|---|")
-    print(f"| ours (gather + mask + tensors) | {t_ours * 1e3:.2f} | 1.0 |")
-    print(f"| HF DataCollatorForLanguageModeling, list inputs | {t_hf_lists * 1e3:.2f} | {t_hf_lists / t_ours:.1f} |")
-    print(f"| HF DataCollatorForLanguageModeling, tensor inputs | {t_hf_tensors * 1e3:.2f} | "
-          f"{t_hf_tensors / t_ours:.1f} |")
-    print(f"\ntraining step (4 layers, hidden 256, sparse head, same batch): {t_step * 1e3:.0f} ms; "
-          f"ours is {100 * t_ours / t_step:.3f}% of it, HF's {100 * min(t_hf_lists, t_hf_tensors) / t_step:.2f}%")
+    print("| collator | ms per batch | × token masking | share of a training step |")
+    print("|---|---|---|---|")
+    for unit in units:
+        print(f"| ours, masking.unit={unit} (gather + mask + tensors) | {t_ours[unit] * 1e3:.2f} | "
+              f"{t_ours[unit] / t_ours['token']:.2f} | {100 * t_ours[unit] / t_step:.3f}% |")
+    for name, t in (("HF DataCollatorForLanguageModeling, list inputs", t_hf_lists),
+                    ("HF DataCollatorForLanguageModeling, tensor inputs", t_hf_tensors),
+                    ("HF DataCollatorForLanguageModeling(whole_word_mask=True), tensors + offsets", t_hf_wwm)):
+        print(f"| {name} | {t * 1e3:.2f} | {t / t_ours['token']:.2f} | {100 * t / t_step:.3f}% |")
+    print(f"\nours vs HF: token masking {min(t_hf_lists, t_hf_tensors) / t_ours['token']:.1f}× faster, "
+          f"whole-word masking {t_hf_wwm / t_ours['word']:.1f}× faster")
+    print(f"training step (4 layers, hidden 256, sparse head, same batch): {t_step * 1e3:.0f} ms\n")
+
+    tokens = epochs * all_ids.size
+    print(f"realised over {tokens:,} tokens ({len(all_ids)} sequences × {epochs} epochs of masks), target 15%:\n")
+    print("| unit | masked fraction | touched words wholly masked | mean span (words) |")
+    print("|---|---|---|---|")
+    for unit, s in stats.items():
+        runs = s.run_lengths
+        mean = (runs @ np.arange(len(runs))) / max(runs.sum(), 1)
+        print(f"| {unit} | {100 * s.masked_fraction:.2f}% | {100 * s.whole_word_fraction:.1f}% | "
+              f"{mean:.2f} |" if unit == "span" else f"| {unit} | {100 * s.masked_fraction:.2f}% | "
+              f"{100 * s.whole_word_fraction:.1f}% | — |")
+    target = span_length_distribution(0.2, 10)
+    runs = stats["span"].run_lengths[1:11]
+    realised = runs / runs.sum()
+    print(f"\nspan lengths in words ({int(runs.sum()):,} spans) against geometric(0.2) truncated at 10:\n")
+    print("| length | " + " | ".join(str(k) for k in range(1, 11)) + " |")
+    print("|---|" + "---|" * 10)
+    print("| realised | " + " | ".join(f"{x:.3f}" for x in realised) + " |")
+    print("| target | " + " | ".join(f"{x:.3f}" for x in target) + " |")
+    print(f"\nlargest difference {np.abs(realised - target).max():.4f}; realised mean "
+          f"{realised @ np.arange(1, 11):.2f}, target {target @ np.arange(1, 11):.2f}")
 
 
 if __name__ == "__main__":

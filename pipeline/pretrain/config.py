@@ -17,7 +17,7 @@ from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import batch_problem
 
-Architecture = Literal["roberta", "bert"]
+Architecture = Literal["roberta", "bert", "roberta-prelayernorm"]
 
 
 @dataclass
@@ -79,12 +79,21 @@ class DataConfig:
 class MaskingConfig:
     mode: Literal["dynamic", "static"] = "dynamic"
     probability: float = 0.15
+    """Fraction of tokens (unit token), of words (unit word) or of words covered by spans (unit span)."""
     mask_token_fraction: float = 0.8
     random_token_fraction: float = 0.1
+    unit: Literal["token", "word", "span"] = "token"
+    """What is chosen: single tokens, whole words (all sub-tokens), or SpanBERT spans of whole words."""
+    span_p: float = 0.2
+    """unit span: span lengths in words are geometric with this p (SpanBERT: 0.2, mean 3.8 words)."""
+    span_max_words: int = 10
+    """unit span: the longest span, in words; the geometric distribution is truncated here and renormalised."""
 
 
 @dataclass
 class OptimizerConfig:
+    name: Literal["adamw", "lamb"] = "adamw"
+    """adamw; or lamb (You et al. 2019) for very large batches: DeepSpeed's fused Lamb on GPU, ours on CPU."""
     lr: float = 6e-4
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-6
@@ -230,6 +239,8 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
     if k.mask_token_fraction < 0 or k.random_token_fraction < 0 or k.mask_token_fraction + k.random_token_fraction > 1:
         add(f"masking.mask_token_fraction {k.mask_token_fraction} + masking.random_token_fraction "
             f"{k.random_token_fraction} must be non-negative and sum to at most 1")
+    if k.unit == "span":
+        problems += span_problems(k)
     o = c.optimizer
     if o.lr <= 0:
         add(f"optimizer.lr: must be > 0, got {o.lr}")
@@ -267,6 +278,22 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
     return problems
 
 
+def span_problems(k: MaskingConfig) -> list[str]:
+    from pipeline.pretrain.masking import MaskingSpec
+
+    if not 0 < k.span_p <= 1 or k.span_max_words < 1:
+        return [f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {k.span_p} and "
+                f"{k.span_max_words}"]
+    # Spans are separated by at least one word, so they cover at most mean / (mean + 1) of the words.
+    mean = MaskingSpec(1, 0, (), span_p=k.span_p, span_max_words=k.span_max_words).mean_span_words
+    most = mean / (mean + 1)
+    if 0 < k.probability < 1 and k.probability > most:
+        return [f"masking.probability {k.probability} is more than spans of {mean:.2f} words on average "
+                f"(masking.span_p {k.span_p}, masking.span_max_words {k.span_max_words}) can cover with a word "
+                f"between them ({most:.3f}); lower it or lengthen the spans"]
+    return []
+
+
 def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
     ds = config.deepspeed
     problems = [f"deepspeed.{key}: derived by the pipeline; set {where}"
@@ -281,6 +308,10 @@ def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
         problems.append("deepspeed.fp16.enabled: fp16 needs a GPU (DeepSpeed does not support it on CPU); "
                         "use deepspeed.bf16.enabled=true on CPU")
     stage = ds.get("zero_optimization", {}).get("stage", 0)
+    offload = (ds.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
+    if config.optimizer.name == "lamb" and offload not in ("none", None):
+        problems.append("optimizer.name lamb with deepspeed.zero_optimization.offload_optimizer: DeepSpeed has no "
+                        "CPU Lamb for offloaded optimizer states; drop the offload or use optimizer.name adamw")
     if stage not in (0, 1, 2, 3):
         problems.append(f"deepspeed.zero_optimization.stage: expected 0, 1, 2 or 3, got {stage!r}")
     return problems
@@ -338,9 +369,17 @@ def data_problems(config: PretrainConfig) -> list[str]:
     if problems:
         return problems
     try:
-        info = describe_tokenizer(load_tokenizer(config.data.tokenizer), config.data.tokenizer)
+        tokenizer = load_tokenizer(config.data.tokenizer)
+        info = describe_tokenizer(tokenizer, config.data.tokenizer)
     except PipelineError as err:
         return [f"data.tokenizer: {err}"]
+    if config.masking.unit != "token":
+        from pipeline.pretrain.word_starts import word_rule
+
+        try:
+            word_rule(tokenizer)
+        except PipelineError as err:
+            problems.append(f"masking.unit {config.masking.unit}: {err}")
     (first, first_index), *others = indexes.items()
     for folder, index in others:  # a mix feeds one model: one vocabulary, one sequence length, one layout
         for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):

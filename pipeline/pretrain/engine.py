@@ -1,19 +1,38 @@
-"""The DeepSpeed engine: its config derived from ours, AdamW groups, and the warmup-then-decay schedule."""
+"""The DeepSpeed engine: its config derived from ours, AdamW or LAMB groups, and the warmup-then-decay schedule.
+
+LAMB: on GPU, DeepSpeed's fused `Lamb` built from the config; on CPU (no CUDA build of it), ours
+(pipeline/pretrain/lamb.py) passed to `deepspeed.initialize` as a client optimizer. Both correct
+the moments' bias, clamp the trust ratio to [0.01, 10] and skip it for the no-decay group (lamb.py
+notes the one difference in where the bias correction is applied). DeepSpeed's ZeRO
+refuses optimizers it has not tested unless `zero_allow_untested_optimizer` is set; the pipeline
+sets it for LAMB, and warns that under ZeRO the trust ratio is computed per flat partition.
+"""
 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
+from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
 
+ZERO_LAMB_CAVEAT = (
+    "optimizer.name lamb with ZeRO stage {stage}: DeepSpeed gives the optimizer flat partitions of the "
+    "flattened parameter groups, so LAMB's trust ratio is computed per partition, not per layer; use ZeRO "
+    "stage 0 for the per-layer ratio of the LAMB paper")
 
-def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False) -> dict[str, Any]:
-    """The user's `deepspeed` section plus what the pipeline derives: batch sizes, optimizer, clipping."""
+
+def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
+                     cuda: bool = False) -> dict[str, Any]:
+    """The user's `deepspeed` section plus what the pipeline derives: batch sizes, optimizer, clipping.
+
+    Without an `optimizer` entry (LAMB on CPU) DeepSpeed takes the client optimizer instead.
+    """
     ds = copy.deepcopy(config.deepspeed)
     if load_universal:  # resuming on another world size (pipeline/pretrain/universal_resume.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
@@ -24,12 +43,16 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
         train_micro_batch_size_per_gpu=plan.micro_batch_size,
         gradient_accumulation_steps=plan.accumulation,
         gradient_clipping=config.train.gradient_clipping,
-        optimizer={"type": "AdamW", "params": {
-            "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-            # torch's AdamW needs no compiled extension; offloaded states need DeepSpeed's CPU Adam.
-            "torch_adam": not offload,
-        }},
     )
+    common = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
+    if o.name == "adamw":
+        # torch's AdamW needs no compiled extension; offloaded states need DeepSpeed's CPU Adam.
+        ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload}}
+    elif cuda:
+        ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
+                                                      "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
+    if o.name == "lamb" and config.zero_stage > 0:
+        ds.setdefault("zero_allow_untested_optimizer", True)
     if ds.get("fp16", {}).get("enabled"):
         ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
     ds.setdefault("steps_per_print", 10**9)  # the pipeline logs itself
@@ -52,18 +75,42 @@ def lr_multiplier(step: int, schedule: ScheduleConfig, max_steps: int) -> float:
     return schedule.end_lr_ratio + (1.0 - schedule.end_lr_ratio) * remaining**power
 
 
+def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool) -> list[dict]:
+    """`parameter_groups`, plus what DeepSpeed's fused Lamb needs to skip the trust ratio in the no-decay group."""
+    groups = parameter_groups(model, config.optimizer.weight_decay)
+    if config.optimizer.name == "lamb" and cuda:
+        # FusedLamb has no per-group switch for the trust ratio; clamped to [1, 1] it is none.
+        groups[1].update(max_coeff=1.0, min_coeff=1.0)
+    return groups
+
+
+def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> torch.optim.Optimizer | None:
+    """Our LAMB on CPU; None where DeepSpeed builds the optimizer from its config."""
+    o = config.optimizer
+    if o.name != "lamb" or cuda:
+        return None
+    return Lamb(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, bias_correction=True)
+
+
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False):
     """`deepspeed.initialize` with our derived config; returns the engine."""
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    cuda = get_accelerator().device_name() == "cuda"
 
     def make_scheduler(optimizer):
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_multiplier(step, config.schedule, config.train.max_steps))
 
+    if config.optimizer.name == "lamb" and config.zero_stage > 0:
+        warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
+    groups = optimizer_groups(model, config, cuda)
     engine, *_ = deepspeed.initialize(
         model=model,
-        model_parameters=parameter_groups(model, config.optimizer.weight_decay),
+        model_parameters=groups,
+        optimizer=client_optimizer(groups, config, cuda),
         lr_scheduler=make_scheduler,
-        config=deepspeed_config(config, plan, load_universal),
+        config=deepspeed_config(config, plan, load_universal, cuda),
     )
     return engine

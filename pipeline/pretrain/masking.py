@@ -1,18 +1,37 @@
-"""Dynamic MLM masking, vectorised over a batch and reproducible from (seed, epoch, sequence index).
+"""MLM masking, vectorised over a batch and reproducible from (seed, epoch, sequence index).
 
 Written by hand rather than using transformers' `DataCollatorForLanguageModeling` for two reasons:
 - speed: HF builds the special-token mask with a Python loop per sequence; here one table lookup
   covers the batch (see benchmarks/collator_throughput.py);
 - exact resumption: HF draws from the process's global RNG, so a mask depends on everything drawn
-  before it. Here each token's random numbers are a hash (splitmix64) of (seed, stream, epoch,
-  sequence index, position): a sequence gets the same mask whichever rank, worker or resumed run
-  serves it, and a new one every epoch. `static` mode drops the epoch from the key (RoBERTa's
+  before it. Here each random number is a hash (splitmix64) of (seed, stream, epoch, sequence
+  index, position or span slot): a sequence gets the same mask whichever rank, worker or resumed
+  run serves it, and a new one every epoch. `static` mode drops the epoch from the key (RoBERTa's
   ablation: one mask per sequence for the whole run).
+
+Three units of masking (`MaskingSpec.unit`):
+- `token`: each ordinary token is chosen with probability `probability` (BERT, RoBERTa);
+- `word`: each word is chosen with probability `probability` and all its sub-tokens are masked
+  (whole-word masking); 80/10/10 is still decided per token, as fairseq does;
+- `span`: SpanBERT (Joshi et al., 2020): spans of whole words whose lengths follow a geometric
+  distribution (p = `span_p`, truncated at `span_max_words` and renormalised, mean 3.8 words for
+  0.2 and 10), starting at word boundaries, covering `probability` of the words (hence of the
+  tokens) in expectation; 80/10/10 is decided once per span.
+Word boundaries come from `word_starts.word_start_table` (one lookup per token, no re-tokenizing)
+plus "a token after a special token begins a word".
+
+The span layout is a renewal process along the row's words — gap, span, gap, span… — with gaps of
+at least one word, so spans never touch and each masked run is exactly one drawn span. Gap lengths
+are geometric with the mean that makes spans cover `probability` of the words, and the process
+starts at a hashed phase before the row so the first word is as likely masked as any other.
+SpanBERT instead places spans one at a time until the budget is met, a loop per sequence; the
+renewal form keeps the batch vectorised and every draw a pure function of its slot.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -22,6 +41,11 @@ IGNORE_INDEX = -100
 TRAIN_STREAM, EVAL_STREAM = 1, 2
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+# Salts that separate the span draws (gap, length, 80/10/10 kind, phase) from each other and from the token draws.
+_GAP, _LENGTH, _KIND, _PHASE = (np.uint64(s) for s in (0x243F6A8885A308D3, 0x13198A2E03707344,
+                                                        0xA4093822299F31D0, 0x082EFA98EC4E6C89))
+
+MaskingUnit = Literal["token", "word", "span"]
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -38,6 +62,12 @@ def _uniform(bits: np.ndarray) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def span_length_distribution(p: float, max_words: int) -> np.ndarray:
+    """P(length = 1 … max_words): geometric(p) truncated at `max_words` and renormalised, as SpanBERT does."""
+    weights = p * (1 - p) ** np.arange(max_words)
+    return weights / weights.sum()
+
+
 @dataclass(frozen=True)
 class MaskingSpec:
     vocab_size: int
@@ -47,18 +77,41 @@ class MaskingSpec:
     mask_token_fraction: float = 0.8
     random_token_fraction: float = 0.1
     static: bool = False
+    unit: MaskingUnit = "token"
+    span_p: float = 0.2
+    span_max_words: int = 10
+
+    @property
+    def mean_span_words(self) -> float:
+        return float(span_length_distribution(self.span_p, self.span_max_words) @ np.arange(1, self.span_max_words + 1))
 
 
 class Masker:
     """Chooses and corrupts MLM positions for a batch of token rows."""
 
-    def __init__(self, spec: MaskingSpec, seed: int):
+    def __init__(self, spec: MaskingSpec, seed: int, word_starts: np.ndarray | None = None):
+        """`word_starts` (from `word_starts.word_start_table`) is required for the `word` and `span` units."""
+        if spec.unit != "token" and word_starts is None:
+            raise ValueError(f"masking unit {spec.unit!r} needs the vocabulary's word-start table")
         self.spec = spec
         self.seed = seed
-        self._is_special = np.zeros(max(spec.vocab_size, max(spec.special_ids, default=0) + 1), dtype=bool)
+        size = max(spec.vocab_size, max(spec.special_ids, default=0) + 1, len(word_starts) if word_starts is not None
+                   else 0)
+        self._is_special = np.zeros(size, dtype=bool)
         self._is_special[list(spec.special_ids)] = True
+        self._starts_word = np.zeros(size, dtype=bool)
+        if word_starts is not None:
+            self._starts_word[: len(word_starts)] = word_starts
         # Random replacements are ordinary tokens only: a random <s> or <pad> would teach nothing.
         self._ordinary_ids = np.flatnonzero(~self._is_special[: spec.vocab_size])
+        self._length_cdf = np.cumsum(span_length_distribution(spec.span_p, spec.span_max_words))
+        if spec.unit == "span":
+            # Spans cover mean_span / (mean_span + mean_gap) of the words in a long row.
+            mean_span = spec.mean_span_words
+            self._mean_gap = mean_span * (1 - spec.probability) / spec.probability
+            if self._mean_gap < 1:
+                raise ValueError(f"span masking cannot cover {spec.probability} of the words with spans of "
+                                 f"{mean_span:.2f} words on average separated by at least one word")
 
     def keys(self, epoch: int | np.ndarray, indices: np.ndarray, stream: int = TRAIN_STREAM) -> np.ndarray:
         """One 64-bit key per sequence from (seed, stream, epoch, index); `epoch` is one or one per sequence."""
@@ -76,13 +129,27 @@ class Masker:
         keys = self.keys(epoch, np.asarray(indices), stream)
         positions = np.arange(length, dtype=np.uint64) * _GOLDEN
         bits = splitmix64(keys[:, None] ^ positions[None, :])
-        chosen = (_uniform(bits) < spec.probability) & ~self._is_special[ids]
+        special = self._is_special[ids]
+        if spec.unit == "token":
+            chosen = (_uniform(bits) < spec.probability) & ~special
+        else:
+            starts = self.word_starts(ids, special)
+            if spec.unit == "word":
+                # A word is chosen by the draw at its first token; its other tokens follow it.
+                owner = np.maximum.accumulate(np.where(starts, np.arange(length), 0), axis=1)
+                chosen_start = starts & (_uniform(bits) < spec.probability)
+                chosen = np.take_along_axis(chosen_start, owner, axis=1) & ~special
+            else:
+                chosen, span_slot = self._spans(keys, starts, special)
         labels = np.where(chosen, ids, IGNORE_INDEX)
 
         # A second, independent draw for the chosen positions only: which corruption, which token.
         rows_i, cols_i = np.nonzero(chosen)
         second = splitmix64(bits[rows_i, cols_i] ^ _M2)
-        kind = _uniform(second)
+        if spec.unit == "span":  # one draw per span, keyed by the span's slot in its row
+            kind = _uniform(splitmix64(keys[rows_i] ^ ((span_slot[rows_i, cols_i] + np.uint64(1)) * _GOLDEN) ^ _KIND))
+        else:
+            kind = _uniform(second)
         corrupted = ids.copy()
         to_mask = kind < spec.mask_token_fraction
         to_random = (~to_mask) & (kind < spec.mask_token_fraction + spec.random_token_fraction)
@@ -90,3 +157,96 @@ class Masker:
         random_pick = splitmix64(second[to_random]) % np.uint64(len(self._ordinary_ids))
         corrupted[rows_i[to_random], cols_i[to_random]] = self._ordinary_ids[random_pick.astype(np.int64)]
         return corrupted, labels
+
+    def word_starts(self, ids: np.ndarray, special: np.ndarray | None = None) -> np.ndarray:
+        """True at the first token of every word: a word-start vocabulary entry, or the first token after a special."""
+        special = self._is_special[ids] if special is None else special
+        after_special = np.ones_like(special)
+        after_special[:, 1:] = special[:, :-1]
+        return ~special & (self._starts_word[ids] | after_special)
+
+    def _spans(self, keys: np.ndarray, starts: np.ndarray, special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen tokens, each token's span slot) for span masking."""
+        spec = self.spec
+        rows = len(keys)
+        word_of_token = np.cumsum(starts, axis=1) - 1
+        words = int(starts.sum(axis=1).max(initial=0))
+        # Slot j of a row is (gap_j, span_j); a cycle is ≥ 2 words, and the phase adds at most one mean cycle.
+        cycle = spec.mean_span_words + self._mean_gap
+        slots = (words + int(np.ceil(cycle)) + 1) // 2 + 2
+        slot_keys = keys[:, None] ^ (np.arange(1, slots + 1, dtype=np.uint64) * _GOLDEN)[None, :]
+        # Gaps: 1 + geometric, mean `mean_gap`; inverse CDF of a uniform in (0, 1].
+        q = 1.0 / self._mean_gap
+        gap_u = 1.0 - _uniform(splitmix64(slot_keys ^ _GAP))
+        gaps = 1 + (np.floor(np.log(gap_u) / np.log1p(-q)) if q < 1 else np.zeros_like(gap_u)).astype(np.int64)
+        lengths = 1 + np.searchsorted(self._length_cdf, _uniform(splitmix64(slot_keys ^ _LENGTH)), side="right")
+        lengths = np.minimum(lengths, spec.span_max_words)
+        phase = np.floor(_uniform(splitmix64(keys ^ _PHASE)) * cycle).astype(np.int64)
+        span_start = -phase[:, None] + np.cumsum(gaps, axis=1) + np.cumsum(lengths, axis=1) - lengths
+        span_end = span_start + lengths
+        visible = (span_end > 0) & (span_start < words)
+        r, j = np.nonzero(visible)
+        lo, hi = np.clip(span_start[r, j], 0, words), np.clip(span_end[r, j], 0, words)
+        # Spans never touch (so no start or end position repeats), hence a running count of starts
+        # minus ends marks covered words, and the running maximum of the slot number at each start
+        # names the span a word belongs to.
+        depth = np.zeros((rows, words + 1), dtype=np.int8)
+        depth[r, lo] = 1
+        depth[r, hi] = -1
+        covered = np.cumsum(depth, axis=1, dtype=np.int8)[:, :words] > 0
+        slot_at = np.full((rows, words + 1), -1, dtype=np.int64)
+        slot_at[r, lo] = j
+        span_of_word = np.maximum.accumulate(slot_at, axis=1)[:, :words]
+        word = np.clip(word_of_token, 0, max(words - 1, 0))
+        chosen = np.take_along_axis(covered, word, axis=1) & ~special if words else np.zeros_like(special)
+        span_slot = np.take_along_axis(span_of_word, word, axis=1).astype(np.uint64) if words else \
+            np.zeros(special.shape, dtype=np.uint64)
+        return chosen, span_slot
+
+
+def build_masker(masking, tokenizer, vocab_size: int, mask_id: int, seed: int) -> Masker:
+    """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary)."""
+    from pipeline.pretrain.word_starts import word_start_table
+
+    spec = MaskingSpec(vocab_size, mask_id, tuple(sorted(set(tokenizer.all_special_ids))), masking.probability,
+                       masking.mask_token_fraction, masking.random_token_fraction, static=masking.mode == "static",
+                       unit=masking.unit, span_p=masking.span_p, span_max_words=masking.span_max_words)
+    table = word_start_table(tokenizer, vocab_size) if masking.unit != "token" else None
+    return Masker(spec, seed, table)
+
+
+@dataclass(frozen=True)
+class MaskStatistics:
+    """What a batch of masks realised, measured from the labels alone (benchmarks and tests)."""
+
+    masked_fraction: float
+    """Chosen tokens ÷ ordinary (non-special) tokens."""
+    whole_word_fraction: float
+    """Of the words with at least one chosen token, the fraction with all their tokens chosen."""
+    run_lengths: np.ndarray
+    """`run_lengths[k]`: how many maximal runs of k consecutive chosen words (index 0 unused)."""
+
+
+def mask_statistics(masker: Masker, input_ids: np.ndarray, labels: np.ndarray) -> MaskStatistics:
+    """Realised statistics of `labels` over `input_ids`, with words as `masker` delimits them.
+
+    `masker` needs the word-start table (any unit built with one) for word-level figures to mean anything.
+    """
+    special = masker._is_special[input_ids]
+    starts = masker.word_starts(input_ids, special)
+    rows, length = input_ids.shape
+    ordinary = ~special
+    chosen = (labels != IGNORE_INDEX) & ordinary
+    word = (np.cumsum(starts, axis=1) - 1 + np.arange(rows)[:, None] * length)[ordinary]
+    tokens = np.bincount(word, minlength=rows * length)
+    hits = np.bincount(word, weights=chosen[ordinary], minlength=rows * length)
+    touched = hits > 0
+    word_chosen = (hits == tokens) & touched  # a word counts as chosen in a run only if wholly chosen
+    # Runs of chosen words within a row: pad each row's words with a False on both sides.
+    padded = np.zeros((rows, length + 2), dtype=np.int8)
+    padded[:, 1:-1] = word_chosen.reshape(rows, length)
+    edges = np.diff(padded, axis=1)
+    runs = np.flatnonzero(edges.ravel() == -1) - np.flatnonzero(edges.ravel() == 1)
+    return MaskStatistics(masked_fraction=float(chosen.sum() / max(ordinary.sum(), 1)),
+                          whole_word_fraction=float(word_chosen.sum() / max(touched.sum(), 1)),
+                          run_lengths=np.bincount(runs, minlength=2))

@@ -1,7 +1,9 @@
 """Encoders built from transformers' own classes, with the MLM head applied only at masked positions.
 
-`SparseRobertaForMaskedLM` and `SparseBertForPreTraining` subclass `RobertaForMaskedLM` and
-`BertForPreTraining` and only override `forward`: parameter names and state-dict keys are HF's,
+`SparseRobertaForMaskedLM`, `SparseRobertaPreLayerNormForMaskedLM` and `SparseBertForPreTraining`
+subclass `RobertaForMaskedLM`, `RobertaPreLayerNormForMaskedLM` (pre-LN: LayerNorm before each
+sub-layer, stable at higher learning rates) and `BertForPreTraining`, and only override
+`forward`: parameter names and state-dict keys are HF's,
 so an export is a plain HF checkpoint. The override gathers the ~15% masked positions before the
 head, so the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone;
 the loss is the same mean cross-entropy over masked tokens that HF computes from full logits.
@@ -11,7 +13,14 @@ from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
-from transformers import BertConfig, BertForPreTraining, RobertaConfig, RobertaForMaskedLM
+from transformers import (
+    BertConfig,
+    BertForPreTraining,
+    RobertaConfig,
+    RobertaForMaskedLM,
+    RobertaPreLayerNormConfig,
+    RobertaPreLayerNormForMaskedLM,
+)
 
 from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
@@ -22,13 +31,15 @@ HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
 
 
-def hf_config(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> RobertaConfig | BertConfig:
-    """RobertaConfig/BertConfig for `model`, sized to the tokenizer's vocabulary and `seq_len`."""
+def hf_config(model: ModelConfig, tokenizer: TokenizerInfo,
+              seq_len: int) -> RobertaConfig | RobertaPreLayerNormConfig | BertConfig:
+    """The transformers config for `model`, sized to the tokenizer's vocabulary and `seq_len`."""
     fields = {name: getattr(model, name) for name in HF_CONFIG_FIELDS}
     fields["attn_implementation"] = model.attn_implementation
-    if model.architecture == "roberta":
+    if model.architecture in ("roberta", "roberta-prelayernorm"):
         # RoBERTa numbers positions from pad_id + 1, so seq_len tokens need pad_id + 1 more slots.
-        return RobertaConfig(**fields, vocab_size=tokenizer.vocab_size,
+        cls = RobertaConfig if model.architecture == "roberta" else RobertaPreLayerNormConfig
+        return cls(**fields, vocab_size=tokenizer.vocab_size,
                              max_position_embeddings=seq_len + tokenizer.pad_id + 1,
                              type_vocab_size=model.type_vocab_size or 1, pad_token_id=tokenizer.pad_id,
                              bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
@@ -52,6 +63,15 @@ class SparseRobertaForMaskedLM(RobertaForMaskedLM):
         return {"loss": _masked_lm_loss(hidden, labels, self.lm_head)}
 
 
+class SparseRobertaPreLayerNormForMaskedLM(RobertaPreLayerNormForMaskedLM):
+    """RobertaPreLayerNormForMaskedLM with the sparse MLM head; returns the loss."""
+
+    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, **_):
+        hidden = self.roberta_prelayernorm(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                           return_dict=True).last_hidden_state
+        return {"loss": _masked_lm_loss(hidden, labels, self.lm_head)}
+
+
 class SparseBertForPreTraining(BertForPreTraining):
     """BertForPreTraining (MLM + next-sentence prediction) with the sparse MLM head; returns the losses."""
 
@@ -62,8 +82,10 @@ class SparseBertForPreTraining(BertForPreTraining):
         return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp}
 
 
-SPARSE_CLASSES = {"roberta": SparseRobertaForMaskedLM, "bert": SparseBertForPreTraining}
-EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "bert": BertForPreTraining}
+SPARSE_CLASSES = {"roberta": SparseRobertaForMaskedLM, "roberta-prelayernorm": SparseRobertaPreLayerNormForMaskedLM,
+                  "bert": SparseBertForPreTraining}
+EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": RobertaPreLayerNormForMaskedLM,
+                  "bert": BertForPreTraining}
 
 
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
@@ -76,11 +98,15 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa)."""
+    """Optimizer groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa).
+
+    LAMB also skips its trust ratio in the second group (pipeline/pretrain/lamb.py). Norms are found
+    by module type, not by name: every name in the pre-LN model contains "roberta_prelayernorm".
+    """
+    norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        is_norm = "layernorm" in name.lower() or "layer_norm" in name.lower()
-        (no_decay if name.endswith("bias") or is_norm or param.ndim < 2 else decay).append(param)
+        (no_decay if name.endswith("bias") or id(param) in norms or param.ndim < 2 else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -24,7 +24,7 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, lr_multiplier
 from pipeline.pretrain.flops import mfu, training_flops_per_token
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec, splitmix64
+from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, splitmix64
 from pipeline.pretrain.mixture import PretrainData
 from pipeline.pretrain.model import build_model
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
@@ -61,10 +61,8 @@ class Pretrainer:
         self.tokenizer = load_tokenizer(config.data.tokenizer)
         self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
         m = config.masking
-        special = tuple(sorted(set(self.tokenizer.all_special_ids)))
-        spec = MaskingSpec(self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id, special, m.probability,
-                           m.mask_token_fraction, m.random_token_fraction, static=m.mode == "static")
-        self.masker = Masker(spec, config.train.seed)
+        self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
+                                   config.train.seed)
         self.data = PretrainData(config.data, self.plan, self.masker, seed=config.train.seed,
                                  cache_dir=config.cache_dir, tokenizer_fingerprint=self.tokenizer_info.fingerprint,
                                  with_segments=config.model.architecture == "bert")

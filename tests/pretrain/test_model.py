@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertForPreTraining, RobertaForMaskedLM
+from transformers import BertForPreTraining, RobertaForMaskedLM, RobertaPreLayerNormForMaskedLM
 
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
@@ -17,11 +17,11 @@ SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, interme
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
-def masked_batch(rows=4, length=32, seed=0):
+def masked_batch(rows=4, length=32, seed=0, probability=0.15):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, 500, (rows, length), generator=g)
     labels = torch.full_like(ids, IGNORE_INDEX)
-    chosen = torch.rand(ids.shape, generator=g) < 0.15
+    chosen = torch.rand(ids.shape, generator=g) < probability
     labels[chosen] = ids[chosen]
     return ids, labels
 
@@ -36,6 +36,26 @@ def test_roberta_loss_equals_hf_full_logit_loss_and_keys_match():
     ours = sparse(input_ids=ids, labels=labels)["loss"]
     theirs = reference(input_ids=ids, labels=labels).loss
     assert abs(ours.item() - theirs.item()) < 1e-5
+
+
+@pytest.mark.parametrize("probability", [0.15, 0.30])
+def test_pre_layernorm_roberta_loss_equals_hf_full_logit_loss_and_keys_match(probability):
+    """Also at MosaicBERT's and ModernBERT's 30% masking rate: the sparse head gathers twice the rows."""
+    torch.manual_seed(0)
+    sparse = build_model(ModelConfig(architecture="roberta-prelayernorm", **SMALL), TOKENIZER, seq_len=32).eval()
+    assert isinstance(sparse, RobertaPreLayerNormForMaskedLM) and sparse.config.model_type == "roberta-prelayernorm"
+    reference = RobertaPreLayerNormForMaskedLM(sparse.config).eval()
+    assert list(reference.state_dict()) == list(sparse.state_dict())
+    reference.load_state_dict(sparse.state_dict())
+    ids, labels = masked_batch(rows=8, probability=probability)
+    assert abs((labels != IGNORE_INDEX).float().mean().item() - probability) < 0.05
+    ours = sparse(input_ids=ids, labels=labels)["loss"]
+    theirs = reference(input_ids=ids, labels=labels).loss
+    assert abs(ours.item() - theirs.item()) < 1e-5
+    # Pre-LN: LayerNorm before attention and the feed-forward, and a final one after the last layer.
+    keys = sparse.state_dict()
+    assert "roberta_prelayernorm.LayerNorm.weight" in keys
+    assert "roberta_prelayernorm.encoder.layer.0.attention.LayerNorm.weight" in keys
 
 
 def test_roberta_positions_leave_room_for_the_padding_offset():
@@ -59,13 +79,15 @@ def test_bert_mlm_and_nsp_losses_equal_hf_and_keys_match():
     assert sparse.config.type_vocab_size == 2
 
 
-def test_no_weight_decay_on_biases_and_layer_norms():
-    model = build_model(ModelConfig(**SMALL), TOKENIZER, seq_len=32)
+@pytest.mark.parametrize("architecture", ["roberta", "roberta-prelayernorm", "bert"])
+def test_no_weight_decay_on_biases_and_layer_norms(architecture):
+    model = build_model(ModelConfig(architecture=architecture, **SMALL), TOKENIZER, seq_len=32)
     decay, no_decay = parameter_groups(model, 0.01)
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(p.ndim == 2 for p in decay["params"])
-    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] or "layer_norm" in names[id(p)]
-               for p in no_decay["params"])
+    assert all(names[id(p)].endswith(("bias", "LayerNorm.weight", "layer_norm.weight")) for p in no_decay["params"])
+    # Every weight matrix decays, although each pre-LN name contains "prelayernorm".
+    assert len(decay["params"]) == sum(p.ndim == 2 for p in model.parameters())
     assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.01
 
 

@@ -12,7 +12,8 @@ from pipeline.common.config_tree import ConfigError, apply_overrides, parse_over
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
-from pipeline.pretrain.engine import deepspeed_config, lr_multiplier
+from pipeline.pretrain.engine import client_optimizer, deepspeed_config, lr_multiplier, optimizer_groups
+from pipeline.pretrain.lamb import Lamb
 
 
 def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
@@ -33,6 +34,14 @@ def test_shipped_presets_have_the_published_recipes():
     assert large.precision == "bf16" and large.zero_stage == 2
     bert = load_pretrain_config(ROOT / "configs/bert-base.json", world_size=8, cuda=True, check_files=False)
     assert bert.model.architecture == "bert"
+    # NVIDIA's BERT-large phase 1: 64k sequences of 128 per step, LAMB at 6e-3, 7,038 steps, 28.43% warmup,
+    # polynomial decay of power 0.5; 8 GPUs × 64 × accumulation 128 as in their script.
+    lamb = load_pretrain_config(ROOT / "configs/bert-large-lamb.json", world_size=8, cuda=True, check_files=False)
+    assert (lamb.optimizer.name, lamb.optimizer.lr, lamb.optimizer.betas) == ("lamb", 6e-3, (0.9, 0.999))
+    assert (lamb.train.global_batch_size, lamb.train.max_steps, lamb.schedule.warmup_steps) == (65_536, 7038, 2000)
+    assert BatchPlan.derive(65_536, lamb.train.micro_batch_size, 8).accumulation == 128
+    assert (lamb.model.num_hidden_layers, lamb.model.hidden_size, lamb.schedule.power) == (24, 1024, 0.5)
+    assert lamb.zero_stage == 0  # keeps LAMB's trust ratio per layer (see the README's optimizer section)
 
 
 def test_set_overrides_parse_json_values_else_strings():
@@ -123,3 +132,49 @@ def test_schedule_warms_up_linearly_then_decays_to_the_end_ratio():
     assert lrs[14] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
     poly = ScheduleConfig(warmup_steps=0, decay="polynomial", power=2.0)
     assert lr_multiplier(5, poly, 10) == pytest.approx(0.25)
+
+
+def test_lamb_is_deepspeeds_fused_lamb_on_gpu_and_ours_on_cpu(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    from pipeline.data.tokenizer import TokenizerInfo
+    from pipeline.pretrain.model import build_model
+
+    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", optimizer={"name": "lamb"},
+                                deepspeed={"zero_optimization": {"stage": 2}})
+    config = load_pretrain_config(write(tmp_path, data), world_size=2)
+    plan = BatchPlan.derive(16, 4, 2)
+    gpu = deepspeed_config(config, plan, cuda=True)
+    assert gpu["optimizer"]["type"] == "Lamb"
+    assert gpu["optimizer"]["params"]["bias_correction"] is True
+    assert (gpu["optimizer"]["params"]["min_coeff"], gpu["optimizer"]["params"]["max_coeff"]) == (0.01, 10.0)
+    assert gpu["zero_allow_untested_optimizer"] is True  # ZeRO refuses optimizers it has not tested
+    cpu = deepspeed_config(config, plan, cuda=False)
+    assert "optimizer" not in cpu and cpu["zero_allow_untested_optimizer"] is True
+
+    model = build_model(config.model, TokenizerInfo("t", "sha256:0", 400, 0, 2, 1, 4, "{}"), seq_len=64)
+    decay, no_decay = optimizer_groups(model, config, cuda=True)
+    # FusedLamb's trust ratio clamped to [1, 1] is no trust ratio: biases and LayerNorm take Adam's step.
+    assert (no_decay["max_coeff"], no_decay["min_coeff"], no_decay["weight_decay"]) == (1.0, 1.0, 0.0)
+    assert "max_coeff" not in decay and client_optimizer([decay, no_decay], config, cuda=True) is None
+    ours = client_optimizer(optimizer_groups(model, config, cuda=False), config, cuda=False)
+    assert isinstance(ours, Lamb) and ours.defaults["bias_correction"] is True
+    assert [g["weight_decay"] for g in ours.param_groups] == [0.01, 0.0]
+
+    zero0 = load_pretrain_config(write(tmp_path, {**data, "deepspeed": {}}), world_size=2)
+    assert "zero_allow_untested_optimizer" not in deepspeed_config(zero0, plan, cuda=True)
+    adamw = load_pretrain_config(write(tmp_path, {**data, "optimizer": {}}), world_size=2)
+    assert deepspeed_config(adamw, plan, cuda=True)["optimizer"]["type"] == "AdamW"
+
+
+def test_span_and_lamb_settings_are_checked_up_front(tmp_path):
+    data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
+                                masking={"unit": "span", "probability": 0.85, "span_p": 0.2},
+                                optimizer={"name": "lamb"},
+                                deepspeed={"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), cuda=True)
+    message = str(err.value)
+    assert "masking.probability 0.85 is more than spans of 3.80 words" in message
+    assert "DeepSpeed has no CPU Lamb for offloaded optimizer states" in message
+    data["masking"] = {"unit": "sentence", "span_max_words": 0}
+    with pytest.raises(ConfigError, match='masking.unit: expected one of "token", "word", "span"'):
+        load_pretrain_config(write(tmp_path, data), cuda=True)
