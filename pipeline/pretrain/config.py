@@ -416,7 +416,7 @@ def data_problems(config: PretrainConfig) -> list[str]:
 
 
 # The HF `model_type` that continued pretraining of each architecture can start from.
-INIT_FROM_MODEL_TYPES = {"roberta": "roberta", "bert": "bert"}
+INIT_FROM_MODEL_TYPES = {"roberta": "roberta", "bert": "bert", "roberta-prelayernorm": "roberta-prelayernorm"}
 
 
 def init_from_problems(config: PretrainConfig, tokenizer, seq_len: int) -> list[str]:
