@@ -40,7 +40,12 @@ def main(argv=None) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: train.seed)")
     p.add_argument("--from-scratch", action="store_true", help="random initial weights (the no-pretraining baseline)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     args = p.parse_args(argv)
+    from pipeline.common.console import quiet_frameworks
+
+    quiet_frameworks(args.verbose)
     from pipeline.finetune.config import load_finetune_config
 
     config = load_finetune_config(args.config, args.set)

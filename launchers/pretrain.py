@@ -27,6 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--print-config", action="store_true",
                    help="validate, print the resolved config and batch arithmetic, and exit")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     return p.parse_args(argv)
 
@@ -34,7 +36,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 @exit_on_pipeline_error
 def main(argv=None) -> None:
     args = parse_args(argv)
+    from pipeline.common.console import quiet_frameworks
     from pipeline.common.topology import prepare_environment
+
+    quiet_frameworks(args.verbose)
 
     topology = prepare_environment()
     from pipeline.common.config_tree import to_dict

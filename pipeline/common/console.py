@@ -1,0 +1,140 @@
+"""What a user sees on screen: the stages and figures, with the frameworks' chatter kept in log files.
+
+Two places make the noise. In a launcher's own process, `quiet_frameworks()` lowers DeepSpeed's
+logger to warnings, hides transformers' weight-loading bars and ignores the known FutureWarnings
+(each by its message and module, never a whole category). The main job runs every stage as a
+command: `run_logged()` writes the command's whole output to a log file and shows on screen only
+the lines `ScreenFilter` lets through (all of them with --verbose).
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import IO
+
+# Known FutureWarnings/DeprecationWarnings that say nothing to a user of this pipeline:
+# (message regex, module regex). Each names its source; the screen filter and the in-process
+# warning filters both read this list.
+KNOWN_WARNINGS: tuple[tuple[str, str], ...] = (
+    # torch.distributed's gloo barrier under DeepSpeed on CPU: "barrier(): using the device under current context".
+    (r".*barrier\(\): using the device", r"torch\.distributed.*"),
+    # DeepSpeed's ZeRO checkpoint loading calls torch.load without weights_only.
+    (r".*You are using `torch\.load` with `weights_only=False`", r"deepspeed.*|torch.*"),
+    # accelerate / torch.amp API renames.
+    (r".*`torch\.cpu\.amp\.autocast\(args\.\.\.\)` is deprecated", r"accelerate.*|torch.*"),
+)
+
+# Lines that are framework bookkeeping, hidden on screen unless --verbose (they stay in the log).
+_NOISE = re.compile("|".join((
+    r"^\[[\d\-: ,]+\] \[(DEBUG|INFO)\] ",                        # DeepSpeed's launcher and engine INFO logs
+    r"^\[[\d\-: ,]+\] \[WARNING\] \[real_accelerator\.py",       # "Setting accelerator to CPU": expected here
+    r"^\[[\d\-: ,]+\] \[WARNING\] \[runner\.py:\d+:fetch_hostfile\]",  # no hostfile: one machine, as intended
+    r"^DeepSpeed deepspeed\.ops\.\S+ built successfully",        # DeepSpeed's print after loading its comm op
+    r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO (mlflow|alembic)",      # MLflow creating or migrating its database
+    r"^INFO  \[alembic",
+    r"^(Using|Emitting|Building|Loading|Creating) .*(extension|ninja|PyTorch extensions root)",  # torch JIT build
+    r"^\[\d+/\d+\] (c\+\+|g\+\+|cc) ",                             # ninja's compile lines
+    r"^Loading weights",                                         # transformers' weight-loading bar
+    r"^Detected (kernel version|operating system)",
+)))
+_PYTHON_WARNING = re.compile(r"^\S.*:\d+: (\w+Warning): (.*)$")
+
+
+def _is_known_warning(category: str, message: str) -> bool:
+    return category in ("FutureWarning", "DeprecationWarning", "UserWarning") and any(
+        re.match(pattern, message) for pattern, _ in KNOWN_WARNINGS)
+
+
+class ScreenFilter:
+    """Decide line by line what reaches the screen; a hidden Python warning hides its source line too."""
+
+    def __init__(self) -> None:
+        self._in_hidden_warning = False
+
+    def shows(self, line: str) -> bool:
+        text = line.rstrip("\r\n")
+        if self._in_hidden_warning and text.startswith("  "):  # the warning's quoted source line
+            return False
+        self._in_hidden_warning = False
+        warning = _PYTHON_WARNING.match(text)
+        if warning and _is_known_warning(warning.group(1), warning.group(2)):
+            self._in_hidden_warning = True
+            return False
+        return not _NOISE.search(text)
+
+
+def run_logged(args: list[str], log: Path, *, verbose: bool = False, screen: IO[str] | None = None,
+               **popen) -> int:
+    """Run a command with stdout and stderr merged into `log` (all of it); echo what the screen should see.
+
+    The log is appended to, each run under a `# <time> $ <command>` line, so a rerun keeps the
+    first run's log. Progress bars (`\\r` updates) go to the screen as they come, and only their final state to the
+    log. Returns the command's exit code. Set PYTHONUNBUFFERED in the child's env so its prints and
+    warnings arrive in the order they were made.
+    """
+    screen = screen or sys.stdout
+    shown = ScreenFilter()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with open(log, "a", encoding="utf-8") as file, subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen) as proc:
+        file.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')} $ {shlex.join(map(str, args))}\n")
+        pending, on_screen_bar = "", False
+        while chunk := proc.stdout.read1(1 << 16):
+            pending += decoder.decode(chunk)
+            # Split into pieces ending in "\n" (a line) or "\r" (a progress-bar update).
+            for piece in re.findall(r"[^\r\n]*(?:\r\n|\n|\r)", pending):
+                pending = pending[len(piece):]
+                line_end = piece.endswith("\n")
+                text = piece.rstrip("\r\n")
+                if line_end:
+                    file.write(text + "\n")
+                if verbose or (text and shown.shows(text)) or (line_end and on_screen_bar and not text):
+                    screen.write(text + ("\n" if line_end else "\r"))
+                    screen.flush()
+                    on_screen_bar = not line_end
+                elif line_end and on_screen_bar:  # end a bar left on screen before the next line
+                    screen.write("\n")
+                    on_screen_bar = False
+        if pending:
+            file.write(pending + "\n")
+            if verbose or shown.shows(pending):
+                screen.write(pending + "\n")
+        if on_screen_bar:
+            screen.write("\n")
+        screen.flush()
+        return proc.wait()
+
+
+def quiet_frameworks(verbose: bool = False, *, transformers: bool = True) -> None:
+    """In a launcher's process: DeepSpeed and MLflow at warnings, no known FutureWarnings, no weight bars.
+
+    `verbose` leaves every framework at its own defaults. Call it first thing, before the frameworks
+    are imported. `transformers=False` skips hiding its weight-loading bars, for launchers that load
+    no model and should not pay its import (seconds).
+    """
+    if verbose:
+        return
+    for message, module in KNOWN_WARNINGS:
+        for category in (FutureWarning, DeprecationWarning, UserWarning):
+            warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    # DeepSpeed's logger defaults to warnings, but a DeepSpeed config's "log_level" or its launcher can raise it.
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    for handler in logging.getLogger("DeepSpeed").handlers:
+        handler.setLevel(logging.WARNING)
+    # MLflow reads this when imported; its INFO lines narrate creating and migrating the database.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    if transformers:
+        # Not HF_HUB_DISABLE_PROGRESS_BARS: a hub download of a large model should still show progress.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
