@@ -97,7 +97,7 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
         figures.append(("validation MLM loss", f"not found in {out / 'pretrain' / 'metrics.jsonl'}"))
     pretrained, scratch = runs["pretrained"], runs["from scratch"]
     if pretrained and scratch:
-        figures.append((f"{pretrained.task} {pretrained.metric}",
+        figures.append((f"{pretrained.metric} ({pretrained.task} task)",
                         f"pretrained {pretrained.median:.3f} vs from scratch {scratch.median:.3f} "
                         f"({pretrained.median - scratch.median:+.3f}; medians of {pretrained.seeds} seeds)"))
     else:

@@ -60,8 +60,9 @@ def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_fold
     assert "8,000-token vocabulary; 3,323 sequences × 128 tokens (144 for validation)" in text
     assert "pretrain/export/" in text and "200 steps" in text
     assert "(2 plots)" in text
-    assert "validation MLM loss         5.250 at step 200 (perplexity 190.6)" in text
-    assert "docstring-package accuracy  pretrained 0.620 vs from scratch 0.410 (+0.210; medians of 3 seeds)" in text
+    assert "validation MLM loss                5.250 at step 200 (perplexity 190.6)" in text
+    assert ("accuracy (docstring-package task)  pretrained 0.620 vs from scratch 0.410 (+0.210; medians of 3 seeds)"
+            in text)
     assert f"mlflow ui --backend-store-uri sqlite:///{run_folder / 'mlflow.db'} --host 127.0.0.1" in text
     assert f"python launchers/compare.py --uri sqlite:///{run_folder / 'mlflow.db'}" in text
     assert f"python launchers/predict.py --model {run_folder / 'finetune' / 'pretrained'} --task docstring-package '" \
