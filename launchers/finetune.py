@@ -43,13 +43,13 @@ def main(argv=None) -> None:
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     args = p.parse_args(argv)
-    from pipeline.common.console import quiet_frameworks
-
-    quiet_frameworks(args.verbose)
     from pipeline.finetune.config import load_finetune_config
 
     config = load_finetune_config(args.config, args.set)
     seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
+    from pipeline.common.console import quiet_frameworks
+
+    quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.finetune.trainer import run_finetuning
 
     report = run_finetuning(config, args.model, seeds, args.from_scratch)

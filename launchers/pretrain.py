@@ -36,10 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 @exit_on_pipeline_error
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from pipeline.common.console import quiet_frameworks
     from pipeline.common.topology import prepare_environment
-
-    quiet_frameworks(args.verbose)
 
     topology = prepare_environment()
     from pipeline.common.config_tree import to_dict
@@ -57,6 +54,9 @@ def main(argv=None) -> None:
         print(json.dumps({"config": to_dict(config), "world_size": plan.world_size,
                           "gradient_accumulation": plan.accumulation}, indent=2))
         return
+    from pipeline.common.console import quiet_frameworks
+
+    quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.pretrain.trainer import run_pretraining
 
     result = run_pretraining(config, topology)

@@ -95,9 +95,6 @@ def run_logged(args: list[str], log: Path, *, verbose: bool = False, screen: IO[
                     screen.write(text + ("\n" if line_end else "\r"))
                     screen.flush()
                     on_screen_bar = not line_end
-                elif line_end and on_screen_bar:  # end a bar left on screen before the next line
-                    screen.write("\n")
-                    on_screen_bar = False
         if pending:
             file.write(pending + "\n")
             if verbose or shown.shows(pending):
