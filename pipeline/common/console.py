@@ -38,9 +38,11 @@ _NOISE = re.compile("|".join((
     r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow",                   # MLflow creating or migrating its database
     # DeepSpeed's zero_to_fp32 narrating the export's consolidation.
     r"^(Processing zero checkpoint|Parsing checkpoint created by|Detected checkpoint of type|Reconstructed fp32)",
-    r"^Loading weights",                                          # transformers' weight-loading bar
+    r"^(Loading weights|Loading checkpoint shards|Writing model shards)",  # transformers' load and save bars
 )))
 _PYTHON_WARNING = re.compile(r"^\S.*:\d+: (\w+Warning): (.*)$")
+# Where a DeepSpeed log record or a Python warning starts.
+_LINE_START = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[|/\S+\.py:\d+: \w+Warning: ")
 
 
 def _is_known_warning(category: str, message: str) -> bool:
@@ -70,36 +72,47 @@ def run_logged(args: list[str], log: Path, *, verbose: bool = False, screen: IO[
     """Run a command with stdout and stderr merged into `log` (all of it); echo what the screen should see.
 
     The log is appended to, each run under a `# <time> $ <command>` line, so a rerun keeps the
-    first run's log. Progress bars (`\\r` updates) go to the screen as they come, and only their final state to the
-    log. Returns the command's exit code. Set PYTHONUNBUFFERED in the child's env so its prints and
-    warnings arrive in the order they were made.
+    first run's log. Progress bars (`\\r` updates) go to the screen as they come, and only their
+    final state to the log. Returns the command's exit code. Set PYTHONUNBUFFERED in the child's
+    env so its prints and warnings arrive in the order they were made.
     """
     screen = screen or sys.stdout
     shown = ScreenFilter()
+    bar_on_screen = 0  # the length of the progress bar the cursor sits at the start of, if any
+
+    def emit(text: str, line_end: bool) -> None:
+        nonlocal bar_on_screen
+        if line_end:
+            file.write(text + "\n")
+        if verbose or (text and shown.shows(text)) or (line_end and bar_on_screen and not text):
+            if line_end and text and bar_on_screen > len(text):
+                screen.write(" " * bar_on_screen + "\r")  # a line over a longer bar: blank the bar first
+            screen.write(text + ("\n" if line_end else "\r"))
+            screen.flush()
+            bar_on_screen = 0 if line_end else max(len(text), 1)
+
     log.parent.mkdir(parents=True, exist_ok=True)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     with open(log, "a", encoding="utf-8") as file, subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen) as proc:
         file.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')} $ {shlex.join(map(str, args))}\n")
-        pending, on_screen_bar = "", False
+        pending, after_bar = "", False
         while chunk := proc.stdout.read1(1 << 16):
             pending += decoder.decode(chunk)
-            # Split into pieces ending in "\n" (a line) or "\r" (a progress-bar update).
+            # Pieces end in "\n" (a line) or "\r" (a progress-bar update).
             for piece in re.findall(r"[^\r\n]*(?:\r\n|\n|\r)", pending):
                 pending = pending[len(piece):]
-                line_end = piece.endswith("\n")
-                text = piece.rstrip("\r\n")
-                if line_end:
-                    file.write(text + "\n")
-                if verbose or (text and shown.shows(text)) or (line_end and on_screen_bar and not text):
-                    screen.write(text + ("\n" if line_end else "\r"))
-                    screen.flush()
-                    on_screen_bar = not line_end
+                line_end, text = piece.endswith("\n"), piece.rstrip("\r\n")
+                # A bar redraws with "\r" first, so a line logged during a bar arrives glued to the
+                # bar's last state: split it off where a log record or a warning starts.
+                if after_bar and line_end and (start := _LINE_START.search(text, 1)):
+                    emit(text[:start.start()], line_end=False)
+                    text = text[start.start():]
+                emit(text, line_end)
+                after_bar = not line_end
         if pending:
-            file.write(pending + "\n")
-            if verbose or shown.shows(pending):
-                screen.write(pending + "\n")
-        if on_screen_bar:
+            emit(pending, line_end=True)
+        if bar_on_screen:
             screen.write("\n")
         screen.flush()
         return proc.wait()

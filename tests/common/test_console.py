@@ -21,6 +21,7 @@ NOISY = [
     "2026/11/21 22:58:17 INFO mlflow.store.db.utils: Creating initial MLflow database tables...",
     "Loading weights: 100%|██████████| 103/103 [00:00<00:00, 2051.23it/s]",
     "Reconstructed fp32 state dict with 42 params 1462336 elements",
+    "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 25.11it/s]",
 ]
 KEPT = [
     "== 5/8 pretrain (2 ranks)",
@@ -54,6 +55,8 @@ CHILD = textwrap.dedent("""
     for i in range(3):
         sys.stderr.write(f"\\rpretrain: {i + 1}/3")
         sys.stderr.flush()
+        if i == 1:  # a record logged while the bar is drawn arrives glued to it
+            print("[2026-11-21 23:35:44,580] [INFO] [engine.py:1:f] mid-bar record")
     sys.stderr.write("\\n")
     print("result: 0.75")
     sys.exit(3)
@@ -69,9 +72,11 @@ def test_run_logged_writes_everything_to_the_log_and_filters_the_screen(tmp_path
     assert "dist_world_size=2" in written and "all_gather_into_tensor" in written
     assert "== stage heading" in written and "result: 0.75" in written
     assert "pretrain: 3/3\n" in written and "pretrain: 1/3" not in written  # a bar's final state only
+    assert "[2026-11-21 23:35:44,580] [INFO] [engine.py:1:f] mid-bar record" in written.splitlines()
     shown = screen.getvalue()
     assert "== stage heading" in shown and "result: 0.75" in shown and "pretrain: 1/3\r" in shown
-    assert ("dist_world_size=2" in shown) is verbose
+    assert ("dist_world_size=2" in shown) is verbose and ("mid-bar record" in shown) is verbose
+    assert "pretrain: 2/3\r" in shown
     assert ("all_gather_into_tensor" in shown) is verbose
 
 
