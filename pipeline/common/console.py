@@ -1,8 +1,8 @@
 """What a user sees on screen: the stages and figures, with the frameworks' chatter kept in log files.
 
 Two places make the noise. In a launcher's own process, `quiet_frameworks()` lowers DeepSpeed's
-logger to warnings, hides transformers' weight-loading bars and ignores the known FutureWarnings
-(each by its message and module, never a whole category). The main job runs every stage as a
+and MLflow's logging to warnings, hides transformers' weight-loading bars and ignores the known
+FutureWarnings (each by its message and module, never a whole category). The main job runs every stage as a
 command: `run_logged()` writes the command's whole output to a log file and shows on screen only
 the lines `ScreenFilter` lets through (all of them with --verbose).
 """
@@ -35,7 +35,7 @@ _NOISE = re.compile("|".join((
     r"^\[[\d\-: ,]+\] \[WARNING\] \[real_accelerator\.py",        # "Setting accelerator to CPU": expected here
     r"^\[[\d\-: ,]+\] \[WARNING\] \[runner\.py:\d+:fetch_hostfile\]",  # no hostfile: one machine, as intended
     r"^DeepSpeed deepspeed\.ops\.\S+ built successfully",         # DeepSpeed's print after loading its comm op
-    r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow",                   # MLflow creating or migrating its database
+    r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow",                # MLflow creating or migrating its database
     # DeepSpeed's zero_to_fp32 narrating the export's consolidation.
     r"^(Processing zero checkpoint|Parsing checkpoint created by|Detected checkpoint of type|Reconstructed fp32)",
     r"^(Loading weights|Loading checkpoint shards|Writing model shards)",  # transformers' load and save bars
