@@ -28,7 +28,12 @@ def main(argv=None) -> None:
     p.add_argument("--name", action="append", default=[], help="keep runs whose name contains this")
     p.add_argument("--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     p.add_argument("--out", type=Path, default=Path("runs/compare"), help="folder for the plots")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     args = p.parse_args(argv)
+    from pipeline.common.console import quiet_frameworks
+
+    quiet_frameworks(args.verbose, transformers=False)
     tags = {}
     for item in args.tag:
         key, sep, value = item.partition("=")

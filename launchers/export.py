@@ -23,7 +23,12 @@ def main(argv=None) -> None:
     p.add_argument("checkpoint", help="checkpoint folder, or a training output folder")
     p.add_argument("--out", required=True, help="folder to write the HF model to")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     args = p.parse_args(argv)
+    from pipeline.common.console import quiet_frameworks
+
+    quiet_frameworks(args.verbose)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidation needs no GPU
     from pipeline.pretrain.export import export_checkpoint
 

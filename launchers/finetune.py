@@ -43,6 +43,8 @@ def main(argv=None) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: train.seed)")
     p.add_argument("--from-scratch", action="store_true", help="random initial weights (the no-pretraining baseline)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     args = p.parse_args(argv)
     from pipeline.common.topology import current_topology
     from pipeline.finetune.config import load_finetune_config
@@ -50,6 +52,9 @@ def main(argv=None) -> None:
     topology = current_topology()
     config = load_finetune_config(args.config, args.set, world_size=topology.world_size)
     seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
+    from pipeline.common.console import quiet_frameworks
+
+    quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.finetune.trainer import run_finetuning
 
     report = run_finetuning(config, args.model, seeds, args.from_scratch)

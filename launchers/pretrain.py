@@ -27,6 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--print-config", action="store_true",
                    help="validate, print the resolved config and batch arithmetic, and exit")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
     return p.parse_args(argv)
 
@@ -52,6 +54,9 @@ def main(argv=None) -> None:
         print(json.dumps({"config": to_dict(config), "world_size": plan.world_size,
                           "gradient_accumulation": plan.accumulation}, indent=2))
         return
+    from pipeline.common.console import quiet_frameworks
+
+    quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.pretrain.trainer import run_pretraining
 
     result = run_pretraining(config, topology)

@@ -15,6 +15,10 @@ Runs each stage as its own command, exactly as a user would type it:
   8. launchers/compare.py               the table of both, joined to the pretraining run, and plots
 Reruns reuse what is complete (the shard stage verifies and skips its finished shards;
 pretraining resumes from its newest checkpoint); --fresh starts over.
+
+The screen shows the stages, their results and a closing summary; each stage's full output
+(framework logs, warnings, progress bars) goes to `<out>/logs/<stage>.log`, and the stage times
+to `<out>/logs/timings.json`. --verbose puts all of it on screen too.
 """
 
 from __future__ import annotations
@@ -23,29 +27,53 @@ import argparse
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.common.run_layout import FinetuneLayout, PretrainLayout  # noqa: E402
-from pipeline.common.topology import free_port  # noqa: E402
+from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
+from pipeline.common.console import run_logged  # noqa: E402
+from pipeline.common.run_layout import PretrainLayout  # noqa: E402
+from pipeline.common.topology import free_port, use_environment_extensions_dir  # noqa: E402
+from pipeline.tracking.job_summary import render_summary  # noqa: E402
 
 SEQ_LEN = 128
 VOCAB_SIZE = 8000
 
 
-def run(step: str, *cmd: str | Path, launcher: list[str] | None = None, env: dict | None = None) -> None:
-    """Run one stage (a python script, or under `launcher`), streaming its output; stop the job if it fails."""
-    args = [*(launcher or [sys.executable]), *map(str, cmd)]
-    shown = ["python", *args[1:]] if launcher is None else args
-    print(f"\n== {step}\n$ {shlex.join(shown)}", flush=True)
-    started = time.monotonic()
-    if subprocess.run(args, cwd=ROOT, env=env).returncode != 0:
-        raise SystemExit(f"main job stopped: step '{step}' failed")
-    print(f"   ({time.monotonic() - started:.1f} s)", flush=True)
+class MainJob:
+    """Runs each stage as a command, its full output in `<out>/logs/<name>.log`, and keeps the stage times."""
+
+    def __init__(self, out: Path, verbose: bool):
+        self.out, self.verbose = out, verbose
+        self.logs = out / "logs"
+        self.seconds: dict[str, float] = {}
+        self.started = time.monotonic()
+
+    def run(self, step: str, name: str, *cmd: str | Path, launcher: list[str] | None = None,
+            env: dict | None = None) -> None:
+        """Run one stage (a python script, or under `launcher`); stop the job if it fails."""
+        args = [*(launcher or [sys.executable]), *map(str, cmd)]
+        shown = ["python", *args[1:]] if launcher is None else args
+        print(f"\n== {step}\n$ {shlex.join(shown)}", flush=True)
+        log = self.logs / f"{name}.log"
+        # Unbuffered: the stage's prints and warnings reach the log in the order they were made.
+        env = {**(env or os.environ), "PYTHONUNBUFFERED": "1"}
+        started = time.monotonic()
+        code = run_logged(args, log, verbose=self.verbose, cwd=ROOT, env=env)
+        self.seconds[name] = round(time.monotonic() - started, 1)
+        self._write_timings()
+        if code != 0:
+            raise SystemExit(f"main job stopped: step '{step}' failed (exit {code}); full output in {log}")
+        print(f"   ({self.seconds[name]:.1f} s; full output in {log.relative_to(self.out)})", flush=True)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def _write_timings(self) -> None:
+        write_json_atomic(self.logs / "timings.json", {"stages_s": self.seconds, "total_s": round(self.elapsed(), 1)})
 
 
 def main() -> None:
@@ -56,51 +84,62 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
     parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
                         help="stop after this step (default: run all eight)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every stage's full output on screen (it is always in <out>/logs/)")
     args = parser.parse_args()
     out = args.out.resolve()
     if args.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    job = MainJob(out, args.verbose)
+    use_environment_extensions_dir()  # inherited by every stage: DeepSpeed's comm op is built once per environment
+    # The stages always log in full (--verbose): the log files keep all of it, the screen filters it.
+    full = ["--verbose"]
 
     corpus, tokenizer, shards = out / "corpus.jsonl", out / "tokenizer", out / "shards"
     if not corpus.exists():
-        run("1/8 embedded corpus", "data_prep/make_default_corpus.py", "--out", corpus)
+        job.run("1/8 embedded corpus", "corpus", "data_prep/make_default_corpus.py", "--out", corpus)
     if not (tokenizer / "tokenizer.json").exists():
-        run("2/8 tokenizer", "data_prep/train_tokenizer.py", "--input", corpus, "--type", "bpe",
-            "--vocab-size", VOCAB_SIZE, "--model-max-length", SEQ_LEN, "--out", tokenizer)
-    run("3/8 shards", "data_prep/shard.py", "--input", corpus, "--tokenizer", tokenizer, "--seq-len", SEQ_LEN,
-        "--val-fraction", "0.05", "--shard-size", "1024", "--workers", args.workers, "--out", shards)
-    run("4/8 verify", "data_prep/verify_shards.py", shards)
+        job.run("2/8 tokenizer", "tokenizer", "data_prep/train_tokenizer.py", "--input", corpus, "--type", "bpe",
+                "--vocab-size", VOCAB_SIZE, "--model-max-length", SEQ_LEN, "--out", tokenizer)
+    job.run("3/8 shards", "shards", "data_prep/shard.py", "--input", corpus, "--tokenizer", tokenizer,
+            "--seq-len", SEQ_LEN, "--val-fraction", "0.05", "--shard-size", "1024", "--workers", args.workers,
+            "--out", shards)
+    job.run("4/8 verify", "verify", "data_prep/verify_shards.py", shards)
     if args.stop_after == "verify":
-        print(f"\nmain job stopped after the data stage in {time.monotonic() - started:.0f} s; outputs in {out}")
+        print(f"\nmain job stopped after the data stage in {job.elapsed():.0f} s; outputs in {out}")
         return
     pretrain_dir = out / "pretrain"
     pretrain = PretrainLayout(pretrain_dir)
     deepspeed = Path(sys.executable).parent / "deepspeed"
     # One thread per rank: two ranks on two cores otherwise fight over them (measured 2× slower).
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    run("5/8 pretrain (2 ranks)", "launchers/pretrain.py", "--config", "configs/tiny.json",
-        "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
-        "--set", f"train.output_dir={pretrain_dir}", "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
-        launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())], env=env)
+    extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")).expanduser()
+    if not any(extensions.glob("**/deepspeed_shm_comm*.so")):
+        print(f"\n(first pretraining in this environment: on CPU, DeepSpeed compiles its shared-memory comm op "
+              f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
+    job.run("5/8 pretrain (2 ranks)", "pretrain", "launchers/pretrain.py", "--config", "configs/tiny.json",
+            "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
+            "--set", f"train.output_dir={pretrain_dir}", "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
+            *full, launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())],
+            env=env)
     if args.stop_after == "pretrain":
-        print(f"\nmain job stopped after pretraining in {time.monotonic() - started:.0f} s; outputs in {out}")
+        print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
         return
     task = out / "task"
-    run("6/8 fine-tuning task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
+    job.run("6/8 fine-tuning task", "task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
     tracking = ["--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}"]
     for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
-        folder = out / "finetune" / name.replace(" ", "-")
-        run(f"7/8 fine-tune ({name})", "launchers/finetune.py", "--config", "configs/glue/embedded-docs.json",
-            "--model", pretrain.export, "--seeds", "1,2,3", *extra,
-            "--set", f"data.train_file={task / 'train.jsonl'}", "--set", f"data.validation_file={task / 'dev.jsonl'}",
-            "--set", f"train.output_dir={folder}", *tracking, env=env)
-    run("8/8 compare", "launchers/compare.py", "--uri", f"sqlite:///{out / 'mlflow.db'}", "--out", out / "compare")
-    print(f"\nmain job done in {time.monotonic() - started:.0f} s; outputs in {out}")
-    best = FinetuneLayout(out / "finetune" / "pretrained").best_model
-    print(f"model: {pretrain.export}; metrics: {pretrain.metrics}; fine-tuned: {best}; MLflow: "
-          f"mlflow ui --backend-store-uri sqlite:///{out / 'mlflow.db'} --host 127.0.0.1")
+        folder = name.replace(" ", "-")
+        job.run(f"7/8 fine-tune ({name})", f"finetune-{folder}", "launchers/finetune.py",
+                "--config", "configs/glue/embedded-docs.json", "--model", pretrain.export,
+                "--seeds", "1,2,3", *extra, "--set", f"data.train_file={task / 'train.jsonl'}",
+                "--set", f"data.validation_file={task / 'dev.jsonl'}",
+                "--set", f"train.output_dir={out / 'finetune' / folder}",
+                *tracking, *full, env=env)
+    job.run("8/8 compare", "compare", "launchers/compare.py", "--uri", f"sqlite:///{out / 'mlflow.db'}",
+            "--out", out / "compare", *full)
+    print("\n" + render_summary(out, job.elapsed(), predict_cli=(ROOT / "launchers" / "predict.py").exists()))
 
 
 if __name__ == "__main__":

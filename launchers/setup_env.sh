@@ -5,6 +5,7 @@
 # takes the local CPU build, and a GPU user who installed a CUDA torch into .venv beforehand keeps
 # it (every other dependency accepts any torch >= 2.4). Re-runs are no-ops until pyproject.toml
 # changes. VENV=/path picks another environment; TORCH_SPEC='torch==X' another torch.
+# Exports PATH, VIRTUAL_ENV and TORCH_EXTENSIONS_DIR (<venv>/torch_extensions unless already set).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -31,3 +32,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
 fi
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
+# DeepSpeed's CPU comm op is JIT-compiled once per environment (about 70 s) into a folder of its
+# own: the shared ~/.cache/torch_extensions is rebuilt whenever another environment used it last.
+# pipeline.common.topology applies the same default to `deepspeed launchers/pretrain.py` typed by hand.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$VENV/torch_extensions}"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -36,13 +38,41 @@ def current_topology() -> Topology:
                     torch.cuda.is_available())
 
 
+def environment_extensions_dir() -> Path | None:
+    """Where this Python environment keeps its JIT-compiled torch extensions: `<venv>/torch_extensions`.
+
+    None outside a virtual environment (a system prefix is not ours to write to): torch's default
+    `~/.cache/torch_extensions` then applies.
+    """
+    if sys.prefix == sys.base_prefix:
+        return None
+    return Path(sys.prefix) / "torch_extensions"
+
+
+def use_environment_extensions_dir() -> None:
+    """Point TORCH_EXTENSIONS_DIR at this environment's own folder, unless the user has set it.
+
+    DeepSpeed JIT-compiles its CPU shared-memory comm op (about 70 s) into the extensions folder.
+    torch's default, `~/.cache/torch_extensions/py311_cpu/<op>`, is keyed by Python version and op
+    name, not by environment, and its build file names the building environment's include paths:
+    two environments that take turns rebuild the op on every launch. launchers/setup_env.sh
+    exports the same folder for shell commands.
+    """
+    folder = environment_extensions_dir()
+    if folder is not None:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(folder))
+
+
 def prepare_environment() -> Topology:
     """Read (or, for plain `python`, invent) the launcher's variables; pick the accelerator.
 
     Must run before `import deepspeed`: DeepSpeed chooses its accelerator at import time, and
-    without DS_ACCELERATOR=cpu on a machine with no GPU it goes looking for one.
+    without DS_ACCELERATOR=cpu on a machine with no GPU it goes looking for one; its comm op is
+    built or loaded from TORCH_EXTENSIONS_DIR when the process group starts.
     """
     import torch
+
+    use_environment_extensions_dir()
 
     if "RANK" not in os.environ:  # plain `python`: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")

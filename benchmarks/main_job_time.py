@@ -1,0 +1,120 @@
+"""How long the main job takes here: a fresh run, then a second run, and the one-off costs apart.
+
+    python benchmarks/main_job_time.py [--out /tmp/main-job-time] [--cold-build] [--install]
+
+Prints the machine (cores, CPU model from /proc/cpuinfo, load average), then runs
+`launchers/run_default.py --fresh` and `launchers/run_default.py` again, exactly as a user
+would, and tabulates each stage's time from the job's own `logs/timings.json`. DeepSpeed's CPU
+comm op is checked before and after each run: a run that rebuilt it changed its `.so`.
+One-off costs, measured on request:
+  --cold-build  build DeepSpeed's CPU comm op into an empty extensions folder first (the cost of a
+                new environment's first pretraining), and run the job against that folder;
+  --install     create a new virtual environment with launchers/setup_env.sh (pip's cache helps,
+                so a machine that never downloaded the packages pays more).
+The figures and the machine are written to `<out>/main_job_time.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
+from pipeline.common.topology import environment_extensions_dir  # noqa: E402
+
+BUILD_OP = ("import time; from deepspeed.accelerator import get_accelerator; "
+            "builder = get_accelerator().create_op_builder('ShareMemCommBuilder'); "
+            "t = time.monotonic(); builder.load(); print(time.monotonic() - t)")
+
+
+def machine() -> dict:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+            "load_average_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def built_ops(extensions: Path) -> dict[str, float]:
+    """Every compiled op under the extensions folder, with its modification time."""
+    return {str(p.relative_to(extensions)): p.stat().st_mtime for p in extensions.glob("**/*.so")}
+
+
+def timed(cmd: list[str], env: dict) -> float:
+    print(f"\n$ {' '.join(map(str, cmd))}", flush=True)
+    started = time.monotonic()
+    subprocess.run(list(map(str, cmd)), cwd=ROOT, env=env, check=True)
+    return time.monotonic() - started
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("/tmp/main-job-time"))
+    p.add_argument("--cold-build", action="store_true", help="measure DeepSpeed's first comm-op build, then use it")
+    p.add_argument("--install", action="store_true", help="measure a new environment's set-up (launchers/setup_env.sh)")
+    a = p.parse_args()
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"machine": machine(), "one_off_s": {}}
+    print(json.dumps(result["machine"], indent=2), flush=True)
+    env = dict(os.environ)
+
+    if a.install:
+        venv = out / "venv"
+        shutil.rmtree(venv, ignore_errors=True)
+        result["one_off_s"]["install"] = round(timed(["bash", "-c", "source launchers/setup_env.sh"],
+                                                     {**env, "VENV": str(venv)}), 1)
+    if a.cold_build:
+        extensions = out / "torch_extensions"
+        shutil.rmtree(extensions, ignore_errors=True)
+        env["TORCH_EXTENSIONS_DIR"] = str(extensions)
+        seconds = subprocess.run([sys.executable, "-c", BUILD_OP], env={**env, "DS_ACCELERATOR": "cpu"}, check=True,
+                                 capture_output=True, text=True).stdout.split()[-1]
+        result["one_off_s"]["deepspeed_comm_op_build"] = round(float(seconds), 1)
+        print(f"DeepSpeed comm op built into an empty {extensions} in {float(seconds):.1f} s", flush=True)
+    default = environment_extensions_dir() or Path.home() / ".cache" / "torch_extensions"
+    extensions = Path(env.get("TORCH_EXTENSIONS_DIR", default))
+
+    run_dir = out / "run"
+    for name, extra in (("fresh", ["--fresh"]), ("second", [])):
+        before = built_ops(extensions)
+        seconds = timed([sys.executable, "launchers/run_default.py", "--out", run_dir, *extra], env)
+        after = built_ops(extensions)
+        timings = json.loads((run_dir / "logs" / "timings.json").read_text())
+        result[name] = {"total_s": round(seconds, 1), "stages_s": timings["stages_s"],
+                        "ops_built": sorted(k for k, v in after.items() if before.get(k) != v)}
+    result["extensions_dir"] = str(extensions)
+
+    stages = list(dict.fromkeys([*result["fresh"]["stages_s"], *result["second"]["stages_s"]]))
+    print(f"\nmain job on {result['machine']['cores']} cores ({result['machine']['cpu']}), "
+          f"load average {result['machine']['load_average_1m']} at the start")
+    print(f"{'stage':<24}{'fresh s':>10}{'second s':>10}")
+    for stage in stages:
+        cells = [result[r]["stages_s"].get(stage) for r in ("fresh", "second")]
+        print(f"{stage:<24}" + "".join(f"{c:>10.1f}" if c is not None else f"{'skipped':>10}" for c in cells))
+    print(f"{'total (wall)':<24}{result['fresh']['total_s']:>10.1f}{result['second']['total_s']:>10.1f}")
+    for r in ("fresh", "second"):
+        print(f"ops built during the {r} run: {', '.join(result[r]['ops_built']) or 'none'}")
+    for what, seconds in result["one_off_s"].items():
+        print(f"one-off {what}: {seconds:.1f} s")
+    write_json_atomic(out / "main_job_time.json", result)
+    print(f"written {out / 'main_job_time.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The main job's closing screen: what was built and where, the headline figures, the commands to try next.
+
+It reads only what the stages wrote into the run folder (nothing is recomputed), so any finished
+or half-finished run folder can be summarised; a figure whose file is missing says so.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+# A docstring-like sentence for the predict example: the main job's task asks which package a docstring comes from.
+PREDICT_EXAMPLE = "Return the canonical path of the specified filename, eliminating any symbolic links."
+
+
+@dataclass(frozen=True)
+class FinetuneHeadline:
+    """The main metric of one fine-tuning output folder: its median over seeds."""
+
+    task: str
+    metric: str
+    median: float
+    seeds: int
+
+
+def last_eval(metrics_jsonl: Path) -> dict | None:
+    """The last evaluation record (`eval/mlm_loss`) in a pretraining `metrics.jsonl`, or None."""
+    if not metrics_jsonl.is_file():
+        return None
+    last = None
+    for line in metrics_jsonl.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        if "eval/mlm_loss" in record:
+            last = record
+    return last
+
+
+def finetune_headline(metrics_json: Path) -> FinetuneHeadline | None:
+    """The task's main metric from a fine-tuning `metrics.json`, or None if the file is missing or unreadable.
+
+    The trainer summarises the task's metrics in the task's order, main metric first, each with
+    `_mean` and `_std` beside its median: the first key that has a `_mean` is the main one.
+    """
+    try:
+        report = json.loads(metrics_json.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
+    if metric is None:
+        return None
+    return FinetuneHeadline(str(report.get("task", "task")), metric, float(report[metric]),
+                            len(report.get("seeds") or report.get("per_seed") or []))
+
+
+def _shards_line(index_json: Path) -> str | None:
+    try:
+        index = json.loads(index_json.read_text(encoding="utf-8"))
+        totals, splits = index["totals"], index["splits"]
+        return (f"{index['tokenizer']['vocab_size']:,}-token vocabulary; {totals['sequences']:,} sequences × "
+                f"{index['seq_len']} tokens ({splits['val']['sequences']:,} for validation)")
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+
+
+def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True) -> str:
+    """The closing screen for the main job's run folder `out`.
+
+    `predict_cli` False adds a note that `launchers/predict.py` is not in this checkout yet.
+    """
+    out = Path(out)
+    built: list[tuple[str, str]] = []
+    if (line := _shards_line(out / "shards" / "index.json")) is not None:
+        built.append(("tokenizer/, shards/", line))
+    evaluation = last_eval(out / "pretrain" / "metrics.jsonl")
+    if (out / "pretrain" / "export").is_dir():
+        step = f", {evaluation['step']} steps" if evaluation else ""
+        built.append(("pretrain/export/", f"the pretrained encoder, an HF model folder{step}"))
+    runs = {name: finetune_headline(out / "finetune" / folder / "metrics.json")
+            for name, folder in (("pretrained", "pretrained"), ("from scratch", "from-scratch"))}
+    if any(runs.values()):
+        built.append(("finetune/", "fine-tuned from the export (pretrained/) and from random weights (from-scratch/)"))
+    plots = sorted((out / "compare").glob("*.png")) if (out / "compare").is_dir() else []
+    if plots:
+        built.append(("compare/", f"loss curves of every run ({len(plots)} plots)"))
+    built.append(("mlflow.db, logs/", "every run's parameters and metrics; each stage's full output"))
+
+    figures: list[tuple[str, str]] = []
+    if evaluation:
+        figures.append(("validation MLM loss", f"{evaluation['eval/mlm_loss']:.3f} at step {evaluation['step']} "
+                                               f"(perplexity {evaluation.get('eval/perplexity', float('nan')):.1f})"))
+    else:
+        figures.append(("validation MLM loss", f"not found in {out / 'pretrain' / 'metrics.jsonl'}"))
+    pretrained, scratch = runs["pretrained"], runs["from scratch"]
+    if pretrained and scratch:
+        figures.append((f"{pretrained.metric} ({pretrained.task} task)",
+                        f"pretrained {pretrained.median:.3f} vs from scratch {scratch.median:.3f} "
+                        f"({pretrained.median - scratch.median:+.3f}; medians of {pretrained.seeds} seeds)"))
+    else:
+        missing = [n for n, r in runs.items() if r is None]
+        figures.append(("fine-tuning", f"no result for {' and '.join(missing)} in {out / 'finetune'}"))
+
+    uri = shlex.quote(f"sqlite:///{out / 'mlflow.db'}")
+    task = pretrained.task if pretrained else "TASK"
+    predict = (f"python launchers/predict.py --model {shlex.quote(str(out / 'finetune' / 'pretrained'))} "
+               f"--task {task} {shlex.quote(PREDICT_EXAMPLE)}")
+    next_commands = [
+        ("browse every run", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"),
+        ("compare runs", f"python launchers/compare.py --uri {uri} --out {shlex.quote(str(out / 'compare'))}"),
+        ("use the model" + ("" if predict_cli else " (launchers/predict.py is coming)"), predict),
+    ]
+    took = f" in {seconds:.0f} s" if seconds is not None else ""
+    lines = [f"== main job done{took}; everything is in {out}"]
+    for title, rows in (("built", built), ("figures", figures)):
+        width = max(len(k) for k, _ in rows)
+        lines += [title] + [f"  {k:<{width}}  {v}" for k, v in rows]
+    lines += ["next"] + [f"  # {what}\n  {command}" for what, command in next_commands]
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""The main job ends with what was built, the headline figures and the next commands, read from its run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.tracking.job_summary import finetune_headline, last_eval, render_summary
+
+
+def _finetune_report(accuracies: list[float]) -> dict:
+    median = sorted(accuracies)[len(accuracies) // 2]
+    return {"accuracy": median, "accuracy_mean": sum(accuracies) / 3, "accuracy_std": 0.01,
+            "macro_f1": 0.5, "macro_f1_mean": 0.5, "macro_f1_std": 0.0,
+            "task": "docstring-package", "seeds": [1, 2, 3], "from_scratch": False,
+            "per_seed": [{"accuracy": a} for a in accuracies]}
+
+
+@pytest.fixture
+def run_folder(tmp_path) -> Path:
+    """A finished main job's files, as the stages write them (contents made up, formats real)."""
+    out = tmp_path / "run"
+    (out / "shards").mkdir(parents=True)
+    (out / "shards" / "index.json").write_text(json.dumps({
+        "seq_len": 128, "tokenizer": {"vocab_size": 8000},
+        "totals": {"sequences": 3323, "documents": 2277},
+        "splits": {"train": {"sequences": 3179}, "val": {"sequences": 144}}}))
+    (out / "pretrain" / "export").mkdir(parents=True)
+    records = [{"step": 100, "eval/mlm_loss": 6.5, "eval/perplexity": 665.1},
+               {"step": 199, "train/loss": 5.9},
+               {"step": 200, "eval/mlm_loss": 5.25, "eval/perplexity": 190.6},
+               {"step": 200, "train/loss": 5.8}]
+    (out / "pretrain" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 2')
+    for folder, accuracies in (("pretrained", [0.61, 0.64, 0.62]), ("from-scratch", [0.40, 0.45, 0.41])):
+        (out / "finetune" / folder).mkdir(parents=True)
+        (out / "finetune" / folder / "metrics.json").write_text(json.dumps(_finetune_report(accuracies)))
+    (out / "compare").mkdir()
+    for name in ("train_loss.png", "eval_mlm_loss.png"):
+        (out / "compare" / name).write_bytes(b"png")
+    return out
+
+
+def test_the_last_evaluation_is_the_headline_and_a_cut_line_is_skipped(run_folder):
+    record = last_eval(run_folder / "pretrain" / "metrics.jsonl")
+    assert record["step"] == 200 and record["eval/mlm_loss"] == 5.25
+    assert last_eval(run_folder / "missing.jsonl") is None
+
+
+def test_the_tasks_main_metric_is_the_first_summarised_one(run_folder):
+    headline = finetune_headline(run_folder / "finetune" / "pretrained" / "metrics.json")
+    assert (headline.task, headline.metric, headline.median, headline.seeds) == ("docstring-package", "accuracy",
+                                                                                 0.62, 3)
+
+
+def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_folder):
+    text = render_summary(run_folder, seconds=412.4)
+    assert text.splitlines()[0] == f"== main job done in 412 s; everything is in {run_folder}"
+    assert "8,000-token vocabulary; 3,323 sequences × 128 tokens (144 for validation)" in text
+    assert "pretrain/export/" in text and "200 steps" in text
+    assert "(2 plots)" in text
+    assert "validation MLM loss                5.250 at step 200 (perplexity 190.6)" in text
+    assert ("accuracy (docstring-package task)  pretrained 0.620 vs from scratch 0.410 (+0.210; medians of 3 seeds)"
+            in text)
+    assert f"mlflow ui --backend-store-uri sqlite:///{run_folder / 'mlflow.db'} --host 127.0.0.1" in text
+    assert f"python launchers/compare.py --uri sqlite:///{run_folder / 'mlflow.db'}" in text
+    assert f"python launchers/predict.py --model {run_folder / 'finetune' / 'pretrained'} --task docstring-package '" \
+        in text
+    assert len(text.splitlines()) <= 20  # fits a screen with the stages above it
+
+
+def test_missing_results_are_named_not_invented(run_folder):
+    (run_folder / "finetune" / "from-scratch" / "metrics.json").unlink()
+    (run_folder / "pretrain" / "metrics.jsonl").unlink()
+    text = render_summary(run_folder, predict_cli=False)
+    assert "validation MLM loss  not found in" in text
+    assert f"no result for from scratch in {run_folder / 'finetune'}" in text
+    assert "launchers/predict.py is coming" in text
