@@ -29,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="tokenizer folder, or a hub name such as roberta-base")
     p.add_argument("--seq-len", type=int, help="tokens per sequence, framing included")
     p.add_argument("--out", type=Path, required=True, help="output folder")
-    p.add_argument("--pack", choices=("full", "doc", "pairs"), default="full",
-                   help="full: RoBERTa FULL-SENTENCES (default); doc: DOC-SENTENCES; pairs: BERT segment pairs + NSP")
+    p.add_argument("--pack", choices=("full", "doc", "doc-packed", "pairs"), default="full",
+                   help="full: RoBERTa FULL-SENTENCES (default); doc: DOC-SENTENCES (padded); doc-packed: whole "
+                        "documents packed into rows, attention kept inside each; pairs: BERT segment pairs + NSP")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: cores)")
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of documents held out for validation")
     p.add_argument("--shard-size", type=int, default=8192, help="sequences per shard file")

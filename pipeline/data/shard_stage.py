@@ -81,8 +81,8 @@ class ShardArgs:
     def problems(self) -> list[str]:
         """Every invalid argument, so they can be reported together."""
         found = []
-        if self.pack not in ("full", "doc", "pairs"):
-            found.append(f"--pack {self.pack!r}: expected full, doc or pairs")
+        if self.pack not in ("full", "doc", "doc-packed", "pairs"):
+            found.append(f"--pack {self.pack!r}: expected full, doc, doc-packed or pairs")
         if self.seq_len < 8:
             found.append(f"--seq-len {self.seq_len}: must be at least 8")
         if not 0.0 <= self.val_fraction < 1.0:

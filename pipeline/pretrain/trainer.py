@@ -21,7 +21,7 @@ from pipeline.data.token_cache import TokenCache
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys, train_loader
+from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys, real_tokens, train_loader
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, lr_multiplier
 from pipeline.pretrain.flops import mfu, training_flops_per_token
@@ -70,8 +70,12 @@ class Pretrainer:
                            m.mask_token_fraction, m.random_token_fraction, static=m.mode == "static")
         self.masker = Masker(spec, config.train.seed)
         with_segments = config.model.architecture == "bert"
-        self.train_batches = MaskedBatches(self.train_cache, self.masker, with_segments=with_segments)
-        self.val_batches = MaskedBatches(self.val_cache, self.masker, with_segments=with_segments)
+        # Doc-packed rows restart positions per document from the architecture's first position id.
+        offset = 0 if config.model.architecture == "bert" else self.tokenizer_info.pad_id + 1
+        self.train_batches = MaskedBatches(self.train_cache, self.masker, with_segments=with_segments,
+                                           position_offset=offset)
+        self.val_batches = MaskedBatches(self.val_cache, self.masker, with_segments=with_segments,
+                                         position_offset=offset)
         self.shuffle = GlobalShuffle(len(self.train_cache), self.plan, config.train.seed)
 
         torch.manual_seed(config.train.seed)  # the same initial weights on every rank
@@ -178,8 +182,7 @@ class Pretrainer:
             lr = self.engine.get_lr()[0]  # the LR this step uses; the scheduler moves on inside engine.step()
             for micro_step in range(plan.accumulation):
                 batch = next(loader)
-                real = batch.get("attention_mask", batch["input_ids"])
-                step_tokens += int(real.sum()) if "attention_mask" in batch else real.numel()
+                step_tokens += real_tokens(batch)
                 seed_micro_batch(c.train.seed, self.step, plan.micro_batch_index(topo.rank, micro_step))
                 out = self.engine(**{k: v.to(self.engine.device) for k, v in batch.items()})
                 self.engine.backward(out["loss"])
