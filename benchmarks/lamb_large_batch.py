@@ -37,7 +37,8 @@ def main() -> None:
     import torch
 
     from pipeline.data.default_corpus import write_embedded_corpus
-    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer, train_tokenizer
     from pipeline.pretrain.config import MaskingConfig, ModelConfig, PretrainConfig, ScheduleConfig
@@ -52,8 +53,8 @@ def main() -> None:
         write_embedded_corpus(corpus)
         texts = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
         train_tokenizer(texts, "bpe", 4000, tmp / "tok", model_max_length=args.seq_len)
-        run_shard_stage(ShardArgs(inputs=(str(corpus),), tokenizer=str(tmp / "tok"), seq_len=args.seq_len,
-                                  out=str(tmp / "shards"), workers=2, val_fraction=0.05, progress=False))
+        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tmp / "tok"), seq_len=args.seq_len,
+                                  out=str(tmp / "shards"), workers=2, val_fraction=0.05, quiet=True))
         tokenizer = load_tokenizer(str(tmp / "tok"))
         info = describe_tokenizer(tokenizer)
         train = np.asarray(TokenCache(tmp / "shards", "train", tmp / "cache").fields["input_ids"][:]).astype(np.int64)

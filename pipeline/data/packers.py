@@ -11,6 +11,7 @@ Sequence fields:
 - `segment_b_start` (n,): position of segment B's first token (pairs mode).
 - `nsp_label` (n,): 0 when B continues A, 1 when B comes from another document (pairs mode;
   the convention of `BertForPreTraining.next_sentence_label`).
+- `doc_starts` (n, max_docs): where each document of the row begins, then -1 (doc-packed mode).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-PackMode = Literal["full", "doc", "pairs"]
+PackMode = Literal["full", "doc", "doc-packed", "pairs"]
 Sequences = dict[str, np.ndarray]
 
 
@@ -78,8 +79,10 @@ class Packer:
         self.stats.padding_tokens += n * self.seq_len - real
 
     def empty(self) -> Sequences:
-        return {name: np.zeros((0, self.seq_len) if name == "input_ids" else (0,), self._dtype_of(name))
-                for name in self.fields}
+        return {name: np.zeros((0, *self._row_shape(name)), self._dtype_of(name)) for name in self.fields}
+
+    def _row_shape(self, name: str) -> tuple[int, ...]:
+        return (self.seq_len,) if name == "input_ids" else ()
 
     def _dtype_of(self, name: str) -> np.dtype:
         return self.dtype if name == "input_ids" else np.dtype(np.int32 if name != "nsp_label" else np.int8)
@@ -158,6 +161,100 @@ class DocPacker(Packer):
                 row += 1
             start += doc_len
         return {"input_ids": seqs, "length": seq_lengths}
+
+
+class DocPackedPacker(Packer):
+    """Whole documents packed into rows with no padding but at a row's end (MosaicBERT, ModernBERT).
+
+    Each document (or each `seq_len - 2`-token piece of a longer one, as in `doc` mode) is framed
+    `<s> … </s>` exactly as it would be alone, so that with attention kept inside documents and
+    positions restarting at each (pipeline/pretrain/packed_attention.py) a packed row computes what
+    its documents would compute one by one. Pieces are placed best-fit into a bounded set of open
+    rows, in stream order: deterministic, memory-bounded, and far denser than next-fit. A row also
+    closes when it holds `max_docs` documents (the width of `doc_starts`).
+    """
+
+    mode = "doc-packed"
+    fields = ("input_ids", "length", "doc_starts")
+
+    def __init__(self, *args, open_rows: int = 16, max_docs: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.open_rows = open_rows
+        self.max_docs = max_docs or max(1, self.seq_len // 8)
+        self.rows: list[np.ndarray] = []  # open rows' tokens, each seq_len long (pad-filled)
+        self.fills: list[int] = []
+        self.starts: list[list[int]] = []
+
+    def _row_shape(self, name: str) -> tuple[int, ...]:
+        return (self.max_docs,) if name == "doc_starts" else super()._row_shape(name)
+
+    def _add(self, ids: np.ndarray, lengths: np.ndarray) -> Sequences:
+        body = self.seq_len - 2
+        out: list[tuple[np.ndarray, int, list[int]]] = []
+        start = 0
+        for doc_len in lengths.tolist():
+            for offset in range(0, doc_len, body):
+                piece = ids[start + offset: start + min(offset + body, doc_len)]
+                out += self._place(piece)
+            start += doc_len
+        return self._frame(out)
+
+    def _place(self, piece: np.ndarray) -> list[tuple[np.ndarray, int, list[int]]]:
+        """Put one framed piece into the tightest open row it fits; return the rows this closed."""
+        need = len(piece) + 2
+        closed = []
+        fits = [i for i, fill in enumerate(self.fills)
+                if self.seq_len - fill >= need and len(self.starts[i]) < self.max_docs]
+        if fits:
+            row = min(fits, key=lambda i: (self.seq_len - self.fills[i], i))
+        else:
+            if len(self.rows) >= self.open_rows:  # make room: close the fullest open row
+                fullest = max(range(len(self.rows)), key=lambda i: (self.fills[i], -i))
+                closed.append(self._close(fullest))
+            self.rows.append(np.full(self.seq_len, self.pad_id, self.dtype))
+            self.fills.append(0)
+            self.starts.append([])
+            row = len(self.rows) - 1
+        at = self.fills[row]
+        tokens = self.rows[row]
+        tokens[at] = self.cls_id
+        tokens[at + 1: at + 1 + len(piece)] = piece
+        tokens[at + 1 + len(piece)] = self.sep_id
+        self.starts[row].append(at)
+        self.fills[row] = at + need
+        # A row with no room for even an empty framed document (3 tokens) is done.
+        if self.seq_len - self.fills[row] < 3 or len(self.starts[row]) == self.max_docs:
+            closed.append(self._close(row))
+        return closed
+
+    def _close(self, row: int) -> tuple[np.ndarray, int, list[int]]:
+        return self.rows.pop(row), self.fills.pop(row), self.starts.pop(row)
+
+    def _frame(self, rows: list[tuple[np.ndarray, int, list[int]]]) -> Sequences:
+        if not rows:
+            return self.empty()
+        starts = np.full((len(rows), self.max_docs), -1, np.int32)
+        for i, (_, _, row_starts) in enumerate(rows):
+            starts[i, : len(row_starts)] = row_starts
+        return {"input_ids": np.stack([r[0] for r in rows]), "length": np.array([r[1] for r in rows], np.int32),
+                "doc_starts": starts}
+
+    def _finish(self) -> Sequences:
+        rows = [self._close(0) for _ in range(len(self.rows))]
+        return self._frame(rows)
+
+    def state(self):
+        scalars, arrays = super().state()
+        scalars["fills"] = list(self.fills)
+        scalars["starts"] = [list(s) for s in self.starts]
+        arrays["rows"] = np.stack(self.rows) if self.rows else np.zeros((0, self.seq_len), self.dtype)
+        return scalars, arrays
+
+    def load_state(self, scalars, arrays):
+        super().load_state(scalars, arrays)
+        self.rows = [row.astype(self.dtype).copy() for row in arrays["rows"]]
+        self.fills = list(scalars["fills"])
+        self.starts = [list(s) for s in scalars["starts"]]
 
 
 class PairsPacker(Packer):
@@ -239,7 +336,8 @@ class PairsPacker(Packer):
             self.pool.append(arrays["pool_ids"][a:b].astype(self.dtype))
 
 
-PACKERS: dict[str, type[Packer]] = {"full": FullPacker, "doc": DocPacker, "pairs": PairsPacker}
+PACKERS: dict[str, type[Packer]] = {"full": FullPacker, "doc": DocPacker, "doc-packed": DocPackedPacker,
+                                     "pairs": PairsPacker}
 
 
 def make_packer(mode: PackMode, seq_len: int, cls_id: int, sep_id: int, pad_id: int, dtype, seed: int = 0) -> Packer:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from pipeline.data.corpus import DEFAULT_MAX_DOC_BYTES, CorpusOptions
-from pipeline.data.packers import PackMode
+from pipeline.data.packers import PACKERS, PackMode
 from pipeline.data.shard_format import FORMAT_VERSION
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ class ShardOptions:
     out: str
     """Output folder."""
     pack: PackMode = "full"
-    """full: RoBERTa FULL-SENTENCES; doc: DOC-SENTENCES; pairs: BERT segment pairs + NSP."""
+    """full: RoBERTa FULL-SENTENCES; doc: DOC-SENTENCES (padded); doc-packed: whole documents packed into rows,
+    attention kept inside each; pairs: BERT segment pairs + NSP."""
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     """Tokenizer processes, by default one per core; does not change the output."""
     val_fraction: float = DEFAULT_VAL_FRACTION
@@ -76,8 +77,8 @@ class ShardOptions:
         found = []
         if self.dedup not in ("none", "exact"):
             found.append(f"--dedup {self.dedup!r}: expected none or exact")
-        if self.pack not in ("full", "doc", "pairs"):
-            found.append(f"--pack {self.pack!r}: expected full, doc or pairs")
+        if self.pack not in PACKERS:
+            found.append(f"--pack {self.pack!r}: expected one of {', '.join(PACKERS)}")
         if self.seq_len < 8:
             found.append(f"--seq-len {self.seq_len}: must be at least 8")
         if not 0.0 <= self.val_fraction < 1.0:

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
+from pipeline.pretrain.packed_attention import document_layout
 
 if TYPE_CHECKING:
     from pipeline.pretrain.mixture import ConcatenatedCaches
@@ -80,10 +81,13 @@ class GlobalShuffle(StepOrder):
 class MaskedBatches(torch.utils.data.Dataset):
     """`dataset[MicroBatchKey]` → a model-ready batch of tensors (masked input, labels, …)."""
 
-    def __init__(self, cache: TokenCache | ConcatenatedCaches, masker: Masker, *, with_segments: bool):
+    def __init__(self, cache: TokenCache | ConcatenatedCaches, masker: Masker, *, with_segments: bool,
+                 position_offset: int = 0):
+        """`position_offset`: the first position id (RoBERTa: pad id + 1, BERT: 0), for doc-packed rows."""
         self.cache = cache
         self.masker = masker
         self.with_segments = with_segments
+        self.position_offset = position_offset
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -95,7 +99,12 @@ class MaskedBatches(torch.utils.data.Dataset):
         ids = fields["input_ids"]
         corrupted, labels = self.masker(ids, key.epoch, key.indices, key.stream)
         batch = {"input_ids": torch.from_numpy(corrupted), "labels": torch.from_numpy(labels)}
-        if "length" in fields:
+        if "doc_starts" in fields:  # doc-packed rows: documents side by side, each attending to itself only
+            documents, position_ids = document_layout(fields["doc_starts"], fields["length"].astype(np.int64),
+                                                      ids.shape[1], self.position_offset)
+            batch["document_ids"] = torch.from_numpy(documents)
+            batch["position_ids"] = torch.from_numpy(position_ids)
+        elif "length" in fields:
             positions = np.arange(ids.shape[1])
             lengths = fields["length"].astype(np.int64)
             if (lengths < ids.shape[1]).any():
@@ -106,6 +115,15 @@ class MaskedBatches(torch.utils.data.Dataset):
                 batch["token_type_ids"] = torch.from_numpy(segment_b.astype(np.int64))
                 batch["next_sentence_label"] = torch.from_numpy(fields["nsp_label"].astype(np.int64))
         return batch
+
+
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens of text in a batch, padding excluded: what throughput figures count."""
+    if "document_ids" in batch:
+        return int((batch["document_ids"] >= 0).sum())
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    return batch["input_ids"].numel()
 
 
 def train_loader(batches: MaskedBatches, shuffle: StepOrder, *, rank: int, start_step: int, end_step: int,

@@ -150,7 +150,7 @@ class PretrainData:
     """
 
     def __init__(self, data: DataConfig, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
-                 tokenizer_fingerprint: str, with_segments: bool):
+                 tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0):
         self.corpora = data.corpora()
         self.mixed = data.mixed
         train, val = [], []
@@ -170,8 +170,10 @@ class PretrainData:
         else:
             train_rows, val_rows = train[0], val[0]
             self.order = GlobalShuffle(len(train[0]), plan, seed)
-        self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments)
-        self.val_batches = MaskedBatches(val_rows, masker, with_segments=with_segments)
+        self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments,
+                                           position_offset=position_offset)
+        self.val_batches = MaskedBatches(val_rows, masker, with_segments=with_segments,
+                                         position_offset=position_offset)
 
     def loader(self, *, rank: int, start_step: int, end_step: int, num_workers: int) -> DataLoader:
         return train_loader(self.train_batches, self.order, rank=rank, start_step=start_step, end_step=end_step,

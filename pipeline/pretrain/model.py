@@ -26,6 +26,7 @@ from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.masking import IGNORE_INDEX
+from pipeline.pretrain.packed_attention import encoder_inputs
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
@@ -54,12 +55,26 @@ def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.M
     return F.cross_entropy(logits.float(), labels[selected])
 
 
+def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, document_ids=None, position_ids=None):
+    """Run an HF encoder; with `document_ids` (doc-packed rows) attention stays inside each document."""
+    if document_ids is None:
+        return encoder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                       position_ids=position_ids, return_dict=True)
+    inputs = encoder_inputs(input_ids, document_ids, position_ids, encoder.config._attn_implementation)
+    if token_type_ids is not None:
+        token_type_ids = token_type_ids.reshape(inputs["input_ids"].shape)
+    out = encoder(**inputs, token_type_ids=token_type_ids, return_dict=True)
+    out.last_hidden_state = out.last_hidden_state.reshape(*input_ids.shape, -1)  # undo FlashAttention's flattening
+    return out
+
+
 class SparseRobertaForMaskedLM(RobertaForMaskedLM):
     """RobertaForMaskedLM whose training forward projects masked positions only; returns the loss."""
 
-    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, **_):
-        hidden = self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                              return_dict=True).last_hidden_state
+    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
+                position_ids=None, **_):
+        hidden = encode(self.roberta, input_ids, attention_mask, token_type_ids, document_ids,
+                        position_ids).last_hidden_state
         return {"loss": _masked_lm_loss(hidden, labels, self.lm_head)}
 
 
@@ -75,8 +90,9 @@ class SparseRobertaPreLayerNormForMaskedLM(RobertaPreLayerNormForMaskedLM):
 class SparseBertForPreTraining(BertForPreTraining):
     """BertForPreTraining (MLM + next-sentence prediction) with the sparse MLM head; returns the losses."""
 
-    def forward(self, input_ids, labels, next_sentence_label, attention_mask=None, token_type_ids=None, **_):
-        out = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True)
+    def forward(self, input_ids, labels, next_sentence_label, attention_mask=None, token_type_ids=None,
+                document_ids=None, position_ids=None, **_):
+        out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
         mlm = _masked_lm_loss(out.last_hidden_state, labels, self.cls.predictions)
         nsp = F.cross_entropy(self.cls.seq_relationship(out.pooler_output).float(), next_sentence_label)
         return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp}

@@ -21,6 +21,7 @@ from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import real_tokens
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, lr_multiplier
 from pipeline.pretrain.flops import mfu, training_flops_per_token
@@ -65,7 +66,10 @@ class Pretrainer:
                                    config.train.seed)
         self.data = PretrainData(config.data, self.plan, self.masker, seed=config.train.seed,
                                  cache_dir=config.cache_dir, tokenizer_fingerprint=self.tokenizer_info.fingerprint,
-                                 with_segments=config.model.architecture == "bert")
+                                 with_segments=config.model.architecture == "bert",
+                                 # doc-packed rows restart positions per document from the first position id
+                                 position_offset=0 if config.model.architecture == "bert"
+                                 else self.tokenizer_info.pad_id + 1)
         self.seq_len = self.data.seq_len
 
         seed_everything(config.train.seed)  # the same initial weights on every rank
@@ -163,8 +167,7 @@ class Pretrainer:
             lr = self.engine.get_lr()[0]  # the LR this step uses; the scheduler moves on inside engine.step()
             for micro_step in range(plan.accumulation):
                 batch = next(loader)
-                real = batch.get("attention_mask", batch["input_ids"])
-                step_tokens += int(real.sum()) if "attention_mask" in batch else real.numel()
+                step_tokens += real_tokens(batch)
                 seed_micro_batch(c.train.seed, self.step, plan.micro_batch_index(topo.rank, micro_step))
                 out = self.engine(**{k: v.to(self.engine.device) for k, v in batch.items()})
                 self.engine.backward(out["loss"])

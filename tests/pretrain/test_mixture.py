@@ -20,13 +20,14 @@ from pipeline.pretrain.mixture import MixedShuffle, PretrainData
 
 
 def shard(tmp_path_factory, tokenizer: Path, name: str, seed: int, **args) -> Path:
-    from pipeline.data.shard_stage import ShardArgs, run_shard_stage
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
 
     root = tmp_path_factory.mktemp(name)
     corpus = write_jsonl(root / "corpus.jsonl", make_documents(200, seed=seed))
     out = root / name
-    run_shard_stage(ShardArgs(inputs=(str(corpus),), tokenizer=str(tokenizer), out=str(out), workers=1,
-                              shard_size=100, val_fraction=0.1, progress=False, **{"seq_len": 64, **args}))
+    run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), out=str(out), workers=1,
+                              shard_size=100, val_fraction=0.1, quiet=True, **{"seq_len": 64, **args}))
     return out
 
 

@@ -1,0 +1,78 @@
+"""Attention kept inside each document of a `doc-packed` row, and positions that restart per document.
+
+A `doc-packed` row holds several framed documents (`<s> a </s><s> b </s>…<pad>…`). Computing on it
+what each document would compute alone takes two things:
+- **positions** restart at every document start. RoBERTa numbers positions from `pad_id + 1`
+  (transformers' `create_position_ids_from_input_ids`; see transformers PR #47525 on why an
+  offset mistake here silently shifts every embedding), BERT from 0;
+- **attention** is block-diagonal: a token sees only tokens of its own document. On CPU (and with
+  SDPA anywhere) that is a boolean 4-D mask `(batch, 1, T, T)`, which transformers passes to the
+  kernel as is (eager attention takes it as an additive float mask). With FlashAttention-2 the
+  batch is flattened into one row and the documents become varlen segments through
+  `cu_seq_lens_*`, so no T × T mask exists.
+
+Padding at a row's end forms one more "document" that attends only to itself, so no query row of
+the mask is empty (an all-False row makes SDPA return NaN).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def document_layout(doc_starts: np.ndarray, lengths: np.ndarray, seq_len: int,
+                    position_offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """(document ids, position ids), both (rows, seq_len) int64, for rows described by `doc_starts`.
+
+    `doc_starts[i]` lists where row i's documents begin, then -1. Padding (positions ≥ `lengths[i]`)
+    gets document id -1 and the position id `position_offset - 1` (RoBERTa's pad position).
+    """
+    positions = np.arange(seq_len)
+    starts = np.where(doc_starts < 0, seq_len, doc_starts).astype(np.int64)  # unused slots sort last
+    # The document of each position: how many starts lie at or before it, minus one.
+    document = (starts[:, None, :] <= positions[None, :, None]).sum(-1) - 1
+    padding = positions[None, :] >= lengths[:, None]
+    start_of_mine = np.take_along_axis(starts, np.maximum(document, 0), axis=1)
+    position_ids = positions[None, :] - start_of_mine + position_offset
+    document = np.where(padding, -1, document)
+    position_ids = np.where(padding, max(position_offset - 1, 0), position_ids)
+    return document, position_ids
+
+
+def block_diagonal_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """(batch, 1, T, T) boolean: True where query and key belong to the same document (padding to padding)."""
+    return (document_ids[:, :, None] == document_ids[:, None, :])[:, None]
+
+
+def varlen_segments(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Cumulative segment lengths over the flattened batch (FlashAttention's `cu_seqlens`) and the longest segment.
+
+    A new segment starts at every row start and wherever the document id changes.
+    """
+    rows, length = document_ids.shape
+    flat = document_ids.reshape(-1)
+    change = torch.ones_like(flat, dtype=torch.bool)
+    change[1:] = flat[1:] != flat[:-1]
+    change[::length] = True
+    starts = torch.nonzero(change).flatten()
+    cu = torch.cat([starts, torch.tensor([rows * length], device=flat.device)]).to(torch.int32)
+    return cu, int(cu.diff().max())
+
+
+def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,
+                   attn_implementation: str) -> dict:
+    """Keyword arguments for an HF encoder's forward that keep attention inside documents.
+
+    For FlashAttention-2 the batch is returned flattened to one row (`input_ids` (1, B·T)); the
+    caller reshapes the hidden states back to (B, T, C).
+    """
+    if attn_implementation == "flash_attention_2":
+        cu, longest = varlen_segments(document_ids)
+        return {"input_ids": input_ids.reshape(1, -1), "position_ids": position_ids.reshape(1, -1),
+                "attention_mask": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+                "max_length_q": longest, "max_length_k": longest}
+    mask = block_diagonal_mask(document_ids)
+    if attn_implementation == "eager":  # eager attention adds the mask to the scores: 0 or the dtype's minimum
+        mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask}
