@@ -26,6 +26,7 @@ from pipeline.finetune.tasks import task_spec
 from pipeline.pretrain.export import PROVENANCE_FILE
 from pipeline.pretrain.model import parameter_groups
 from pipeline.tracking.mlflow_run import MlflowRun, git_commit
+from pipeline.tracking.model_store import record_in_model_store, task_datasets
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSourc
         run.log_metrics({f"best/{k}": v for k, v in best.items()} | {"best/epoch": best_epoch}, t.epochs, flush=True)
         for path in artifacts + test_files:
             run.log_artifact(path)
+        record_in_model_store(run, None, task_datasets(data))  # model_dir: the seed's saved model, once it is saved
         run.finish()
     accelerator.wait_for_everyone()
     return best

@@ -29,6 +29,7 @@ from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec, splitmi
 from pipeline.pretrain.model import build_model
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.mlflow_run import MetricsJsonl, MlflowRun, git_commit
+from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 
 
 @dataclass
@@ -241,6 +242,7 @@ class Pretrainer:
             if self.mlflow:
                 self.mlflow.log_artifact(export_dir, "export")
         if self.mlflow:
+            record_in_model_store(self.mlflow, export_dir, [shard_dataset(c.data.shards)])
             self.mlflow.finish("FINISHED" if stopped_by is None else "KILLED")
         if self.jsonl:
             self.jsonl.close()

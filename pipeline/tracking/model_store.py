@@ -24,38 +24,6 @@ from pathlib import Path
 from pipeline.common.atomic_files import sha256_file
 from pipeline.common.errors import PipelineError
 
-try:  # the class must be importable wherever the model is loaded; mlflow is a dependency
-    from mlflow.pyfunc import PythonModel
-except ImportError:  # pragma: no cover
-    PythonModel = object
-
-
-class EncoderModel(PythonModel):
-    """The pyfunc wrapper: `predict` classifies with the model's task head, or fills masks for an export."""
-
-    def load_context(self, context) -> None:
-        from pipeline.hub import Encoder
-
-        self.encoder = Encoder.from_pretrained(context.artifacts["model"])
-        self.head = next(iter(self.encoder.classification_heads), None)
-
-    def predict(self, context, model_input, params=None) -> list:
-        examples = _examples(model_input)
-        if self.head is not None:
-            return self.encoder.classify(self.head, examples)
-        return [self.encoder.fill_mask(text[0], topk=1)[0][0] for text in examples]
-
-
-def _examples(model_input) -> list[tuple[str, ...]]:
-    """Rows of one or two texts from a DataFrame (`text`, optional `text_b`), a list of strings or of pairs."""
-    if hasattr(model_input, "columns"):  # a pandas DataFrame, as `mlflow models serve` passes it
-        columns = [c for c in ("text", "text_b") if c in model_input.columns] or list(model_input.columns[:2])
-        rows = model_input[columns].itertuples(index=False, name=None)
-        return [tuple(t for t in row if isinstance(t, str)) for row in rows]
-    if isinstance(model_input, str):
-        return [(model_input,)]
-    return [(x,) if isinstance(x, str) else tuple(x) for x in model_input]
-
 
 def _signature(classifier: bool):
     from mlflow.models import ModelSignature
@@ -82,6 +50,7 @@ def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str |
     import mlflow
 
     from pipeline.hub.sources import FINETUNE_INFO_FILE
+    from pipeline.tracking.encoder_pyfunc import EncoderModel
     from pipeline.tracking.mlflow_run import default_tracking_uri
 
     model_dir = Path(model_dir)
@@ -158,3 +127,32 @@ def log_dataset_inputs(run_id: str, records: list[DatasetRecord], tracking_uri: 
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
             InputTag(MLFLOW_DATASET_CONTEXT, record.context), InputTag("sha256", record.sha256)]))
     MlflowClient(tracking_uri or default_tracking_uri()).log_inputs(run_id, datasets=inputs)
+
+
+def record_in_model_store(run, model_dir: str | Path | None = None, datasets: list[DatasetRecord] = (),
+                          registered_model_name: str | None = None) -> None:
+    """The trainers' one call at the end of a run or seed: datasets as inputs, the model as an MLflow model.
+
+    `run` is the trainer's `MlflowRun` (None or disabled: nothing to do). Best-effort, like all
+    tracking: a failure prints one warning and the run's own outputs stay as they are.
+    """
+    import sys
+
+    if run is None or not run.enabled:
+        return
+    try:
+        if datasets:
+            log_dataset_inputs(run.run_id, list(datasets), run.uri)
+        if model_dir is not None:
+            log_encoder_model(model_dir, run.run_id, tracking_uri=run.uri, registered_model_name=registered_model_name)
+    except Exception as err:  # noqa: BLE001 - the model store must never fail a finished training run
+        warnings.warn(f"MLflow model store ({run.uri}): {type(err).__name__}: {str(err)[:300]}", stacklevel=2)
+        print(f"warning: could not log the model/datasets to MLflow at {run.uri} ({type(err).__name__})",
+              file=sys.stderr)
+
+
+def task_datasets(data) -> list[DatasetRecord]:
+    """The task files of a fine-tuning `TaskData` that are local files (train, dev splits, test splits)."""
+    splits = [("training", data.train), *(("evaluation", s) for s in data.dev.values()),
+              *(("test", s) for s in data.test.values())]
+    return [file_dataset(split.source, context) for context, split in splits if Path(split.source).is_file()]
