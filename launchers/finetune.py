@@ -7,15 +7,16 @@
 --model is an HF model folder or hub name (e.g. `roberta-base` when online), or a pretraining
 checkpoint / output folder (exported first). --from-scratch trains the same architecture from
 random weights: the baseline that shows what pretraining bought. Each seed writes
-`<train.output_dir>/seed_N/` (metrics.json, history.json, test predictions, confusion matrix);
-`<train.output_dir>/metrics.json` holds the median, mean and standard deviation over seeds.
+`<train.output_dir>/seed_N/` (the best epoch's model as an HF folder, metrics.json, history.json,
+dev and test predictions, confusion matrix, and complete.json last: a rerun skips finished seeds);
+`<train.output_dir>/metrics.json` holds the median, mean and standard deviation over seeds, and
+`best_model.json` points at the best seed's model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
@@ -41,14 +42,16 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: train.seed)")
     p.add_argument("--from-scratch", action="store_true", help="random initial weights (the no-pretraining baseline)")
     args = p.parse_args(argv)
+    from pipeline.common.topology import current_topology
     from pipeline.finetune.config import load_finetune_config
 
-    config = load_finetune_config(args.config, args.set)
+    topology = current_topology()
+    config = load_finetune_config(args.config, args.set, world_size=topology.world_size)
     seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
     from pipeline.finetune.trainer import run_finetuning
 
     report = run_finetuning(config, args.model, seeds, args.from_scratch)
-    if os.environ.get("RANK", "0") != "0":
+    if not topology.is_main:
         return
     headline = {k: round(v, 4) for k, v in report.items() if isinstance(v, float)}
     print(json.dumps({"task": report["task"], "seeds": seeds, "from_scratch": args.from_scratch, **headline}))

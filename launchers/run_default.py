@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.common.run_layout import FinetuneLayout, PretrainLayout  # noqa: E402
 from pipeline.common.topology import free_port  # noqa: E402
 
 SEQ_LEN = 128
@@ -75,6 +76,7 @@ def main() -> None:
         print(f"\nmain job stopped after the data stage in {time.monotonic() - started:.0f} s; outputs in {out}")
         return
     pretrain_dir = out / "pretrain"
+    pretrain = PretrainLayout(pretrain_dir)
     deepspeed = Path(sys.executable).parent / "deepspeed"
     # One thread per rank: two ranks on two cores otherwise fight over them (measured 2× slower).
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -91,12 +93,13 @@ def main() -> None:
     for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
         folder = out / "finetune" / name.replace(" ", "-")
         run(f"7/8 fine-tune ({name})", "launchers/finetune.py", "--config", "configs/glue/embedded-docs.json",
-            "--model", pretrain_dir / "export", "--seeds", "1,2,3", *extra,
+            "--model", pretrain.export, "--seeds", "1,2,3", *extra,
             "--set", f"data.train_file={task / 'train.jsonl'}", "--set", f"data.validation_file={task / 'dev.jsonl'}",
             "--set", f"train.output_dir={folder}", *tracking, env=env)
     run("8/8 compare", "launchers/compare.py", "--uri", f"sqlite:///{out / 'mlflow.db'}", "--out", out / "compare")
     print(f"\nmain job done in {time.monotonic() - started:.0f} s; outputs in {out}")
-    print(f"model: {pretrain_dir / 'export'}; metrics: {pretrain_dir / 'metrics.jsonl'}; MLflow: "
+    best = FinetuneLayout(out / "finetune" / "pretrained").best_model
+    print(f"model: {pretrain.export}; metrics: {pretrain.metrics}; fine-tuned: {best}; MLflow: "
           f"mlflow ui --backend-store-uri sqlite:///{out / 'mlflow.db'} --host 127.0.0.1")
 
 

@@ -75,7 +75,7 @@ def finetune_scripts(args) -> tuple[Path, list[str]]:
 
     if not args.model:
         raise PipelineError("finetune: --model is required (an export folder, a checkpoint, or a hub name)")
-    config = load_finetune_config(args.config, args.set)
+    config = load_finetune_config(args.config, args.set, world_size=procs_per_node(args))  # one node
     out = config.output_dir.resolve()
     extra = [f"--model {shlex.quote(str(args.model))}", sets(args.set)]
     if args.seeds:

@@ -55,3 +55,22 @@ def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sect
     for section, values in sections.items():
         config.setdefault(section, {}).update(values)
     return config
+
+
+def predict_with_saved_model(folder: Path, texts: list[str], batch_size: int):
+    """(model, class ids) from a saved fine-tuned folder alone, batched as the trainer's dev evaluation."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    max_len = json.loads((Path(folder) / "pipeline_finetune.json").read_text())["max_seq_len"]
+    encoded = tokenizer(texts, truncation=True, max_length=max_len)
+    collate = DataCollatorWithPadding(tokenizer)
+    predictions = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            rows = [{k: v[i] for k, v in encoded.items()} for i in range(start, min(start + batch_size, len(texts)))]
+            predictions.append(model(**collate(rows)).logits.argmax(-1).numpy())
+    return model, np.concatenate(predictions)

@@ -26,6 +26,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def current_topology() -> Topology:
+    """This process's rank and world as its launcher (deepspeed, torchrun, accelerate) set them; a
+    world of one without a launcher. Reads the environment and changes nothing."""
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    return Topology(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), world,
+                    torch.cuda.is_available())
+
+
 def prepare_environment() -> Topology:
     """Read (or, for plain `python`, invent) the launcher's variables; pick the accelerator.
 
@@ -38,13 +48,11 @@ def prepare_environment() -> Topology:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    cuda = torch.cuda.is_available()
-    if not cuda:
+    topology = current_topology()
+    if not topology.cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    world = int(os.environ["WORLD_SIZE"])
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    topology = Topology(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), world, cuda)
-    if cuda:
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", topology.world_size))
+    if topology.cuda:
         torch.cuda.set_device(topology.local_rank)
     elif "OMP_NUM_THREADS" not in os.environ:
         # Ranks sharing a CPU would otherwise each start one thread per core and fight over them.

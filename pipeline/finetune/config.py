@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.common.config_tree import ConfigError, apply_overrides, build_config, read_json_config
+from pipeline.common.run_kernel import load_config
+from pipeline.common.run_layout import FinetuneLayout
 from pipeline.finetune.tasks import GLUE_TASKS, task_spec
+from pipeline.pretrain.batch_plan import BatchPlan, batch_problem
 from pipeline.pretrain.config import TrackingConfig
 
 
@@ -35,10 +37,16 @@ class FinetuneTrainConfig:
     output_dir: str = "runs/finetune"
     learning_rate: float = 2e-5
     batch_size: int = 32
-    gradient_accumulation: int = 1
+    """Examples per optimizer step, over all processes (RoBERTa's GLUE recipe: 16 or 32)."""
+    micro_batch_size: int | None = None
+    """Examples per process per forward pass; None: batch_size ÷ processes. Accumulation is derived."""
     epochs: int = 10
     warmup_ratio: float = 0.06
     weight_decay: float = 0.1
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    """AdamW β1, β2 (RoBERTa's GLUE recipe)."""
+    adam_eps: float = 1e-6
+    """AdamW ε (RoBERTa's GLUE recipe)."""
     max_grad_norm: float = 1.0
     seed: int = 1
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
@@ -57,18 +65,27 @@ class FinetuneConfig:
     def output_dir(self) -> Path:
         return Path(self.train.output_dir)
 
+    @property
+    def layout(self) -> FinetuneLayout:
+        """Every path in the output folder."""
+        return FinetuneLayout(self.output_dir)
 
-def load_finetune_config(path: str | Path, overrides: list[str] = ()) -> FinetuneConfig:
-    data = apply_overrides(read_json_config(path), list(overrides))
-    source = str(path) + (" (with --set overrides)" if overrides else "")
-    config, problems = build_config(FinetuneConfig, data)
-    problems += finetune_problems(config)
-    if problems:
-        raise ConfigError(source, problems)
-    return config
+    def batch_plan(self, world_size: int) -> BatchPlan:
+        """train.batch_size = micro batch × processes × accumulation."""
+        t = self.train
+        micro = t.micro_batch_size or max(1, t.batch_size // world_size)
+        return BatchPlan.derive(t.batch_size, micro, world_size, keys=BATCH_KEYS)
 
 
-def finetune_problems(c: FinetuneConfig) -> list[str]:
+BATCH_KEYS = ("train.batch_size", "train.micro_batch_size")
+
+
+def load_finetune_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1) -> FinetuneConfig:
+    """Read, override and validate a fine-tuning config for `world_size` processes; all problems at once."""
+    return load_config(FinetuneConfig, path, overrides, lambda config, _: finetune_problems(config, world_size))
+
+
+def finetune_problems(c: FinetuneConfig, world_size: int = 1) -> list[str]:
     problems = []
     add = problems.append
     d, t = c.data, c.train
@@ -92,9 +109,15 @@ def finetune_problems(c: FinetuneConfig) -> list[str]:
             add(f"data.text_fields: a custom task needs 1 or 2 text columns, got {d.text_fields}")
     if d.max_seq_len < 8:
         add(f"data.max_seq_len: must be ≥ 8, got {d.max_seq_len}")
-    for name in ("batch_size", "gradient_accumulation", "epochs", "eval_batch_size"):
+    for name in ("batch_size", "epochs", "eval_batch_size"):
         if getattr(t, name) < 1:
             add(f"train.{name}: must be ≥ 1, got {getattr(t, name)}")
+    if t.batch_size >= 1:
+        micro = t.micro_batch_size or max(1, t.batch_size // world_size)
+        if problem := batch_problem(t.batch_size, micro, world_size, keys=BATCH_KEYS):
+            add(problem)
+    if not all(0 <= b < 1 for b in t.adam_betas) or t.adam_eps <= 0:
+        add(f"train.adam_betas must be in [0, 1) and train.adam_eps > 0, got {list(t.adam_betas)} and {t.adam_eps}")
     if t.learning_rate <= 0 or not 0 <= t.warmup_ratio < 1:
         add(f"train.learning_rate must be > 0 and train.warmup_ratio in [0, 1), got {t.learning_rate} and "
             f"{t.warmup_ratio}")

@@ -24,6 +24,13 @@ class TaskSpec:
     """Column names for train/dev files that have no header row (CoLA)."""
     hf_text_columns: tuple[str, ...] | None = None
     """Text columns in the `datasets` version ("glue", task), when they differ from the TSV's."""
+    label_names: tuple[str, ...] | None = None
+    """What each class means, in class-id order, when the files say `0`/`1` (datasets' GLUE names)."""
+
+    @property
+    def class_names(self) -> tuple[str, ...] | None:
+        """The names a saved model's `id2label` and the dev prediction files use."""
+        return self.label_names or self.labels
 
     @property
     def is_regression(self) -> bool:
@@ -36,18 +43,21 @@ class TaskSpec:
 
 GLUE_TASKS: dict[str, TaskSpec] = {t.name: t for t in (
     TaskSpec("cola", ("sentence",), "label", ("0", "1"), ("matthews_correlation",),
-             headerless_columns=("source", "label", "original_label", "sentence")),
-    TaskSpec("sst2", ("sentence",), "label", ("0", "1"), ("accuracy",)),
+             headerless_columns=("source", "label", "original_label", "sentence"),
+             label_names=("unacceptable", "acceptable")),
+    TaskSpec("sst2", ("sentence",), "label", ("0", "1"), ("accuracy",), label_names=("negative", "positive")),
     TaskSpec("mrpc", ("#1 String", "#2 String"), "Quality", ("0", "1"), ("f1", "accuracy"),
-             hf_text_columns=("sentence1", "sentence2")),
-    TaskSpec("qqp", ("question1", "question2"), "is_duplicate", ("0", "1"), ("f1", "accuracy")),
+             hf_text_columns=("sentence1", "sentence2"), label_names=("not_equivalent", "equivalent")),
+    TaskSpec("qqp", ("question1", "question2"), "is_duplicate", ("0", "1"), ("f1", "accuracy"),
+             label_names=("not_duplicate", "duplicate")),
     TaskSpec("stsb", ("sentence1", "sentence2"), "score", None, ("pearson", "spearman")),
     TaskSpec("mnli", ("sentence1", "sentence2"), "gold_label", ("contradiction", "entailment", "neutral"),
              ("accuracy_matched", "accuracy_mismatched"), dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
              test_files=("test_matched.tsv", "test_mismatched.tsv"), hf_text_columns=("premise", "hypothesis")),
     TaskSpec("qnli", ("question", "sentence"), "label", ("entailment", "not_entailment"), ("accuracy",)),
     TaskSpec("rte", ("sentence1", "sentence2"), "label", ("entailment", "not_entailment"), ("accuracy",)),
-    TaskSpec("wnli", ("sentence1", "sentence2"), "label", ("0", "1"), ("accuracy",)),
+    TaskSpec("wnli", ("sentence1", "sentence2"), "label", ("0", "1"), ("accuracy",),
+             label_names=("not_entailment", "entailment")),
 )}
 
 # The folder names of the GLUE data layout.

@@ -1,60 +1,34 @@
-"""GLUE-style fine-tuning with accelerate: one seed per run, best dev epoch kept, outputs and MLflow.
+"""Fine-tuning with accelerate: setup → fit → validate → save, one seed at a time; seeds summarized.
 
 Works in one process, under `accelerate launch` (several processes: gloo on CPU, NCCL on GPUs,
-DeepSpeed when accelerate is configured for it) and with mixed precision.
+DeepSpeed when accelerate is configured for it) and with mixed precision. The loop knows nothing
+of the task: a `TaskFamily` builds the model, encodes the data, turns outputs into predictions
+and metrics, and writes the prediction files.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 import math
-import statistics
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from pipeline.common.atomic_files import write_json_atomic, write_text_atomic
+from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
-from pipeline.common.hub_names import local_or_hub
+from pipeline.common.run_kernel import run_tags, seed_everything
+from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneConfig
-from pipeline.finetune.metrics import task_metrics
+from pipeline.finetune.model_source import ModelSource, resolve_model
+from pipeline.finetune.outputs import finished_seed, mark_complete, save_model, summarize, write_best_model
 from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
+from pipeline.finetune.task_family import TaskFamily, task_family
 from pipeline.finetune.tasks import task_spec
-from pipeline.pretrain.export import PROVENANCE_FILE
+from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.model import parameter_groups
-from pipeline.tracking.mlflow_run import MlflowRun, git_commit
+from pipeline.tracking.metrics import MetricsSink, open_metrics
 from pipeline.tracking.model_store import record_in_model_store, task_datasets
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """The model to fine-tune: an HF folder, and where it came from (for the MLflow link)."""
-
-    path: str
-    pretrain_run_id: str | None = None
-    pretrain_checkpoint: str | None = None
-
-
-def resolve_model(model: str, work_dir: Path) -> ModelSource:
-    """An HF model folder or hub name; a pretraining checkpoint or output folder is exported first."""
-    from pipeline.pretrain.checkpoints import COMPLETE_MARKER, checkpoint_root
-
-    path = Path(local_or_hub(model, "--model"))
-    if path.is_dir() and ((path / COMPLETE_MARKER).exists() or checkpoint_root(path).is_dir()):
-        from pipeline.pretrain.export import export_checkpoint  # a pretraining checkpoint or output folder
-
-        path = export_checkpoint(path, work_dir / "model", overwrite=True)
-    elif path.is_dir() and not (path / "config.json").exists():
-        raise PipelineError(f"--model {model}: not an HF model folder (no config.json) nor a pretraining "
-                            "checkpoint or output folder")
-    provenance = path / PROVENANCE_FILE
-    if provenance.exists():
-        info = json.loads(provenance.read_text())
-        return ModelSource(str(path), info.get("pretrain_run_id"), info.get("checkpoint"))
-    return ModelSource(str(path))
 
 
 def load_task(config: FinetuneConfig) -> TaskData:
@@ -73,261 +47,241 @@ def load_task(config: FinetuneConfig) -> TaskData:
     return data
 
 
-class Encoded(torch.utils.data.Dataset):
-    """Tokenized examples (one batch call to the fast tokenizer), padded per batch by the collator."""
-
-    def __init__(self, split: Split, tokenizer, max_len: int, regression: bool):
-        pairs = len(split.texts[0]) == 2
-        first = [t[0] for t in split.texts]
-        second = [t[1] for t in split.texts] if pairs else None
-        self.encodings = tokenizer(first, second, truncation=True, max_length=max_len)
-        self.labels = split.labels
-        self.regression = regression
-
-    def __len__(self) -> int:
-        return len(self.encodings["input_ids"])
-
-    def __getitem__(self, i: int) -> dict:
-        item = {k: v[i] for k, v in self.encodings.items()}
-        if self.labels is not None:
-            item["labels"] = float(self.labels[i]) if self.regression else int(self.labels[i])
-        return item
-
-
-def finetune_one_seed(config: FinetuneConfig, data: TaskData, source: ModelSource, seed: int, from_scratch: bool,
-                      parent_run_id: str | None) -> dict[str, float]:
-    """Train one seed; write its outputs to `<output_dir>/seed_<seed>/`; return its best dev metrics."""
+def build_accelerator(config: FinetuneConfig, plan: BatchPlan):
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-    from transformers import (
-        AutoConfig,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        DataCollatorWithPadding,
-        get_linear_schedule_with_warmup,
-    )
 
-    t, spec = config.train, data.spec
     # Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each
     # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU).
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=t.mixed_precision,
-                              gradient_accumulation_steps=t.gradient_accumulation)
-    set_seed(seed)
-    out = config.output_dir / f"seed_{seed}"
-    tokenizer = AutoTokenizer.from_pretrained(source.path)
-    problem = "regression" if spec.is_regression else "single_label_classification"
-    if from_scratch:
-        model_config = AutoConfig.from_pretrained(source.path, num_labels=spec.num_labels, problem_type=problem)
-        model = AutoModelForSequenceClassification.from_config(model_config)
-    else:
-        from transformers.utils import logging as hf_logging
+    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=config.train.mixed_precision,
+                       gradient_accumulation_steps=plan.accumulation)
 
-        # transformers prints a table of every newly initialised weight; the classifier head is
-        # always new here, so one line says it instead (on the main process).
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(source.path, num_labels=spec.num_labels,
-                                                                       problem_type=problem)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-        if accelerator.is_main_process:
-            print(f"loaded {source.path} with a new {spec.num_labels}-way classification head", flush=True)
-    collate = DataCollatorWithPadding(tokenizer)
-    train_set = Encoded(data.train, tokenizer, config.data.max_seq_len, spec.is_regression)
-    generator = torch.Generator().manual_seed(seed)
-    train_loader = torch.utils.data.DataLoader(train_set, batch_size=t.batch_size, shuffle=True, collate_fn=collate,
-                                               generator=generator)
-    dev_loaders = {name: torch.utils.data.DataLoader(Encoded(split, tokenizer, config.data.max_seq_len,
-                                                             spec.is_regression),
-                                                     batch_size=t.eval_batch_size, collate_fn=collate)
-                   for name, split in data.dev.items()}
-    optimizer = torch.optim.AdamW(parameter_groups(model, t.weight_decay), lr=t.learning_rate, betas=(0.9, 0.98),
-                                  eps=1e-6)
-    steps = math.ceil(len(train_loader) / t.gradient_accumulation) * t.epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(t.warmup_ratio * steps), steps)
-    model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(
-        model, optimizer, train_loader, scheduler, *dev_loaders.values())
-    dev_loaders = dict(zip(dev_loaders, loaders, strict=True))
 
-    run = None
-    if accelerator.is_main_process and config.tracking.enabled:
-        run = MlflowRun(config.tracking.uri, config.tracking.experiment,
-                        f"{spec.name}-{'scratch' if from_scratch else 'pretrained'}-seed{seed}", state_file=None,
-                        flush_seconds=config.tracking.flush_seconds,
-                        tags=_run_tags(config, source, seed, from_scratch, parent_run_id))
-        run.log_params({**flatten(to_dict(config)), "model": source.path, "seed": seed, "from_scratch": from_scratch})
+@dataclass
+class Evaluation:
+    """Dev predictions and labels by split (gathered from every process), and the task's metrics on them."""
 
-    best, best_state, best_epoch, history = None, None, 0, []
-    main_metric = spec.metrics[0]
-    label = f"{spec.name} seed {seed}{' (scratch)' if from_scratch else ''}"
-    progress = tqdm(total=math.ceil(len(train_loader) / t.gradient_accumulation) * t.epochs, desc=label,
-                    disable=not accelerator.is_main_process, mininterval=1.0)
-    global_step = 0
-    for epoch in range(1, t.epochs + 1):
-        model.train()
+    metrics: dict[str, float]
+    predictions: dict[str, np.ndarray]
+    labels: dict[str, np.ndarray]
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    best: dict[str, float]
+    best_epoch: int
+    history: list[dict] = field(default_factory=list)
+
+
+class FineTuner:
+    """One seed: `setup()` builds model, data and optimizer; `fit()` trains and keeps the best dev
+    epoch; `validate()` scores the dev splits; `save()` writes the seed's folder, `complete.json` last."""
+
+    def __init__(self, config: FinetuneConfig, data: TaskData, family: TaskFamily, source: ModelSource,
+                 accelerator, plan: BatchPlan, seed: int, from_scratch: bool, parent_run_id: str | None = None):
+        self.config, self.data, self.family, self.source = config, data, family, source
+        self.accelerator, self.plan, self.seed, self.from_scratch = accelerator, plan, seed, from_scratch
+        self.parent_run_id = parent_run_id
+        self.out: SeedLayout = config.layout.seed(seed)
+        self.label = f"{data.spec.name} seed {seed}{' (scratch)' if from_scratch else ''}"
+
+    def setup(self) -> None:
+        from transformers import AutoTokenizer, get_linear_schedule_with_warmup
+
+        c, t, acc = self.config, self.config.train, self.accelerator
+        seed_everything(self.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.source.path)
+        model = self.family.build_model(self.source.path, self.from_scratch)
+        if not self.from_scratch and acc.is_main_process:
+            print(f"loaded {self.source.path} with a new {self.family.task_type} head", flush=True)
+        collate = self.family.collator(self.tokenizer)
+        train_set = self.family.encode(self.data.train, self.tokenizer, c.data.max_seq_len)
+        train_loader = torch.utils.data.DataLoader(train_set, batch_size=self.plan.micro_batch_size, shuffle=True,
+                                                   collate_fn=collate,
+                                                   generator=torch.Generator().manual_seed(self.seed))
+        dev_loaders = [self.eval_loader(split) for split in self.data.dev.values()]
+        optimizer = torch.optim.AdamW(parameter_groups(model, t.weight_decay), lr=t.learning_rate,
+                                      betas=tuple(t.adam_betas), eps=t.adam_eps)
+        # Optimizer steps per epoch: accelerate hands each process every world_size-th micro batch
+        # (the last ones repeated to even them out), and steps once per `accumulation` of them.
+        micro_per_process = math.ceil(len(train_loader) / self.plan.world_size)
+        self.steps_per_epoch = math.ceil(micro_per_process / self.plan.accumulation)
+        total = self.steps_per_epoch * t.epochs
+        # Stepped by hand once per optimizer step (accelerate would step it once per process).
+        self.scheduler = get_linear_schedule_with_warmup(optimizer, int(t.warmup_ratio * total), total)
+        self.model, self.optimizer, self.train_loader, *loaders = acc.prepare(model, optimizer, train_loader,
+                                                                             *dev_loaders)
+        self.dev_loaders = dict(zip(self.data.dev, loaders, strict=True))
+        self.metrics = self._open_metrics()
+
+    def eval_loader(self, split: Split):
+        dataset = self.family.encode(split, self.tokenizer, self.config.data.max_seq_len)
+        return torch.utils.data.DataLoader(dataset, batch_size=self.config.train.eval_batch_size,
+                                           collate_fn=self.family.collator(self.tokenizer))
+
+    def _open_metrics(self) -> MetricsSink:
+        c, spec = self.config, self.data.spec
+        kind = "scratch" if self.from_scratch else "pretrained"
+        source = self.source
+        tags = run_tags("finetune", self.plan.world_size, task=c.task, seed=self.seed,
+                        from_scratch=str(self.from_scratch).lower(), model=source.path,
+                        pretrain_run_id=source.pretrain_run_id, pretrain_checkpoint=source.pretrain_checkpoint)
+        if self.parent_run_id:
+            tags["mlflow.parentRunId"] = self.parent_run_id
+        params = {**flatten(to_dict(c)), "model": self.source.path, "seed": self.seed,
+                  "from_scratch": self.from_scratch, "gradient_accumulation": self.plan.accumulation}
+        return open_metrics(self.accelerator.is_main_process, tracking=c.tracking,
+                            run_name=f"{spec.name}-{kind}-seed{self.seed}", tags=tags, params=params)
+
+    def fit(self) -> SeedResult:
+        from tqdm.auto import tqdm
+
+        acc, epochs = self.accelerator, self.config.train.epochs
+        main_metric = self.family.main_metric
+        result, self.best_state = SeedResult(self.seed, {}, 0), None
+        progress = tqdm(total=self.steps_per_epoch * epochs, desc=self.label, disable=not acc.is_main_process,
+                        mininterval=1.0)
+        for epoch in range(1, epochs + 1):
+            train_loss = self._train_epoch(progress)
+            evaluation = self.validate()
+            result.history.append({"epoch": epoch, "train_loss": train_loss, **evaluation.metrics})
+            self.metrics.log({"train/loss": train_loss, **{f"eval/{k}": v for k, v in evaluation.metrics.items()}},
+                             epoch)
+            progress.set_postfix(loss=f"{train_loss:.3f}", **{main_metric: f"{evaluation.metrics[main_metric]:.4f}"})
+            if not result.best or evaluation.metrics[main_metric] > result.best[main_metric]:
+                result.best, result.best_epoch, self.best_evaluation = evaluation.metrics, epoch, evaluation
+                self.best_state = {k: v.detach().to("cpu", copy=True)
+                                   for k, v in acc.get_state_dict(self.model).items()}
+        progress.close()
+        return result
+
+    def _train_epoch(self, progress) -> float:
+        acc, t = self.accelerator, self.config.train
+        self.model.train()
         losses = []
-        for batch in train_loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and t.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
+        for batch in self.train_loader:
+            with acc.accumulate(self.model):
+                loss = self.model(**batch).loss
+                acc.backward(loss)
+                if acc.sync_gradients and t.max_grad_norm:
+                    acc.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
             losses.append(loss.detach().float())
-            if accelerator.sync_gradients:
-                global_step += 1
+            if acc.sync_gradients:
+                if not acc.optimizer_step_was_skipped:  # fp16 overflow: the schedule waits too
+                    self.scheduler.step()
                 progress.update(1)
-        train_loss = accelerator.gather(torch.stack(losses).mean()[None]).mean().item()
-        predictions, labels = predict_dev(model, dev_loaders, accelerator, spec.is_regression)
-        metrics = task_metrics(spec.metrics, predictions, labels)
-        history.append({"epoch": epoch, "train_loss": train_loss, **metrics})
-        if run:
-            run.log_metrics({"train/loss": train_loss, **{f"eval/{k}": v for k, v in metrics.items()}}, epoch)
-        progress.set_postfix(loss=f"{train_loss:.3f}", **{main_metric: f"{metrics[main_metric]:.4f}"})
-        if best is None or metrics[main_metric] > best[main_metric]:
-            best, best_epoch = metrics, epoch
-            best_state = copy.deepcopy(accelerator.unwrap_model(model).state_dict())
-            best_predictions = predictions
-    progress.close()
-    accelerator.unwrap_model(model).load_state_dict(best_state)
+        return acc.gather(torch.stack(losses).mean()[None]).mean().item()
 
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        result = {**best, "best_epoch": best_epoch, "seed": seed, "from_scratch": from_scratch,
-                  "processes": accelerator.num_processes}
-        write_json_atomic(out / "metrics.json", result)
-        write_json_atomic(out / "history.json", history)
-        artifacts = [out / "metrics.json", out / "history.json"]
-        if not spec.is_regression:
-            artifacts += write_confusion_matrices(out, spec, best_predictions, labels)
-    test_files = write_test_predictions(model, data, tokenizer, collate, config, accelerator, out)
-    if run:
-        run.log_metrics({f"best/{k}": v for k, v in best.items()} | {"best/epoch": best_epoch}, t.epochs, flush=True)
-        for path in artifacts + test_files:
-            run.log_artifact(path)
-        record_in_model_store(run, None, task_datasets(data))  # model_dir: the seed's saved model, once it is saved
-        run.finish()
-    accelerator.wait_for_everyone()
-    return best
+    @torch.no_grad()
+    def validate(self) -> Evaluation:
+        predictions, labels = {}, {}
+        for name, loader in self.dev_loaders.items():
+            predictions[name], labels[name] = self._predict(loader)
+        return Evaluation(self.family.metrics(predictions, labels), predictions, labels)
 
-
-@torch.no_grad()
-def predict_dev(model, loaders, accelerator, regression: bool):
-    model.eval()
-    predictions, labels = {}, {}
-    for name, loader in loaders.items():
+    @torch.no_grad()
+    def _predict(self, loader) -> tuple[np.ndarray, np.ndarray | None]:
+        self.model.eval()
         preds, golds = [], []
         for batch in loader:
-            logits = model(**batch).logits
-            pred = logits.squeeze(-1) if regression else logits.argmax(-1)
-            pred, gold = accelerator.gather_for_metrics((pred, batch["labels"]))
-            preds.append(pred.float().cpu())
-            golds.append(gold.float().cpu())
-        predictions[name] = torch.cat(preds).numpy()
-        labels[name] = torch.cat(golds).numpy()
-        if not regression:
-            predictions[name], labels[name] = predictions[name].astype(int), labels[name].astype(int)
-    return predictions, labels
+            pred, gold = self.family.predict(self.model(**batch), batch)
+            if gold is None:  # an unlabelled test split
+                preds.append(self.accelerator.gather_for_metrics(pred).cpu())
+                continue
+            pred, gold = self.accelerator.gather_for_metrics((pred, gold))
+            preds.append(pred.cpu())
+            golds.append(gold.cpu())
+        return torch.cat(preds).numpy(), torch.cat(golds).numpy() if golds else None
 
+    def save(self, result: SeedResult) -> None:
+        """The best epoch's weights as an HF folder, reports, test predictions; `complete.json` last."""
+        acc, out = self.accelerator, self.out
+        acc.unwrap_model(self.model).load_state_dict(self.best_state)
+        test_predictions = {name: self._predict(self.accelerator.prepare(self.eval_loader(split)))[0]
+                            for name, split in self.data.test.items()}  # every process takes part
+        if acc.is_main_process:
+            out.root.mkdir(parents=True, exist_ok=True)
+            summary = {**result.best, "best_epoch": result.best_epoch, "seed": self.seed,
+                       "from_scratch": self.from_scratch, "processes": acc.num_processes}
+            write_json_atomic(out.metrics, summary)
+            write_json_atomic(out.history, result.history)
+            artifacts = [out.metrics, out.history]
+            best = self.best_evaluation
+            artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels)
+            for name, values in test_predictions.items():
+                self.family.write_test_predictions(out.test_predictions(name), self.data.test[name], values)
+                artifacts.append(out.test_predictions(name))
+            save_model(out.model, acc.unwrap_model(self.model), self.tokenizer, {
+                **self.family.provenance(), "seed": self.seed, "metrics": result.best,
+                "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
+                "from_scratch": self.from_scratch, "source_model": self.source.path,
+                "pretrain_run_id": self.source.pretrain_run_id,
+                "pretrain_checkpoint": self.source.pretrain_checkpoint})
+            self.metrics.log({f"best/{k}": v for k, v in result.best.items()} | {"best/epoch": result.best_epoch},
+                             self.config.train.epochs)
+            for path in artifacts:
+                self.metrics.log_artifact(path)
+            record_in_model_store(self.metrics, out.model, task_datasets(self.data))
+            mark_complete(out, {**self.completion_key(), "metrics": result.best, "best_epoch": result.best_epoch,
+                                "processes": acc.num_processes})
+        self.metrics.close()
+        acc.wait_for_everyone()
+        acc.free_memory()  # drop the prepared model and optimizer before the next seed
 
-@torch.no_grad()
-def write_test_predictions(model, data: TaskData, tokenizer, collate, config, accelerator, out: Path) -> list[Path]:
-    """Test-set predictions in the GLUE submission format: `index<TAB>prediction`, labels as in the task."""
-    spec, written = data.spec, []
-    model.eval()
-    for name, split in data.test.items():
-        loader = accelerator.prepare(torch.utils.data.DataLoader(
-            Encoded(split, tokenizer, config.data.max_seq_len, spec.is_regression),
-            batch_size=config.train.eval_batch_size, collate_fn=collate))
-        preds = []
-        for batch in loader:
-            logits = model(**batch).logits
-            preds.append(accelerator.gather_for_metrics(logits.squeeze(-1) if spec.is_regression
-                                                        else logits.argmax(-1)).cpu())
-        if not accelerator.is_main_process:
-            continue
-        values = torch.cat(preds).tolist()
-        shown = [f"{v:.3f}" for v in values] if spec.is_regression else [spec.labels[int(v)] for v in values]
-        path = out / (f"test_{name}.tsv" if name != "test" else "test_predictions.tsv")
-        write_text_atomic(path, "index\tprediction\n"
-                          + "".join(f"{i}\t{p}\n" for i, p in zip(split.ids, shown, strict=True)))
-        written.append(path)
-    return written
+    def completion_key(self) -> dict:
+        """What a finished seed must match to be skipped by a rerun."""
+        return {"task": self.data.spec.name, "from_scratch": self.from_scratch, "model": self.source.path}
 
-
-def write_confusion_matrices(out: Path, spec, predictions: dict, labels: dict) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from sklearn.metrics import ConfusionMatrixDisplay
-
-    written = []
-    for name in predictions:
-        fig, ax = plt.subplots(figsize=(4 + 0.4 * spec.num_labels, 3.5 + 0.4 * spec.num_labels))
-        ConfusionMatrixDisplay.from_predictions(labels[name], predictions[name], labels=list(range(spec.num_labels)),
-                                                display_labels=list(spec.labels), ax=ax, colorbar=False)
-        ax.set_title(f"{spec.name} dev{'' if name == 'dev' else ' ' + name}")
-        path = out / f"confusion_{name}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
-    return written
-
-
-def _run_tags(config, source: ModelSource, seed: int, from_scratch: bool, parent_run_id: str | None) -> dict:
-    import transformers
-
-    tags = {"stage": "finetune", "task": config.task, "seed": str(seed), "from_scratch": str(from_scratch).lower(),
-            "model": source.path, "git_commit": git_commit(), "transformers_version": transformers.__version__,
-            "pretrain_run_id": source.pretrain_run_id or "", "pretrain_checkpoint": source.pretrain_checkpoint or ""}
-    if parent_run_id:
-        tags["mlflow.parentRunId"] = parent_run_id
-    return tags
-
-
-def summarize(results: list[dict[str, float]], metric_names: tuple[str, ...]) -> dict:
-    """Median (the headline), mean and standard deviation over seeds, for each metric."""
-    summary = {}
-    for name in metric_names:
-        values = [r[name] for r in results]
-        summary[name] = statistics.median(values)
-        summary[f"{name}_mean"] = statistics.fmean(values)
-        summary[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
-    return summary
+    def run(self) -> SeedResult:
+        self.setup()
+        result = self.fit()
+        self.save(result)
+        return result
 
 
 def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool) -> dict:
-    """Fine-tune every seed; write `<output_dir>/metrics.json` (medians over seeds); return it."""
-    import os
+    """Fine-tune every seed not finished yet; write `metrics.json` (medians over seeds) and `best_model.json`."""
+    from pipeline.common.topology import current_topology
 
-    out = config.output_dir
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    layout = config.layout
     data = load_task(config)  # every problem with the data surfaces here, before any model is loaded
-    source = resolve_model(model, out)
-    parent = None
-    if is_main and config.tracking.enabled:
-        parent = MlflowRun(config.tracking.uri, config.tracking.experiment,
-                           f"{data.spec.name}-{'scratch' if from_scratch else 'pretrained'}", state_file=None,
-                           tags=_run_tags(config, source, -1, from_scratch, None) | {"seeds": ",".join(map(str, seeds)),
-                                                                                   "stage": "finetune-summary"})
-    results = [finetune_one_seed(config, data, source, seed, from_scratch, parent.run_id if parent else None)
-               for seed in seeds]
-    summary = summarize(results, data.spec.metrics)
+    family = task_family(data)
+    plan = config.batch_plan(current_topology().world_size)
+    accelerator = build_accelerator(config, plan)
+    if accelerator.num_processes != plan.world_size:  # the batch plan would split the batch wrongly
+        raise PipelineError(f"the launcher started {plan.world_size} processes (WORLD_SIZE) but accelerate sees "
+                            f"{accelerator.num_processes}; check `accelerate config` (on CPU: --multi_gpu with gloo)")
+    is_main = accelerator.is_main_process
+    source = resolve_model(model, layout.source_model, is_main=is_main, barrier=accelerator.wait_for_everyone)
+    kind = "scratch" if from_scratch else "pretrained"
+    parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{data.spec.name}-{kind}",
+                          tags=run_tags("finetune-summary", plan.world_size, task=config.task, seeds=",".join(
+                              map(str, seeds)), from_scratch=str(from_scratch).lower(), model=source.path,
+                              pretrain_run_id=source.pretrain_run_id,
+                              pretrain_checkpoint=source.pretrain_checkpoint),
+                          params={**flatten(to_dict(config)), "model": source.path, "seeds": ",".join(map(str, seeds))})
+    results: dict[int, dict[str, float]] = {}
+    for seed in seeds:
+        tuner = FineTuner(config, data, family, source, accelerator, plan, seed, from_scratch, parent.run_id)
+        done = finished_seed(layout.seed(seed), tuner.completion_key())
+        if done is not None:
+            if is_main:
+                print(f"{tuner.label}: finished before ({layout.seed(seed).complete}), skipped", flush=True)
+            results[seed] = done["metrics"]
+            continue
+        results[seed] = tuner.run().best
+    summary = summarize(list(results.values()), data.spec.metrics)
     report = {**summary, "task": data.spec.name, "seeds": seeds, "from_scratch": from_scratch, "model": source.path,
-              "pretrain_run_id": source.pretrain_run_id, "per_seed": results}
+              "pretrain_run_id": source.pretrain_run_id,
+              "per_seed": [{**results[s], "seed": s} for s in seeds]}
     if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "metrics.json", report)
-        if parent:
-            parent.log_params({"model": source.path, "seeds": ",".join(map(str, seeds)),
-                               **flatten(to_dict(config))})
-            parent.log_metrics(summary, 0, flush=True)
-            parent.log_artifact(out / "metrics.json")
-            parent.finish()
+        layout.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(layout.metrics, report)
+        write_best_model(layout, results, data.spec.name, family.main_metric)
+        parent.log(summary, 0)
+        parent.log_artifact(layout.metrics)
+    parent.close()
+    accelerator.wait_for_everyone()
     return report

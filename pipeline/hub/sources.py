@@ -16,11 +16,8 @@ from pathlib import Path
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.hub_names import local_or_hub
-
-BEST_MODEL_FILE = "best_model.json"
-"""In a fine-tuning output folder: which seed's model is the best, e.g. `{"seed": 2, "path": "seed_2/model", ...}`."""
-FINETUNE_INFO_FILE = "pipeline_finetune.json"
-"""In a saved fine-tuned model folder: task, task type, labels, seed, metrics, max_seq_len, source model."""
+from pipeline.common.run_layout import FinetuneLayout, PretrainLayout
+from pipeline.finetune.outputs import PROVENANCE_FILE as FINETUNE_INFO_FILE
 
 
 @dataclass(frozen=True)
@@ -46,7 +43,7 @@ def resolve_source(path_or_name: str | os.PathLike, cache_dir: str | os.PathLike
     path = Path(text)
     if not path.is_dir():
         return ModelSource(text)  # a hub name
-    if (path / BEST_MODEL_FILE).is_file():
+    if FinetuneLayout(path).best_model.is_file():
         return _finetune_output(path)
     if (path / FINETUNE_INFO_FILE).is_file():
         return _finetuned_folder(path)
@@ -57,7 +54,7 @@ def resolve_source(path_or_name: str | os.PathLike, cache_dir: str | os.PathLike
     if (path / "export" / "config.json").is_file():
         return ModelSource(str(path / "export"))  # a pretraining output whose checkpoints were removed
     raise PipelineError(f"model {path}: not an HF model folder (no config.json), a fine-tuning output (no "
-                        f"{BEST_MODEL_FILE}), nor a pretraining checkpoint or output folder (no {COMPLETE_MARKER}, "
+                        "best_model.json), nor a pretraining checkpoint or output folder (no {COMPLETE_MARKER}, "
                         "no checkpoints/)")
 
 
@@ -69,13 +66,14 @@ def _read_json(path: Path) -> dict:
 
 
 def _finetune_output(folder: Path) -> ModelSource:
-    best = _read_json(folder / BEST_MODEL_FILE)
+    pointer = FinetuneLayout(folder).best_model
+    best = _read_json(pointer)
     if not isinstance(best.get("path"), str):
-        raise PipelineError(f"{folder / BEST_MODEL_FILE}: expected a \"path\" key naming the best seed's model "
+        raise PipelineError(f"{pointer}: expected a \"path\" key naming the best seed's model "
                             "folder (e.g. \"seed_1/model\")")
     model = folder / best["path"]
     if not (model / "config.json").is_file():
-        raise PipelineError(f"{folder / BEST_MODEL_FILE} points to {model}, which holds no saved model "
+        raise PipelineError(f"{pointer} points to {model}, which holds no saved model "
                             "(no config.json): was the run interrupted?")
     source = _finetuned_folder(model) if (model / FINETUNE_INFO_FILE).is_file() else ModelSource(str(model))
     return ModelSource(source.path, best.get("task") or source.task, source.finetune_info)
@@ -94,10 +92,10 @@ def _export_cached(path: Path, cache_dir: Path) -> Path:
     from pipeline.pretrain.export import PROVENANCE_FILE, export_checkpoint
 
     checkpoint = resolve_checkpoint(path).resolve()
-    export = checkpoint.parent.parent / "export"
-    provenance = export / PROVENANCE_FILE
-    if provenance.is_file() and _read_json(provenance).get("checkpoint") == str(checkpoint):
-        return export  # the run's own export is of this very checkpoint
+    run = PretrainLayout.of_checkpoint(checkpoint)
+    if run and (run.export / PROVENANCE_FILE).is_file():
+        if _read_json(run.export / PROVENANCE_FILE).get("checkpoint") == str(checkpoint):
+            return run.export  # the run's own export is of this very checkpoint
     step = read_marker(checkpoint).get("step")
     key = hashlib.sha256(f"{checkpoint}:{step}".encode()).hexdigest()[:16]
     out = cache_dir / "exports" / f"{checkpoint.name}-{key}"

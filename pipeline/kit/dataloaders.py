@@ -157,7 +157,7 @@ def create_classification_dataloader(texts: Sequence[str] | Sequence[tuple[str, 
     from transformers import DataCollatorWithPadding
 
     from pipeline.finetune.task_data import Split
-    from pipeline.finetune.trainer import Encoded
+    from pipeline.finetune.task_family import EncodedSplit
 
     tok = _tokenizer(tokenizer)
     texts = [(t,) if isinstance(t, str) else tuple(t) for t in texts]
@@ -167,7 +167,7 @@ def create_classification_dataloader(texts: Sequence[str] | Sequence[tuple[str, 
         raise PipelineError("texts: expected a non-empty list of strings, or of (text, text) pairs, not a mix")
     ids, names = _label_ids(list(labels), label_names, regression)
     loader = torch.utils.data.DataLoader(
-        Encoded(Split("texts", texts, ids, [str(i) for i in range(len(texts))]), tok, max_length, regression),
+        EncodedSplit(Split("texts", texts, ids, [str(i) for i in range(len(texts))]), tok, max_length, regression),
         batch_size=batch_size, shuffle=shuffle, collate_fn=DataCollatorWithPadding(tok), num_workers=num_workers,
         generator=torch.Generator().manual_seed(seed))
     loader.label_names = names

@@ -22,8 +22,10 @@ class BatchPlan:
     accumulation: int
 
     @classmethod
-    def derive(cls, global_batch_size: int, micro_batch_size: int, world_size: int) -> BatchPlan:
-        problem = batch_problem(global_batch_size, micro_batch_size, world_size)
+    def derive(cls, global_batch_size: int, micro_batch_size: int, world_size: int, *,
+               keys: tuple[str, str] = ("train.global_batch_size", "train.micro_batch_size")) -> BatchPlan:
+        """The plan for these sizes; `keys` name the config keys that set them, for the error message."""
+        problem = batch_problem(global_batch_size, micro_batch_size, world_size, keys=keys)
         if problem:
             raise PipelineError(problem)
         return cls(global_batch_size, micro_batch_size, world_size,
@@ -38,14 +40,16 @@ class BatchPlan:
         return micro_step * self.world_size + rank
 
 
-def batch_problem(global_batch_size: int, micro_batch_size: int, world_size: int) -> str | None:
+def batch_problem(global_batch_size: int, micro_batch_size: int, world_size: int, *,
+                  keys: tuple[str, str] = ("train.global_batch_size", "train.micro_batch_size")) -> str | None:
     """Why these sizes cannot form a step, or None when they can."""
+    global_key, micro_key = keys
     if min(global_batch_size, micro_batch_size, world_size) < 1:
-        return (f"train.global_batch_size ({global_batch_size}), train.micro_batch_size ({micro_batch_size}) "
+        return (f"{global_key} ({global_batch_size}), {micro_key} ({micro_batch_size}) "
                 f"and the world size ({world_size}) must all be positive")
     per_micro_step = micro_batch_size * world_size
     if global_batch_size % per_micro_step:
-        return (f"train.global_batch_size {global_batch_size} is not divisible by train.micro_batch_size "
+        return (f"{global_key} {global_batch_size} is not divisible by {micro_key} "
                 f"{micro_batch_size} × world size {world_size} = {per_micro_step} "
                 f"(gradient accumulation would be {global_batch_size / per_micro_step:g}); choose a global "
                 f"batch that is a multiple of {per_micro_step}, or another micro batch")

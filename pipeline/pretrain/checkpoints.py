@@ -1,9 +1,9 @@
 """Checkpoints: DeepSpeed's engine state plus our train state, marked complete only when every rank is done.
 
-Layout: `<output_dir>/checkpoints/step_00001000/` holds DeepSpeed's files and, written last and
-atomically by rank 0 after a barrier, `complete.json`. A folder without it (a run killed while
-saving) is never resumed from, so the previous checkpoint stays the newest usable one. The last
-`checkpoint.keep_last` complete checkpoints are kept.
+Layout: `<output_dir>/checkpoints/step_00001000/` (under `PretrainLayout.checkpoints`) holds
+DeepSpeed's files and, written last and atomically by rank 0 after a barrier, `complete.json`. A
+folder without it (a run killed while saving) is never resumed from, so the previous checkpoint
+stays the newest usable one. The last `checkpoint.keep_last` complete checkpoints are kept.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.run_layout import PretrainLayout
 
 COMPLETE_MARKER = "complete.json"
 _TAG = re.compile(r"^step_(\d{8,})$")
@@ -22,10 +23,6 @@ _TAG = re.compile(r"^step_(\d{8,})$")
 
 def tag_for(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def checkpoint_root(output_dir: Path) -> Path:
-    return Path(output_dir) / "checkpoints"
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -52,7 +49,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / COMPLETE_MARKER).exists():
         return path
-    for root in (path, checkpoint_root(path)):
+    for root in (path, PretrainLayout(path).checkpoints):
         newest = newest_complete(root)
         if newest:
             return newest
@@ -62,12 +59,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
                         f"{COMPLETE_MARKER}, or a training output folder holding checkpoints/)")
 
 
-def save_checkpoint(engine, output_dir: Path, step: int, train_state: dict[str, Any], marker: dict[str, Any],
+def save_checkpoint(engine, root: Path, step: int, train_state: dict[str, Any], marker: dict[str, Any],
                     keep_last: int) -> Path:
-    """Save on every rank; rank 0 marks it complete after a barrier, then prunes old checkpoints."""
+    """Save under `root` (a run's checkpoints folder) on every rank; rank 0 marks it complete after a
+    barrier, then prunes old checkpoints."""
     import torch.distributed as dist
 
-    root = checkpoint_root(output_dir)
     tag = tag_for(step)
     engine.save_checkpoint(str(root), tag=tag, client_state={"train_state": train_state}, save_latest=False)
     dist.barrier()

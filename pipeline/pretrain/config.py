@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.common.config_tree import ConfigError, apply_overrides, build_config, read_json_config
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_kernel import load_config
+from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import batch_problem
 
 Architecture = Literal["roberta", "bert"]
@@ -113,7 +114,7 @@ class TrackingConfig:
     experiment: str = "pretrain"
     run_name: str | None = None
     flush_seconds: float = 10.0
-    """Buffer per-step metrics and send them at most this often (and at every eval, checkpoint and the end)."""
+    """Seconds between waits for MLflow's background logging (also at evals, checkpoints, the end)."""
 
 
 @dataclass
@@ -133,8 +134,13 @@ class PretrainConfig:
         return Path(self.train.output_dir)
 
     @property
+    def layout(self) -> PretrainLayout:
+        """Every path in the run folder."""
+        return PretrainLayout(self.output_dir)
+
+    @property
     def cache_dir(self) -> Path:
-        return Path(self.data.cache_dir) if self.data.cache_dir else self.output_dir / "token_cache"
+        return Path(self.data.cache_dir) if self.data.cache_dir else self.layout.token_cache
 
     @property
     def precision(self) -> str:
@@ -168,13 +174,8 @@ def load_pretrain_config(
     check_files: bool = True,
 ) -> PretrainConfig:
     """Read, override and validate a pretraining config; all problems come in one ConfigError."""
-    data = apply_overrides(read_json_config(path), list(overrides))
-    source = str(path) + (f" (with {len(overrides)} --set override{'s' * (len(overrides) != 1)})" if overrides else "")
-    config, problems = build_config(PretrainConfig, data)
-    problems += config_problems(config, world_size=world_size, cuda=cuda, check_files=check_files and not problems)
-    if problems:
-        raise ConfigError(source, problems)
-    return config
+    return load_config(PretrainConfig, path, overrides, lambda config, typed: config_problems(
+        config, world_size=world_size, cuda=cuda, check_files=check_files and typed))
 
 
 def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, check_files: bool) -> list[str]:

@@ -16,6 +16,7 @@ import torch
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.checkpoints import read_marker, resolve_checkpoint
 
 PROVENANCE_FILE = "pipeline_export.json"
@@ -23,8 +24,9 @@ PROVENANCE_FILE = "pipeline_export.json"
 
 
 def provenance(checkpoint: Path, marker: dict) -> dict:
-    tracking = checkpoint.parent.parent / "tracking.json"
-    run = json.loads(tracking.read_text()) if tracking.exists() else {}
+    run_folder = PretrainLayout.of_checkpoint(checkpoint)
+    tracking = run_folder.tracking if run_folder else None
+    run = json.loads(tracking.read_text()) if tracking and tracking.exists() else {}
     return {"checkpoint": str(checkpoint.resolve()), "step": marker.get("step"),
             "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
 
@@ -52,14 +54,16 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     from pipeline.pretrain.config import ModelConfig
     from pipeline.pretrain.model import EXPORT_CLASSES, hf_config
 
-    checkpoint = resolve_checkpoint(path)
+    checkpoint = resolve_checkpoint(path).resolve()  # absolute: its name is the tag DeepSpeed loads by
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
     marker = read_marker(checkpoint)
     config = marker["config"]
-    tokenizer_dir = checkpoint.parent.parent / "tokenizer"
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir if tokenizer_dir.is_dir() else config["data"]["tokenizer"])
+    # The run's own copy of the tokenizer; a loose checkpoint falls back to the one its config names.
+    run_folder = PretrainLayout.of_checkpoint(checkpoint)
+    own_copy = run_folder.tokenizer if run_folder and run_folder.tokenizer.is_dir() else None
+    tokenizer = AutoTokenizer.from_pretrained(own_copy or config["data"]["tokenizer"])
     model_config, _ = build_config(ModelConfig, config["model"])
     hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
     model = EXPORT_CLASSES[marker["architecture"]](hf)

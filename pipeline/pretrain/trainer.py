@@ -15,6 +15,7 @@ import torch.distributed as dist
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.token_cache import TokenCache
@@ -28,7 +29,7 @@ from pipeline.pretrain.flops import mfu, training_flops_per_token
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec, splitmix64
 from pipeline.pretrain.model import build_model
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
-from pipeline.tracking.mlflow_run import MetricsJsonl, MlflowRun, git_commit
+from pipeline.tracking.metrics import MetricsSink, open_metrics
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 
 
@@ -54,6 +55,7 @@ class Pretrainer:
 
     def __init__(self, config: PretrainConfig, topology: Topology):
         self.config = config
+        self.layout = config.layout
         self.topology = topology
         self.plan = BatchPlan.derive(config.train.global_batch_size, config.train.micro_batch_size,
                                      topology.world_size)
@@ -75,7 +77,7 @@ class Pretrainer:
         self.val_batches = MaskedBatches(self.val_cache, self.masker, with_segments=with_segments)
         self.shuffle = GlobalShuffle(len(self.train_cache), self.plan, config.train.seed)
 
-        torch.manual_seed(config.train.seed)  # the same initial weights on every rank
+        seed_everything(config.train.seed)  # the same initial weights on every rank
         model = build_model(config.model, self.tokenizer_info, self.seq_len)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.flops_per_token = training_flops_per_token(
@@ -90,15 +92,13 @@ class Pretrainer:
         self.engine = initialize_engine(model, config, self.plan, load_universal=bool(resume and resume[2]))
         if resume:
             self._load(*resume)
-        self.jsonl = self.mlflow = None
-        if topology.is_main:
-            self._open_logs()
+        self.metrics = self._open_metrics()
 
     # --- set-up ---------------------------------------------------------------------------
 
     def _resume_source(self) -> tuple[Path, Path, bool] | None:
         """(complete checkpoint, folder DeepSpeed loads it from, universal?) or None for a fresh start."""
-        newest = checkpoints.newest_complete(checkpoints.checkpoint_root(self.config.output_dir))
+        newest = checkpoints.newest_complete(self.layout.checkpoints)
         if newest is None:
             return None
         saved = checkpoints.read_marker(newest).get("batch_plan", {})
@@ -132,33 +132,26 @@ class Pretrainer:
         for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
             group["lr"] = base * multiplier
 
-    def _open_logs(self) -> None:
-        c, out = self.config, self.config.output_dir
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "config.json", to_dict(c))
-        tokenizer_dir = out / "tokenizer"
-        if not tokenizer_dir.exists():
-            with staged_folder(tokenizer_dir) as tmp:
+    def _open_metrics(self) -> MetricsSink:
+        """Rank 0: write the config and a tokenizer copy into the run folder, open metrics.jsonl and MLflow."""
+        c, layout = self.config, self.layout
+        if not self.topology.is_main:
+            return MetricsSink()
+        layout.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(layout.config, to_dict(c))
+        if not layout.tokenizer.exists():
+            with staged_folder(layout.tokenizer) as tmp:
                 self.tokenizer.save_pretrained(tmp)
-        self.jsonl = MetricsJsonl(out / "metrics.jsonl", resume_step=self.step)
+        tags = run_tags("pretrain", self.plan.world_size, gradient_accumulation=self.plan.accumulation,
+                        parameters=self.num_parameters, output_dir=layout.root.resolve())
+        metrics = open_metrics(True, jsonl=layout.metrics, resume_step=self.step, tracking=c.tracking,
+                               run_name=c.tracking.run_name or layout.root.resolve().name, state_file=layout.tracking,
+                               tags=tags, params=flatten(to_dict(c)))
+        metrics.log_artifact(layout.config)
         if self.resumed_from is not None:
-            self.jsonl.write({"step": self.step, "resumed_from": str(self.resumed_from),
-                              "resume_load_seconds": round(self.resume_seconds, 3)})
-        if c.tracking.enabled:
-            self.mlflow = MlflowRun(c.tracking.uri, c.tracking.experiment, c.tracking.run_name or out.resolve().name,
-                                    out / "tracking.json", c.tracking.flush_seconds)
-            if not self.mlflow.reopened:
-                self.mlflow.log_params(flatten(to_dict(c)))
-                self.mlflow.log_artifact(out / "config.json")
-            import deepspeed
-            import transformers
-            self.mlflow.set_tags({
-                "git_commit": git_commit(), "world_size": str(self.plan.world_size),
-                "gradient_accumulation": str(self.plan.accumulation),
-                "deepspeed_version": deepspeed.__version__, "torch_version": torch.__version__,
-                "transformers_version": transformers.__version__, "stage": "pretrain",
-                "parameters": str(self.num_parameters), "output_dir": str(out.resolve()),
-            })  # set on every (re)start: a resume may run on another world size
+            metrics.event({"resumed_from": str(self.resumed_from),
+                           "resume_load_seconds": round(self.resume_seconds, 3)}, self.step)
+        return metrics
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -223,37 +216,31 @@ class Pretrainer:
         export_dir = None
         if stopped_by is None and not already_done:
             self._evaluate()
-        newest = checkpoints.newest_complete(checkpoints.checkpoint_root(c.output_dir))
+        newest = checkpoints.newest_complete(self.layout.checkpoints)
         if newest is None or newest.name != checkpoints.tag_for(self.step):
             self._checkpoint()
         if stopped_by is not None:
             seconds = time.monotonic() - (stop.received_at or time.monotonic())
             self._print(f"stopped by {stopped_by} after step {self.step}; checkpoint saved, {seconds:.1f} s after "
                         "the signal")
-            if self.jsonl:
-                self.jsonl.write({"step": self.step, "stopped_by": stopped_by, "signal_to_checkpoint_seconds":
-                                  round(seconds, 3)})
-        elif c.train.export and self.topology.is_main and not (already_done and (c.output_dir / "export").is_dir()):
+            self.metrics.event({"stopped_by": stopped_by, "signal_to_checkpoint_seconds": round(seconds, 3)},
+                               self.step)
+        elif c.train.export and self.topology.is_main and not (already_done and self.layout.export.is_dir()):
             from pipeline.pretrain.export import export_checkpoint
 
-            newest = checkpoints.newest_complete(checkpoints.checkpoint_root(c.output_dir))
-            export_dir = export_checkpoint(newest, c.output_dir / "export", overwrite=True)
+            newest = checkpoints.newest_complete(self.layout.checkpoints)
+            export_dir = export_checkpoint(newest, self.layout.export, overwrite=True)
             self._print(f"exported {export_dir}")
-            if self.mlflow:
-                self.mlflow.log_artifact(export_dir, "export")
-        if self.mlflow:
-            record_in_model_store(self.mlflow, export_dir, [shard_dataset(c.data.shards)])
-            self.mlflow.finish("FINISHED" if stopped_by is None else "KILLED")
-        if self.jsonl:
-            self.jsonl.close()
+            self.metrics.log_artifact(export_dir, "export")
+        record_in_model_store(self.metrics, export_dir, [shard_dataset(c.data.shards)])
+        self.metrics.close("FINISHED" if stopped_by is None else "KILLED")
         stop.restore()
         dist.barrier()
         return RunResult(self.step, stopped_by, export_dir)
 
     def _stop_on_nonfinite(self, loss: float) -> None:
-        newest = checkpoints.newest_complete(checkpoints.checkpoint_root(self.config.output_dir))
-        if self.mlflow:
-            self.mlflow.finish("FAILED")
+        newest = checkpoints.newest_complete(self.layout.checkpoints)
+        self.metrics.close("FAILED")
         raise PipelineError(f"the training loss is {loss} at step {self.step}; stopping without saving. "
                             f"The last good checkpoint is {newest or 'none (no checkpoint yet)'}. Lower "
                             f"optimizer.lr, raise schedule.warmup_steps or check the data")
@@ -276,11 +263,9 @@ class Pretrainer:
         dist.all_reduce(totals)
         loss = (totals[0] / totals[1].clamp(min=1)).item()
         metrics = {"eval/mlm_loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
-        if self.topology.is_main:
-            self.jsonl.write({"step": self.step, **metrics})
-            if self.mlflow:
-                self.mlflow.log_metrics(metrics, self.step, flush=True)
-            self._print(f"step {self.step}: eval MLM loss {loss:.4f}, perplexity {metrics['eval/perplexity']:.2f}")
+        self.metrics.log(metrics, self.step)
+        self.metrics.flush()
+        self._print(f"step {self.step}: eval MLM loss {loss:.4f}, perplexity {metrics['eval/perplexity']:.2f}")
         return metrics
 
     def _checkpoint(self) -> None:
@@ -293,18 +278,14 @@ class Pretrainer:
                   "zero_stage": self.config.zero_stage, "precision": self.config.precision,
                   "config": to_dict(self.config)}
         start = time.perf_counter()
-        folder = checkpoints.save_checkpoint(self.engine, self.config.output_dir, self.step, state, marker,
+        folder = checkpoints.save_checkpoint(self.engine, self.layout.checkpoints, self.step, state, marker,
                                              self.config.checkpoint.keep_last)
-        if self.topology.is_main:
-            self.jsonl.write({"step": self.step, "checkpoint": str(folder), "checkpoint_seconds":
-                              round(time.perf_counter() - start, 3)})
-            if self.mlflow:
-                self.mlflow.flush()
+        self.metrics.event({"checkpoint": str(folder), "checkpoint_seconds": round(time.perf_counter() - start, 3)},
+                           self.step)
+        self.metrics.flush()
 
     def _log_step(self, loss: float, extras: dict[str, float], lr: float, tokens_per_s: float,
                   samples_per_s: float, progress) -> None:
-        if not self.topology.is_main:
-            return
         engine = self.engine
         grad_norm = engine.get_global_grad_norm()
         scale = getattr(engine.optimizer, "cur_scale", None) if self.config.precision == "fp16" else 1.0
@@ -317,9 +298,7 @@ class Pretrainer:
             "train/mfu": mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.plan.world_size),
             "train/epoch": self.step / self.shuffle.steps_per_epoch,
         }
-        self.jsonl.write({"step": self.step, **{k: v for k, v in metrics.items() if v is not None}})
-        if self.mlflow:
-            self.mlflow.log_metrics(metrics, self.step)
+        self.metrics.log(metrics, self.step)
         if progress is not None:
             progress.update(self.step - progress.n)
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",

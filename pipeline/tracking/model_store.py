@@ -129,18 +129,22 @@ def log_dataset_inputs(run_id: str, records: list[DatasetRecord], tracking_uri: 
     MlflowClient(tracking_uri or default_tracking_uri()).log_inputs(run_id, datasets=inputs)
 
 
-def record_in_model_store(run, model_dir: str | Path | None = None, datasets: list[DatasetRecord] = (),
+def record_in_model_store(sink, model_dir: str | Path | None = None, datasets: list[DatasetRecord] = (),
                           registered_model_name: str | None = None) -> None:
     """The trainers' one call at the end of a run or seed: datasets as inputs, the model as an MLflow model.
 
-    `run` is the trainer's `MlflowRun` (None or disabled: nothing to do). Best-effort, like all
-    tracking: a failure prints one warning and the run's own outputs stay as they are.
+    `sink` is the trainer's metrics sink; without a working MLflow run in it there is nothing to
+    do. Best-effort, like all tracking: a failure prints one warning and the run's own outputs stay.
     """
     import sys
 
-    if run is None or not run.enabled:
+    from pipeline.tracking.mlflow_run import MlflowSink
+
+    run = next((s for s in (sink, *getattr(sink, "sinks", ())) if isinstance(s, MlflowSink)), None)
+    if run is None or not run.enabled or not run.run_id:
         return
     try:
+        run.flush()
         if datasets:
             log_dataset_inputs(run.run_id, list(datasets), run.uri)
         if model_dir is not None:

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, run_script, tiny_pretrain_config, write_jsonl
 
+from pipeline.common.run_layout import PretrainLayout
+
 SETUP = ROOT / "tests" / "slurm" / "setup.sh"
 
 
@@ -117,7 +119,7 @@ def preempted_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
     assert reference.returncode == 0, reference.stderr[-2000:]
     (job,) = submit(slurm, "pretrain", "--config", configs["preempted"], "--nodes", 2, "--procs-per-node", 1,
                     "--time", "00:20:00")
-    metrics = root / "preempted" / "metrics.jsonl"
+    metrics = PretrainLayout(root / "preempted").metrics
     deadline = time.monotonic() + 300
     while not (metrics.exists() and metrics.read_text().count("train/loss") >= 5):
         assert time.monotonic() < deadline, "the job did not start training"
@@ -130,7 +132,7 @@ def preempted_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
 
 
 def losses(folder: Path) -> dict[int, float]:
-    return {r["step"]: r["train/loss"] for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+    return {r["step"]: r["train/loss"] for r in map(json.loads, PretrainLayout(folder).metrics.read_text().splitlines())
             if "train/loss" in r}
 
 

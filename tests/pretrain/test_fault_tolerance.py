@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, tiny_pretrain_config
 
+from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import free_port
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
@@ -30,7 +31,7 @@ def finish(config: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def losses(output_dir: Path) -> list[tuple[int, float]]:
-    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    lines = PretrainLayout(output_dir).metrics.read_text().splitlines()
     return [(r["step"], r["train/loss"]) for r in map(json.loads, lines) if "train/loss" in r]
 
 
@@ -47,7 +48,7 @@ def interrupted(tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
     assert finish(configs["full"]).returncode == 0
     proc = start(configs["killed"])
     deadline = time.monotonic() + 180
-    while not ((root / "killed" / "metrics.jsonl").exists() and len(losses(root / "killed")) >= 6):
+    while not (PretrainLayout(root / "killed").metrics.exists() and len(losses(root / "killed")) >= 6):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its DataLoader workers, with no chance to save
@@ -71,7 +72,7 @@ def test_kill_9_then_resume_repeats_the_uninterrupted_trajectory(interrupted):
 
 def test_a_checkpoint_cut_short_while_saving_is_never_resumed_from(interrupted, tmp_path):
     root, config = interrupted["root"], interrupted["configs"]["killed"]
-    checkpoints = root / "killed" / "checkpoints"
+    checkpoints = PretrainLayout(root / "killed").checkpoints
     half_written = checkpoints / "step_00000016"
     shutil.copytree(checkpoints / "step_00000012", half_written)
     (half_written / "complete.json").unlink()  # the marker is the last thing a save writes
@@ -115,7 +116,7 @@ def run_until_killed(cmd: list[str], output_dir: Path, after_step: int) -> None:
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 240
-    while not ((output_dir / "metrics.jsonl").exists() and len(losses(output_dir)) >= after_step):
+    while not (PretrainLayout(output_dir).metrics.exists() and len(losses(output_dir)) >= after_step):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from helpers import PYTHON, ROOT, tiny_pretrain_config
 
+from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import free_port
 
 DIST_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": "1"}
@@ -36,7 +37,7 @@ def launch(prefix: list[str], script: str, *args, wait: bool = True, timeout: fl
 
 
 def step_losses(output_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in PretrainLayout(output_dir).metrics.read_text().splitlines()]
     return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
 
 
@@ -71,16 +72,17 @@ def test_two_ranks_match_one_rank_with_twice_the_accumulation(zero_stage_runs, s
 def test_exports_from_every_zero_stage_hold_the_same_weights(zero_stage_runs):
     from transformers import AutoModelForMaskedLM
 
-    reference = AutoModelForMaskedLM.from_pretrained(zero_stage_runs / "one_rank" / "zero0" / "export").state_dict()
+    reference_run = PretrainLayout(zero_stage_runs / "one_rank" / "zero0")
+    reference = AutoModelForMaskedLM.from_pretrained(reference_run.export).state_dict()
     for layout in ("one_rank", "two_ranks"):
         for stage in (0, 1, 2, 3):
             folder = zero_stage_runs / layout / f"zero{stage}"
-            weights = AutoModelForMaskedLM.from_pretrained(folder / "export").state_dict()
+            weights = AutoModelForMaskedLM.from_pretrained(PretrainLayout(folder).export).state_dict()
             assert weights.keys() == reference.keys()
             worst = max((weights[k] - reference[k]).abs().max().item() for k in reference)
             assert worst < 1e-4, f"{layout} ZeRO {stage}: export differs by {worst}"
             # keep_last=1: only the final checkpoint survives.
-            assert [p.name for p in (folder / "checkpoints").glob("step_*")] == ["step_00000008"]
+            assert [p.name for p in PretrainLayout(folder).checkpoints.glob("step_*")] == ["step_00000008"]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def tracked_runs(tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
     full_log = launch(DEEPSPEED, "launchers/pretrain.py", "--config", config("full"))
 
     stopped = launch(DEEPSPEED, "launchers/pretrain.py", "--config", config("stopped"), wait=False)
-    metrics = root / "stopped" / "metrics.jsonl"
+    metrics = PretrainLayout(root / "stopped").metrics
     deadline = time.monotonic() + 240
     while not (metrics.exists() and len(step_losses(root / "stopped")) >= 3):
         assert stopped.poll() is None and time.monotonic() < deadline, stopped.stdout.read()
@@ -124,12 +126,12 @@ def test_tiny_config_trains_and_the_loss_falls(tracked_runs):
     assert list(losses) == list(range(1, 41))
     first, last = sum(losses[s] for s in (1, 2, 3)) / 3, sum(losses[s] for s in (38, 39, 40)) / 3
     assert last < first - 0.5, (first, last)
-    records = [json.loads(x) for x in (tracked_runs["root"] / "full" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in PretrainLayout(tracked_runs["root"] / "full").metrics.read_text().splitlines()]
     evals = [r for r in records if "eval/mlm_loss" in r]
     assert [r["step"] for r in evals] == [10, 20, 30, 40] and evals[-1]["eval/mlm_loss"] < evals[0]["eval/mlm_loss"]
     step = next(r for r in records if r.get("step") == 5 and "train/loss" in r)
     assert {"train/lr", "train/grad_norm", "train/loss_scale", "train/tokens_per_s", "train/samples_per_s"} <= set(step)
-    kept = sorted(p.name for p in (tracked_runs["root"] / "full" / "checkpoints").glob("step_*"))
+    kept = sorted(p.name for p in PretrainLayout(tracked_runs["root"] / "full").checkpoints.glob("step_*"))
     assert kept == ["step_00000030", "step_00000040"]
 
 
@@ -148,7 +150,7 @@ def test_mlflow_holds_params_tags_per_step_loss_and_the_export(tracked_runs):
 
     root = tracked_runs["root"]
     client = MlflowClient(tracked_runs["uri"])
-    run = client.get_run(json.loads((root / "full" / "tracking.json").read_text())["run_id"])
+    run = client.get_run(json.loads(PretrainLayout(root / "full").tracking.read_text())["run_id"])
     assert run.data.params["train.global_batch_size"] == "16" and run.data.params["model.hidden_size"] == "64"
     assert run.data.params["deepspeed.zero_optimization.stage"] == "2"
     tags = run.data.tags
@@ -158,7 +160,7 @@ def test_mlflow_holds_params_tags_per_step_loss_and_the_export(tracked_runs):
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.json", "export"} <= artifacts and run.info.status == "FINISHED"
     # The stopped-and-resumed run went on logging into one MLflow run, each step once.
-    resumed = json.loads((root / "stopped" / "tracking.json").read_text())["run_id"]
+    resumed = json.loads(PretrainLayout(root / "stopped").tracking.read_text())["run_id"]
     steps = sorted(m.step for m in client.get_metric_history(resumed, "train/loss"))
     assert steps == list(range(1, 41)) and client.get_run(resumed).info.status == "FINISHED"
 
@@ -166,7 +168,7 @@ def test_mlflow_holds_params_tags_per_step_loss_and_the_export(tracked_runs):
 def test_the_export_loads_in_transformers_and_fills_masks(tracked_runs, tmp_path):
     from transformers import AutoModelForMaskedLM, pipeline
 
-    export = tracked_runs["root"] / "full" / "export"
+    export = PretrainLayout(tracked_runs["root"] / "full").export
     model = AutoModelForMaskedLM.from_pretrained(export)
     assert type(model).__name__ == "RobertaForMaskedLM"
     predictions = pipeline("fill-mask", model=str(export))("the <mask> encoder")
@@ -193,9 +195,9 @@ def test_bert_under_plain_python_trains_with_mlflow_unreachable(tmp_path, pairs_
         tracking={"enabled": True, "uri": "http://127.0.0.1:9", "experiment": "unreachable"}))
     log = launch([], "launchers/pretrain.py", "--config", config)
     assert "MLflow tracking at http://127.0.0.1:9 is off for this run" in log
-    records = [json.loads(x) for x in (tmp_path / "bert" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in PretrainLayout(tmp_path / "bert").metrics.read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r]
     assert [r["step"] for r in steps] == list(range(1, 7))
     assert all(abs(r["train/loss"] - r["train/mlm_loss"] - r["train/nsp_loss"]) < 1e-4 for r in steps)
-    model = BertForPreTraining.from_pretrained(tmp_path / "bert" / "export")
+    model = BertForPreTraining.from_pretrained(PretrainLayout(tmp_path / "bert").export)
     assert model.config.type_vocab_size == 2

@@ -1,0 +1,137 @@
+"""The one owner of every path in a run folder: what pretraining and fine-tuning write, and where.
+
+Code never joins file names onto an output folder itself; it asks the layout. So a file moves in
+one place, and a checkpoint finds its run folder (tokenizer, MLflow state) the same way everywhere.
+
+    <pretraining output_dir>/                     <fine-tuning output_dir>/
+      config.json   tokenizer/   metrics.jsonl      metrics.json        (medians over seeds)
+      tracking.json token_cache/ export/            best_model.json     (pointer to the best seed)
+      checkpoints/step_NNNNNNNN/                    source_model/       (export of a checkpoint --model)
+                                                    seed_N/model/  seed_N/complete.json  …
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PretrainLayout:
+    """Paths in a pretraining run folder (`train.output_dir`)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        """The resolved config the run was started with."""
+        return self.root / "config.json"
+
+    @property
+    def tokenizer(self) -> Path:
+        """A copy of the tokenizer, so exports and fine-tuning do not depend on the original folder."""
+        return self.root / "tokenizer"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tracking(self) -> Path:
+        """The MLflow run id, so a resumed run logs to the same run."""
+        return self.root / "tracking.json"
+
+    @property
+    def token_cache(self) -> Path:
+        return self.root / "token_cache"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> PretrainLayout | None:
+        """The run folder that holds `checkpoint` (`<root>/checkpoints/<tag>`), or None for a loose checkpoint.
+
+        The path is made absolute first: `step_00000008` given from inside `checkpoints/` still
+        finds its run folder (a relative path's `.parent.parent` is the working directory).
+        """
+        checkpoint = Path(checkpoint).resolve()
+        layout = cls(checkpoint.parent.parent)
+        return layout if checkpoint.parent == layout.checkpoints else None
+
+
+@dataclass(frozen=True)
+class SeedLayout:
+    """Paths of one fine-tuning seed: `<output_dir>/seed_N/`."""
+
+    root: Path
+    seed: int
+
+    @property
+    def model(self) -> Path:
+        """The best epoch as an HF folder (weights, config with the task's labels, tokenizer, provenance)."""
+        return self.root / "model"
+
+    @property
+    def complete(self) -> Path:
+        """Written last, when the seed has finished: a rerun skips the seed."""
+        return self.root / "complete.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def history(self) -> Path:
+        return self.root / "history.json"
+
+    def dev_predictions(self, split: str, splits: int) -> Path:
+        """`dev_predictions.tsv`, or `dev_predictions_<split>.tsv` when the task has several dev splits."""
+        return self.root / ("dev_predictions.tsv" if splits == 1 else f"dev_predictions_{split}.tsv")
+
+    def test_predictions(self, split: str) -> Path:
+        """GLUE submission files: `test_predictions.tsv`, or `test_<split>.tsv` (MNLI's matched/mismatched)."""
+        return self.root / ("test_predictions.tsv" if split == "test" else f"test_{split}.tsv")
+
+    def confusion(self, split: str) -> Path:
+        return self.root / f"confusion_{split}.png"
+
+
+@dataclass(frozen=True)
+class FinetuneLayout:
+    """Paths in a fine-tuning output folder (`train.output_dir`)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def metrics(self) -> Path:
+        """Median, mean and standard deviation over seeds."""
+        return self.root / "metrics.json"
+
+    @property
+    def best_model(self) -> Path:
+        """`{"seed", "path", "task", "metric", "value"}`: which seed's model is the best."""
+        return self.root / "best_model.json"
+
+    @property
+    def source_model(self) -> Path:
+        """Where a pretraining checkpoint given as `--model` is exported (once, by rank 0)."""
+        return self.root / "source_model"
+
+    def seed(self, seed: int) -> SeedLayout:
+        return SeedLayout(self.root / f"seed_{seed}", seed)
+
+    def relative(self, path: Path) -> str:
+        """`path` relative to the output folder, as recorded in `best_model.json`."""
+        return Path(path).relative_to(self.root).as_posix()

@@ -1,0 +1,69 @@
+"""The model a fine-tuning run starts from: an HF folder, a hub name, or a pretraining checkpoint.
+
+A checkpoint (or a pretraining output folder) is exported to an HF folder first, once: by the
+main process, while the others wait at a barrier and then read the finished folder. Several
+processes exporting into one folder would race on its temporary and final names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.errors import PipelineError
+from pipeline.common.hub_names import local_or_hub
+from pipeline.common.run_layout import PretrainLayout
+from pipeline.pretrain.checkpoints import COMPLETE_MARKER, resolve_checkpoint
+from pipeline.pretrain.export import PROVENANCE_FILE
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The HF folder (or hub name) to fine-tune, and where it came from (for the MLflow link)."""
+
+    path: str
+    pretrain_run_id: str | None = None
+    pretrain_checkpoint: str | None = None
+
+
+def is_pretraining_output(path: Path) -> bool:
+    """A checkpoint folder, or a pretraining output folder holding checkpoints."""
+    return path.is_dir() and ((path / COMPLETE_MARKER).exists() or PretrainLayout(path).checkpoints.is_dir())
+
+
+def resolve_model(model: str, export_to: Path, *, is_main: bool, barrier: Callable[[], None]) -> ModelSource:
+    """`model` as an HF folder or hub name; a checkpoint is exported to `export_to` by the main process.
+
+    Every process must call this (it holds a barrier). A folder already exported from the same
+    checkpoint is reused.
+    """
+    path = Path(local_or_hub(model, "--model"))
+    if is_pretraining_output(path):
+        checkpoint = resolve_checkpoint(path).resolve()
+        if is_main and _exported_from(export_to) != str(checkpoint):
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidating weights needs no GPU
+            from pipeline.pretrain.export import export_checkpoint
+
+            export_checkpoint(checkpoint, export_to, overwrite=True)
+            print(f"exported {checkpoint} to {export_to} (rank {os.environ.get('RANK', '0')})", flush=True)
+        barrier()
+        path = export_to
+    elif path.is_dir() and not (path / "config.json").exists():
+        raise PipelineError(f"--model {model}: not an HF model folder (no config.json) nor a pretraining "
+                            "checkpoint or output folder")
+    provenance = path / PROVENANCE_FILE
+    if provenance.exists():
+        info = json.loads(provenance.read_text())
+        return ModelSource(str(path), info.get("pretrain_run_id"), info.get("checkpoint"))
+    return ModelSource(str(path))
+
+
+def _exported_from(folder: Path) -> str | None:
+    """The checkpoint an existing export was made from, or None."""
+    try:
+        return json.loads((folder / PROVENANCE_FILE).read_text()).get("checkpoint")
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,75 @@
+"""What a fine-tuning run leaves behind, and how a rerun reads it back.
+
+    <output_dir>/metrics.json            medians over seeds (plus _mean, _std, per_seed)
+    <output_dir>/best_model.json         {"seed", "path": "seed_N/model", "task", "metric", "value"}
+    <output_dir>/seed_N/model/           HF folder: weights, config (id2label = the task's classes),
+                                         tokenizer, pipeline_finetune.json (provenance)
+    <output_dir>/seed_N/complete.json    written last: the seed is finished and a rerun skips it
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from pipeline.common.atomic_files import staged_folder, write_json_atomic
+from pipeline.common.errors import PipelineError
+from pipeline.common.run_layout import FinetuneLayout, SeedLayout
+
+PROVENANCE_FILE = "pipeline_finetune.json"
+"""In a saved fine-tuned model: task, labels, seed, metrics and the model it started from."""
+
+
+def save_model(folder: Path, model, tokenizer, provenance: dict) -> None:
+    """The HF folder (safetensors, config, tokenizer, provenance), swapped into place whole."""
+    with staged_folder(folder) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / PROVENANCE_FILE, provenance)
+
+
+def mark_complete(seed: SeedLayout, record: dict) -> None:
+    """The last write of a seed: from here on a rerun skips it."""
+    write_json_atomic(seed.complete, {"seed": seed.seed, **record})
+
+
+def finished_seed(seed: SeedLayout, expected: dict) -> dict | None:
+    """The completion record of a finished seed, None if it has to be (re)done.
+
+    A seed whose record says it was trained differently (another task, model or from-scratch
+    setting) is an error rather than a skip or an overwrite: its results would be mixed with
+    this run's, or lost.
+    """
+    try:
+        record = json.loads(seed.complete.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # never finished (or killed while writing the marker, which is atomic anyway)
+    if record.get("seed") != seed.seed or not isinstance(record.get("metrics"), dict) or not seed.model.is_dir():
+        return None
+    differs = {k: (record.get(k), v) for k, v in expected.items() if record.get(k) != v}
+    if differs:
+        what = ", ".join(f"{k} {a!r} there, {b!r} now" for k, (a, b) in differs.items())
+        raise PipelineError(f"{seed.root} holds a finished seed trained differently ({what}); choose another "
+                            "train.output_dir, or delete the folder to redo it")
+    return record
+
+
+def summarize(results: list[dict[str, float]], metric_names: tuple[str, ...]) -> dict:
+    """Median (the headline), mean and standard deviation over seeds, for each metric."""
+    summary = {}
+    for name in metric_names:
+        values = [r[name] for r in results]
+        summary[name] = statistics.median(values)
+        summary[f"{name}_mean"] = statistics.fmean(values)
+        summary[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    return summary
+
+
+def write_best_model(layout: FinetuneLayout, results: dict[int, dict[str, float]], task: str, metric: str) -> dict:
+    """Point `best_model.json` at the seed with the highest `metric` (the first such seed on a tie)."""
+    seed = max(results, key=lambda s: (results[s][metric], -s))
+    pointer = {"seed": seed, "path": layout.relative(layout.seed(seed).model), "task": task, "metric": metric,
+               "value": results[seed][metric]}
+    write_json_atomic(layout.best_model, pointer)
+    return pointer

@@ -1,0 +1,140 @@
+"""Fine-tuning in one process: the saved model reproduces its dev metrics, finished seeds are skipped,
+the batch arithmetic and AdamW settings come from the config."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from helpers import WORDS, predict_with_saved_model
+
+from pipeline.common.errors import PipelineError
+
+
+def keyword_rows(n: int, seed: int) -> list[dict]:
+    """Five random words; the label says whether `river` is among them."""
+    rng = random.Random(seed)
+    others = [w for w in WORDS if w != "river"]
+    rows = []
+    for i in range(n):
+        words = [rng.choice(others) for _ in range(5)]
+        if i % 2:
+            words[rng.randrange(5)] = "river"
+        rows.append({"text": " ".join(words), "label": "yes" if i % 2 else "no"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def small_task(tmp_path_factory, bpe_tokenizer_dir):
+    """A custom task, a tiny RoBERTa folder (2 layers, hidden 64) and a fine-tuning config dict."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaForMaskedLM
+
+    root = tmp_path_factory.mktemp("small_task")
+    for name, n, seed in (("train", 96, 0), ("dev", 40, 1), ("test", 8, 2)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keyword_rows(n, seed)))
+    tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer_dir)
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, max_position_embeddings=130, pad_token_id=tokenizer.pad_token_id)
+    RobertaForMaskedLM(config).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return {"root": root, "model": str(root / "model"), "config": {
+        "task": "custom",
+        "data": {"train_file": str(root / "train.jsonl"), "validation_file": str(root / "dev.jsonl"),
+                 "test_file": str(root / "test.jsonl"), "text_fields": ["text"], "label_field": "label",
+                 "max_seq_len": 32},
+        "train": {"output_dir": str(root / "ft"), "learning_rate": 1e-3, "batch_size": 16, "epochs": 2,
+                  "eval_batch_size": 16},
+        "tracking": {"enabled": False}}}
+
+
+def load(small_task, tmp_path, *overrides: str, world_size: int = 1):
+    from pipeline.finetune.config import load_finetune_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(small_task["config"]))
+    return load_finetune_config(path, list(overrides), world_size=world_size)
+
+
+@pytest.fixture(scope="module")
+def finetuned(small_task, tmp_path_factory):
+    from pipeline.finetune.trainer import run_finetuning
+
+    config = load(small_task, tmp_path_factory.mktemp("cfg"))
+    report = run_finetuning(config, small_task["model"], [1], from_scratch=False)
+    return {"config": config, "report": report, "out": config.output_dir}
+
+
+def test_the_saved_model_reproduces_the_dev_metrics_exactly(finetuned, small_task):
+    from pipeline.finetune.metrics import task_metrics
+
+    out = finetuned["out"]
+    pointer = json.loads((out / "best_model.json").read_text())
+    saved = json.loads((out / "metrics.json").read_text())
+    assert pointer == {"seed": 1, "path": "seed_1/model", "task": "custom", "metric": "accuracy",
+                       "value": saved["accuracy"]}
+    dev = [json.loads(line) for line in (small_task["root"] / "dev.jsonl").read_text().splitlines()]
+    model, predicted = predict_with_saved_model(out / pointer["path"], [r["text"] for r in dev], batch_size=16)
+    assert model.config.id2label == {0: "no", 1: "yes"} and model.config.label2id == {"no": 0, "yes": 1}
+    gold = [model.config.label2id[r["label"]] for r in dev]
+    recomputed = task_metrics(("accuracy", "f1_macro"), {"dev": predicted}, {"dev": gold})
+    complete = json.loads((out / "seed_1" / "complete.json").read_text())
+    assert recomputed == complete["metrics"] == {k: saved[k] for k in ("accuracy", "f1_macro")}
+    rows = [line.split("\t") for line in (out / "seed_1" / "dev_predictions.tsv").read_text().splitlines()]
+    assert rows[0] == ["index", "prediction", "label"] and len(rows) == 41
+    assert [p for _, p, _ in rows[1:]] == [model.config.id2label[int(p)] for p in predicted]
+    assert [g for _, _, g in rows[1:]] == [r["label"] for r in dev]
+    provenance = json.loads((out / "seed_1" / "model" / "pipeline_finetune.json").read_text())
+    assert provenance["task"] == "custom" and provenance["task_type"] == "classification"
+    assert provenance["labels"] == ["no", "yes"] and provenance["seed"] == 1 and provenance["max_seq_len"] == 32
+    assert provenance["metrics"] == complete["metrics"] and provenance["source_model"] == small_task["model"]
+    assert {"pretrain_run_id", "pretrain_checkpoint"} <= set(provenance)
+    assert list((out / "seed_1" / "model").glob("*.safetensors"))
+
+
+def test_a_rerun_skips_finished_seeds_and_still_summarizes_them(finetuned, small_task, capsys):
+    from pipeline.finetune.trainer import run_finetuning
+
+    out = finetuned["out"]
+    before = (out / "seed_1" / "complete.json").read_text()
+    capsys.readouterr()
+    report = run_finetuning(finetuned["config"], small_task["model"], [1, 2], from_scratch=False)
+    printed = capsys.readouterr().out
+    assert f"custom seed 1: finished before ({out / 'seed_1' / 'complete.json'}), skipped" in printed
+    assert "seed 2: finished before" not in printed
+    assert (out / "seed_1" / "complete.json").read_text() == before  # not retrained
+    first = json.loads(before)["metrics"]
+    assert report["seeds"] == [1, 2] and report["per_seed"][0] == {**first, "seed": 1}
+    assert json.loads((out / "seed_2" / "complete.json").read_text())["seed"] == 2
+    assert report["accuracy"] == pytest.approx((first["accuracy"] + report["per_seed"][1]["accuracy"]) / 2)
+    # A finished seed of another set-up (here: from scratch) is not overwritten silently.
+    with pytest.raises(PipelineError, match="from_scratch True there, False now|from_scratch False there, True now"):
+        run_finetuning(finetuned["config"], small_task["model"], [1], from_scratch=True)
+
+
+def test_batch_size_is_global_and_split_by_the_batch_plan(small_task, tmp_path):
+    from pipeline.common.config_tree import ConfigError
+
+    assert load(small_task, tmp_path, world_size=2).batch_plan(2).micro_batch_size == 8
+    plan = load(small_task, tmp_path, "train.micro_batch_size=4", world_size=2).batch_plan(2)
+    assert (plan.global_batch_size, plan.micro_batch_size, plan.world_size, plan.accumulation) == (16, 4, 2, 2)
+    with pytest.raises(ConfigError) as err:
+        load(small_task, tmp_path, "train.batch_size=10", "train.micro_batch_size=4", world_size=2)
+    assert "train.batch_size 10 is not divisible by train.micro_batch_size 4 × world size 2" in str(err.value)
+
+
+def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
+    from pipeline.finetune.model_source import ModelSource
+    from pipeline.finetune.task_family import task_family
+    from pipeline.finetune.trainer import FineTuner, build_accelerator, load_task
+
+    default = load(small_task, tmp_path).train
+    assert (default.adam_betas, default.adam_eps) == ((0.9, 0.98), 1e-6)  # RoBERTa's GLUE recipe
+    config = load(small_task, tmp_path, "train.adam_betas=[0.9, 0.999]", "train.adam_eps=1e-8")
+    data = load_task(config)
+    plan = config.batch_plan(1)
+    accelerator = build_accelerator(config, plan)
+    tuner = FineTuner(config, data, task_family(data), ModelSource(small_task["model"]), accelerator, plan, seed=3,
+                      from_scratch=True)
+    tuner.setup()
+    assert {(g["betas"], g["eps"]) for g in tuner.optimizer.param_groups} == {((0.9, 0.999), 1e-8)}
