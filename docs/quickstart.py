@@ -40,7 +40,7 @@ from pipeline.kit import (  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=None, help="where models go (default: a temporary folder)")
-    p.add_argument("--texts", type=int, default=400, help="docstrings per class to use")
+    p.add_argument("--texts", type=int, default=150, help="docstrings per class to use")
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="quickstart-"))
     torch.manual_seed(0)

@@ -37,7 +37,7 @@ def default_cache_dir() -> Path:
 
 def resolve_source(path_or_name: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> ModelSource:
     """Turn what the user passed into an HF folder or hub name, exporting a pretraining checkpoint if needed."""
-    from pipeline.pretrain.checkpoints import COMPLETE_MARKER, checkpoint_root
+    from pipeline.finetune.model_source import is_pretraining_output
 
     text = local_or_hub(path_or_name, "model")
     path = Path(text)
@@ -47,15 +47,15 @@ def resolve_source(path_or_name: str | os.PathLike, cache_dir: str | os.PathLike
         return _finetune_output(path)
     if (path / FINETUNE_INFO_FILE).is_file():
         return _finetuned_folder(path)
-    if (path / COMPLETE_MARKER).is_file() or checkpoint_root(path).is_dir():
+    if is_pretraining_output(path):
         return ModelSource(str(_export_cached(path, Path(cache_dir) if cache_dir else default_cache_dir())))
     if (path / "config.json").is_file():
         return ModelSource(str(path))
     if (path / "export" / "config.json").is_file():
         return ModelSource(str(path / "export"))  # a pretraining output whose checkpoints were removed
     raise PipelineError(f"model {path}: not an HF model folder (no config.json), a fine-tuning output (no "
-                        "best_model.json), nor a pretraining checkpoint or output folder (no {COMPLETE_MARKER}, "
-                        "no checkpoints/)")
+                        "best_model.json), nor a pretraining checkpoint or output folder (no "
+                        "complete.json, no checkpoints/)")
 
 
 def _read_json(path: Path) -> dict:
