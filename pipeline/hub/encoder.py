@@ -77,7 +77,7 @@ class Encoder(nn.Module):
             # BertForPreTraining keeps the pooler and NSP head that AutoModelForMaskedLM would drop.
             model_class = getattr(transformers, architecture, None) if architecture == "BertForPreTraining" else None
             hf = (model_class or AutoModelForMaskedLM).from_pretrained(source.path)
-            lm_head = getattr(hf, "lm_head", None) or hf.cls.predictions
+            lm_head = hf.lm_head if hasattr(hf, "lm_head") else hf.cls.predictions  # RoBERTa / BERT
             encoder = cls(hf.base_model, tokenizer, lm_head, {}, source)
         if len(tokenizer) > encoder.model.config.vocab_size:
             raise PipelineError(f"model {source.path}: the tokenizer has {len(tokenizer)} tokens but the model's "

@@ -25,15 +25,6 @@ from pipeline.common.atomic_files import sha256_file
 from pipeline.common.errors import PipelineError
 
 
-def _signature(classifier: bool):
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, Schema
-
-    inputs = Schema([ColSpec("string", "text"), ColSpec("string", "text_b", required=False)] if classifier
-                    else [ColSpec("string", "text")])
-    return ModelSignature(inputs=inputs, outputs=Schema([ColSpec("string")]))
-
-
 def _requirements() -> list[str]:
     """Pinned to this environment: `mlflow models serve` rebuilds it from these lines."""
     from importlib.metadata import version
@@ -70,7 +61,9 @@ def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str |
             info = mlflow.pyfunc.log_model(
                 name=name, python_model=EncoderModel(), artifacts={"model": str(model_dir)},
                 code_paths=[str(Path(__file__).resolve().parents[1])],  # the `pipeline` package, for serving
-                pip_requirements=_requirements(), signature=_signature(classifier), metadata=metadata,
+                pip_requirements=_requirements(), metadata=metadata,
+                # No signature: a schema would turn a plain list of texts into a one-column frame named 0;
+                # `EncoderModel` reads lists of texts or pairs and `text`/`text_b` frames itself.
                 registered_model_name=registered_model_name)
     finally:
         mlflow.set_tracking_uri(previous)

@@ -44,6 +44,9 @@ def test_a_logged_finetuned_model_predicts_the_hub_interfaces_labels(store, bpe_
     mlflow.set_tracking_uri(store["uri"])
     loaded = mlflow.pyfunc.load_model(f"runs:/{run}/model")
     assert loaded.predict(pd.DataFrame(pairs(12), columns=["text", "text_b"])) == expected
+    assert loaded.predict(pairs(12)) == expected
+    assert loaded.predict([a for a, _ in pairs(12)]) == Encoder.from_pretrained(out).classify("rte", [a for a, _ in
+                                                                                                      pairs(12)])
     assert loaded.predict(pd.DataFrame({"text": ["the river"]})) == \
         Encoder.from_pretrained(out).classify("rte", ["the river"])
     assert mlflow.pyfunc.load_model(uri).metadata.metadata["task"] == "rte"
