@@ -28,6 +28,7 @@ from pipeline.finetune.tasks import task_spec
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.model import parameter_groups
 from pipeline.tracking.metrics import MetricsSink, open_metrics
+from pipeline.tracking.model_store import record_in_model_store, task_datasets
 
 
 def load_task(config: FinetuneConfig) -> TaskData:
@@ -228,6 +229,7 @@ class FineTuner:
                              self.config.train.epochs)
             for path in artifacts:
                 self.metrics.log_artifact(path)
+            record_in_model_store(self.metrics, out.model, task_datasets(self.data))
             mark_complete(out, {**self.completion_key(), "metrics": result.best, "best_epoch": result.best_epoch,
                                 "processes": acc.num_processes})
         self.metrics.close()

@@ -30,6 +30,7 @@ from pipeline.pretrain.mixture import PretrainData
 from pipeline.pretrain.model import build_model
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink, open_metrics
+from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 
 
 @dataclass
@@ -226,6 +227,7 @@ class Pretrainer:
             export_dir = export_checkpoint(newest, self.layout.export, overwrite=True)
             self._print(f"exported {export_dir}")
             self.metrics.log_artifact(export_dir, "export")
+        record_in_model_store(self.metrics, export_dir, [shard_dataset(c.data.shards)])
         self.metrics.close("FINISHED" if stopped_by is None else "KILLED")
         stop.restore()
         dist.barrier()

@@ -118,6 +118,37 @@ def test_models_saved_on_two_processes_reproduce_their_dev_predictions(two_proce
 
 
 @pytest.mark.slow  # accelerate launch of 2 processes
+def test_the_hub_interface_and_the_model_store_reproduce_the_saved_dev_accuracy(two_process_run, keyword_task):
+    """The fine-tuning output loaded by its task name predicts the saved dev predictions; so does its MLflow model."""
+    import mlflow.pyfunc
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.hub import Encoder
+
+    ft = keyword_task["root"] / "ft"
+    best = json.loads((ft / "best_model.json").read_text())
+    task = best["task"]
+    enc = Encoder.from_pretrained(ft)
+    assert list(enc.classification_heads) == [task]
+    dev = [json.loads(line) for line in (keyword_task["root"] / "dev.jsonl").read_text().splitlines()]
+    predicted = [enc.labels(task)[enc.predict(task, enc.encode(r["text"], max_length=64)).argmax().item()]
+                 for r in dev]
+    rows = [line.split("\t") for line in (ft / best["path"]).parent.joinpath("dev_predictions.tsv").read_text()
+            .splitlines()[1:]]
+    assert predicted == [p for _, p, _ in rows]
+    assert sum(p == r["label"] for p, r in zip(predicted, dev, strict=True)) / len(dev) == best["value"]
+
+    client = MlflowClient(keyword_task["uri"])
+    experiment = client.get_experiment_by_name("glue-tests").experiment_id
+    (run,) = client.search_runs([experiment], f"tags.stage = 'finetune' and tags.seed = '{best['seed']}'")
+    assert {i.dataset.name for i in run.inputs.dataset_inputs} >= {f"{ft.parent.name}/train.jsonl",
+                                                                    f"{ft.parent.name}/dev.jsonl"}
+    mlflow.set_tracking_uri(keyword_task["uri"])
+    assert mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model").predict([r["text"] for r in dev]) == \
+        enc.classify(task, [r["text"] for r in dev])
+
+
+@pytest.mark.slow  # accelerate launch of 2 processes
 def test_mlflow_runs_link_to_the_pretraining_run_and_compare_joins_them(two_process_run, keyword_task, tmp_path):
     from mlflow.tracking import MlflowClient
 

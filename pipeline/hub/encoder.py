@@ -1,0 +1,243 @@
+"""`Encoder`: fairseq's RoBERTa hub interface (`fairseq/models/roberta/hub_interface.py`) over transformers models.
+
+Load any model the pipeline makes, then encode, decode, extract features, fill a mask and predict
+with named classification heads:
+
+    enc = Encoder.from_pretrained("runs/rte")            # a fine-tuning output: head "rte" comes along
+    tokens = enc.encode("A man is playing.", "Someone plays.")
+    enc.predict("rte", tokens).argmax()                  # log-probabilities → class id
+    enc.labels("rte")                                    # ('entailment', 'not_entailment')
+
+The encoder, MLM head and task heads are transformers' own modules, loaded with `from_pretrained`;
+this class only adds fairseq's calling conventions (token tensors in, features and log-probs out).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pipeline.common.errors import PipelineError
+from pipeline.hub.heads import ClassificationHead, head_of, label_names, new_head
+from pipeline.hub.sources import ModelSource, resolve_source
+
+# Architectures whose positions start after the padding index (RoBERTa's offset of pad_id + 1).
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm"}
+MASK = "<mask>"
+"""The mask placeholder in `fill_mask` texts, whatever the tokenizer's own mask token (`[MASK]` for BERT)."""
+
+
+class Encoder(nn.Module):
+    """A pretrained or fine-tuned encoder with fairseq's hub methods; an `nn.Module` (`.to`, `.eval`, `.train`)."""
+
+    def __init__(self, model: nn.Module, tokenizer, lm_head: nn.Module | None = None,
+                 heads: dict[str, ClassificationHead] | None = None, source: ModelSource | None = None):
+        super().__init__()
+        self.model = model
+        """The transformers base model (`RobertaModel` / `BertModel`)."""
+        self.lm_head = lm_head
+        self.classification_heads = nn.ModuleDict(heads or {})
+        self.tokenizer = tokenizer
+        self.source = source
+        config = model.config
+        self.offset_positions = config.model_type in _OFFSET_POSITIONS
+        offset = (config.pad_token_id + 1) if self.offset_positions else 0
+        self.max_positions = config.max_position_embeddings - offset
+        """The longest token sequence the position embeddings cover."""
+        # BERT-style models tell the two segments apart with token type ids; RoBERTa has one type.
+        self.uses_segments = (getattr(config, "type_vocab_size", 1) or 1) > 1
+        self.cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+        self.sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id
+
+    # ---- loading -------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path_or_name: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Encoder:
+        """An export, a pretraining output folder or checkpoint, a fine-tuning output, or a hub name."""
+        import transformers
+        from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+        from pipeline.data.tokenizer import load_tokenizer
+
+        source = resolve_source(path_or_name, cache_dir)
+        tokenizer = load_tokenizer(source.path)
+        config = AutoConfig.from_pretrained(source.path)
+        architecture = (config.architectures or [""])[0]
+        if architecture.endswith("ForSequenceClassification"):
+            hf = AutoModelForSequenceClassification.from_pretrained(source.path)
+            name = source.task or "default"
+            head = ClassificationHead(head_of(hf), label_names(hf.config), source.finetune_info.get("max_seq_len"))
+            encoder = cls(hf.base_model, tokenizer, None, {name: head}, source)
+        else:
+            # BertForPreTraining keeps the pooler and NSP head that AutoModelForMaskedLM would drop.
+            model_class = getattr(transformers, architecture, None) if architecture == "BertForPreTraining" else None
+            hf = (model_class or AutoModelForMaskedLM).from_pretrained(source.path)
+            lm_head = hf.lm_head if hasattr(hf, "lm_head") else hf.cls.predictions  # RoBERTa / BERT
+            encoder = cls(hf.base_model, tokenizer, lm_head, {}, source)
+        if len(tokenizer) > encoder.model.config.vocab_size:
+            raise PipelineError(f"model {source.path}: the tokenizer has {len(tokenizer)} tokens but the model's "
+                                f"vocabulary only {encoder.model.config.vocab_size}: they do not belong together")
+        return encoder.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # ---- tokens ------------------------------------------------------------------------------------
+
+    def encode(self, sentence: str, *addl_sentences: str, no_separator: bool = False,
+               max_length: int | None = None) -> torch.LongTensor:
+        """Token ids as a 1-D LongTensor: `<s> a </s></s> b </s>` (RoBERTa), `[CLS] a [SEP] b [SEP]` (BERT).
+
+        One or two sentences are framed by the tokenizer itself, so the ids equal what fine-tuning
+        saw; `max_length` truncates as fine-tuning did (longest sentence first). Three or more
+        sentences follow fairseq's rule. `no_separator` drops RoBERTa's doubled `</s>` between sentences.
+        """
+        if len(addl_sentences) <= 1 and not no_separator:
+            ids = self.tokenizer(sentence, addl_sentences[0] if addl_sentences else None,
+                                 truncation=max_length is not None, max_length=max_length)["input_ids"]
+            return torch.tensor(ids, dtype=torch.long)
+        if max_length is not None:
+            raise PipelineError("encode: max_length works for one or two sentences only")
+        pieces = [self.tokenizer(s, add_special_tokens=False)["input_ids"] for s in (sentence, *addl_sentences)]
+        doubled = self.offset_positions and not no_separator  # RoBERTa separates sentences with </s></s>
+        ids = [self.cls_id, *pieces[0], self.sep_id]
+        for piece in pieces[1:]:
+            ids += [self.sep_id] * doubled + piece + [self.sep_id]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def decode(self, tokens: torch.Tensor) -> str | list[str]:
+        """The text of 1-D `tokens`: a string for one sentence, a list for several."""
+        if tokens.dim() != 1:
+            raise PipelineError(f"decode expects a 1-D tensor of token ids, got shape {tuple(tokens.shape)}")
+        ids = [t for t in tokens.tolist() if t != self.pad_id]
+        if ids and ids[0] == self.cls_id:
+            ids = ids[1:]
+        sentences, current = [], []
+        for t in ids + [self.sep_id]:
+            if t == self.sep_id:
+                if current:
+                    sentences.append(self.tokenizer.decode(current, clean_up_tokenization_spaces=False))
+                current = []
+            else:
+                current.append(t)
+        return sentences[0] if len(sentences) == 1 else sentences
+
+    def pad(self, token_lists: list[torch.Tensor]) -> torch.LongTensor:
+        """Right-pad 1-D token tensors into one B×T batch (padding is masked out in the model)."""
+        return nn.utils.rnn.pad_sequence(list(token_lists), batch_first=True, padding_value=self.pad_id)
+
+    def segment_ids(self, tokens: torch.Tensor) -> torch.LongTensor:
+        """BERT's token type ids: 0 up to the first `[SEP]`, 1 after it, 0 on padding (as the tokenizer gives)."""
+        sep = (tokens == self.sep_id).long()
+        after_first = (torch.cumsum(sep, dim=-1) - sep) > 0
+        return (after_first & (tokens != self.pad_id)).long()
+
+    # ---- model -------------------------------------------------------------------------------------
+
+    def extract_features(self, tokens: torch.Tensor, return_all_hiddens: bool = False):
+        """Last layer's features B×T×C; with `return_all_hiddens`, [embeddings, layer 1, …, last layer]."""
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.size(-1) > self.max_positions:
+            raise PipelineError(f"tokens exceed the model's maximum length: {tokens.size(-1)} > {self.max_positions} "
+                                "positions (encode(..., max_length=N) truncates)")
+        tokens = tokens.to(self.device)
+        out = self.model(input_ids=tokens, attention_mask=(tokens != self.pad_id).long(),
+                         token_type_ids=self.segment_ids(tokens) if self.uses_segments else None,
+                         output_hidden_states=return_all_hiddens, return_dict=True)
+        return list(out.hidden_states) if return_all_hiddens else out.last_hidden_state
+
+    def register_classification_head(self, name: str, num_classes: int, labels: tuple[str, ...] | None = None) -> None:
+        """Add a freshly initialised head `name` with `num_classes` outputs (1: regression)."""
+        if labels is not None and len(labels) != num_classes:
+            raise PipelineError(f"head {name!r}: {len(labels)} labels for {num_classes} classes")
+        if name in self.classification_heads:
+            old = self.classification_heads[name].net
+            warnings.warn(f"re-registering head {name!r} with {num_classes} classes "
+                          f"(was {getattr(old, 'out_proj', getattr(old, 'classifier', None)).out_features})",
+                          stacklevel=2)
+        if labels is None and num_classes > 1:
+            labels = tuple(str(i) for i in range(num_classes))
+        net = new_head(self.model.config, num_classes, self.model._init_weights)
+        # A new module starts in training mode; it follows the encoder's mode instead (no dropout in eval).
+        self.classification_heads[name] = ClassificationHead(net, labels).to(self.device).train(self.training)
+
+    def labels(self, head: str) -> tuple[str, ...] | None:
+        """Label names of `head` in class-id order (None for a regression head)."""
+        return self._head(head).labels
+
+    def predict(self, head: str, tokens: torch.Tensor, return_logits: bool = False) -> torch.Tensor:
+        """Log-probabilities B×K from head `head`; logits on request and always for a regression head."""
+        module = self._head(head)
+        logits = module(self.extract_features(tokens))
+        if return_logits or module.regression:
+            return logits
+        return F.log_softmax(logits, dim=-1)
+
+    @torch.no_grad()
+    def classify(self, head: str, examples: list, batch_size: int = 32) -> list:
+        """Label names (or scores, for regression) of texts or (text, text) pairs, in padded batches.
+
+        Inputs are truncated to the length the head was fine-tuned with (else the model's maximum).
+        """
+        module = self._head(head)
+        max_length = module.max_seq_len or self.max_positions
+        results: list = []
+        for start in range(0, len(examples), batch_size):
+            chunk = [(e,) if isinstance(e, str) else tuple(e) for e in examples[start:start + batch_size]]
+            batch = self.pad([self.encode(*e, max_length=max_length) for e in chunk])
+            out = self.predict(head, batch, return_logits=True)
+            if module.regression:
+                results += out.squeeze(-1).float().tolist()
+            else:
+                results += [module.labels[i] for i in out.argmax(-1).tolist()]
+        return results
+
+    def _head(self, name: str) -> ClassificationHead:
+        if name not in self.classification_heads:
+            known = ", ".join(self.classification_heads) or "none"
+            raise PipelineError(f"no classification head {name!r} (this model has: {known}); load a fine-tuning "
+                                "output or call register_classification_head")
+        return self.classification_heads[name]
+
+    @torch.no_grad()
+    def fill_mask(self, masked_input: str, topk: int = 5) -> list[tuple[str, float, str]]:
+        """The `topk` fillings of the one `<mask>` in the text: (filled sentence, probability, token), best first."""
+        if self.lm_head is None:
+            raise PipelineError("this model has no masked-LM head (it is a fine-tuned classifier); fill_mask needs "
+                                "a pretraining export or run")
+        text = masked_input.replace(self.tokenizer.mask_token, MASK)
+        found = text.count(MASK)
+        if found != 1:
+            raise PipelineError(f"fill_mask needs exactly one {MASK} in the text, found {found}: {masked_input!r}")
+        before, after = text.split(MASK)
+        # As fairseq does: the space before the mask belongs to the predicted word (byte-level BPE
+        # marks a word's leading space in its token), and the text after keeps its own leading space.
+        ids = ([self.cls_id] + self.tokenizer(before.rstrip(), add_special_tokens=False)["input_ids"]
+               + [self.tokenizer.mask_token_id] + self.tokenizer(after, add_special_tokens=False)["input_ids"]
+               + [self.sep_id])
+        tokens = torch.tensor(ids, dtype=torch.long)
+        position = ids.index(self.tokenizer.mask_token_id)
+        features = self.extract_features(tokens)[0, position]
+        probs = self.lm_head(features[None]).float().softmax(dim=-1)[0]
+        values, indices = probs.topk(min(topk, probs.numel()))
+        filled = []
+        for value, index in zip(values.tolist(), indices.tolist(), strict=True):
+            token = self._word(index)
+            pattern = f" {MASK}" if f" {MASK}" in text else MASK
+            filled.append((text.replace(pattern, token if pattern.startswith(" ") else token.lstrip()), value, token))
+        return filled
+
+    def _word(self, token_id: int) -> str:
+        """A predicted token as text, with a leading space when it starts a word."""
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if piece.startswith("##"):  # a WordPiece continuation attaches to the word before it
+            return piece[2:]
+        text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        return text if text.startswith(" ") or self.offset_positions else " " + text

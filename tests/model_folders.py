@@ -1,0 +1,80 @@
+"""Tiny model folders in the pipeline's layouts, made in a second from the test tokenizers (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+
+
+def tiny_config(tokenizer, architecture: str, **extra):
+    """A 2-layer, hidden-64 RobertaConfig/BertConfig sized to `tokenizer` (positions for 64 tokens)."""
+    from transformers import BertConfig, RobertaConfig
+
+    if architecture == "roberta":
+        return RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=64 + tokenizer.pad_token_id + 1,
+                             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
+                             eos_token_id=tokenizer.sep_token_id, type_vocab_size=1, **TINY, **extra)
+    return BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                      **TINY, **extra)
+
+
+def save_export(tokenizer_dir: Path, out: Path, architecture: str = "roberta", seed: int = 0) -> Path:
+    """An export as `pipeline/pretrain/export.py` writes it: RobertaForMaskedLM / BertForPreTraining + tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertForPreTraining, RobertaForMaskedLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    cls = RobertaForMaskedLM if architecture == "roberta" else BertForPreTraining
+    cls(tiny_config(tokenizer, architecture)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def save_finetune_output(tokenizer_dir: Path, out: Path, task: str, labels: tuple[str, ...],
+                         dev: list[tuple[tuple[str, ...], str]], architecture: str = "roberta", seed: int = 1,
+                         max_seq_len: int = 64) -> dict:
+    """A fine-tuning output folder in the layout the fine-tuning trainer writes, with an untrained head.
+
+    `dev_predictions.tsv` and the accuracy in `metrics.json` are computed the way the trainer does:
+    `AutoModelForSequenceClassification` on padded batches of the tokenizer's own encodings.
+    """
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    config = tiny_config(tokenizer, architecture, num_labels=len(labels), id2label=dict(enumerate(labels)),
+                         label2id={name: i for i, name in enumerate(labels)},
+                         problem_type="single_label_classification")
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    texts = [t for t, _ in dev]
+    pairs = len(texts[0]) == 2
+    enc = tokenizer([t[0] for t in texts], [t[1] for t in texts] if pairs else None, truncation=True,
+                    max_length=max_seq_len)
+    collate = DataCollatorWithPadding(tokenizer)
+    predictions = []
+    with torch.no_grad():
+        for start in range(0, len(texts), 8):
+            batch = collate([{k: v[i] for k, v in enc.items()} for i in range(start, min(start + 8, len(texts)))])
+            predictions += model(**batch).logits.argmax(-1).tolist()
+    gold = [labels.index(label) for _, label in dev]
+    accuracy = sum(p == g for p, g in zip(predictions, gold, strict=True)) / len(gold)
+    seed_dir = out / f"seed_{seed}"
+    model_dir = seed_dir / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    info = {"task": task, "task_type": "classification", "labels": list(labels), "seed": seed,
+            "metrics": {"accuracy": accuracy}, "max_seq_len": max_seq_len, "source_model": str(tokenizer_dir),
+            "pretrain_run_id": None, "pretrain_checkpoint": None}
+    (model_dir / "pipeline_finetune.json").write_text(json.dumps(info))
+    (seed_dir / "dev_predictions.tsv").write_text("index\tprediction\tlabel\n" + "".join(
+        f"{i}\t{labels[p]}\t{label}\n" for i, (p, (_, label)) in enumerate(zip(predictions, dev, strict=True))))
+    (seed_dir / "metrics.json").write_text(json.dumps({"accuracy": accuracy, "seed": seed}))
+    (seed_dir / "complete.json").write_text(json.dumps({"seed": seed}))
+    (out / "metrics.json").write_text(json.dumps({"accuracy": accuracy, "task": task, "seeds": [seed]}))
+    (out / "best_model.json").write_text(json.dumps({"seed": seed, "path": f"seed_{seed}/model", "task": task,
+                                                     "metric": "accuracy", "value": accuracy}))
+    return {"accuracy": accuracy, "predictions": [labels[p] for p in predictions]}

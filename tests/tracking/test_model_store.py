@@ -1,0 +1,89 @@
+"""MLflow as a model store: a logged model loads back through pyfunc and predicts what the hub interface does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import WORDS
+from model_folders import save_export, save_finetune_output
+
+from pipeline.common.errors import PipelineError
+from pipeline.hub import Encoder
+from pipeline.tracking.model_store import file_dataset, log_dataset_inputs, log_encoder_model, shard_dataset
+
+LABELS = ("entailment", "not_entailment")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("models", artifact_location=str(root / "artifacts"))
+    return {"root": root, "uri": uri, "client": client, "experiment": experiment}
+
+
+def pairs(n: int) -> list[tuple[str, str]]:
+    return [(" ".join(WORDS[i:i + 4]), " ".join(WORDS[i + 3:i + 9])) for i in range(n)]
+
+
+def test_a_logged_finetuned_model_predicts_the_hub_interfaces_labels(store, bpe_tokenizer_dir):
+    import mlflow.pyfunc
+    import pandas as pd
+
+    out = store["root"] / "ft"
+    save_finetune_output(bpe_tokenizer_dir, out, "rte", LABELS, [(p, LABELS[i % 2]) for i, p in enumerate(pairs(12))])
+    run = store["client"].create_run(store["experiment"], run_name="rte-seed1").info.run_id
+    uri = log_encoder_model(out / "seed_1" / "model", run, tracking_uri=store["uri"],
+                            registered_model_name="rte-tiny")
+    expected = Encoder.from_pretrained(out).classify("rte", pairs(12))
+
+    mlflow.set_tracking_uri(store["uri"])
+    loaded = mlflow.pyfunc.load_model(f"runs:/{run}/model")
+    assert loaded.predict(pd.DataFrame(pairs(12), columns=["text", "text_b"])) == expected
+    assert loaded.predict(pairs(12)) == expected
+    assert loaded.predict([a for a, _ in pairs(12)]) == Encoder.from_pretrained(out).classify("rte", [a for a, _ in
+                                                                                                      pairs(12)])
+    assert loaded.predict(pd.DataFrame({"text": ["the river"]})) == \
+        Encoder.from_pretrained(out).classify("rte", ["the river"])
+    assert mlflow.pyfunc.load_model(uri).metadata.metadata["task"] == "rte"
+    version = store["client"].get_latest_versions("rte-tiny")[0]
+    assert version.run_id == run
+
+
+def test_a_logged_export_fills_masks_like_the_hub_interface(store, bpe_tokenizer_dir):
+    import mlflow.pyfunc
+    import pandas as pd
+
+    export = save_export(bpe_tokenizer_dir, store["root"] / "export")
+    run = store["client"].create_run(store["experiment"], run_name="pretrain").info.run_id
+    log_encoder_model(export, run, tracking_uri=store["uri"])
+    mlflow.set_tracking_uri(store["uri"])
+    texts = ["the <mask> encoder", "a model reads the <mask>."]
+    predicted = mlflow.pyfunc.load_model(f"runs:/{run}/model").predict(pd.DataFrame({"text": texts}))
+    encoder = Encoder.from_pretrained(export)
+    assert predicted == [encoder.fill_mask(t, topk=1)[0][0] for t in texts]
+    with pytest.raises(PipelineError, match="no config.json"):
+        log_encoder_model(store["root"], run, tracking_uri=store["uri"])
+
+
+def test_shards_and_task_files_become_dataset_inputs(store, roberta_shards, tmp_path):
+    from pipeline.common.atomic_files import sha256_file
+
+    task = tmp_path / "RTE" / "train.tsv"
+    task.parent.mkdir()
+    task.write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n")
+    run = store["client"].create_run(store["experiment"], run_name="data").info.run_id
+    log_dataset_inputs(run, [shard_dataset(roberta_shards), file_dataset(task, "training")], store["uri"])
+    inputs = store["client"].get_run(run).inputs.dataset_inputs
+    by_name = {i.dataset.name: i for i in inputs}
+    index_sha = sha256_file(roberta_shards / "index.json")
+    assert by_name[roberta_shards.name].dataset.digest == index_sha[:32]
+    assert json.loads(by_name[roberta_shards.name].dataset.source)["uri"] == str(roberta_shards.resolve())
+    assert by_name["RTE/train.tsv"].dataset.digest == sha256_file(task)[:32]
+    assert {t.key: t.value for t in by_name["RTE/train.tsv"].tags}["mlflow.data.context"] == "training"
+    with pytest.raises(PipelineError, match="no index.json"):
+        shard_dataset(tmp_path)
