@@ -127,4 +127,4 @@ def test_shard_py_help_shows_the_validation_default_and_why():
     text = " ".join(proc.stdout.split())
     assert "--val-fraction VAL_FRACTION Fraction of documents (0 to 1) held out whole for validation" in text
     assert "pretraining needs a validation split (default: 0.05)" in text
-    assert "--pack {full,doc,pairs}" in text
+    assert "--pack {full,doc,doc-packed,pairs}" in text
