@@ -39,6 +39,7 @@ def main() -> None:
     topology = prepare_environment()
     import torch.distributed as dist
 
+    from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
     from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.trainer import run_pretraining
@@ -48,8 +49,8 @@ def main() -> None:
         full = load_pretrain_config(args.config, [*overrides, f"train.output_dir={root / 'full'}"],
                                     world_size=topology.world_size, cuda=topology.cuda)
         run_pretraining(full, topology)
-        halfway = checkpoints.checkpoint_root(root / "full") / checkpoints.tag_for(full.checkpoint.every)
-        resumed_root = checkpoints.checkpoint_root(root / "resumed")
+        halfway = PretrainLayout(root / "full").checkpoints / checkpoints.tag_for(full.checkpoint.every)
+        resumed_root = PretrainLayout(root / "resumed").checkpoints
         if topology.is_main:
             shutil.copytree(halfway, resumed_root / halfway.name)
         dist.barrier()
