@@ -229,7 +229,8 @@ class FineTuner:
                              self.config.train.epochs)
             for path in artifacts:
                 self.metrics.log_artifact(path)
-            record_in_model_store(self.metrics, out.model, task_datasets(self.data))
+            record_in_model_store(self.metrics, out.model, task_datasets(self.data),
+                                  self.config.tracking.registered_model)
             mark_complete(out, {**self.completion_key(), "metrics": result.best, "best_epoch": result.best_epoch,
                                 "processes": acc.num_processes})
         self.metrics.close()

@@ -145,6 +145,8 @@ class TrackingConfig:
     run_name: str | None = None
     flush_seconds: float = 10.0
     """Seconds between waits for MLflow's background logging (also at evals, checkpoints, the end)."""
+    registered_model: str | None = None
+    """Also register the run's model (the export; each fine-tuning seed's saved model) under this registry name."""
 
 
 @dataclass

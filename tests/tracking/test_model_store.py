@@ -87,3 +87,20 @@ def test_shards_and_task_files_become_dataset_inputs(store, roberta_shards, tmp_
     assert {t.key: t.value for t in by_name["RTE/train.tsv"].tags}["mlflow.data.context"] == "training"
     with pytest.raises(PipelineError, match="no index.json"):
         shard_dataset(tmp_path)
+
+
+def test_the_trainers_call_logs_model_and_data_to_the_sinks_run_and_registers_it(store, bpe_tokenizer_dir,
+                                                                                   roberta_shards):
+    from pipeline.tracking.metrics import FanOut, JsonlSink
+    from pipeline.tracking.mlflow_run import MlflowSink
+    from pipeline.tracking.model_store import record_in_model_store
+
+    export = save_export(bpe_tokenizer_dir, store["root"] / "export-registered")
+    mlflow_sink = MlflowSink(store["uri"], "models", "pretrain-registered", None)
+    sink = FanOut(JsonlSink(store["root"] / "metrics.jsonl"), mlflow_sink)
+    record_in_model_store(sink, export, [shard_dataset(roberta_shards)], registered_model_name="tiny-export")
+    sink.close()
+    run = store["client"].get_run(mlflow_sink.run_id)
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == [roberta_shards.name]
+    assert store["client"].get_latest_versions("tiny-export")[0].run_id == mlflow_sink.run_id
+    record_in_model_store(JsonlSink(store["root"] / "other.jsonl"), export)  # no MLflow run: nothing to do
