@@ -227,7 +227,9 @@ class Pretrainer:
             export_dir = export_checkpoint(newest, self.layout.export, overwrite=True)
             self._print(f"exported {export_dir}")
             self.metrics.log_artifact(export_dir, "export")
-        record_in_model_store(self.metrics, export_dir, [shard_dataset(c.data.shards)], c.tracking.registered_model)
+        if self.topology.is_main:  # every corpus of a mix is a dataset input of the run
+            record_in_model_store(self.metrics, export_dir, [shard_dataset(s.path) for s in c.data.corpora()],
+                                  c.tracking.registered_model)
         self.metrics.close("FINISHED" if stopped_by is None else "KILLED")
         stop.restore()
         dist.barrier()
