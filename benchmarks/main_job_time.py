@@ -96,11 +96,11 @@ def main() -> None:
         seconds = timed([sys.executable, "launchers/run_default.py", "--out", run_dir, *extra], env)
         after = built_ops(extensions)
         timings = json.loads((run_dir / "logs" / "timings.json").read_text())
-        result[name] = {"total_s": round(seconds, 1), "stages_s": timings["stages_s"],
+        result[name] = {"total_s": round(seconds, 1), "stages_s": timings["stages_s"], "order": timings["order"],
                         "ops_built": sorted(k for k, v in after.items() if before.get(k) != v)}
     result["extensions_dir"] = str(extensions)
 
-    stages = list(dict.fromkeys([*result["fresh"]["stages_s"], *result["second"]["stages_s"]]))
+    stages = list(dict.fromkeys([*result["fresh"]["order"], *result["second"]["order"]]))  # in run order
     print(f"\nmain job on {result['machine']['cores']} cores ({result['machine']['cpu']}), "
           f"load average {result['machine']['load_average_1m']} at the start")
     print(f"{'stage':<24}{'fresh s':>10}{'second s':>10}")

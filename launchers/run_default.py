@@ -73,7 +73,8 @@ class MainJob:
         return time.monotonic() - self.started
 
     def _write_timings(self) -> None:
-        write_json_atomic(self.logs / "timings.json", {"stages_s": self.seconds, "total_s": round(self.elapsed(), 1)})
+        write_json_atomic(self.logs / "timings.json", {"stages_s": self.seconds, "order": list(self.seconds),
+                                                        "total_s": round(self.elapsed(), 1)})
 
 
 def main() -> None:

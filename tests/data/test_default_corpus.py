@@ -32,5 +32,6 @@ def test_main_job_builds_corpus_tokenizer_and_verified_shards(tmp_path):
     assert "wrote" in (tmp_path / "logs" / "shards.log").read_text()  # each stage's full output is kept
     again = run_script("launchers/run_default.py", "--out", tmp_path, "--stop-after", "verify", check=True)
     assert "already complete" in again.stderr + again.stdout
-    timings = json.loads((tmp_path / "logs" / "timings.json").read_text())["stages_s"]
-    assert set(timings) == {"shards", "verify"}  # the rerun skipped the corpus and the tokenizer
+    timings = json.loads((tmp_path / "logs" / "timings.json").read_text())
+    assert timings["order"] == ["shards", "verify"]  # the rerun skipped the corpus and the tokenizer
+    assert set(timings["stages_s"]) == {"shards", "verify"}
