@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
 from pipeline.common.console import run_logged  # noqa: E402
-from pipeline.common.run_layout import PretrainLayout  # noqa: E402
+from pipeline.common.run_layout import MainJobLayout  # noqa: E402
 from pipeline.common.topology import free_port, use_environment_extensions_dir  # noqa: E402
 from pipeline.tracking.job_summary import render_summary  # noqa: E402
 
@@ -48,7 +48,7 @@ class MainJob:
 
     def __init__(self, out: Path, verbose: bool):
         self.out, self.verbose = out, verbose
-        self.logs = out / "logs"
+        self.logs = MainJobLayout(out).logs
         self.seconds: dict[str, float] = {}
         self.started = time.monotonic()
 
@@ -97,7 +97,8 @@ def main() -> None:
     # The stages always log in full (--verbose): the log files keep all of it, the screen filters it.
     full = ["--verbose"]
 
-    corpus, tokenizer, shards = out / "corpus.jsonl", out / "tokenizer", out / "shards"
+    layout = MainJobLayout(out)
+    corpus, tokenizer, shards = layout.corpus, layout.tokenizer, layout.shards
     if not corpus.exists():
         job.run("1/8 embedded corpus", "corpus", "data_prep/make_default_corpus.py", "--out", corpus)
     if not (tokenizer / "tokenizer.json").exists():
@@ -110,8 +111,7 @@ def main() -> None:
     if args.stop_after == "verify":
         print(f"\nmain job stopped after the data stage in {job.elapsed():.0f} s; outputs in {out}")
         return
-    pretrain_dir = out / "pretrain"
-    pretrain = PretrainLayout(pretrain_dir)
+    pretrain = layout.pretrain
     deepspeed = Path(sys.executable).parent / "deepspeed"
     # One thread per rank: two ranks on two cores otherwise fight over them (measured 2× slower).
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -121,25 +121,25 @@ def main() -> None:
               f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
     job.run("5/8 pretrain (2 ranks)", "pretrain", "launchers/pretrain.py", "--config", "configs/tiny.json",
             "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
-            "--set", f"train.output_dir={pretrain_dir}", "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
+            "--set", f"train.output_dir={pretrain.root}", "--set", f"tracking.uri={layout.tracking_uri}",
             *full, launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())],
             env=env)
     if args.stop_after == "pretrain":
         print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
         return
-    task = out / "task"
+    task = layout.task
     job.run("6/8 fine-tuning task", "task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
-    tracking = ["--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}"]
+    tracking = ["--set", f"tracking.uri={layout.tracking_uri}"]
     for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
         folder = name.replace(" ", "-")
         job.run(f"7/8 fine-tune ({name})", f"finetune-{folder}", "launchers/finetune.py",
                 "--config", "configs/glue/embedded-docs.json", "--model", pretrain.export,
                 "--seeds", "1,2,3", *extra, "--set", f"data.train_file={task / 'train.jsonl'}",
                 "--set", f"data.validation_file={task / 'dev.jsonl'}",
-                "--set", f"train.output_dir={out / 'finetune' / folder}",
+                "--set", f"train.output_dir={layout.finetune(folder).root}",
                 *tracking, *full, env=env)
-    job.run("8/8 compare", "compare", "launchers/compare.py", "--uri", f"sqlite:///{out / 'mlflow.db'}",
-            "--out", out / "compare", *full)
+    job.run("8/8 compare", "compare", "launchers/compare.py", "--uri", layout.tracking_uri,
+            "--out", layout.compare, *full)
     print("\n" + render_summary(out, job.elapsed(), predict_cli=(ROOT / "launchers" / "predict.py").exists()))
 
 

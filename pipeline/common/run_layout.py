@@ -149,3 +149,51 @@ class FinetuneLayout:
     def relative(self, path: Path) -> str:
         """`path` relative to the output folder, as recorded in `best_model.json`."""
         return Path(path).relative_to(self.root).as_posix()
+
+
+@dataclass(frozen=True)
+class MainJobLayout:
+    """Paths in the main job's folder (`launchers/run_default.py --out`), written by its eight stages."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def corpus(self) -> Path:
+        return self.root / "corpus.jsonl"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def shards(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def pretrain(self) -> PretrainLayout:
+        return PretrainLayout(self.root / "pretrain")
+
+    @property
+    def task(self) -> Path:
+        """The fine-tuning task made from the corpus: train.jsonl, dev.jsonl."""
+        return self.root / "task"
+
+    def finetune(self, run: str) -> FinetuneLayout:
+        """`run` is `pretrained` or `from-scratch`."""
+        return FinetuneLayout(self.root / "finetune" / run)
+
+    @property
+    def compare(self) -> Path:
+        return self.root / "compare"
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.root / 'mlflow.db'}"
+
+    @property
+    def logs(self) -> Path:
+        """Each stage's full output, `<stage>.log`, and `timings.json`."""
+        return self.root / "logs"

@@ -11,6 +11,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.common.run_layout import MainJobLayout
+
 # A docstring-like sentence for the predict example: the main job's task asks which package a docstring comes from.
 PREDICT_EXAMPLE = "Return the canonical path of the specified filename, eliminating any symbolic links."
 
@@ -73,18 +75,19 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
     `predict_cli` False adds a note that `launchers/predict.py` is not in this checkout yet.
     """
     out = Path(out)
+    layout = MainJobLayout(out)
     built: list[tuple[str, str]] = []
-    if (line := _shards_line(out / "shards" / "index.json")) is not None:
+    if (line := _shards_line(layout.shards / "index.json")) is not None:
         built.append(("tokenizer/, shards/", line))
-    evaluation = last_eval(out / "pretrain" / "metrics.jsonl")
-    if (out / "pretrain" / "export").is_dir():
+    evaluation = last_eval(layout.pretrain.metrics)
+    if layout.pretrain.export.is_dir():
         step = f", {evaluation['step']} steps" if evaluation else ""
         built.append(("pretrain/export/", f"the pretrained encoder, an HF model folder{step}"))
-    runs = {name: finetune_headline(out / "finetune" / folder / "metrics.json")
+    runs = {name: finetune_headline(layout.finetune(folder).metrics)
             for name, folder in (("pretrained", "pretrained"), ("from scratch", "from-scratch"))}
     if any(runs.values()):
         built.append(("finetune/", "fine-tuned from the export (pretrained/) and from random weights (from-scratch/)"))
-    plots = sorted((out / "compare").glob("*.png")) if (out / "compare").is_dir() else []
+    plots = sorted(layout.compare.glob("*.png")) if layout.compare.is_dir() else []
     if plots:
         built.append(("compare/", f"loss curves of every run ({len(plots)} plots)"))
     built.append(("mlflow.db, logs/", "every run's parameters and metrics; each stage's full output"))
@@ -94,7 +97,7 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
         figures.append(("validation MLM loss", f"{evaluation['eval/mlm_loss']:.3f} at step {evaluation['step']} "
                                                f"(perplexity {evaluation.get('eval/perplexity', float('nan')):.1f})"))
     else:
-        figures.append(("validation MLM loss", f"not found in {out / 'pretrain' / 'metrics.jsonl'}"))
+        figures.append(("validation MLM loss", f"not found in {layout.pretrain.metrics}"))
     pretrained, scratch = runs["pretrained"], runs["from scratch"]
     if pretrained and scratch:
         figures.append((f"{pretrained.metric} ({pretrained.task} task)",
@@ -102,15 +105,15 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
                         f"({pretrained.median - scratch.median:+.3f}; medians of {pretrained.seeds} seeds)"))
     else:
         missing = [n for n, r in runs.items() if r is None]
-        figures.append(("fine-tuning", f"no result for {' and '.join(missing)} in {out / 'finetune'}"))
+        figures.append(("fine-tuning", f"no result for {' and '.join(missing)} in {layout.root / 'finetune'}"))
 
-    uri = shlex.quote(f"sqlite:///{out / 'mlflow.db'}")
+    uri = shlex.quote(layout.tracking_uri)
     task = pretrained.task if pretrained else "TASK"
-    predict = (f"python launchers/predict.py --model {shlex.quote(str(out / 'finetune' / 'pretrained'))} "
+    predict = (f"python launchers/predict.py --model {shlex.quote(str(layout.finetune('pretrained').root))} "
                f"--task {task} {shlex.quote(PREDICT_EXAMPLE)}")
     next_commands = [
         ("browse every run", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"),
-        ("compare runs", f"python launchers/compare.py --uri {uri} --out {shlex.quote(str(out / 'compare'))}"),
+        ("compare runs", f"python launchers/compare.py --uri {uri} --out {shlex.quote(str(layout.compare))}"),
         ("use the model" + ("" if predict_cli else " (launchers/predict.py is coming)"), predict),
     ]
     took = f" in {seconds:.0f} s" if seconds is not None else ""
