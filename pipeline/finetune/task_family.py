@@ -17,7 +17,7 @@ import torch
 from pipeline.common.atomic_files import write_text_atomic
 from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.metrics import task_metrics
-from pipeline.finetune.task_data import Split, TaskData
+from pipeline.finetune.task_data import Split
 from pipeline.finetune.tasks import TaskSpec
 
 
@@ -177,15 +177,3 @@ def load_head_model(auto_class, source: str, from_scratch: bool, **kwargs) -> to
         return auto_class.from_pretrained(source, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
-
-
-def task_family(data: TaskData, options=None) -> TaskFamily:
-    """The family that handles `data`'s task; `options` is the config's data section (token and QA settings)."""
-    from pipeline.finetune.qa_family import QA_TASKS, QuestionAnsweringFamily
-    from pipeline.finetune.token_family import TOKEN_TASKS, TokenTaggingFamily
-
-    if data.spec.name in TOKEN_TASKS:
-        return TokenTaggingFamily(data, options)
-    if data.spec.name in QA_TASKS:
-        return QuestionAnsweringFamily(data, options)
-    return SequenceTask(data.spec)

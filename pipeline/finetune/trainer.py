@@ -20,10 +20,11 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneConfig
+from pipeline.finetune.families import task_family
 from pipeline.finetune.model_source import ModelSource, resolve_model
 from pipeline.finetune.outputs import finished_seed, mark_complete, save_model, summarize, write_best_model
 from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
-from pipeline.finetune.task_family import TaskFamily, task_family
+from pipeline.finetune.task_family import TaskFamily
 from pipeline.finetune.tasks import task_spec
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.model import parameter_groups

@@ -124,8 +124,8 @@ def test_batch_size_is_global_and_split_by_the_batch_plan(small_task, tmp_path):
 
 
 def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
+    from pipeline.finetune.families import task_family
     from pipeline.finetune.model_source import ModelSource
-    from pipeline.finetune.task_family import task_family
     from pipeline.finetune.trainer import FineTuner, build_accelerator, load_task
 
     default = load(small_task, tmp_path).train
