@@ -78,3 +78,35 @@ def save_finetune_output(tokenizer_dir: Path, out: Path, task: str, labels: tupl
     (out / "best_model.json").write_text(json.dumps({"seed": seed, "path": f"seed_{seed}/model", "task": task,
                                                      "metric": "accuracy", "value": accuracy}))
     return {"accuracy": accuracy, "predictions": [labels[p] for p in predictions]}
+
+
+def save_span_output(tokenizer_dir: Path, out: Path, task: str, labels: tuple[str, ...] = (),
+                     architecture: str = "roberta", seed: int = 2, max_seq_len: int = 32) -> Path:
+    """A token-tagging (`labels` given) or extractive-QA (no labels) fine-tuning output with an untrained head.
+
+    The layout and `pipeline_finetune.json` keys are those the token and QA families write.
+    """
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    info = {"task": task, "labels": list(labels), "seed": seed, "metrics": {}, "max_seq_len": max_seq_len,
+            "source_model": str(tokenizer_dir), "pretrain_run_id": None, "pretrain_checkpoint": None}
+    if labels:
+        config = tiny_config(tokenizer, architecture, num_labels=len(labels), id2label=dict(enumerate(labels)),
+                             label2id={name: i for i, name in enumerate(labels)})
+        model = AutoModelForTokenClassification.from_config(config)
+        info.update(task_type="token-classification", label_all_tokens=False, entity_level=task == "ner")
+    else:
+        model = AutoModelForQuestionAnswering.from_config(tiny_config(tokenizer, architecture))
+        info.update(task_type="question-answering", doc_stride=8, n_best=20, max_answer_length=30,
+                    version_2_with_negative=False, null_score_diff_threshold=0.0)
+    model_dir = out / f"seed_{seed}" / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (model_dir / "pipeline_finetune.json").write_text(json.dumps(info))
+    (out / f"seed_{seed}" / "complete.json").write_text(json.dumps({"seed": seed}))
+    (out / "best_model.json").write_text(json.dumps({"seed": seed, "path": f"seed_{seed}/model", "task": task,
+                                                     "metric": "f1", "value": 0.0}))
+    return out

@@ -8,6 +8,11 @@ with named classification heads:
     enc.predict("rte", tokens).argmax()                  # log-probabilities → class id
     enc.labels("rte")                                    # ('entailment', 'not_entailment')
 
+    ner = Encoder.from_pretrained("runs/ner")            # a token task: one tag per word
+    ner.predict("ner", "EU rejects German call")         # ['B-ORG', 'O', 'B-MISC', 'O']
+    qa = Encoder.from_pretrained("runs/squad")           # extractive QA
+    qa.answer("Who rejects?", "EU rejects German call")  # 'EU'
+
 The encoder, MLM head and task heads are transformers' own modules, loaded with `from_pretrained`;
 this class only adds fairseq's calling conventions (token tensors in, features and log-probs out).
 """
@@ -22,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.common.errors import PipelineError
+from pipeline.hub import span_heads
 from pipeline.hub.heads import ClassificationHead, head_of, label_names, new_head
 from pipeline.hub.sources import ModelSource, resolve_source
 
@@ -35,12 +41,17 @@ class Encoder(nn.Module):
     """A pretrained or fine-tuned encoder with fairseq's hub methods; an `nn.Module` (`.to`, `.eval`, `.train`)."""
 
     def __init__(self, model: nn.Module, tokenizer, lm_head: nn.Module | None = None,
-                 heads: dict[str, ClassificationHead] | None = None, source: ModelSource | None = None):
+                 heads: dict[str, ClassificationHead] | None = None, source: ModelSource | None = None,
+                 span_predictors: dict | None = None):
         super().__init__()
         self.model = model
         """The transformers base model (`RobertaModel` / `BertModel`)."""
         self.lm_head = lm_head
         self.classification_heads = nn.ModuleDict(heads or {})
+        self.span_predictors = dict(span_predictors or {})
+        """Token-tagging and QA heads by name: `WordTagger` / `QuestionAnswerer` of a fine-tuned token or QA model."""
+        # Registered so that .eval(), .train() and .to() reach their task layers too (the encoder is shared).
+        self.span_models = nn.ModuleDict({name: p.model for name, p in self.span_predictors.items()})
         self.tokenizer = tokenizer
         self.source = source
         config = model.config
@@ -68,7 +79,12 @@ class Encoder(nn.Module):
         tokenizer = load_tokenizer(source.path)
         config = AutoConfig.from_pretrained(source.path)
         architecture = (config.architectures or [""])[0]
-        if architecture.endswith("ForSequenceClassification"):
+        task_type = source.finetune_info.get("task_type")
+        if task_type in span_heads.SPAN_TASK_TYPES:
+            # A token or QA model: its predictor loads it; the hub's encoder is that model's own encoder.
+            predictor = span_heads.load_span_predictor(source.path, task_type)
+            encoder = cls(predictor.model.base_model, tokenizer, None, {}, source, {source.task: predictor})
+        elif architecture.endswith("ForSequenceClassification"):
             hf = AutoModelForSequenceClassification.from_pretrained(source.path)
             name = source.task or "default"
             head = ClassificationHead(head_of(hf), label_names(hf.config), source.finetune_info.get("max_seq_len"))
@@ -169,12 +185,27 @@ class Encoder(nn.Module):
         self.classification_heads[name] = ClassificationHead(net, labels).to(self.device).train(self.training)
 
     def labels(self, head: str) -> tuple[str, ...] | None:
-        """Label names of `head` in class-id order (None for a regression head)."""
+        """Label names of `head` in class-id order (None for a regression head, () for a QA head)."""
+        if head in self.span_predictors:
+            return tuple(getattr(self.span_predictors[head], "labels", ()))
         return self._head(head).labels
 
-    def predict(self, head: str, tokens: torch.Tensor, return_logits: bool = False) -> torch.Tensor:
-        """Log-probabilities B×K from head `head`; logits on request and always for a regression head."""
+    def predict(self, head: str, tokens, return_logits: bool = False):
+        """Log-probabilities B×K from head `head`; logits on request and always for a regression head.
+
+        For a token-tagging head (`ner`, `pos`, …) `tokens` are words, a list or a text split on
+        whitespace, and the result is one tag per word (what `WordTagger.predict` gives).
+        """
+        if head in self.span_predictors:
+            predictor = self.span_predictors[head]
+            if span_heads.kind_of(predictor) == span_heads.QA:
+                raise PipelineError(f"head {head!r} answers questions: use answer(question, context)")
+            span_heads.check_on_cpu(self.device, head)
+            return predictor.predict(span_heads.words_of(head, tokens))
         module = self._head(head)
+        if not isinstance(tokens, torch.Tensor):
+            raise PipelineError(f"head {head!r} classifies token tensors (from encode); for texts use "
+                                "classify(head, texts)")
         logits = module(self.extract_features(tokens))
         if return_logits or module.regression:
             return logits
@@ -199,9 +230,26 @@ class Encoder(nn.Module):
                 results += [module.labels[i] for i in out.argmax(-1).tolist()]
         return results
 
+    @torch.no_grad()
+    def answer(self, question: str, context: str, head: str | None = None) -> str:
+        """The answer's text in `context` ("" when a SQuAD v2 model finds none), from a fine-tuned QA model."""
+        qa = {n: p for n, p in self.span_predictors.items() if span_heads.kind_of(p) == span_heads.QA}
+        if head is None and len(qa) == 1:
+            head = next(iter(qa))
+        if head not in qa:
+            known = ", ".join([*self.classification_heads, *self.span_predictors]) or "none"
+            raise PipelineError(f"no question-answering head{f' {head!r}' if head else ''} (this model's heads: "
+                                f"{known}); answer() needs a squad / qa-custom fine-tuning output")
+        span_heads.check_on_cpu(self.device, head)
+        return qa[head].answer(question, context)
+
     def _head(self, name: str) -> ClassificationHead:
         if name not in self.classification_heads:
-            known = ", ".join(self.classification_heads) or "none"
+            if name in self.span_predictors:
+                kind = span_heads.kind_of(self.span_predictors[name])
+                use = "predict(head, words)" if kind == span_heads.TAGGING else "answer(question, context)"
+                raise PipelineError(f"head {name!r} is a {kind} head, not a sequence classifier: use {use}")
+            known = ", ".join([*self.classification_heads, *self.span_predictors]) or "none"
             raise PipelineError(f"no classification head {name!r} (this model has: {known}); load a fine-tuning "
                                 "output or call register_classification_head")
         return self.classification_heads[name]
@@ -210,7 +258,7 @@ class Encoder(nn.Module):
     def fill_mask(self, masked_input: str, topk: int = 5) -> list[tuple[str, float, str]]:
         """The `topk` fillings of the one `<mask>` in the text: (filled sentence, probability, token), best first."""
         if self.lm_head is None:
-            raise PipelineError("this model has no masked-LM head (it is a fine-tuned classifier); fill_mask needs "
+            raise PipelineError("this model has no masked-LM head (it is a fine-tuned model); fill_mask needs "
                                 "a pretraining export or run")
         text = masked_input.replace(self.tokenizer.mask_token, MASK)
         found = text.count(MASK)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 from helpers import WORDS
-from model_folders import save_export, save_finetune_output
+from model_folders import save_export, save_finetune_output, save_span_output
 
 RTE_LABELS = ("entailment", "not_entailment")
 
@@ -41,3 +41,16 @@ def finetuned_rte(tmp_path_factory, bpe_tokenizer_dir, rte_dev):
     out = tmp_path_factory.mktemp("hub") / "rte-finetune"
     saved = save_finetune_output(bpe_tokenizer_dir, out, "rte", RTE_LABELS, rte_dev)
     return {"dir": out, **saved}
+
+
+NER_TAGS = ("O", "B-LOC", "I-LOC", "B-NUM")
+
+
+@pytest.fixture(scope="session")
+def finetuned_ner(tmp_path_factory, bpe_tokenizer_dir):
+    return save_span_output(bpe_tokenizer_dir, tmp_path_factory.mktemp("hub") / "ner-finetune", "ner", NER_TAGS)
+
+
+@pytest.fixture(scope="session")
+def finetuned_squad(tmp_path_factory, bpe_tokenizer_dir):
+    return save_span_output(bpe_tokenizer_dir, tmp_path_factory.mktemp("hub") / "squad-finetune", "squad")
