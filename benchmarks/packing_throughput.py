@@ -64,8 +64,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     a = p.parse_args()
 
-    from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
-    from pipeline.data.default_corpus import write_embedded_corpus
+    from bench_corpus import sample_corpus
+
     from pipeline.data.shard_options import ShardOptions
     from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
@@ -74,16 +74,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         source = a.corpus or next((str(c) for c in CORPORA if c.exists()), None)
-        if source is None:
-            source = str(tmp / "embedded.jsonl")
-            write_embedded_corpus(Path(source))
-        texts = []
-        for text in iter_texts(resolve_inputs([source]), CorpusOptions()):
-            texts.append(text)
-            if len(texts) >= a.documents:
-                break
-        corpus = tmp / "corpus.jsonl"
-        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        source, texts, corpus = sample_corpus(source, a.documents, tmp)
         tok = tmp / "tokenizer"
         train_tokenizer(texts, "bpe", 16_000, tok, model_max_length=a.seq_len)
         padding, stats = {}, {m: ([], []) for m in MODES}
