@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,20 @@ def pairs_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir) -> Pat
                                  out=str(out), workers=1, shard_size=100, val_fraction=0.1, pack="pairs",
                                  quiet=True))
     return out
+
+
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def no_launcher_variables_leak():
+    """A test that sets up a world of one in-process must not hand its rendezvous port to later tests."""
+    before = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
+    yield
+    leaked = [name for name in LAUNCHER_VARIABLES if os.environ.get(name) != before[name]]
+    for name in leaked:
+        if before[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[name]
+    assert not leaked, f"the test left launcher variables set: {leaked}"

@@ -41,9 +41,12 @@ def test_outside_a_virtual_environment_torch_keeps_its_default(monkeypatch):
 
 def test_prepare_environment_sets_it_before_deepspeed_is_imported(in_venv, monkeypatch):
     """`deepspeed launchers/pretrain.py` typed by hand goes through prepare_environment, not setup_env.sh."""
+    # prepare_environment invents RANK, MASTER_PORT, … for a plain `python` run: give it a copy of the
+    # environment, or they leak into every later test's subprocesses (which would all share one port).
+    monkeypatch.setattr(os, "environ", dict(os.environ))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "DS_ACCELERATOR"):
-        monkeypatch.delenv(name, raising=False)
+        os.environ.pop(name, None)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # leaves torch's thread count alone
     topology.prepare_environment()
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(in_venv / "torch_extensions")
