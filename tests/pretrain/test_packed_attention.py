@@ -161,3 +161,31 @@ def test_the_sparse_mlm_loss_of_a_packed_row_equals_the_loss_over_its_documents(
                     loss = model(torch.from_numpy(corrupted[r: r + 1, a:b]), doc_labels)["loss"]
                     total, count = total + loss.item() * n, count + n
     assert abs(packed.item() - total / count) < 1e-5
+
+
+@pytest.mark.slow
+def test_pretraining_runs_on_doc_packed_shards_through_the_trainer(tmp_path, corpus_jsonl, bpe_tokenizer_dir):
+    """The shard stage's doc-packed rows reach the model through the trainer, as a user runs it."""
+    import json
+    import subprocess
+
+    from helpers import PYTHON, ROOT, tiny_pretrain_config
+
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
+
+    shards = tmp_path / "shards"
+    index = run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64,
+                                         out=str(shards), pack="doc-packed", workers=1, shard_size=100,
+                                         val_fraction=0.1, quiet=True))
+    assert index["totals"]["padding_fraction"] < 0.1
+    config = tiny_pretrain_config(shards, bpe_tokenizer_dir, tmp_path / "run", train={"max_steps": 3})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    proc = subprocess.run([PYTHON, str(ROOT / "launchers/pretrain.py"), "--config", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/loss" in r]
+    assert len(steps) == 3 and all(np.isfinite(r["train/loss"]) for r in steps)
+    assert any("eval/mlm_loss" in r for r in records)
