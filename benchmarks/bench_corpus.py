@@ -25,3 +25,15 @@ def sample_corpus(source: str | None, documents: int, folder: Path) -> tuple[str
     corpus = folder / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return source, texts, corpus
+
+
+def bench_tokenizer(corpus: str | Path, out: Path, vocab_size: int = 16_000, documents: int = 20_000) -> Path:
+    """A byte-level BPE trained by `data_prep/train_tokenizer.py` on the first `documents` of `corpus`."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "data_prep/train_tokenizer.py", "--input", str(corpus), "--vocab-size",
+                    str(vocab_size), "--max-documents", str(documents), "--out", str(out)], cwd=root, check=True,
+                   capture_output=True)
+    return out

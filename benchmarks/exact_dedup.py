@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_corpus import bench_tokenizer  # noqa: E402
+
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 
 
@@ -64,12 +65,7 @@ def main() -> None:
     try:
         corpus = work / "corpus.jsonl"
         documents, distinct = duplicated_corpus(a.corpus, a.duplicate, corpus)
-        tokenizer = a.tokenizer
-        if tokenizer is None:
-            tokenizer = work / "tok"
-            subprocess.run([sys.executable, "data_prep/train_tokenizer.py", "--input", str(a.corpus), "--vocab-size",
-                            "16000", "--max-documents", "20000", "--out", str(tokenizer)], cwd=ROOT, check=True,
-                           capture_output=True)
+        tokenizer = a.tokenizer or bench_tokenizer(a.corpus, work / "tok")
         print(f"{documents:,} documents, {distinct:,} distinct after normalising; {a.workers} workers\n")
         print(f"{'run':<22}{'seconds':>9}{'peak MB':>9}{'documents':>11}{'dropped':>9}{'dropped tokens':>16}")
         seconds = {}

@@ -28,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench_corpus import bench_tokenizer  # noqa: E402
+
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 
 
@@ -108,12 +110,7 @@ def main() -> None:
         if a.skip_wall:
             return
 
-        tokenizer = a.tokenizer
-        if tokenizer is None:
-            tokenizer = work / "tok"
-            subprocess.run([sys.executable, "data_prep/train_tokenizer.py", "--input", str(a.corpus), "--vocab-size",
-                            "16000", "--max-documents", "20000", "--out", str(tokenizer)], cwd=ROOT, check=True,
-                           capture_output=True)
+        tokenizer = a.tokenizer or bench_tokenizer(a.corpus, work / "tok")
         one = layouts["1 plain file"][0]
         started = time.perf_counter()
         subprocess.run(shard_cmd(one, tokenizer, work / "single", "--workers", str(cores)), cwd=ROOT, check=True)

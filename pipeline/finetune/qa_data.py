@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.token_data import text_lines
+from pipeline.finetune.text_files import jsonl_records, text_lines
 
 
 @dataclass
@@ -91,14 +91,8 @@ def read_squad_json(path: str | Path) -> QASplit:
 
 def read_qa_jsonl(path: str | Path) -> QASplit:
     split = QASplit(str(path))
-    for number, line in text_lines(path):
-        if not line.strip():
-            continue
+    for number, record in jsonl_records(path):
         where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise PipelineError(f"{where}: invalid JSON: {err.msg}") from None
         if not isinstance(record, dict) or not {"id", "context", "question", "answers"} <= record.keys():
             found = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
             raise PipelineError(f"{where}: expected an object with id, context, question and answers; got {found}")

@@ -9,12 +9,12 @@ outside the task's labels, an empty split — is an error naming the file and li
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
 from pipeline.finetune.tasks import GLUE_FOLDERS, TaskSpec
+from pipeline.finetune.text_files import jsonl_records
 
 csv.field_size_limit(2**31 - 1)
 
@@ -61,17 +61,10 @@ def _rows(path: Path, headerless: tuple[str, ...] | None):
 
 
 def _jsonl_rows(path: Path):
-    if not path.is_file():
-        raise PipelineError(f"{path}: file not found")
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PipelineError(f"{path}:{number}: invalid JSON: {err.msg}") from None
-            yield number, record, list(record)
+    for number, record in jsonl_records(path):
+        if not isinstance(record, dict):
+            raise PipelineError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        yield number, record, list(record)
 
 
 def _file_rows(path: Path, headerless: tuple[str, ...] | None = None):

@@ -10,14 +10,12 @@ Files may be zstd- or gzip-compressed (`.zst`, `.gz`).
 
 from __future__ import annotations
 
-import io
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pipeline.common.errors import PipelineError
+from pipeline.finetune.text_files import jsonl_records, text_lines
 
 TagFormat = Literal["conll", "conllu", "jsonl"]
 OUTSIDE = "O"
@@ -41,19 +39,6 @@ class TaggedSplit:
 
     def where(self, i: int) -> str:
         return f"{self.source}:{self.lines[i]}"
-
-
-def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line without its newline) of a text file, decompressing `.zst`/`.gz`."""
-    from pipeline.data.corpus import COMPRESSIONS, Source, open_binary
-
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"{path}: file not found")
-    compression = COMPRESSIONS.get(path.suffix.lower(), "none")
-    with open_binary(Source(str(path), "txt", compression)) as raw:
-        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8-sig"), start=1):
-            yield number, line.rstrip("\r\n")
 
 
 def format_of(path: str | Path) -> TagFormat:
@@ -135,13 +120,7 @@ def read_conllu(path: str | Path, column: int = 3) -> TaggedSplit:
 def read_tag_jsonl(path: str | Path) -> TaggedSplit:
     """One `{"tokens": [...], "tags": [...]}` object per line."""
     split = TaggedSplit(str(path))
-    for number, line in text_lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise PipelineError(f"{path}:{number}: invalid JSON: {err.msg}") from None
+    for number, record in jsonl_records(path):
         if not isinstance(record, dict) or not {"tokens", "tags"} <= record.keys():
             found = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
             raise PipelineError(f"{path}:{number}: expected an object with \"tokens\" and \"tags\" lists, "

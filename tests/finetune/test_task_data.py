@@ -138,3 +138,13 @@ def test_datasets_glue_is_read_with_its_own_column_names(monkeypatch):
     assert data.train.texts[1] == ("Nobody eats.", "A man eats.")
     assert [data.spec.labels[i] for i in data.train.labels] == ["entailment", "contradiction"]
     assert set(data.dev) == {"matched", "mismatched"} and data.test["matched"].labels is None
+
+
+def test_a_custom_jsonl_line_that_is_not_an_object_names_file_and_line(tmp_path):
+    dev = write(tmp_path / "dev.jsonl", '{"text": "a river", "topic": "nature"}\n')
+    bad_json = write(tmp_path / "train.jsonl", '{"text": "a river", "topic": "nature"}\n\n{"text": "cut\n')
+    with pytest.raises(PipelineError, match=r"train.jsonl:3: invalid JSON"):
+        load_custom(str(bad_json), str(dev), None, ["text"], "topic", "classification", None)
+    not_object = write(tmp_path / "train.jsonl", '{"text": "a river", "topic": "nature"}\n["a list"]\n')
+    with pytest.raises(PipelineError, match=r"train.jsonl:2: expected a JSON object, got list"):
+        load_custom(str(not_object), str(dev), None, ["text"], "topic", "classification", None)
