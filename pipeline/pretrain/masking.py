@@ -25,7 +25,9 @@ at least one word, so spans never touch and each masked run is exactly one drawn
 are geometric with the mean that makes spans cover `probability` of the words, and the process
 starts at a hashed phase before the row so the first word is as likely masked as any other.
 SpanBERT instead places spans one at a time until the budget is met, a loop per sequence; the
-renewal form keeps the batch vectorised and every draw a pure function of its slot.
+renewal form keeps the batch vectorised and every draw a pure function of its slot. A span is cut
+at the first special token after its start, so it never runs from one packed document (or segment)
+into the next; in rows of many short documents this masks slightly less than `probability`.
 """
 
 from __future__ import annotations
@@ -199,6 +201,20 @@ class Masker:
         span_of_word = np.maximum.accumulate(slot_at, axis=1)[:, :words]
         word = np.clip(word_of_token, 0, max(words - 1, 0))
         chosen = np.take_along_axis(covered, word, axis=1) & ~special if words else np.zeros_like(special)
+        if words:
+            # A span stops at the first special token after its start: in a packed row the next
+            # document (or, for pairs, the next segment) begins there, and a span running across
+            # would ask the model to predict one document's words as the continuation of another's.
+            segment_of_token = np.cumsum(special, axis=1)
+            word_segment = np.zeros((rows, words), dtype=np.int64)
+            sr, sc = np.nonzero(starts)
+            word_segment[sr, word_of_token[sr, sc]] = segment_of_token[sr, sc]
+            slot_segment = np.full((rows, slots + 1), -1, dtype=np.int64)
+            slot_segment[r, j] = word_segment[r, lo]
+            token_slot = np.take_along_axis(span_of_word, word, axis=1)
+            same_document = np.take_along_axis(word_segment, word, axis=1) == slot_segment[
+                np.arange(rows)[:, None], np.maximum(token_slot, 0)]
+            chosen &= same_document
         span_slot = np.take_along_axis(span_of_word, word, axis=1).astype(np.uint64) if words else \
             np.zeros(special.shape, dtype=np.uint64)
         return chosen, span_slot

@@ -174,3 +174,24 @@ def test_mask_statistics_agree_with_a_plain_count():
 def test_word_and_span_units_need_the_word_start_table():
     with pytest.raises(ValueError, match="word-start table"):
         Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, unit="span"), 0)
+
+
+def test_a_span_never_runs_from_one_packed_document_into_the_next():
+    # Rows of many 3-word documents, <s> a b c </s> <s> d e f </s> …, with long, dense spans:
+    # without the cut most spans would cross a document boundary.
+    rng = np.random.default_rng(3)
+    table = np.zeros(VOCAB, dtype=bool)
+    table[5:] = True  # every ordinary token is a word
+    document = [0, -1, -1, -1, 2]
+    ids = np.array([[t if t >= 0 else rng.integers(5, VOCAB) for t in document * 20] for _ in range(256)])
+    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, unit="span", probability=0.45, span_p=0.05,
+                                span_max_words=10), 0, table)
+    chosen, slot = masker._spans(masker.keys(0, np.arange(len(ids))), masker.word_starts(ids), masker._is_special[ids])
+    document_of_token = np.cumsum(masker._is_special[ids], axis=1)
+    rows, cols = np.nonzero(chosen)
+    spans = {}
+    for r, c in zip(rows, cols, strict=True):
+        spans.setdefault((r, slot[r, c]), set()).add(document_of_token[r, c])
+    assert len(spans) > 1000
+    assert all(len(documents) == 1 for documents in spans.values())
+    assert not chosen[masker._is_special[ids]].any()
