@@ -21,13 +21,15 @@ from pipeline.pretrain.phases import phase_ends, resolve_phases, samples_consume
 
 
 def phased_config(tmp_path: Path, short: Path, long: Path, tokenizer: Path, **sections) -> dict:
-    """8 steps: 6 at the short shards (batch 16, LR 2e-3, warmup 2), then 2 at the long ones (batch 8, LR 1e-3)."""
+    """8 steps: 6 on the short shards (batch 16 = 8 × 2, LR 2e-3, warmup 2), then 2 on the long (8 = 1 × 8, 1e-3)."""
     config = tiny_pretrain_config("", tokenizer, tmp_path / "out", **sections)
     del config["data"]["shards"]
     config["phases"] = [
-        {"name": "seq32", "steps_fraction": 0.75, "shards": str(short), "seq_len": 32, "warmup_steps": 2},
+        {"name": "seq32", "steps_fraction": 0.75, "shards": str(short), "seq_len": 32, "micro_batch_size": 8,
+         "warmup_steps": 2},
+        # Accumulation 8 does not divide phase 1's 6 × 2 micro steps: the engine's boundary count must restart.
         {"name": "seq64", "steps_fraction": 0.25, "shards": str(long), "seq_len": 64, "global_batch_size": 8,
-         "micro_batch_size": 2, "lr": 1e-3, "warmup_steps": 1},
+         "micro_batch_size": 1, "lr": 1e-3, "warmup_steps": 1},
     ]
     return config
 
@@ -69,7 +71,7 @@ def test_each_phase_warms_up_to_its_own_peak_and_decays_to_its_own_end(tmp_path)
     config = load(tmp_path, phased_config(tmp_path, Path("a"), Path("b"), Path("tok")), check_files=False)
     phases = resolve_phases(config)
     assert [(p.name, p.start, p.end, p.global_batch_size, p.micro_batch_size) for p in phases] == \
-           [("seq32", 0, 6, 16, 4), ("seq64", 6, 8, 8, 2)]
+           [("seq32", 0, 6, 16, 8), ("seq64", 6, 8, 8, 1)]
     lrs = [2e-3 * phase_lr_multiplier(s, phases, config.schedule, config.optimizer.lr) for s in range(8)]
     # Phase 1: warmup 1/3, 2/3 of 2e-3, peak at step 2, linear decay to 0 at step 6.
     # Phase 2 re-warms up from its own start (1/2 of its 1e-3 peak), then decays over its last step.
@@ -100,7 +102,7 @@ def test_bad_phases_are_all_reported_up_front_naming_their_keys(tmp_path):
     data = phased_config(tmp_path, Path("a"), Path("b"), Path("tok"))
     data["data"]["shards"] = "also-here"
     data["phases"][0]["steps_fraction"] = 0.1   # 0.1 × 8 steps = 0 steps, and the fractions sum to 0.35
-    data["phases"][1]["global_batch_size"] = 10  # not a multiple of micro 2 × 4 ranks
+    data["phases"][1]["global_batch_size"] = 10  # not a multiple of micro 1 × 4 ranks
     data["phases"][1]["name"] = "seq 64"
     with pytest.raises(ConfigError) as err:
         load(tmp_path, data, world_size=4, check_files=False)
@@ -188,8 +190,8 @@ def test_the_hand_over_keeps_optimizer_moments_and_rebuilds_the_batch(two_phase_
     handover = json.loads((two_phase_runs / "handover.json").read_text())
     assert handover["step"] == 6 and handover["nonzero_moments"] > 0
     assert handover["max_moment_change"] == 0.0  # Adam's exp_avg and exp_avg_sq, every tensor
-    # Micro 4 × accumulation 4 = 16, then micro 2 × accumulation 4 = 8.
-    assert handover["batch_before"] == [4, 4] and handover["batch_after"] == [2, 4]
+    # Micro 8 × accumulation 2 = 16, then micro 1 × accumulation 8 = 8.
+    assert handover["batch_before"] == [8, 2] and handover["batch_after"] == [1, 8]
     assert handover["train_batch_size_after"] == 8
 
 
