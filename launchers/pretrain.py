@@ -40,8 +40,8 @@ def main(argv=None) -> None:
 
     topology = prepare_environment()
     from pipeline.common.config_tree import to_dict
-    from pipeline.pretrain.batch_plan import BatchPlan
     from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.phases import resolve_phases
 
     try:
         config = load_pretrain_config(args.config, args.set, world_size=topology.world_size, cuda=topology.cuda)
@@ -50,9 +50,14 @@ def main(argv=None) -> None:
             raise SystemExit(2) from None
         raise
     if args.print_config:
-        plan = BatchPlan.derive(config.train.global_batch_size, config.train.micro_batch_size, topology.world_size)
-        print(json.dumps({"config": to_dict(config), "world_size": plan.world_size,
-                          "gradient_accumulation": plan.accumulation}, indent=2))
+        phases = resolve_phases(config)
+        plans = [phase.plan(topology.world_size) for phase in phases]
+        report = {"config": to_dict(config), "world_size": topology.world_size,
+                  "gradient_accumulation": plans[0].accumulation}
+        if config.phases:  # each phase's steps and accumulation
+            report["phases"] = [{"name": p.name, "steps": [p.start, p.end], "gradient_accumulation": plan.accumulation}
+                                for p, plan in zip(phases, plans, strict=True)]
+        print(json.dumps(report, indent=2))
         return
     from pipeline.common.console import quiet_frameworks
 

@@ -150,6 +150,28 @@ class TrackingConfig:
 
 
 @dataclass
+class PhaseConfig:
+    """One phase of a run in phases (BERT: 90% of the steps at 128 tokens, then 10% at 512); see phases.py."""
+
+    name: str = ""
+    """The phase's name: the MLflow tag `phase` while it runs, and `phase` in its checkpoints."""
+    steps_fraction: float = 0.0
+    """Its share of train.max_steps; the phases' fractions sum to 1 as written (0.9 + 0.1)."""
+    shards: str = ""
+    """The folder written by data_prep/shard.py that this phase trains on."""
+    seq_len: int | None = None
+    """The sequence length its shards must hold, checked against their index.json (None: not checked)."""
+    global_batch_size: int | None = None
+    """Sequences per optimizer step in this phase (None: train.global_batch_size)."""
+    micro_batch_size: int | None = None
+    """Sequences per rank per forward pass in this phase (None: train.micro_batch_size)."""
+    lr: float | None = None
+    """The phase's peak LR (None: optimizer.lr)."""
+    warmup_steps: int | None = None
+    """Steps from the phase's start to its peak LR (None: schedule.warmup_steps; 0: no re-warmup)."""
+
+
+@dataclass
 class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -160,6 +182,8 @@ class PretrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     deepspeed: dict[str, Any] = field(default_factory=dict)
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """Train in phases, each on its own shard folder, batch, LR peak and warmup (empty: one phase, `data.shards`)."""
 
     @property
     def output_dir(self) -> Path:
@@ -215,7 +239,11 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
     c = config
     problems: list[str] = []
     add = problems.append
-    if not c.data.shards:
+    if c.phases:
+        from pipeline.pretrain.phases import phase_problems
+
+        problems += phase_problems(c, world_size)
+    elif not c.data.shards:
         add("data.shards: required (the folder written by data_prep/shard.py, or a list of {path, weight})")
     elif c.data.mixed:
         problems += mix_problems(c.data, c.train.global_batch_size)
@@ -256,8 +284,8 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
         add(f"schedule.end_lr_ratio must be in [0, 1] and schedule.power > 0, got {s.end_lr_ratio} and {s.power}")
     if t.max_steps < 1:
         add(f"train.max_steps: must be ≥ 1, got {t.max_steps}")
-    problem = batch_problem(t.global_batch_size, t.micro_batch_size, world_size)
-    if problem:
+    problem = None if c.phases else batch_problem(t.global_batch_size, t.micro_batch_size, world_size)
+    if problem:  # with phases, each phase's batch is checked in phase_problems
         add(problem)
     if t.gradient_clipping < 0:
         add(f"train.gradient_clipping: must be ≥ 0 (0 turns it off), got {t.gradient_clipping}")
@@ -274,7 +302,7 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
     if not c.tracking.experiment:
         add("tracking.experiment: must not be empty")
     problems += deepspeed_problems(c, cuda=cuda)
-    if check_files and c.data.shards and c.data.tokenizer:
+    if check_files and (c.data.shards or c.phases) and c.data.tokenizer:
         from pipeline.pretrain.file_checks import data_problems  # reads index.json, the tokenizer, init_from
 
         problems += data_problems(c)

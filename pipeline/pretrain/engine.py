@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
+from pipeline.pretrain.phases import Phase, phase_at, resolve_phases
 
 ZERO_LAMB_CAVEAT = (
     "optimizer.name lamb with ZeRO stage {stage}: DeepSpeed gives the optimizer flat partitions of the "
@@ -75,6 +77,18 @@ def lr_multiplier(step: int, schedule: ScheduleConfig, max_steps: int) -> float:
     return schedule.end_lr_ratio + (1.0 - schedule.end_lr_ratio) * remaining**power
 
 
+def phase_lr_multiplier(step: int, phases: list[Phase], schedule: ScheduleConfig, base_lr: float) -> float:
+    """LR at global optimizer step `step` as a fraction of `base_lr` (optimizer.lr, the groups' base LR).
+
+    Each phase runs `lr_multiplier` over its own steps: warmup from its start to its `lr`, then
+    `schedule.decay` to `schedule.end_lr_ratio` of that peak at its end. One phase of the whole run
+    gives `lr_multiplier(step, schedule, train.max_steps)` exactly.
+    """
+    phase = phase_at(phases, step)
+    own = replace(schedule, warmup_steps=phase.warmup_steps)
+    return lr_multiplier(step - phase.start, own, phase.steps) * (phase.lr / base_lr)
+
+
 def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool) -> list[dict]:
     """`parameter_groups`, plus what DeepSpeed's fused Lamb needs to skip the trust ratio in the no-decay group."""
     groups = parameter_groups(model, config.optimizer.weight_decay)
@@ -93,15 +107,20 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False):
-    """`deepspeed.initialize` with our derived config; returns the engine."""
+    """`deepspeed.initialize` with our derived config; returns the engine.
+
+    `plan` is the batch of the phase the run starts (or resumes) in; `set_phase_batch` changes it later.
+    """
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     cuda = get_accelerator().device_name() == "cuda"
 
+    phases = resolve_phases(config)
+
     def make_scheduler(optimizer):
         return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_multiplier(step, config.schedule, config.train.max_steps))
+            optimizer, lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr))
 
     if config.optimizer.name == "lamb" and config.zero_stage > 0:
         warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
@@ -114,3 +133,20 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     return engine
+
+
+def set_phase_batch(engine, plan: BatchPlan) -> None:
+    """Hand-over: give the engine the next phase's micro batch and accumulation, keeping weights and moments.
+
+    DeepSpeed's own setters change its batch config; the optimizer and its states are untouched.
+    The engine decides an accumulation boundary by `(micro_steps + 1) % accumulation`, and
+    `micro_steps` counts the whole run, so it restarts at 0 here, as it does after a resume, else
+    a new accumulation that does not divide it would end the first step early. ZeRO's optimizers
+    keep their own copy of the accumulation (for offloaded gradients), which follows.
+    """
+    engine.set_train_micro_batch_size(plan.micro_batch_size)
+    engine.set_train_batch_size(plan.global_batch_size)
+    assert engine.gradient_accumulation_steps() == plan.accumulation, "DeepSpeed derived another accumulation"
+    engine.micro_steps = 0
+    if hasattr(engine.optimizer, "gradient_accumulation_steps"):
+        engine.optimizer.gradient_accumulation_steps = plan.accumulation

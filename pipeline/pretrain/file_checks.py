@@ -16,15 +16,20 @@ def data_problems(config: PretrainConfig) -> list[str]:
     from pipeline.data.shard_index import load_index
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 
-    key = "data.shards" if not config.data.mixed else "data.shards[{}].path"
+    if config.phases:
+        key, folders = "phases[{}].shards", [p.shards for p in config.phases]
+    else:
+        key = "data.shards" if not config.data.mixed else "data.shards[{}].path"
+        folders = [source.path for source in config.data.corpora()]
     indexes = {}
     problems = []
-    for i, source in enumerate(config.data.corpora()):
-        try:
-            indexes[source.path] = load_index(source.path)
-        except PipelineError as err:
-            problems.append(f"{key.format(i)}: {err}")
-    if problems:
+    for i, folder in enumerate(folders):
+        if folder and folder not in indexes:
+            try:
+                indexes[folder] = load_index(folder)
+            except PipelineError as err:
+                problems.append(f"{key.format(i)}: {err}")
+    if problems or not indexes:
         return problems
     try:
         tokenizer = load_tokenizer(config.data.tokenizer)
@@ -39,7 +44,7 @@ def data_problems(config: PretrainConfig) -> list[str]:
         except PipelineError as err:
             problems.append(f"masking.unit {config.masking.unit}: {err}")
     (first, first_index), *others = indexes.items()
-    for folder, index in others:  # a mix feeds one model: one vocabulary, one sequence length, one layout
+    for folder, index in others if config.data.mixed else ():  # a mix feeds one model: one length, one layout
         for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
             if index[entry] != first_index[entry]:
                 problems.append(f"data.shards: mixed corpora must share one {what}: {first} has {entry} "
@@ -61,15 +66,36 @@ def data_problems(config: PretrainConfig) -> list[str]:
             problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "
                             f"with --val-fraction {index['args'].get('val_fraction')}); re-run data_prep/shard.py "
                             "with a larger --val-fraction (and --overwrite), or on more text")
+    if config.phases:
+        problems += phase_file_problems(config, indexes)
     train = sum(index["splits"]["train"]["sequences"] for index in indexes.values())
-    if not config.data.mixed and train < config.train.global_batch_size:
+    if not config.data.mixed and not config.phases and train < config.train.global_batch_size:
         problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
                         f"(train.global_batch_size {config.train.global_batch_size})")
     for folder, index in indexes.items():
         if config.data.mixed and index["splits"]["train"]["sequences"] == 0:
             problems.append(f"data.shards: {folder} has no train sequences")
-    if config.model.init_from:
-        problems += init_from_problems(config, info, first_index["seq_len"])
+    if config.model.init_from:  # positions are sized for the longest phase
+        problems += init_from_problems(config, info, max(index["seq_len"] for index in indexes.values()))
+    return problems
+
+
+def phase_file_problems(config: PretrainConfig, indexes: dict[str, dict]) -> list[str]:
+    """Each phase against its folder's index: the seq_len it states, a train split of at least one batch."""
+    problems = []
+    for i, phase in enumerate(config.phases):
+        index = indexes.get(phase.shards)
+        if index is None:
+            continue
+        if phase.seq_len is not None and index["seq_len"] != phase.seq_len:
+            problems.append(f"phases[{i}].seq_len is {phase.seq_len}, but phases[{i}].shards {phase.shards} holds "
+                            f"sequences of {index['seq_len']} tokens (its index.json); point the phase at shards "
+                            f"made with --seq-len {phase.seq_len}, or correct the seq_len")
+        batch = phase.global_batch_size or config.train.global_batch_size
+        train = index["splits"]["train"]["sequences"]
+        if train < batch:
+            problems.append(f"phases[{i}].shards: the train split of {phase.shards} holds {train} sequences, fewer "
+                            f"than one global batch of the phase ({batch})")
     return problems
 
 

@@ -151,6 +151,8 @@ class PretrainData:
 
     def __init__(self, data: DataConfig, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
                  tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0):
+        self.step_shift = 0
+        """Added to the run's step to give the step of this data's order (a later phase: see phases.py)."""
         self.corpora = data.corpora()
         self.mixed = data.mixed
         train, val = [], []
@@ -175,9 +177,14 @@ class PretrainData:
         self.val_batches = MaskedBatches(val_rows, masker, with_segments=with_segments,
                                          position_offset=position_offset)
 
+    @property
+    def num_train_sequences(self) -> int:
+        return sum(len(t) for t in self._train)
+
     def loader(self, *, rank: int, start_step: int, end_step: int, num_workers: int) -> DataLoader:
-        return train_loader(self.train_batches, self.order, rank=rank, start_step=start_step, end_step=end_step,
-                            num_workers=num_workers)
+        shift = self.step_shift
+        return train_loader(self.train_batches, self.order, rank=rank, start_step=start_step + shift,
+                            end_step=end_step + shift, num_workers=num_workers)
 
     def eval_sets(self, eval_sequences: int, micro_batch_size: int, rank: int,
                   world_size: int) -> list[list[MicroBatchKey]]:
@@ -204,6 +211,7 @@ class PretrainData:
 
     def progress(self, step: int) -> dict[str, float]:
         """How far training is through the data after `step` steps, for the step logs."""
+        step += self.step_shift
         if not self.mixed:
             return {"train/epoch": step / self.order.steps_per_epoch}
         metrics = {}
@@ -214,6 +222,7 @@ class PretrainData:
 
     def epoch_state(self, step: int) -> int | dict[str, int]:
         """The epoch for the checkpoint's train state: one number, or one per corpus of a mix."""
+        step += self.step_shift
         if not self.mixed:
             return step // self.order.steps_per_epoch
         return {s.name: int(d // len(t)) for s, d, t in zip(self.corpora, self.order.drawn(step), self._train,

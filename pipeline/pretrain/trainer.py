@@ -20,14 +20,21 @@ from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
-from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import real_tokens
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.engine import initialize_engine, lr_multiplier
+from pipeline.pretrain.engine import initialize_engine, phase_lr_multiplier, set_phase_batch
 from pipeline.pretrain.flops import mfu, training_flops_per_token
 from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, splitmix64
 from pipeline.pretrain.mixture import PretrainData
 from pipeline.pretrain.model import build_model
+from pipeline.pretrain.phases import (
+    Phase,
+    longest_seq_len,
+    phase_at,
+    resolve_phases,
+    samples_consumed,
+    stream_start,
+)
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink, open_metrics
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
@@ -57,38 +64,65 @@ class Pretrainer:
         self.config = config
         self.layout = config.layout
         self.topology = topology
-        self.plan = BatchPlan.derive(config.train.global_batch_size, config.train.micro_batch_size,
-                                     topology.world_size)
+        self.phases = resolve_phases(config)
+        for phase in self.phases:  # every phase's batch arithmetic, before any process group starts
+            phase.plan(topology.world_size)
         init_process_group(topology)
         self.tokenizer = load_tokenizer(config.data.tokenizer)
         self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
         m = config.masking
         self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
                                    config.train.seed)
-        self.data = PretrainData(config.data, self.plan, self.masker, seed=config.train.seed,
-                                 cache_dir=config.cache_dir, tokenizer_fingerprint=self.tokenizer_info.fingerprint,
-                                 with_segments=config.model.architecture == "bert",
-                                 # doc-packed rows restart positions per document from the first position id
-                                 position_offset=0 if config.model.architecture == "bert"
-                                 else self.tokenizer_info.pad_id + 1)
-        self.seq_len = self.data.seq_len
-
-        seed_everything(config.train.seed)  # the same initial weights on every rank
-        model = build_model(config.model, self.tokenizer_info, self.seq_len)
-        self.num_parameters = sum(p.numel() for p in model.parameters())
-        self.flops_per_token = training_flops_per_token(
-            layers=model.config.num_hidden_layers, hidden=model.config.hidden_size,
-            intermediate=model.config.intermediate_size, seq_len=self.seq_len, vocab=model.config.vocab_size,
-            masked_fraction=m.probability)
         self.step = 0
         self.resumed_from: Path | None = None
         self.resume_seconds = 0.0
         resume = self._resume_source() if config.checkpoint.resume == "auto" else None
+        start = int(checkpoints.read_marker(resume[0])["step"]) if resume else 0
+
+        seed_everything(config.train.seed)  # the same initial weights on every rank
+        # Positions are sized for the longest phase from the start, so a hand-over changes no shape.
+        model = build_model(config.model, self.tokenizer_info, longest_seq_len(self.phases))
+        self.model_config = model.config
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        self._use_phase(phase_at(self.phases, start))
         # A universal checkpoint must be announced before DeepSpeed builds its optimizer.
         self.engine = initialize_engine(model, config, self.plan, load_universal=bool(resume and resume[2]))
         if resume:
             self._load(*resume)
         self.metrics = self._open_metrics()
+
+    @property
+    def phased(self) -> bool:
+        """True when the config lists phases (a run without them logs no phase)."""
+        return bool(self.config.phases)
+
+    def _use_phase(self, phase: Phase) -> None:
+        """This phase's batch plan, data (continuing its folder's stream, see phases.py) and FLOPs per token."""
+        c, info = self.config, self.tokenizer_info
+        self.phase = phase
+        self.plan = phase.plan(self.topology.world_size)
+        self.data = PretrainData(phase.data, self.plan, self.masker, seed=c.train.seed, cache_dir=c.cache_dir,
+                                 tokenizer_fingerprint=info.fingerprint,
+                                 with_segments=c.model.architecture == "bert",
+                                 # doc-packed rows restart positions per document from the first position id
+                                 position_offset=0 if c.model.architecture == "bert" else info.pad_id + 1)
+        if phase.index:
+            self.data.step_shift = stream_start(self.phases, phase.index, self.data.num_train_sequences) - phase.start
+        self.seq_len = self.data.seq_len
+        hf = self.model_config
+        self.flops_per_token = training_flops_per_token(
+            layers=hf.num_hidden_layers, hidden=hf.hidden_size, intermediate=hf.intermediate_size,
+            seq_len=self.seq_len, vocab=hf.vocab_size, masked_fraction=c.masking.probability)
+
+    def _hand_over(self, phase: Phase) -> None:
+        """Start the next phase: its data and batch settings; weights, optimizer moments and step carry on."""
+        self._use_phase(phase)
+        set_phase_batch(self.engine, self.plan)
+        self.metrics.set_tags({"phase": phase.name})
+        self.metrics.event({"phase": phase.name, "global_batch_size": self.plan.global_batch_size,
+                            "accumulation": self.plan.accumulation, "seq_len": self.seq_len}, self.step)
+        self._print(f"step {self.step}: phase {phase.name} ({phase.steps} steps, seq_len {self.seq_len}, "
+                    f"global batch {self.plan.global_batch_size})")
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -97,16 +131,21 @@ class Pretrainer:
         newest = checkpoints.newest_complete(self.layout.checkpoints)
         if newest is None:
             return None
-        saved = checkpoints.read_marker(newest).get("batch_plan", {})
-        if saved.get("global_batch_size") != self.plan.global_batch_size:
+        marker = checkpoints.read_marker(newest)
+        saved = marker.get("batch_plan", {})
+        # The batch that trained the checkpoint's last step, in this config: the order of the data depends on it.
+        last = phase_at(self.phases, int(marker["step"]) - 1)
+        if saved.get("global_batch_size") != last.global_batch_size:
+            where = f" (phase {last.name})" if self.phased else ""
             raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
-                                f"this run has {self.plan.global_batch_size}; resuming would change the data order "
-                                f"(use another train.output_dir, or the same global batch)")
-        if not needs_universal(newest, saved.get("world_size"), self.plan.world_size):
+                                f"this run has {last.global_batch_size} at step {marker['step']}{where}; resuming "
+                                f"would change the data order (use another train.output_dir, or the same global batch)")
+        world_size = self.topology.world_size
+        if not needs_universal(newest, saved.get("world_size"), world_size):
             return newest, newest.parent, False
         if self.topology.is_main:
             self._print(f"checkpoint {newest.name} was written by {saved.get('world_size')} ranks, this run has "
-                        f"{self.plan.world_size}: converting it to a universal checkpoint")
+                        f"{world_size}: converting it to a universal checkpoint")
             convert_to_universal(newest)
         dist.barrier()
         return newest, newest / UNIVERSAL_DIR, True
@@ -124,7 +163,7 @@ class Pretrainer:
         # place, which differs when train.max_steps or the schedule was changed for the resume.
         scheduler = self.engine.lr_scheduler
         scheduler.last_epoch = self.step
-        multiplier = lr_multiplier(self.step, self.config.schedule, self.config.train.max_steps)
+        multiplier = phase_lr_multiplier(self.step, self.phases, self.config.schedule, self.config.optimizer.lr)
         for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
             group["lr"] = base * multiplier
 
@@ -140,6 +179,8 @@ class Pretrainer:
                 self.tokenizer.save_pretrained(tmp)
         tags = run_tags("pretrain", self.plan.world_size, gradient_accumulation=self.plan.accumulation,
                         parameters=self.num_parameters, output_dir=layout.root.resolve())
+        if self.phased:
+            tags["phase"] = self.phase.name
         metrics = open_metrics(True, jsonl=layout.metrics, resume_step=self.step, tracking=c.tracking,
                                run_name=c.tracking.run_name or layout.root.resolve().name, state_file=layout.tracking,
                                tags=tags, params=flatten(to_dict(c)))
@@ -152,18 +193,24 @@ class Pretrainer:
     # --- the loop ---------------------------------------------------------------------------
 
     def train(self) -> RunResult:
-        c, topo, plan = self.config, self.topology, self.plan
+        c, topo = self.config, self.topology
         stop = StopRequest().install()
         if self.step >= c.train.max_steps:  # a rerun of a finished run: only a missing export is redone
             self._print(f"already trained to step {self.step} (train.max_steps {c.train.max_steps})")
             return self._finish(stop, None, already_done=True)
-        loader = iter(self.data.loader(rank=topo.rank, start_step=self.step, end_step=c.train.max_steps,
-                                       num_workers=c.data.num_workers))
+        loader = None
         progress = self._progress_bar()
-        window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+        window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
         stopped_by = None
         self.engine.train()
         while self.step < c.train.max_steps:
+            if self.step >= self.phase.end:
+                self._hand_over(phase_at(self.phases, self.step))
+                loader = None
+            if loader is None:  # this phase's batches, up to its end
+                loader = iter(self.data.loader(rank=topo.rank, start_step=self.step, end_step=self.phase.end,
+                                               num_workers=c.data.num_workers))
+            plan = self.plan
             micro_losses, extra, step_tokens = [], {}, 0
             lr = self.engine.get_lr()[0]  # the LR this step uses; the scheduler moves on inside engine.step()
             for micro_step in range(plan.accumulation):
@@ -187,14 +234,13 @@ class Pretrainer:
             loss = summary[0].item() / n
             extras = {k: summary[1 + i].item() / n for i, k in enumerate(extra)}
             window_tokens += summary[-2].item()
-            window_steps += 1
+            window_samples += plan.global_batch_size
             if not math.isfinite(loss) and c.precision != "fp16":
                 self._stop_on_nonfinite(loss)
             if self.step % c.train.log_every == 0 or self.step == c.train.max_steps:
                 elapsed = time.perf_counter() - window_start
-                self._log_step(loss, extras, lr, window_tokens / elapsed,
-                               window_steps * plan.global_batch_size / elapsed, progress)
-                window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+                self._log_step(loss, extras, lr, window_tokens / elapsed, window_samples / elapsed, progress)
+                window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
             if c.train.eval_every and self.step % c.train.eval_every == 0 and self.step < c.train.max_steps:
                 self._evaluate()
             if summary[-1].item() > 0:
@@ -228,7 +274,8 @@ class Pretrainer:
             self._print(f"exported {export_dir}")
             self.metrics.log_artifact(export_dir, "export")
         if self.topology.is_main:  # every corpus of a mix is a dataset input of the run
-            record_in_model_store(self.metrics, export_dir, [shard_dataset(s.path) for s in c.data.corpora()],
+            folders = dict.fromkeys(s.path for p in self.phases for s in p.data.corpora())
+            record_in_model_store(self.metrics, export_dir, [shard_dataset(f) for f in folders],
                                   c.tracking.registered_model)
         self.metrics.close("FINISHED" if stopped_by is None else "KILLED")
         stop.restore()
@@ -270,13 +317,15 @@ class Pretrainer:
 
     def _checkpoint(self) -> None:
         plan = self.plan
-        state = {"step": self.step, "samples_consumed": self.step * plan.global_batch_size,
+        state = {"step": self.step, "samples_consumed": samples_consumed(self.phases, self.step),
                  "epoch": self.data.epoch_state(self.step)}
+        if self.phased:  # the phase that trained the last step; a resume picks its own from the step
+            state["phase"] = self.phase.name
         marker = {"batch_plan": {"global_batch_size": plan.global_batch_size, "micro_batch_size": plan.micro_batch_size,
                                  "world_size": plan.world_size, "accumulation": plan.accumulation},
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
                   "zero_stage": self.config.zero_stage, "precision": self.config.precision,
-                  "config": to_dict(self.config)}
+                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {})}
         start = time.perf_counter()
         folder = checkpoints.save_checkpoint(self.engine, self.layout.checkpoints, self.step, state, marker,
                                              self.config.checkpoint.keep_last)
@@ -296,6 +345,7 @@ class Pretrainer:
             "train/loss_scale": float(scale) if scale is not None else None,
             "train/tokens_per_s": tokens_per_s, "train/samples_per_s": samples_per_s,
             "train/mfu": mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.plan.world_size),
+            "train/phase": self.phase.index + 1 if self.phased else None,  # 1, 2, …: NVIDIA's phase numbers
             **self.data.progress(self.step),
         }
         self.metrics.log(metrics, self.step)

@@ -1,0 +1,172 @@
+"""Training phases: which steps run on which shard folder, at which batch, LR peak and warmup.
+
+BERT (Devlin et al. 2019) and NVIDIA's recipe train 90% of the steps at 128 tokens and the last
+10% at 512, since attention's cost grows with the square of the length. A config lists them in
+`phases`; without it the run is one phase made of `data`, `train`, `optimizer` and `schedule`,
+and every answer here is the one the pipeline gave before phases existed.
+
+Phase k covers the optimizer steps [start, end), where end = ⌊F_k · train.max_steps⌋ and F_k is
+the sum of the first k + 1 `steps_fraction`s, read as the decimals the user wrote (0.9 + 0.1 is
+exactly 1), so the last phase ends at `train.max_steps`. The step counter runs on across phases;
+each phase warms up from its own start to its own peak and decays to `schedule.end_lr_ratio` at
+its own end (NVIDIA's `--phase2`, bing_bert's `--rewarmup`).
+
+A phase that reads the same folder as an earlier one continues that folder's data stream: it
+starts at the epoch and position the earlier phase stopped at, rounded up to a whole batch of
+its own (`stream_start`), rather than at sample 0. Masks are keyed by (epoch, sequence), so they
+stay the ones the uninterrupted stream would use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
+
+from pipeline.pretrain.batch_plan import BatchPlan, batch_problem
+from pipeline.pretrain.config import _NAME_CHARS, DataConfig, PretrainConfig
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase with every default filled in and its steps resolved."""
+
+    index: int
+    name: str
+    start: int
+    """First optimizer step (0-based) of the phase."""
+    end: int
+    """One past the phase's last step."""
+    data: DataConfig
+    """`data` with this phase's shard folder."""
+    global_batch_size: int
+    micro_batch_size: int
+    lr: float
+    warmup_steps: int
+    seq_len: int | None
+    """The sequence length the config says the phase's shards hold (None: not stated)."""
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+    def plan(self, world_size: int) -> BatchPlan:
+        key = f"phases[{self.index}]"
+        return BatchPlan.derive(self.global_batch_size, self.micro_batch_size, world_size,
+                                keys=(f"{key}.global_batch_size", f"{key}.micro_batch_size"))
+
+
+def phase_ends(fractions: list[float], max_steps: int) -> list[int]:
+    """Each phase's end step: ⌊cumulative fraction × max_steps⌋, the fractions read as written decimals."""
+    ends, total = [], Fraction(0)
+    for fraction in fractions:
+        total += Fraction(repr(float(fraction)))
+        ends.append(math.floor(total * max_steps))
+    return ends
+
+
+def resolve_phases(config: PretrainConfig) -> list[Phase]:
+    """The run's phases; one phase of the whole run when the config lists none."""
+    t, o, s = config.train, config.optimizer, config.schedule
+    if not config.phases:
+        return [Phase(0, "", 0, t.max_steps, config.data, t.global_batch_size, t.micro_batch_size, o.lr,
+                      s.warmup_steps, None)]
+    phases, start = [], 0
+    for i, (p, end) in enumerate(zip(config.phases, phase_ends([p.steps_fraction for p in config.phases],
+                                                               t.max_steps), strict=True)):
+        phases.append(Phase(
+            i, p.name, start, end, replace(config.data, shards=p.shards),
+            t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
+            t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size,
+            o.lr if p.lr is None else p.lr,
+            s.warmup_steps if p.warmup_steps is None else p.warmup_steps, p.seq_len))
+        start = end
+    return phases
+
+
+def phase_at(phases: list[Phase], step: int) -> Phase:
+    """The phase that trains optimizer step `step` (0-based); past the end, the last phase."""
+    return next((p for p in phases if p.start <= step < p.end), phases[-1])
+
+
+def samples_consumed(phases: list[Phase], step: int) -> int:
+    """Training sequences drawn by the first `step` optimizer steps, each phase at its own global batch."""
+    return sum(p.global_batch_size * (min(step, p.end) - p.start) for p in phases if p.start < step)
+
+
+def longest_seq_len(phases: list[Phase]) -> int:
+    """The longest sequence any phase trains on, from the shard indexes: what position embeddings are sized for."""
+    from pipeline.data.shard_index import load_index
+
+    return max(load_index(s.path)["seq_len"] for p in phases for s in p.data.corpora())
+
+
+def same_folder(a: Phase, b: Phase) -> bool:
+    if isinstance(a.data.shards, list) or isinstance(b.data.shards, list):
+        return False
+    return Path(a.data.shards).resolve() == Path(b.data.shards).resolve()
+
+
+def stream_start(phases: list[Phase], k: int, num_sequences: int) -> int:
+    """The step of phase k's own shuffle order (`batches.GlobalShuffle` at its global batch) it starts at.
+
+    0 for a phase whose folder no earlier phase read. Otherwise the position where the last such
+    phase stopped: the same epoch (so the same permutation), at the first whole batch of phase
+    k's size not before the samples already drawn. Nothing is repeated, and at most one batch
+    minus one sample is skipped per hand-over.
+    """
+    epoch, position = 0, 0  # where the folder's stream stands: epoch, samples into its permutation
+    for phase in [p for p in phases[:k] if same_folder(p, phases[k])] + [phases[k]]:
+        per_epoch = num_sequences // phase.global_batch_size
+        first = epoch * per_epoch + math.ceil(position / phase.global_batch_size)
+        if phase is phases[k]:
+            return first
+        epoch, within = divmod(first + phase.steps, per_epoch)
+        position = within * phase.global_batch_size
+    raise AssertionError("unreachable: the loop returns at phase k")
+
+
+def phase_problems(config: PretrainConfig, world_size: int) -> list[str]:
+    """Checks of `phases` that need no files: names, fractions and the steps they give, batches, LR, warmup."""
+    problems = []
+    add = problems.append
+    if config.data.shards:
+        add("data.shards and phases: with phases each phase names its folder in phases[i].shards; remove "
+            "data.shards")
+    t = config.train
+    names = [p.name for p in config.phases]
+    fractions = [p.steps_fraction for p in config.phases]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        add(f"phases: {names.count(name)} phases are named {name!r}; give each a distinct name")
+    total = sum(Fraction(repr(float(f))) for f in fractions)
+    if total != 1:
+        add(f"phases[*].steps_fraction: must sum to 1, got {' + '.join(map(str, fractions))} = {float(total):g}")
+    ends = phase_ends(fractions, max(t.max_steps, 1))
+    for i, (p, start, end) in enumerate(zip(config.phases, [0, *ends], ends, strict=False)):
+        key = f"phases[{i}]"
+        if not p.name or not set(p.name) <= _NAME_CHARS or not p.name[0].isalnum():
+            add(f"{key}.name: {p.name!r} must start with a letter or digit and hold only letters, digits, '_', '-' "
+                "and '.' (it becomes an MLflow tag and a checkpoint field)")
+        if not p.shards:
+            add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase)")
+        if not 0 < p.steps_fraction <= 1:
+            add(f"{key}.steps_fraction: must be in (0, 1], got {p.steps_fraction}")
+        elif end <= start:
+            add(f"{key}.steps_fraction {p.steps_fraction} of train.max_steps {t.max_steps} gives the phase 0 steps "
+                f"(steps {start} to {end}); raise its fraction or train.max_steps, or drop the phase")
+        if p.seq_len is not None and p.seq_len < 1:
+            add(f"{key}.seq_len: must be ≥ 1 or null, got {p.seq_len}")
+        if p.lr is not None and p.lr <= 0:
+            add(f"{key}.lr: must be > 0 or null, got {p.lr}")
+        problem = batch_problem(t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
+                                t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size, world_size,
+                                keys=(f"{key}.global_batch_size (or train.global_batch_size)",
+                                      f"{key}.micro_batch_size (or train.micro_batch_size)"))
+        if problem:
+            add(problem)
+        warmup, source = ((p.warmup_steps, f"{key}.warmup_steps") if p.warmup_steps is not None
+                          else (config.schedule.warmup_steps, f"schedule.warmup_steps (the default of {key})"))
+        if not 0 <= warmup <= max(end - start, 0):
+            add(f"{source} {warmup} must be between 0 and the phase's {end - start} steps")
+    return problems
