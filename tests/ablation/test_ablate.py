@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import random
-from pathlib import Path
 
 import pytest
 from helpers import make_documents, run_script, write_jsonl
