@@ -9,9 +9,10 @@ resumes where it stopped (the shard stage from its last finished shard, pretrain
 newest checkpoint, fine-tuning from its first unfinished seed).
 
 Ctrl-C: the stages run in their own session, so the terminal's SIGINT reaches only this process,
-which sends SIGTERM to the running stage and waits for it. Pretraining then finishes its step,
-saves a checkpoint and exits, so a rerun loses at most the step in progress (fine-tuning loses the
-seed in progress, the shard stage the shard in progress). A second Ctrl-C stops at once.
+which sends SIGTERM to the running stage and waits for it (a SIGTERM to this process does the
+same). Pretraining then finishes its step, saves a checkpoint and exits, so a rerun loses at most
+the step in progress (fine-tuning loses the seed in progress, the shard stage the shard in
+progress). A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -85,19 +86,21 @@ class Stages:
         self._running = None
 
     def __enter__(self) -> Stages:
-        self._previous = signal.signal(signal.SIGINT, self._interrupt)
+        # SIGTERM too (a scheduler's or `timeout`'s stop): the stage in its own session would not get it.
+        self._previous = {sig: signal.signal(sig, self._interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def _interrupt(self, signum, frame) -> None:
         if self.stop_requested or self._running is None:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         self.stop_requested = True
-        print("\nCtrl-C: stopping the running stage cleanly (pretraining saves after its step); "
-              "rerun the same command to continue. Ctrl-C again stops at once.", flush=True)
+        print(f"\n{signal.Signals(signum).name}: stopping the running stage cleanly (pretraining saves after "
+              "its step); rerun the same command to continue. Ctrl-C again stops at once.", flush=True)
         os.killpg(self._running.pid, signal.SIGTERM)
 
     def run(self, title: str, log: Path, *cmd: str | Path, launcher: list[str] | None = None) -> None:
