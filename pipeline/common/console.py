@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -68,13 +69,14 @@ class ScreenFilter:
 
 
 def run_logged(args: list[str], log: Path, *, verbose: bool = False, screen: IO[str] | None = None,
-               **popen) -> int:
+               on_start: Callable[[subprocess.Popen], None] | None = None, **popen) -> int:
     """Run a command with stdout and stderr merged into `log` (all of it); echo what the screen should see.
 
     The log is appended to, each run under a `# <time> $ <command>` line, so a rerun keeps the
     first run's log. Progress bars (`\\r` updates) go to the screen as they come, and only their
     final state to the log. Returns the command's exit code. Set PYTHONUNBUFFERED in the child's
-    env so its prints and warnings arrive in the order they were made.
+    env so its prints and warnings arrive in the order they were made. `on_start(proc)` is called
+    once the command has started (a caller that forwards signals needs its pid).
     """
     screen = screen or sys.stdout
     shown = ScreenFilter()
@@ -96,6 +98,8 @@ def run_logged(args: list[str], log: Path, *, verbose: bool = False, screen: IO[
     with open(log, "a", encoding="utf-8") as file, subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen) as proc:
         file.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')} $ {shlex.join(map(str, args))}\n")
+        if on_start is not None:
+            on_start(proc)
         pending, after_bar = "", False
         while chunk := proc.stdout.read1(1 << 16):
             pending += decoder.decode(chunk)

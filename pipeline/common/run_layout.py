@@ -197,3 +197,89 @@ class MainJobLayout:
     def logs(self) -> Path:
         """Each stage's full output, `<stage>.log`, and `timings.json`."""
         return self.root / "logs"
+
+
+@dataclass(frozen=True)
+class ArmLayout:
+    """Paths of one arm of a study: `<study>/arms/<arm>/`."""
+
+    root: Path
+
+    @property
+    def tracking(self) -> Path:
+        """The arm's MLflow run id (a child of the study's run)."""
+        return self.root / "tracking.json"
+
+    @property
+    def pretrain(self) -> PretrainLayout:
+        return PretrainLayout(self.root / "pretrain")
+
+    def finetune(self, task: str) -> FinetuneLayout:
+        return FinetuneLayout(self.root / "finetune" / task)
+
+
+@dataclass(frozen=True)
+class StudyLayout:
+    """Paths of one study (`<ablate --out>/<study>/`): its arms, results, curves and logs."""
+
+    root: Path
+
+    @property
+    def plan(self) -> Path:
+        """Each arm's settings, steps and tokens, as first run: a rerun with other settings is refused."""
+        return self.root / "study.json"
+
+    @property
+    def tracking(self) -> Path:
+        """The study's MLflow parent run id."""
+        return self.root / "tracking.json"
+
+    def arm(self, name: str) -> ArmLayout:
+        return ArmLayout(self.root / "arms" / name)
+
+    @property
+    def results_md(self) -> Path:
+        return self.root / "results.md"
+
+    @property
+    def results_csv(self) -> Path:
+        return self.root / "results.csv"
+
+    @property
+    def curves(self) -> Path:
+        return self.root / "loss_curves.png"
+
+    @property
+    def logs(self) -> Path:
+        """Each stage's full output, `<arm>-<stage>.log`."""
+        return self.root / "logs"
+
+
+@dataclass(frozen=True)
+class AblationLayout:
+    """`launchers/ablate.py --out`: the tokenizer and shards every study shares, and one folder per study."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    def shards(self, pack: str) -> Path:
+        """One shard folder per packing mode, shared by every arm (and study) that uses it."""
+        return self.root / "shards" / pack
+
+    def study(self, name: str) -> StudyLayout:
+        return StudyLayout(self.root / name)
+
+    @property
+    def logs(self) -> Path:
+        """The shared stages' output: `tokenizer.log`, `shards-<pack>.log`."""
+        return self.root / "logs"
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.root / 'mlflow.db'}"

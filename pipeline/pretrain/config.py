@@ -38,6 +38,8 @@ class ModelConfig:
     type_vocab_size: int | None = None
     """Segment vocabulary: None means 1 for RoBERTa, 2 for BERT."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    next_sentence_loss: bool = True
+    """bert only: add the next-sentence-prediction loss (false: MLM alone on the same pairs data, RoBERTa §4.2)."""
 
 
 @dataclass
@@ -262,6 +264,9 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
             add(f"model.{name}: must be in [0, 1), got {getattr(m, name)}")
     if m.architecture == "bert" and m.type_vocab_size is not None and m.type_vocab_size < 2:
         add(f"model.type_vocab_size: BERT's next-sentence task needs 2 segments, got {m.type_vocab_size}")
+    if m.architecture != "bert" and not m.next_sentence_loss:
+        add(f"model.next_sentence_loss: false applies to model.architecture bert only ({m.architecture} has no "
+            "next-sentence head); leave it out")
     k = c.masking
     if not 0 < k.probability < 1:
         add(f"masking.probability: must be in (0, 1), got {k.probability}")

@@ -88,12 +88,20 @@ class SparseRobertaPreLayerNormForMaskedLM(RobertaPreLayerNormForMaskedLM):
 
 
 class SparseBertForPreTraining(BertForPreTraining):
-    """BertForPreTraining (MLM + next-sentence prediction) with the sparse MLM head; returns the losses."""
+    """BertForPreTraining (MLM + next-sentence prediction) with the sparse MLM head; returns the losses.
+
+    `next_sentence_loss = False` trains MLM alone on the same segment pairs (the NSP ablation):
+    the next-sentence head and the pooler then get no gradient and stay as initialised.
+    """
+
+    next_sentence_loss = True
 
     def forward(self, input_ids, labels, next_sentence_label, attention_mask=None, token_type_ids=None,
                 document_ids=None, position_ids=None, **_):
         out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
         mlm = _masked_lm_loss(out.last_hidden_state, labels, self.cls.predictions)
+        if not self.next_sentence_loss:
+            return {"loss": mlm, "mlm_loss": mlm}
         nsp = F.cross_entropy(self.cls.seq_relationship(out.pooler_output).float(), next_sentence_label)
         return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp}
 
@@ -108,9 +116,13 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
     """A freshly initialised training model, or one loaded from `model.init_from`."""
     cls = SPARSE_CLASSES[model.architecture]
     if model.init_from:  # checked against the tokenizer and seq_len when the config was loaded
-        return cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
-                                   attn_implementation=model.attn_implementation)
-    return cls(hf_config(model, tokenizer, seq_len))
+        built = cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
+                                    attn_implementation=model.attn_implementation)
+    else:
+        built = cls(hf_config(model, tokenizer, seq_len))
+    if model.architecture == "bert":
+        built.next_sentence_loss = model.next_sentence_loss  # a training switch, not saved in the export's config
+    return built
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -79,6 +79,24 @@ def test_bert_mlm_and_nsp_losses_equal_hf_and_keys_match():
     assert sparse.config.type_vocab_size == 2
 
 
+def test_bert_without_next_sentence_loss_trains_mlm_alone_and_leaves_the_nsp_head_untouched():
+    """The NSP ablation (model.next_sentence_loss false): same pairs batch, MLM loss only, no NSP gradient."""
+    torch.manual_seed(0)
+    both = build_model(ModelConfig(architecture="bert", **SMALL), TOKENIZER, seq_len=32).eval()
+    mlm_only = build_model(ModelConfig(architecture="bert", next_sentence_loss=False, **SMALL), TOKENIZER,
+                           seq_len=32).eval()
+    mlm_only.load_state_dict(both.state_dict())
+    ids, labels = masked_batch()
+    batch = dict(input_ids=ids, labels=labels, token_type_ids=(torch.arange(32) >= 16).long().expand(4, 32),
+                 next_sentence_label=torch.tensor([0, 1, 0, 1]))
+    full, alone = both(**batch), mlm_only(**batch)
+    assert "nsp_loss" not in alone and alone["loss"].item() == pytest.approx(full["mlm_loss"].item(), abs=1e-6)
+    assert full["loss"].item() > alone["loss"].item()
+    alone["loss"].backward()
+    assert mlm_only.cls.seq_relationship.weight.grad is None
+    assert "next_sentence_loss" not in mlm_only.config.to_dict()  # a training switch, not part of the export
+
+
 @pytest.mark.parametrize("architecture", ["roberta", "roberta-prelayernorm", "bert"])
 def test_no_weight_decay_on_biases_and_layer_norms(architecture):
     model = build_model(ModelConfig(architecture=architecture, **SMALL), TOKENIZER, seq_len=32)

@@ -95,6 +95,13 @@ def test_bert_needs_pairs_shards(tmp_path, roberta_shards, bpe_tokenizer_dir):
         load_pretrain_config(write(tmp_path, data))
 
 
+def test_next_sentence_loss_off_is_for_bert_only(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
+                                model={"next_sentence_loss": False})
+    with pytest.raises(ConfigError, match="model.next_sentence_loss: false applies to model.architecture bert"):
+        load_pretrain_config(write(tmp_path, data))
+
+
 def test_cli_reports_config_problems_before_starting_anything(tmp_path):
     path = write(tmp_path, {"model": {"layers": 2}, "train": {"global_batch_size": 10, "micro_batch_size": 4}})
     proc = run_script("launchers/pretrain.py", "--config", path, "--set", "optimizer.lr=-1")

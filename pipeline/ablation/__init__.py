@@ -1,0 +1,1 @@
+"""Ablation studies: RoBERTa's design tables (launchers/ablate.py)."""
