@@ -8,8 +8,8 @@
 2. Each recipe and seed runs in its own process until its schedule ends or `--max-minutes` of wall
    time from its launch pass (then SIGTERM: it stops after the step):
    - budget: `launchers/pretrain.py --config configs/budget-tiny.json`;
-   - tiny:   `launchers/pretrain.py --config configs/tiny.json` on 2 ranks, its max_steps (200, about a
-             minute) replaced by the budget recipe's horizon in sequences (both use batch 32);
+   - tiny:   `launchers/pretrain.py --config configs/tiny.json` on 2 ranks, its max_steps replaced by
+             the budget recipe's horizon in sequences, so both schedules span the same data;
    - hf:     `transformers.Trainer` on `RobertaForMaskedLM` of tiny.json's size (post-LN, dropout 0.1)
              with `DataCollatorForLanguageModeling` and run_mlm's defaults: LR 5e-5, AdamW (0.9, 0.999),
              eps 1e-8, weight decay 0, no warmup, linear decay over a 3-epoch horizon, per-device
@@ -145,19 +145,24 @@ def prepare_data(out: Path, env: dict) -> tuple[Path, Path]:
 
 
 def run_capped(cmd: list[str], env: dict, deadline: float, log: Path) -> None:
-    """Run `cmd` until it ends or `deadline` (unix time) passes; then SIGTERM it (it stops after the step)."""
+    """Run `cmd` until it ends or `deadline` (unix time) passes; then SIGTERM it (it stops after the step).
+
+    The signal goes to the launched process only: the trainer (or torchrun, which passes it on to its
+    ranks) shuts its DataLoader workers down itself; signalling them too would crash the rank.
+    """
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    if proc.returncode not in (0, -signal.SIGTERM):
+            return  # stopped at the cap: what it logged until then is the result
+    if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:3])}… failed ({proc.returncode}); see {log}")
 
 
@@ -257,9 +262,9 @@ def main() -> None:
     p.add_argument("--recipes", default="budget,tiny,hf", help=f"comma list of {', '.join([*RECIPES, 'hf'])}")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--baseline-seeds", default=None, help="seeds of tiny and hf (default: --seeds), when time is short")
-    p.add_argument("--max-minutes", type=float, default=6.0, help="wall-clock cap per run, from its launch")
+    p.add_argument("--max-minutes", type=float, default=7.0, help="wall-clock cap per run, from its launch")
     p.add_argument("--thresholds", default="6.0,5.0", help="validation MLM losses (nats) to time")
-    p.add_argument("--eval-every-sequences", type=int, default=640, help="evaluate every N training sequences")
+    p.add_argument("--eval-every-sequences", type=int, default=320, help="evaluate every N training sequences")
     p.add_argument("--eval-sequences", type=int, default=128, help="fixed validation sequences per evaluation")
     p.add_argument("--threads", type=int, default=2, help="CPU threads per run (split between ranks)")
     p.add_argument("--set", action="append", default=[], metavar="RECIPE:KEY=VALUE",
