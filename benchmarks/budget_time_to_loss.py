@@ -254,6 +254,10 @@ def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> 
         ratio = f"{hf['seconds'] / budget:.1f}×" if hf else f"> {60 * max_minutes / budget:.1f}× (HF did not reach it)"
         summary["ratio_hf_over_budget"] = ratio
         lines.append(f"\nHF / budget wall time to {last} nats: **{ratio}**")
+    elif "hf" in summary and "budget" in summary:
+        summary["ratio_hf_over_budget"] = None
+        lines.append(f"\nHF / budget wall time to {last} nats: not measurable, the budget recipe did not reach it "
+                     f"in {max_minutes:g} min")
     return summary, "\n".join(lines)
 
 
