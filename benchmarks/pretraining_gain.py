@@ -1,13 +1,18 @@
 """What pretraining buys downstream: SST-2 dev accuracy after a fixed CPU budget of pretraining, vs from scratch.
 
-    python benchmarks/pretraining_gain.py [--steps 1000] [--seeds 1,2,3] [--train-examples 10000] [--out DIR]
+    python benchmarks/pretraining_gain.py [--config configs/tiny.json] [--steps N] [--minutes M] [--ranks 2]
+        [--set KEY=VALUE ...] [--seeds 1,2,3] [--train-examples 10000] [--out DIR]
 
 Every stage runs through the user-facing commands, as the README shows them:
 1. a 16k byte-level BPE tokenizer and 128-token shards from the IMDB corpus (../shared/data);
-2. pretraining a small RoBERTa (2 layers, hidden 128) for `--steps` optimizer steps of 64
-   sequences on 2 DeepSpeed CPU ranks — the fixed budget;
-3. fine-tuning on SST-2 (the GLUE folder in ../shared/data) from the export and from scratch,
-   the same architecture, recipe and seeds;
+2. pretraining with `--config` on `--ranks` CPU ranks (torchrun; one plain process for 1 rank) —
+   the budget is `--steps` optimizer steps and, with `--minutes`, also a wall-clock cap: at M
+   minutes after the launch the run is sent SIGTERM, finishes its step and checkpoints, and the
+   newest checkpoint is what is fine-tuned. For configs/tiny.json the earlier measurement's
+   settings apply (TINY_SETTINGS: 64 sequences a step, warmup 100, 2,500 steps); any other config
+   (e.g. configs/budget-tiny.json) runs as written, with `--steps` replacing its max_steps if given;
+3. fine-tuning on SST-2 (the GLUE folder in ../shared/data) from the pretrained model and from
+   scratch, the same architecture, recipe and seeds;
 4. the table: median dev accuracy over the seeds, mean ± standard deviation, and the gain.
 Also fine-tunes MRPC (F1/accuracy) when `--mrpc` is given.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
+TINY = "configs/tiny.json"
+TINY_SETTINGS = ["train.global_batch_size=64", "train.micro_batch_size=32", "schedule.warmup_steps=100"]
+TINY_STEPS = 2500
 
 
 def run(*cmd, env=None) -> None:
@@ -31,10 +40,33 @@ def run(*cmd, env=None) -> None:
     subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, check=True)
 
 
+def pretrain(cmd: list, env: dict, minutes: float | None) -> float:
+    """Run the pretraining command; with `minutes`, SIGTERM it then (it checkpoints and stops). Returns seconds."""
+    print("$", " ".join(map(str, cmd)), flush=True)
+    started = time.monotonic()
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env)
+    try:
+        proc.wait(timeout=None if minutes is None else 60 * minutes)
+    except subprocess.TimeoutExpired:
+        # torchrun passes SIGTERM on to its ranks and waits for them; each finishes its step and checkpoints.
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        print(f"pretraining stopped at the {minutes:g}-minute budget", flush=True)
+        return time.monotonic() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"pretraining failed ({proc.returncode})")
+    return time.monotonic() - started
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=2500, help="pretraining optimizer steps (the budget)")
-    p.add_argument("--layers", type=int, default=2, help="encoder layers (hidden 128, as configs/tiny.json)")
+    p.add_argument("--config", default=TINY, help="pretraining config, e.g. configs/budget-tiny.json")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"pretraining optimizer steps (default: {TINY_STEPS} for {TINY}, else the config's max_steps)")
+    p.add_argument("--minutes", type=float, default=None, help="wall-clock cap on pretraining, from its launch")
+    p.add_argument("--ranks", type=int, default=2, help="pretraining processes (threads are split between them)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a pretraining key")
+    p.add_argument("--layers", type=int, default=None, help="encoder layers (default: the config's)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--train-examples", type=int, default=10_000, help="SST-2 training examples used")
     p.add_argument("--epochs", type=int, default=3)
@@ -48,7 +80,7 @@ def main() -> None:
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // a.ranks)), "DS_ACCELERATOR": "cpu"}
     uri = f"sqlite:///{out / 'mlflow.db'}"
     started = time.monotonic()
     if not (out / "tokenizer" / "tokenizer.json").exists():
@@ -56,15 +88,16 @@ def main() -> None:
             "--model-max-length", 128, "--out", out / "tokenizer")
     run(py, "data_prep/shard.py", "--input", corpus, "--tokenizer", out / "tokenizer", "--seq-len", 128,
         "--val-fraction", "0.01", "--out", out / "shards", "--quiet")
-    pretrain_started = time.monotonic()
-    run(Path(py).parent / "deepspeed", "--num_gpus", 2, "launchers/pretrain.py", "--config", "configs/tiny.json",
-        "--set", f"data.shards={out / 'shards'}", "--set", f"data.tokenizer={out / 'tokenizer'}",
-        "--set", f"train.output_dir={out / 'pretrain'}", "--set", f"train.max_steps={a.steps}",
-        "--set", "train.global_batch_size=64", "--set", "train.micro_batch_size=32",
-        "--set", f"model.num_hidden_layers={a.layers}", "--set", "schedule.warmup_steps=100",
-        "--set", f"train.eval_every={max(1, a.steps // 4)}", "--set", f"checkpoint.every={max(1, a.steps // 4)}",
-        "--set", f"tracking.uri={uri}", "--set", "tracking.experiment=pretraining-gain", env=env)
-    pretrain_seconds = time.monotonic() - pretrain_started
+    own_steps = json.loads((ROOT / a.config).read_text())["train"]["max_steps"]
+    steps = a.steps or (TINY_STEPS if a.config == TINY else own_steps)
+    sets = (TINY_SETTINGS if a.config == TINY else []) + [
+        f"data.shards={out / 'shards'}", f"data.tokenizer={out / 'tokenizer'}", f"train.output_dir={out / 'pretrain'}",
+        f"train.max_steps={steps}", f"train.eval_every={max(1, steps // 4)}", f"checkpoint.every={max(1, steps // 4)}",
+        f"tracking.uri={uri}", "tracking.experiment=pretraining-gain",
+        *([f"model.num_hidden_layers={a.layers}"] if a.layers else []), *a.set]
+    launcher = [py] if a.ranks == 1 else [py, "-m", "torch.distributed.run", "--nproc_per_node", a.ranks]
+    pretrain_seconds = pretrain([*launcher, "launchers/pretrain.py", "--config", a.config,
+                                 *[x for s in sets for x in ("--set", s)]], env, a.minutes)
     tasks = ["sst2"] + (["mrpc"] if a.mrpc else [])
     results = {}
     for task in tasks:
@@ -79,9 +112,12 @@ def main() -> None:
             results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
     losses = [json.loads(x) for x in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in losses if "eval/mlm_loss" in r]
-    print(f"\npretraining: {a.steps} steps × 64 sequences × 128 tokens on 2 CPU ranks in {pretrain_seconds / 60:.1f} "
-          f"min; validation MLM loss {evals[0]['eval/mlm_loss']:.3f} (step {evals[0]['step']}) → "
-          f"{evals[-1]['eval/mlm_loss']:.3f} (step {evals[-1]['step']})")
+    done = max(r["step"] for r in losses if "train/loss" in r)
+    batch = json.loads((out / "pretrain" / "config.json").read_text())["train"]["global_batch_size"]
+    print(f"\npretraining: {a.config}, {done} of {steps} steps × {batch} sequences × 128 tokens on {a.ranks} CPU "
+          f"rank(s) in {pretrain_seconds / 60:.1f} min; validation MLM loss "
+          + (f"{evals[0]['eval/mlm_loss']:.3f} (step {evals[0]['step']}) → {evals[-1]['eval/mlm_loss']:.3f} "
+             f"(step {evals[-1]['step']})" if evals else "not evaluated"))
     print(f"fine-tuning: {a.train_examples:,} training examples, {a.epochs} epochs, LR {a.lr}, seeds {a.seeds}\n")
     print("| task | metric | pretrained (median) | from scratch (median) | gain | pretrained mean ± sd "
           "| scratch mean ± sd |")

@@ -81,3 +81,20 @@ def test_a_shard_config_is_checked_as_its_command_line_will_be(tmp_path):
     for problem in ("rank: not an option here", "tokenizer: required", "seq_len: required",
                     'overwrite: expected true or false, got "yes"'):
         assert problem in str(err.value)
+
+
+def test_the_budget_recipe_keeps_crammings_choices_at_tiny_size():
+    """configs/budget-tiny.json: tiny's model size (compared like for like), pre-LN, no dropout, a triangle."""
+    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.engine import lr_multiplier
+
+    budget = load_pretrain_config(CONFIGS / "budget-tiny.json", check_files=False)
+    tiny = load_pretrain_config(CONFIGS / "tiny.json", check_files=False)
+    size = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
+    assert [getattr(budget.model, k) for k in size] == [getattr(tiny.model, k) for k in size]
+    assert budget.model.architecture == "roberta-prelayernorm"
+    assert budget.model.hidden_dropout_prob == budget.model.attention_probs_dropout_prob == 0.0
+    steps, s = budget.train.max_steps, budget.schedule
+    peak = max(range(steps), key=lambda i: lr_multiplier(i, s, steps))
+    assert 0.2 * steps <= peak <= 0.5 * steps  # one cycle: up for a fifth to a half of the run, then down
+    assert lr_multiplier(steps - 1, s, steps) < 0.01
