@@ -1,16 +1,30 @@
-"""Training throughput: our pretraining step against HF Trainer + RobertaForMaskedLM, measured in one run.
+"""Training throughput and MFU: our pretraining step, option by option, against HF Trainer, in one run.
 
-    python benchmarks/train_throughput.py [--corpus FILE] [--steps 30] [--batch 32] [--seq-len 128]
+    python benchmarks/train_throughput.py [--corpus FILE] [--steps 20] [--batch 32] [--seq-len 128]
+                                          [--variants baseline,fused,compile,loader,syncs,all]
 
 Same model (4 layers, hidden 256, 4 heads, FFN 1024, a 50,265-token BPE vocabulary trained here,
 seq 128, dropout 0.1), same packed sequences, same batch, AdamW with the same settings, fp32,
-one process with the same threads, data loading in the training process for both:
+one process with the same threads:
 - ours: `python launchers/pretrain.py` as a user runs it (DeepSpeed engine, ZeRO 0, the hashed
-  masking collator, the sparse MLM head); step times from its metrics.jsonl;
-- HF:   `transformers.Trainer` on `RobertaForMaskedLM` with `DataCollatorForLanguageModeling`,
-  step times from a callback.
-The first `--skip` steps of each are warm-up and not counted. The FLOP model's prediction for the
-sparse head (pipeline/pretrain/flops.py) is printed beside the measured ratio.
+  masking collator, the sparse MLM head), once per variant; step times from its metrics.jsonl.
+  baseline: the loader in the training process, torch's per-tensor AdamW, eager model, logging
+  (losses to the host) every step. Each other variant changes one thing: `optimizer.fused`,
+  `train.compile`, `data.num_workers 1`, `train.log_every 5` (the losses reach the host every 5
+  steps instead of every step); `all` changes all four.
+- HF:   `transformers.Trainer` on `RobertaForMaskedLM` with `DataCollatorForLanguageModeling`
+  (its defaults: fused AdamW on torch ≥ 2.8, data in the training process), step times from a callback.
+The first `--skip` steps of each are warm-up (and compilation) and not counted.
+
+Peak: a 4096 × 4096 fp32 `torch.mm` with the same threads, best of 5, measured before every
+training run of this benchmark; the best of those is the peak (the most the cores gave in this run).
+
+MFU convention (PaLM's: the FLOPs the model's math needs, not what a kernel recomputes), from the
+FLOP model in pipeline/pretrain/flops.py: for ours the MLM head counts at the masked fraction
+(the sparse head only computes those rows), for HF at every position (its head computes all
+logits). "dense-equivalent" counts the dense head for both: the same FLOPs per token, so its ratio
+is the tokens/s speed-up; above 100% for ours, it measures the saving of the sparse head, not
+utilisation.
 
 Default corpus: ../shared/data/corpus/imdb-reviews.jsonl.zst when present, else the embedded one.
 """
@@ -30,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 MODEL = dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024)
+MASKED = 0.15  # masking.probability (the default)
 OPTIMIZER = dict(lr=5e-4, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01)
 
 
@@ -76,38 +91,83 @@ def hf_worker(shards: str, tokenizer_dir: str, steps: int, batch: int) -> None:
     print(json.dumps({"stamps": stamps}))
 
 
-def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, out: Path, env: dict) -> list[float]:
-    """Run launchers/pretrain.py; return per-step seconds from its metrics.jsonl."""
+VARIANTS = {  # name: (what changes, config updates by section)
+    "baseline": ("eager, per-tensor AdamW, loader in process, losses to host every step", {}),
+    "fused": ("+ optimizer.fused (torch's fused AdamW)", {"optimizer": {"fused": True}}),
+    "compile": ("+ train.compile (engine.compile, inductor)", {"train": {"compile": True}}),
+    "loader": ("+ data.num_workers 1 (masking in a worker process)", {"data": {"num_workers": 1}}),
+    "syncs": ("+ train.log_every 5 (losses to host every 5 steps)", {"train": {"log_every": 5}}),
+    "all": ("all of the above", {"optimizer": {"fused": True}, "train": {"compile": True, "log_every": 5},
+                                 "data": {"num_workers": 1}}),
+}
+
+
+def peak_flops(threads: int, n: int = 4096, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` n × n fp32 matrix products on `threads` threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    torch.set_num_threads(before)
+    return 2 * n**3 / best
+
+
+def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, skip: int, out: Path, env: dict,
+         updates: dict) -> tuple[float, float]:
+    """Run launchers/pretrain.py; (seconds per counted step, masked fraction) from its metrics.jsonl."""
     config = {
-        "model": MODEL, "data": {"shards": str(shards), "tokenizer": str(tokenizer_dir), "num_workers": 0},
+        "model": MODEL, "data": {"shards": str(shards), "tokenizer": str(tokenizer_dir), "num_workers": 0,
+                                 "cache_dir": str(out.parent / "token_cache")},
         "optimizer": OPTIMIZER, "schedule": {"warmup_steps": 2},
         "train": {"output_dir": str(out), "max_steps": steps, "global_batch_size": batch, "micro_batch_size": batch,
-                  "eval_sequences": batch, "export": False},
+                  "eval_sequences": batch, "export": False, "log_every": 1},
         "checkpoint": {"every": 10**6}, "tracking": {"enabled": False},
         "deepspeed": {"zero_optimization": {"stage": 0}},
     }
-    path = out.parent / "ours.json"
+    for section, values in updates.items():
+        config[section] = {**config[section], **values}
+    path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(config))
     subprocess.run([sys.executable, "launchers/pretrain.py", "--config", str(path)], cwd=ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [batch / r["train/samples_per_s"] for r in records if "train/loss" in r]
+    records = [r for r in records if "train/loss" in r]
+    seconds, counted, previous = 0.0, 0, 0
+    for r in records:  # a record covers the steps since the previous one
+        if previous >= skip:
+            seconds += (r["step"] - previous) * batch / r["train/samples_per_s"]
+            counted += r["step"] - previous
+        previous = r["step"]
+    return seconds / counted, MASKED  # the FLOP model's masked fraction, as the trainer's MFU uses
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--corpus", default=None, help="jsonl(.zst) corpus (default: shared IMDB, else embedded)")
     p.add_argument("--documents", type=int, default=20_000, help="documents used to train the tokenizer and shard")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--skip", type=int, default=5, help="warm-up steps not counted")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--skip", type=int, default=5, help="warm-up steps not counted (a multiple of 5)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--no-hf", action="store_true", help="skip the HF Trainer run")
     p.add_argument("--hf-worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.hf_worker:
         shards, tok, steps, batch = a.hf_worker
         return hf_worker(shards, tok, int(steps), int(batch))
+    variants = a.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or a.skip % 5 or a.skip >= a.steps:
+        p.error(f"unknown variants {unknown}" if unknown else "--skip must be a multiple of 5 and below --steps")
 
     from bench_corpus import sample_corpus
 
@@ -117,6 +177,8 @@ def main() -> None:
     from pipeline.pretrain.flops import training_flops_per_token
 
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "DS_ACCELERATOR": "cpu"}
+    peaks, rows = [], {}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         source = a.corpus or (str(SHARED_CORPUS) if SHARED_CORPUS.exists() else None)
@@ -128,31 +190,39 @@ def main() -> None:
                                      val_fraction=0.01, workers=a.threads, quiet=True))
         vocab = json.loads((shards / "index.json").read_text())["tokenizer"]["vocab_size"]
 
-        ours_steps = ours(shards, tok, a.steps, a.batch, tmp / "ours", env)
-        worker = [sys.executable, __file__, "--hf-worker", str(shards), str(tok), str(a.steps), str(a.batch)]
-        hf = subprocess.run(worker, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-        stamps = json.loads(hf.stdout.strip().splitlines()[-1])["stamps"]
-        hf_steps = [b - a_ for a_, b in zip(stamps, stamps[1:], strict=False)]
+        for name in variants:
+            peaks.append(peak_flops(a.threads))
+            rows[name] = ours(shards, tok, a.steps, a.batch, a.skip, tmp / name, env, VARIANTS[name][1])
+        if not a.no_hf:
+            peaks.append(peak_flops(a.threads))
+            worker = [sys.executable, __file__, "--hf-worker", str(shards), str(tok), str(a.steps), str(a.batch)]
+            hf = subprocess.run(worker, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+            stamps = json.loads(hf.stdout.strip().splitlines()[-1])["stamps"]
+            counted = [b - a_ for a_, b in zip(stamps, stamps[1:], strict=False)][a.skip - 1:]
+            rows["hf"] = (sum(counted) / len(counted), None)
+        peaks.append(peak_flops(a.threads))
 
-    tokens = a.batch * a.seq_len
-    ours_rate = tokens * len(ours_steps[a.skip:]) / sum(ours_steps[a.skip:])
-    hf_counted = hf_steps[a.skip - 1:]
-    hf_rate = tokens * len(hf_counted) / sum(hf_counted)
+    peak = max(peaks)
     shape = dict(layers=MODEL["num_hidden_layers"], hidden=MODEL["hidden_size"],
                  intermediate=MODEL["intermediate_size"], seq_len=a.seq_len, vocab=vocab)
-    predicted = (training_flops_per_token(**shape, masked_fraction=None)
-                 / training_flops_per_token(**shape, masked_fraction=0.15))
-    print(f"model: {MODEL}, vocabulary {vocab:,}, seq {a.seq_len}, batch {a.batch}, {a.threads} threads, "
-          f"{a.steps} steps ({a.skip} warm-up not counted)\n")
-    print("| training step | tokens/s | ms per step | vs HF |")
-    print("|---|---|---|---|")
-    print(f"| HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling | {hf_rate:,.0f} | "
-          f"{1e3 * tokens / hf_rate:.0f} | 1.00 |")
-    print(f"| ours (launchers/pretrain.py, DeepSpeed ZeRO 0, sparse head) | {ours_rate:,.0f} | "
-          f"{1e3 * tokens / ours_rate:.0f} | **{ours_rate / hf_rate:.2f}** |")
-    print(f"\nFLOP model: dense head / sparse head = {predicted:.2f}× the FLOPs per token "
-          "(pipeline/pretrain/flops.py); "
-          f"measured speed-up {ours_rate / hf_rate:.2f}×")
+    dense = training_flops_per_token(**shape, masked_fraction=None)
+    tokens = a.batch * a.seq_len
+    hf_seconds = rows["hf"][0] if "hf" in rows else None
+    print(f"model: {MODEL}, vocabulary {vocab:,}, seq {a.seq_len}, batch {a.batch}, fp32, {a.threads} threads, "
+          f"{a.steps} steps ({a.skip} warm-up not counted)")
+    print(f"peak: {peak / 1e9:.1f} GFLOP/s (4096² fp32 torch.mm, best of 5, {len(peaks)} times in this run: "
+          f"{', '.join(f'{x / 1e9:.0f}' for x in peaks)}); FLOPs per token: dense head {dense / 1e6:.1f} M\n")
+    print("| training step | ms per step | tokens/s | model GFLOP/s | MFU | dense-equivalent / peak | vs HF |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (seconds, masked) in rows.items():
+        per_token = dense if masked is None else training_flops_per_token(**shape, masked_fraction=masked)
+        label = ("HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling" if name == "hf"
+                 else f"ours, {name}: {VARIANTS[name][0]}")
+        flops = tokens * per_token / seconds
+        speedup = f"{hf_seconds / seconds:.2f}" if hf_seconds else "–"
+        print(f"| {label} | {1e3 * seconds:,.0f} | {tokens / seconds:,.0f} | {flops / 1e9:.1f} | "
+              f"**{flops / peak:.0%}** | {tokens * dense / seconds / peak:.0%} | {speedup} |")
+    print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -130,8 +130,9 @@ def train_loader(batches: MaskedBatches, shuffle: StepOrder, *, rank: int, start
                  num_workers: int) -> DataLoader:
     """This rank's micro batches from `start_step`, prefetched by `num_workers` processes."""
     keys = RankKeys(shuffle, rank, start_step, end_step)
+    # Pinned host memory lets the trainer's copies to a GPU run asynchronously.
     return DataLoader(batches, sampler=keys, batch_size=None, num_workers=num_workers,
-                      prefetch_factor=4 if num_workers else None)
+                      prefetch_factor=4 if num_workers else None, pin_memory=torch.cuda.is_available())
 
 
 class RankKeys:

@@ -99,6 +99,8 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-6
     weight_decay: float = 0.01
+    fused: bool = False
+    """adamw: torch's fused AdamW kernel (one pass per parameter, CPU and CUDA) instead of its per-tensor loop."""
 
 
 @dataclass
@@ -128,6 +130,9 @@ class TrainConfig:
     """Peak TFLOP/s of one device in the run's precision, for the MFU estimate (None: no MFU)."""
     export: bool = True
     """Export an HF model folder to `<output_dir>/export` at the end."""
+    compile: bool = False
+    """torch.compile the model through DeepSpeed's `engine.compile()` (inductor): a one-off compile at the
+    first steps, then faster steps; needs a C++ compiler on CPU and Triton on GPU."""
 
 
 @dataclass
@@ -280,6 +285,8 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
         add(f"optimizer.lr: must be > 0, got {o.lr}")
     if not all(0 <= b < 1 for b in o.betas):
         add(f"optimizer.betas: each must be in [0, 1), got {list(o.betas)}")
+    if o.fused and o.name != "adamw":
+        add(f"optimizer.fused: only for optimizer.name adamw, got {o.name}")
     if o.eps <= 0 or o.weight_decay < 0:
         add(f"optimizer.eps must be > 0 and optimizer.weight_decay ≥ 0, got {o.eps} and {o.weight_decay}")
     s, t = c.schedule, c.train
@@ -301,6 +308,10 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
         add(f"train.eval_every: must be ≥ 0, got {t.eval_every}")
     if t.peak_tflops is not None and t.peak_tflops <= 0:
         add(f"train.peak_tflops: must be > 0 or null, got {t.peak_tflops}")
+    if t.compile:
+        from pipeline.pretrain.compilation import compile_problems
+
+        problems += compile_problems(c, cuda=cuda)
     if c.checkpoint.every < 1 or c.checkpoint.keep_last < 1:
         add(f"checkpoint.every and checkpoint.keep_last must be ≥ 1, got {c.checkpoint.every} and "
             f"{c.checkpoint.keep_last}")

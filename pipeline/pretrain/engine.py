@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.compilation import compile_engine
 from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
@@ -49,7 +50,9 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     common = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
     if o.name == "adamw":
         # torch's AdamW needs no compiled extension; offloaded states need DeepSpeed's CPU Adam.
-        ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload}}
+        # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included.
+        fused = {"fused": True} if o.fused and not offload else {}
+        ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload, **fused}}
     elif cuda:
         ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
@@ -132,6 +135,8 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         lr_scheduler=make_scheduler,
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
+    if config.train.compile:
+        compile_engine(engine)
     return engine
 
 

@@ -35,6 +35,7 @@ from pipeline.pretrain.phases import (
     samples_consumed,
     stream_start,
 )
+from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink, open_metrics
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
@@ -201,6 +202,7 @@ class Pretrainer:
         loader = None
         progress = self._progress_bar()
         window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
+        sync = StepSync(self.plan.world_size)
         stopped_by = None
         self.engine.train()
         while self.step < c.train.max_steps:
@@ -217,7 +219,7 @@ class Pretrainer:
                 batch = next(loader)
                 step_tokens += real_tokens(batch)
                 seed_micro_batch(c.train.seed, self.step, plan.micro_batch_index(topo.rank, micro_step))
-                out = self.engine(**{k: v.to(self.engine.device) for k, v in batch.items()})
+                out = self.engine(**{k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()})
                 self.engine.backward(out["loss"])
                 self.engine.step()
                 micro_losses.append(out["loss"].detach().float())
@@ -225,28 +227,29 @@ class Pretrainer:
                     if key in out:
                         extra.setdefault(key, []).append(out[key].detach().float())
             self.step += 1
-            # One all-reduce per step carries the losses, token count and any stop request.
-            summary = torch.stack([torch.stack(micro_losses).mean()] + [torch.stack(v).mean() for v in extra.values()]
-                                  + [torch.tensor(float(step_tokens), device=micro_losses[0].device),
-                                     torch.tensor(float(stop.requested), device=micro_losses[0].device)]).cpu()
-            dist.all_reduce(summary)
-            n = plan.world_size
-            loss = summary[0].item() / n
-            extras = {k: summary[1 + i].item() / n for i, k in enumerate(extra)}
-            window_tokens += summary[-2].item()
-            window_samples += plan.global_batch_size
-            if not math.isfinite(loss) and c.precision != "fp16":
-                self._stop_on_nonfinite(loss)
-            if self.step % c.train.log_every == 0 or self.step == c.train.max_steps:
-                elapsed = time.perf_counter() - window_start
-                self._log_step(loss, extras, lr, window_tokens / elapsed, window_samples / elapsed, progress)
-                window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
-            if c.train.eval_every and self.step % c.train.eval_every == 0 and self.step < c.train.max_steps:
+            sync.record(self.step, micro_losses, extra, step_tokens)
+            window_samples += plan.global_batch_size  # phases may change the batch
+            stop_now = sync.stop_requested(stop.requested)
+            last = self.step == c.train.max_steps
+            log_now = self.step % c.train.log_every == 0 or last
+            eval_now = bool(c.train.eval_every) and self.step % c.train.eval_every == 0 and not last
+            save_now = self.step % c.checkpoint.every == 0 and not last
+            if log_now or eval_now or save_now or stop_now:  # only then do the losses come to the host
+                checked = sync.check()
+                window_tokens += checked.tokens
+                if not math.isfinite(checked.window_loss) and c.precision != "fp16":
+                    self._stop_on_nonfinite(checked)
+                if log_now:
+                    elapsed = time.perf_counter() - window_start
+                    self._log_step(checked.loss, checked.extras, lr, window_tokens / elapsed,
+                                   window_samples / elapsed, progress)
+                    window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
+            if eval_now:
                 self._evaluate()
-            if summary[-1].item() > 0:
+            if stop_now:
                 stopped_by = stop.signal_name or "a stop signal on another rank"
                 break
-            if self.step % c.checkpoint.every == 0 and self.step < c.train.max_steps:
+            if save_now:
                 self._checkpoint()
         if progress is not None:
             progress.close()
@@ -282,10 +285,14 @@ class Pretrainer:
         dist.barrier()
         return RunResult(self.step, stopped_by, export_dir)
 
-    def _stop_on_nonfinite(self, loss: float) -> None:
+    def _stop_on_nonfinite(self, checked: CheckedLosses) -> None:
         newest = checkpoints.newest_complete(self.layout.checkpoints)
         self.metrics.close("FAILED")
-        raise PipelineError(f"the training loss is {loss} at step {self.step}; stopping without saving. "
+        loss = checked.loss if not math.isfinite(checked.loss) else checked.window_loss
+        since = "" if checked.first_step == self.step else (
+            f" (checked at logging, evaluation and checkpoint steps: it became non-finite at one of steps "
+            f"{checked.first_step}-{self.step})")
+        raise PipelineError(f"the training loss is {loss} at step {self.step}{since}; stopping without saving. "
                             f"The last good checkpoint is {newest or 'none (no checkpoint yet)'}. Lower "
                             f"optimizer.lr, raise schedule.warmup_steps or check the data")
 
