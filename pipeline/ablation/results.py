@@ -13,6 +13,7 @@ import io
 import json
 import statistics
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from pipeline.ablation.plan import ArmPlan
@@ -111,7 +112,9 @@ def direction_checks(results: list[ArmResult], tasks: list[str], paper_order: li
             lines.append(f"- {label}: not measured for every arm yet")
             continue
         ranked = sorted(arms, key=lambda r: -value(r) if higher_better else value(r))
-        shown = " > ".join(f"{r.arm} ({value(r):.4g})" for r in ranked)
+        # Best first; "=" between arms whose values are equal, so a tie never reads as an order.
+        shown = f"{ranked[0].arm} ({value(ranked[0]):.4g})" + "".join(
+            f" {'=' if value(b) == value(a) else '>'} {b.arm} ({value(b):.4g})" for a, b in pairwise(ranked))
         paper = " > ".join(r.arm for r in arms)
         if len({value(r) for r in arms}) < len(arms):
             verdict = f"some arms tie, so no direction to compare (paper: {paper})"
@@ -119,7 +122,7 @@ def direction_checks(results: list[ArmResult], tasks: list[str], paper_order: li
             verdict = "same direction as the paper"
         else:
             verdict = f"differs from the paper ({paper})"
-        lines.append(f"- {label} ({'higher' if higher_better else 'lower'} is better): {shown}: {verdict}")
+        lines.append(f"- {label} ({'higher' if higher_better else 'lower'} is better; best first): {shown}: {verdict}")
     return lines
 
 

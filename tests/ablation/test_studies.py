@@ -103,6 +103,8 @@ def test_results_table_has_a_row_per_arm_and_checks_the_papers_direction():
     checks = direction_checks(rows, ["sst2"], ["dynamic", "static"])
     assert checks[0].endswith("dynamic (11) > static (12): same direction as the paper")
     assert "static (0.8) > dynamic (0.78): differs from the paper (dynamic > static)" in checks[1]
+    tied = [result("static", 12.0, 0.5), result("dynamic", 11.0, 0.5)]
+    assert "dynamic (0.5) = static (0.5): some arms tie" in direction_checks(tied, ["sst2"], ["dynamic", "static"])[1]
     md = results_markdown("Study masking", ["corpus: c"], rows, ["sst2"], "dynamic ≥ static", ["dynamic", "static"],
                           "loss_curves.png")
     assert "| dynamic | dynamic arm | 10 | 32 | 40960 | 0.50 | 1.5000 | 11.00 | 0.7800 | 3 |" in md
