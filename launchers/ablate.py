@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokenizer", help="use this tokenizer folder or hub name instead of training one")
     p.add_argument("--lr-scaling", choices=("paper", "sqrt"), default="paper",
                    help="batch-size study: LR × 1, 7, 10 as RoBERTa Table 3 (paper) or × √(batch factor)")
-    p.add_argument("--ranks", type=int, default=1, help="pretraining processes (default 1; >1 uses deepspeed)")
+    p.add_argument("--ranks", type=int, default=1, help="pretraining processes (default 1; >1 uses torchrun)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes for the shards")
     p.add_argument("--pretrain-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a pretraining config key for every arm")

@@ -101,7 +101,8 @@ class Stages:
         self.stop_requested = True
         print(f"\n{signal.Signals(signum).name}: stopping the running stage cleanly (pretraining saves after "
               "its step); rerun the same command to continue. Ctrl-C again stops at once.", flush=True)
-        os.killpg(self._running.pid, signal.SIGTERM)
+        # The launched process only: a signal to its DataLoader workers would crash the rank.
+        self._running.send_signal(signal.SIGTERM)
 
     def run(self, title: str, log: Path, *cmd: str | Path, launcher: list[str] | None = None) -> None:
         args = [*(launcher or [sys.executable]), *map(str, cmd)]
@@ -235,7 +236,10 @@ class StudyRunner:
         if o.ranks > 1:
             from pipeline.common.topology import free_port
 
-            launcher = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(o.ranks),
+            # torchrun, not the deepspeed launcher: on SIGTERM torchrun signals its ranks and waits
+            # for them (each finishes its step and checkpoints), where the deepspeed launcher
+            # terminates the whole process tree, DataLoader workers included, and the ranks crash.
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(o.ranks),
                         "--master_port", str(free_port())]
         self.stages.run(f"{plan.name}: pretrain {plan.steps} steps + export", self.layout.logs /
                         f"{plan.name}-pretrain.log", "launchers/pretrain.py", "--config", o.config,

@@ -132,7 +132,22 @@ def train_loader(batches: MaskedBatches, shuffle: StepOrder, *, rank: int, start
     keys = RankKeys(shuffle, rank, start_step, end_step)
     # Pinned host memory lets the trainer's copies to a GPU run asynchronously.
     return DataLoader(batches, sampler=keys, batch_size=None, num_workers=num_workers,
-                      prefetch_factor=4 if num_workers else None, pin_memory=torch.cuda.is_available())
+                      prefetch_factor=4 if num_workers else None, pin_memory=torch.cuda.is_available(),
+                      worker_init_fn=ignore_stop_signals if num_workers else None)
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """In a DataLoader worker: leave SIGTERM and SIGINT to the rank, which stops after its step and checkpoints.
+
+    Launchers that stop a job signal its whole process group (torchrun, SLURM's scancel, a terminal's
+    Ctrl-C); a worker killed by that signal makes the rank's next batch raise, and the checkpoint
+    the signal asked for is never written. The worker still exits when the loader shuts down, or
+    when the rank dies (PyTorch's worker watchdog).
+    """
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class RankKeys:

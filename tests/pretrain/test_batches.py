@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import signal
+import time
+
 import numpy as np
+import psutil
 import pytest
+import torch
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.data.shard_index import load_index
 from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys
+from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys, ignore_stop_signals, train_loader
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec
 
 
@@ -107,3 +112,30 @@ def test_a_corrupt_shard_stops_the_cache_build_naming_the_file(tmp_path, roberta
         TokenCache(copy, "train", tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("train-*/done.json"))
     write_json_atomic(tmp_path / "unused.json", {})  # keep the import honest: atomic writes are what the cache uses
+
+
+class _Numbers(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def test_a_stop_signal_to_the_process_group_leaves_the_loader_workers_serving():
+    # torchrun, scancel and a terminal's Ctrl-C signal every process of the job; the rank must get
+    # its next batches, stop after its step and checkpoint, rather than crash on a dead worker.
+    loader = torch.utils.data.DataLoader(_Numbers(), batch_size=None, num_workers=1, worker_init_fn=ignore_stop_signals)
+    batches = iter(loader)
+    assert next(batches) == 0
+    for worker in psutil.Process().children():
+        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert [next(batches) for _ in range(50)] == list(range(1, 51))
+
+
+def test_the_training_loader_installs_the_signal_guard_in_its_workers():
+    loader = train_loader(None, GlobalShuffle(64, BatchPlan.derive(8, 8, 1), seed=0), rank=0, start_step=0, end_step=2,
+                          num_workers=1)
+    assert loader.worker_init_fn is ignore_stop_signals
