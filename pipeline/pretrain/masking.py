@@ -199,25 +199,23 @@ class Masker:
         slot_at = np.full((rows, words + 1), -1, dtype=np.int64)
         slot_at[r, lo] = j
         span_of_word = np.maximum.accumulate(slot_at, axis=1)[:, :words]
-        word = np.clip(word_of_token, 0, max(words - 1, 0))
-        chosen = np.take_along_axis(covered, word, axis=1) & ~special if words else np.zeros_like(special)
-        if words:
-            # A span stops at the first special token after its start: in a packed row the next
-            # document (or, for pairs, the next segment) begins there, and a span running across
-            # would ask the model to predict one document's words as the continuation of another's.
-            segment_of_token = np.cumsum(special, axis=1)
-            word_segment = np.zeros((rows, words), dtype=np.int64)
-            sr, sc = np.nonzero(starts)
-            word_segment[sr, word_of_token[sr, sc]] = segment_of_token[sr, sc]
-            slot_segment = np.full((rows, slots + 1), -1, dtype=np.int64)
-            slot_segment[r, j] = word_segment[r, lo]
-            token_slot = np.take_along_axis(span_of_word, word, axis=1)
-            same_document = np.take_along_axis(word_segment, word, axis=1) == slot_segment[
-                np.arange(rows)[:, None], np.maximum(token_slot, 0)]
-            chosen &= same_document
-        span_slot = np.take_along_axis(span_of_word, word, axis=1).astype(np.uint64) if words else \
-            np.zeros(special.shape, dtype=np.uint64)
-        return chosen, span_slot
+        if not words:
+            return np.zeros_like(special), np.zeros(special.shape, dtype=np.uint64)
+        word = np.clip(word_of_token, 0, words - 1)
+        token_slot = np.take_along_axis(span_of_word, word, axis=1)
+        # A span stops at the first special token after its start: in a packed row the next
+        # document (or, for pairs, the next segment) begins there, and a span running across
+        # would ask the model to predict one document's words as the continuation of another's.
+        segment_of_token = np.cumsum(special, axis=1)
+        word_segment = np.zeros((rows, words), dtype=np.int64)
+        sr, sc = np.nonzero(starts)
+        word_segment[sr, word_of_token[sr, sc]] = segment_of_token[sr, sc]
+        slot_segment = np.full((rows, slots + 1), -1, dtype=np.int64)
+        slot_segment[r, j] = word_segment[r, lo]
+        same_document = np.take_along_axis(word_segment, word, axis=1) == slot_segment[
+            np.arange(rows)[:, None], np.maximum(token_slot, 0)]
+        chosen = np.take_along_axis(covered, word, axis=1) & ~special & same_document
+        return chosen, token_slot.astype(np.uint64)
 
 
 def build_masker(masking, tokenizer, vocab_size: int, mask_id: int, seed: int) -> Masker:
