@@ -60,7 +60,7 @@ def sets(overrides: list[str]) -> str:
 
 
 def pretrain_scripts(args) -> tuple[Path, list[str]]:
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.config_checks import load_pretrain_config
 
     procs = procs_per_node(args)
     config = load_pretrain_config(args.config, args.set, world_size=args.nodes * procs, cuda=args.gpus_per_node > 0,
