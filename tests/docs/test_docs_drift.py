@@ -26,6 +26,10 @@ pretrain` and `--pretrain-set`; in the fine-tuning config for finetune.py, `subm
 (or a fragment of one, such as `"data": {...}`) or an ablation study file, and loads through the
 config tree without a problem.
 
+Names. Every repository path in an inline code span (`pipeline/pretrain/lamb.py`, `configs/tiny.json`,
+`tests/...`) exists, unless it holds a placeholder (`<task>`, `*`, `NNNN`); every dotted name under
+`pipeline.` (`pipeline.hub.Encoder`) imports.
+
 Structure. No heading appears twice on one page; no placeholder tokens (PLACEHOLDER, TODO, TBD, XXX,
 FIXME); every relative link resolves, and its #anchor names a heading of the page it points at.
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import importlib.util
 import json
 import re
@@ -48,6 +53,7 @@ from doc_pages import (
     Command,
     commands,
     headings,
+    inline_spans,
     links,
     pages,
     slug,
@@ -266,6 +272,40 @@ def test_every_json_snippet_loads_through_its_config_tree(page, block):
         pytest.fail(f"{page_id(page)}:{block.line}: not JSON, nor a fragment of a JSON object", pytrace=False)
     problems = json_snippet_problems(obj)
     assert not problems, f"{page_id(page)}:{block.line}:\n  " + "\n  ".join(problems)
+
+
+# ---- names -------------------------------------------------------------------------------------
+
+REPO_PATH = re.compile(r"^(pipeline|launchers|data_prep|benchmarks|configs|tests|docs)/[\w./-]*$")
+DOTTED_NAME = re.compile(r"^(pipeline(?:\.\w+)+)")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether `pipeline.a.b.Name` is an importable module, or an attribute of the longest one that is."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", pages(), ids=page_id)
+def test_every_path_and_import_name_in_the_prose_exists(page):
+    problems = []
+    for line, span in inline_spans(split_page(page.read_text(encoding="utf-8"))[1]):
+        word = span.split()[0] if span.split() else ""
+        if REPO_PATH.match(word) and not re.search(r"[<*{]|NNN", word) and not (ROOT / word).exists():
+            problems.append(f"line {line}: {word} does not exist")
+        if (name := DOTTED_NAME.match(word)) and not resolves(name.group(1)):
+            problems.append(f"line {line}: {name.group(1)} does not import")
+    assert not problems, f"{page_id(page)}:\n  " + "\n  ".join(problems)
 
 
 # ---- structure ---------------------------------------------------------------------------------
