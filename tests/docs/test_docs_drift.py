@@ -240,6 +240,23 @@ def test_every_set_key_in_the_prose_exists_in_a_config(page):
     assert not problems, f"{page_id(page)}:\n  " + "\n  ".join(problems)
 
 
+SECTIONS = sorted({f.name for cls in CONFIGS.values() for f in dataclasses.fields(cls)})
+DOTTED_KEY = re.compile(rf"^((?:{'|'.join(SECTIONS)})(?:\.\w+)+)(?:[=: ]|$)")
+FILE_SUFFIX = re.compile(r"\.(tsv|csv|json|jsonl|txt|md|py|zst|gz|png|parquet)$")
+
+
+@pytest.mark.parametrize("page", pages(), ids=page_id)
+def test_every_dotted_config_key_in_the_prose_exists_in_a_config(page):
+    """`train.max_steps`, `masking.unit=token`, `data.use_datasets: true`: a key of one config or the other."""
+    problems = []
+    for line, span in inline_spans(split_page(page.read_text(encoding="utf-8"))[1]):
+        match = DOTTED_KEY.match(span)
+        if match and not FILE_SUFFIX.search(match.group(1)):
+            key = match.group(1)
+            problems += [f"line {line}: {key}: {p}" for p in key_problems(key + "=0", list(CONFIGS))]
+    assert not problems, f"{page_id(page)}:\n  " + "\n  ".join(problems)
+
+
 def json_snippet_problems(obj: dict) -> list[str]:
     """A config, a config fragment or a study file: what its config tree says is wrong with it."""
     if "arms" in obj:
