@@ -22,7 +22,9 @@ Config keys. Every key given with `--set`, `--pretrain-set` or `--finetune-set` 
 prose) exists in the config dataclasses: in the pretraining config for pretrain.py, `submit.py
 pretrain` and `--pretrain-set`; in the fine-tuning config for finetune.py, `submit.py finetune` and
 `--finetune-set`; in either elsewhere. The syntax's own names (`--set section.key=value`,
-`--set KEY=VALUE`, `a.b`) are not keys. Every ```json block is a pretraining or fine-tuning config
+`--set KEY=VALUE`, `a.b`) are not keys. Every dotted key that opens an inline code span
+(`train.max_steps`, `masking.unit=token`, `data.use_datasets: true`) exists in one config or the
+other; a file name such as `train.tsv` is not a key. Every ```json block is a pretraining or fine-tuning config
 (or a fragment of one, such as `"data": {...}`) or an ablation study file, and loads through the
 config tree without a problem.
 
