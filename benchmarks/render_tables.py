@@ -103,9 +103,9 @@ def machine_text(machine: dict[str, Any]) -> str:
 
 
 def render_conditions(data: dict[str, Any]) -> list[str]:
-    commit = (data.get("git_commit") or "unknown")[:7]
+    commit = f"`{(data.get('git_commit') or 'unknown')[:7]}`"
     if data.get("git_dirty"):
-        commit += " with uncommitted changes"
+        commit += " (with uncommitted changes)"
     if data.get("load_start") is None and data.get("load_end") is None and data.get("load_note"):
         load = data["load_note"]
     else:
@@ -119,7 +119,7 @@ def render_conditions(data: dict[str, Any]) -> list[str]:
         f"- date: {data.get('date', 'not recorded')}",
         f"- machine: {machine_text(data.get('machine') or {})}",
         f"- load average: {load}",
-        f"- git commit: `{commit}`",
+        f"- git commit: {commit}",
     ]
 
 

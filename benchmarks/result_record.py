@@ -2,18 +2,19 @@
 
     with BenchmarkRecord("packing_throughput", argv=sys.argv) as rec:
         ...
-        rec.table("packing", rows)                         # rows: list of {column: value} dicts
-        rec.headline("doc-packed / doc", 1.76, target=">= 1.4")
+        rec.table("4,000 IMDB reviews, seq 512", rows)     # rows: [{column: value, ...}, ...], in order
+        rec.headline("doc-packed ÷ doc", "1.76", target="≥ 1.4", met=True)
 
-On entry the record notes the command, the date (ISO 8601, UTC), the machine (cores, usable cores,
-CPU model from /proc/cpuinfo, platform, Python), the 1-minute load average and the git commit (and
-whether the tree had uncommitted changes). On a clean exit it notes the load again and writes
-`benchmarks/results/<name>.json` atomically (wherever the benchmark's own `--out` points; set
-`BENCHMARK_RESULTS_DIR` to write elsewhere, e.g. for a trial run); a benchmark that raises writes nothing, so a failed
-run never replaces a good result. `name` may carry a variant after a dot
-("budget_time_to_loss.round-2") for a benchmark whose settings give different tables.
+On entry the record notes the command, the date (ISO 8601, UTC), the machine (usable cores from
+`sched_getaffinity`, all cores, the CPU model from /proc/cpuinfo, platform, Python), the 1-, 5-
+and 15-minute load averages, and the git commit with whether tracked files had changes. On a
+clean exit it notes the load again and writes `benchmarks/results/<name>.json` atomically,
+wherever the benchmark's own `--out` points (`BENCHMARK_RESULTS_DIR` redirects it, e.g. for a
+trial run). A benchmark that raises writes nothing, so a failed run never replaces a good result.
+`name` may carry a variant after a dot ("pretraining_gain.budget-tiny") for settings whose
+tables stand beside the default run's rather than replace them.
 
-`docs/benchmarks.md`'s tables are rendered from these files by `benchmarks/render_tables.py`.
+`benchmarks/render_tables.py` renders docs/benchmarks.md's tables from these files.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -80,17 +82,20 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+# Settings from the environment that change what a benchmark measures, shown in front of its command.
+COMMAND_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+
+
 def command_line(argv: list[str]) -> str:
     """argv as a shell line, with the script path made relative to the repository where it can be."""
-    import shlex
-
     parts = list(argv)
     if parts:
         try:
             parts[0] = str(Path(parts[0]).resolve().relative_to(ROOT))
         except ValueError:
             pass
-    return "python " + shlex.join(parts)
+    env = [f"{k}={shlex.quote(os.environ[k])}" for k in COMMAND_ENV if k in os.environ]
+    return " ".join([*env, "python", shlex.join(parts)])
 
 
 class BenchmarkRecord:

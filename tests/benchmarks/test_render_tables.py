@@ -34,9 +34,12 @@ def page_with_region(name: str) -> str:
             f"{render_tables.END}\n\nMore prose.\n")
 
 
-def test_a_record_holds_the_command_date_machine_load_and_commit(tmp_path):
+def test_a_record_holds_the_command_date_machine_load_and_commit(tmp_path, monkeypatch):
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     data = synthetic_result(tmp_path)
-    assert data["command"] == "python benchmarks/toy_bench.py --steps 3"
+    assert data["command"] == "OMP_NUM_THREADS=1 python benchmarks/toy_bench.py --steps 3"
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", data["date"])
     assert data["machine"]["cores"] >= 1 and data["machine"]["cpu_model"]
     assert len(data["load_start"]) == 3 and len(data["load_end"]) == 3
@@ -59,7 +62,9 @@ def test_a_variant_name_is_its_own_file_and_a_bad_name_is_refused(tmp_path):
         BenchmarkRecord("../escape", argv=["x"], out_dir=tmp_path)
 
 
-def test_the_conditions_are_rendered_right_under_the_table(tmp_path):
+def test_the_conditions_are_rendered_right_under_the_table(tmp_path, monkeypatch):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
     results = tmp_path / "results"
     data = synthetic_result(results)
     page = render_tables.render_page(page_with_region("toy_bench"), render_tables.load_results(results))
@@ -74,7 +79,8 @@ def test_the_conditions_are_rendered_right_under_the_table(tmp_path):
     assert "Transcribed" not in region
 
 
-def test_a_transcribed_result_says_so_and_how_to_regenerate_it(tmp_path):
+def test_a_transcribed_result_says_so_and_how_to_regenerate_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     data = synthetic_result(tmp_path)
     data.update(provenance="transcribed", transcribed_from={"file": "README.md", "commit": "abc1234" + "0" * 33},
                 load_start=None, load_end=None, load_note="about 20")
