@@ -34,10 +34,17 @@ class ClozeScore:
     correct: int
     masked: int
     texts: int
+    constant_correct: int = 0
+    """Hits of the best constant guess (the blanks' most frequent token): what the plateau gets right."""
 
     @property
     def accuracy(self) -> float:
         return self.correct / self.masked if self.masked else float("nan")
+
+    @property
+    def constant_accuracy(self) -> float:
+        """The accuracy of always guessing the most frequent blanked token: the plateau's cloze accuracy."""
+        return self.constant_correct / self.masked if self.masked else float("nan")
 
 
 def masked_positions(ids: list[int], special: set[int], mask_rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -68,6 +75,7 @@ def cloze_score(encoder, texts: Iterable[str], mask_rate: float = 0.15, seed: in
         if len(positions):
             rows.append((ids, positions))
     correct = masked = 0
+    targets: list[int] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start: start + batch_size]
         inputs = []
@@ -79,9 +87,12 @@ def cloze_score(encoder, texts: Iterable[str], mask_rate: float = 0.15, seed: in
         for row, (ids, positions) in enumerate(chunk):
             where = torch.from_numpy(positions)
             guesses = encoder.lm_head(features[row, where]).argmax(dim=-1).cpu()
-            correct += int((guesses == torch.tensor(ids)[where]).sum())
+            answers = torch.tensor(ids)[where]
+            correct += int((guesses == answers).sum())
             masked += len(positions)
-    return ClozeScore(correct, masked, len(rows))
+            targets += answers.tolist()
+    constant = int(np.bincount(targets).max()) if targets else 0
+    return ClozeScore(correct, masked, len(rows), constant)
 
 
 def cloze_accuracy(encoder, texts: Iterable[str], mask_rate: float = 0.15, seed: int = 0,

@@ -76,6 +76,8 @@ class Pretrainer:
         self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
                                    config.train.seed)
         self.step = 0
+        self._entropies: dict[str, float] = {}
+        """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
         self.resumed_from: Path | None = None
         self.resume_seconds = 0.0
         resume = self._resume_source() if config.checkpoint.resume == "auto" else None
@@ -315,13 +317,43 @@ class Pretrainer:
         self.engine.train()
         dist.all_reduce(totals)
         metrics = self.data.eval_metrics(totals.numpy())
+        if self.topology.is_main:
+            metrics.update(self._plateau_metrics(metrics))
         self.metrics.log(metrics, self.step)
         self.metrics.flush()
         per_corpus = "".join(f", {s.name} {metrics[f'eval/{s.name}/mlm_loss']:.4f}"
                              for s in self.data.corpora if self.data.mixed)
-        self._print(f"step {self.step}: eval MLM loss {metrics['eval/mlm_loss']:.4f}{per_corpus}, "
+        plateau = ""
+        if "eval/unigram_entropy" in metrics:
+            margin = metrics["eval/margin_below_unigram"]
+            plateau = (f" (unigram entropy {metrics['eval/unigram_entropy']:.3f}: {abs(margin):.3f} nats "
+                       f"{'below' if margin >= 0 else 'above'} it)")
+        self._print(f"step {self.step}: eval MLM loss {metrics['eval/mlm_loss']:.4f}{plateau}{per_corpus}, "
                     f"perplexity {metrics['eval/perplexity']:.2f}")
         return metrics
+
+    def _plateau_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The unigram plateau's level beside the loss: the validation tokens' unigram entropy, and the margin below.
+
+        A loss means little on its own: a model that knows only token frequencies reaches the entropy
+        (plateau.py says why). A mix's level weighs each corpus's entropy by its share, as its loss does.
+        """
+        from pipeline.pretrain.plateau import validation_unigram_entropy
+
+        specials = self.tokenizer.all_special_ids
+        entropies = []
+        for source in self.data.corpora:
+            key = str(source.path)
+            if key not in self._entropies:  # once per folder: a bincount over its validation shards
+                self._entropies[key] = validation_unigram_entropy(source.path, specials)
+            entropies.append(self._entropies[key])
+        entropy = float(np.dot(self.data.shares, entropies)) if self.data.mixed else entropies[0]
+        out = {"eval/unigram_entropy": entropy, "eval/margin_below_unigram": entropy - metrics["eval/mlm_loss"]}
+        if self.data.mixed:
+            for source, value in zip(self.data.corpora, entropies, strict=True):
+                out[f"eval/{source.name}/unigram_entropy"] = value
+                out[f"eval/{source.name}/margin_below_unigram"] = value - metrics[f"eval/{source.name}/mlm_loss"]
+        return out
 
     def _checkpoint(self) -> None:
         plan = self.plan

@@ -55,6 +55,8 @@ def test_a_model_that_always_guesses_cat_gets_two_of_three_blanks_in_cat_dog_cat
 def test_scores_add_up_over_texts_and_max_texts_stops_reading():
     score = cloze_score(AlwaysGuesses("dog"), ["cat dog cat", "dog dog", "fish"], mask_rate=1.0)
     assert (score.correct, score.masked, score.texts) == (3, 6, 3)
+    # The best constant guess (dog: 3 of the 6 blanks) is the plateau's share.
+    assert score.constant_accuracy == pytest.approx(3 / 6)
     assert cloze_score(AlwaysGuesses("dog"), ["cat dog cat", "dog dog", "fish"], mask_rate=1.0, max_texts=1).masked == 3
 
 
