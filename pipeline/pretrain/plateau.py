@@ -95,3 +95,17 @@ def copy_floor_nats(counts: np.ndarray, ordinary_ids: int, mask_token_fraction: 
     if r > 0:
         entropy_x -= (vocab - len(p)) * (r / vocab) * np.log(r / vocab)
     return float(m * unigram_entropy_nats(counts) + visible * (joint - entropy_x))
+
+
+def beside_plateau(loss: float, entropy: float | None) -> str:
+    """A validation loss as reports print it: `5.300 (unigram entropy 6.422: 1.122 nats below it)`."""
+    if entropy is None:
+        return f"{loss:.3f}"
+    margin = entropy - loss
+    side = "below" if margin >= 0 else "above"
+    return f"{loss:.3f} (unigram entropy {entropy:.3f}: {abs(margin):.3f} nats {side} it)"
+
+
+def metrics_beside_plateau(record: dict, prefix: str = "eval/") -> str:
+    """`beside_plateau` for a metrics.jsonl record: `<prefix>mlm_loss` and `<prefix>unigram_entropy` (if logged)."""
+    return beside_plateau(record[f"{prefix}mlm_loss"], record.get(f"{prefix}unigram_entropy"))

@@ -35,6 +35,7 @@ from pipeline.pretrain.phases import (
     samples_consumed,
     stream_start,
 )
+from pipeline.pretrain.plateau import metrics_beside_plateau, validation_unigram_entropy
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink
@@ -321,14 +322,9 @@ class Pretrainer:
             metrics.update(self._plateau_metrics(metrics))
         self.metrics.log(metrics, self.step)
         self.metrics.flush()
-        per_corpus = "".join(f", {s.name} {metrics[f'eval/{s.name}/mlm_loss']:.4f}"
+        per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
                              for s in self.data.corpora if self.data.mixed)
-        plateau = ""
-        if "eval/unigram_entropy" in metrics:
-            margin = metrics["eval/margin_below_unigram"]
-            plateau = (f" (unigram entropy {metrics['eval/unigram_entropy']:.3f}: {abs(margin):.3f} nats "
-                       f"{'below' if margin >= 0 else 'above'} it)")
-        self._print(f"step {self.step}: eval MLM loss {metrics['eval/mlm_loss']:.4f}{plateau}{per_corpus}, "
+        self._print(f"step {self.step}: eval MLM loss {metrics_beside_plateau(metrics)}{per_corpus}, "
                     f"perplexity {metrics['eval/perplexity']:.2f}")
         return metrics
 
@@ -338,8 +334,6 @@ class Pretrainer:
         A loss means little on its own: a model that knows only token frequencies reaches the entropy
         (plateau.py says why). A mix's level weighs each corpus's entropy by its share, as its loss does.
         """
-        from pipeline.pretrain.plateau import validation_unigram_entropy
-
         specials = self.tokenizer.all_special_ids
         entropies = []
         for source in self.data.corpora:
