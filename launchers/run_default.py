@@ -7,7 +7,7 @@ Runs each stage as its own command, exactly as a user would type it:
   2. data_prep/train_tokenizer.py       byte-level BPE (RoBERTa) → tokenizer/
   3. data_prep/shard.py                 packed zstd shards with a validation split → shards/
   4. data_prep/verify_shards.py         every checksum and count
-  5. launchers/pretrain.py              configs/tiny.json on 2 ranks (`deepspeed --num_gpus 2`,
+  5. launchers/pretrain.py              configs/main-job.json on 2 ranks (`deepspeed --num_gpus 2`,
                                         DeepSpeed ZeRO-2 on CPU/gloo), checkpoints, MLflow, export/
   6. launchers/cloze.py                 the export fills blanks in the validation text: top-1 accuracy
                                         and three examples → cloze.json
@@ -42,7 +42,7 @@ from pipeline.common.topology import free_port, use_environment_extensions_dir  
 from pipeline.tracking.job_summary import render_summary  # noqa: E402
 
 SEQ_LEN = 128
-VOCAB_SIZE = 8000
+VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (NOTES-plateau.md)
 
 
 class MainJob:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     if not any(extensions.glob("**/deepspeed_shm_comm*.so")):
         print(f"\n(first pretraining in this environment: on CPU, DeepSpeed compiles its shared-memory comm op "
               f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
-    job.run("5/9 pretrain (2 ranks)", "pretrain", "launchers/pretrain.py", "--config", "configs/tiny.json",
+    job.run("5/9 pretrain (2 ranks)", "pretrain", "launchers/pretrain.py", "--config", "configs/main-job.json",
             "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
             "--set", f"train.output_dir={pretrain.root}", "--set", f"tracking.uri={layout.tracking_uri}",
             *full, launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())],
