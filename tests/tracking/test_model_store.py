@@ -127,7 +127,7 @@ def test_a_logged_model_is_stored_as_code_and_loads_without_unpickling(store, bp
     assert mlflow.pyfunc.load_model(uri).predict(texts) == [encoder.fill_mask(t, topk=1)[0][0] for t in texts]
 
 
-@pytest.mark.slow  # a fresh Python that imports torch, transformers and MLflow: ~15 s
+@pytest.mark.slow  # a fresh Python importing torch, transformers and MLflow (59 s here at load 11)
 def test_logging_a_model_prints_no_pickle_or_type_hint_warning(store, bpe_tokenizer_dir):
     """In a fresh process, as a trainer logs it: MLflow says nothing about CloudPickle or `predict`'s type hints."""
     import os
