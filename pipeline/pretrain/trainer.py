@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +130,7 @@ class Pretrainer:
 
     def _resume_source(self) -> tuple[Path, Path, bool] | None:
         """(complete checkpoint, folder DeepSpeed loads it from, universal?) or None for a fresh start."""
-        newest = checkpoints.newest_complete(self.layout.checkpoints)
+        newest = self._newest_intact()
         if newest is None:
             return None
         marker = checkpoints.read_marker(newest)
@@ -150,6 +151,22 @@ class Pretrainer:
             convert_to_universal(newest)
         dist.barrier()
         return newest, newest / UNIVERSAL_DIR, True
+
+    def _newest_intact(self) -> Path | None:
+        """The newest complete checkpoint whose checksums hold: checked once, by rank 0, for every rank."""
+        root = self.layout.checkpoints
+        if self.topology.world_size == 1:
+            return checkpoints.newest_intact(root, self._warn)
+        found = [None]
+        if self.topology.is_main:
+            newest = checkpoints.newest_intact(root, self._warn)
+            found = [newest.name if newest else None]
+        dist.broadcast_object_list(found, src=0)
+        return root / found[0] if found[0] else None
+
+    def _warn(self, message: str) -> None:
+        if self.topology.is_main:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
 
     def _load(self, checkpoint: Path, load_root: Path, universal: bool) -> None:
         started = time.perf_counter()
