@@ -157,3 +157,40 @@ def test_checkpoint_a_full_disk_keeps_the_previous_checkpoint_and_a_rerun_saves(
     # After space is freed the rerun saves the same step again, over the half-written folder.
     checkpoints.save_checkpoint(engine, root, 8, {"step": 8}, {}, keep_last=2)
     assert checkpoints.newest_intact(root, pytest.fail) == root / "step_00000008"
+
+
+@pytest.mark.slow
+def test_a_real_run_falls_back_past_a_flipped_bit_and_resumes_after_a_full_disk(tmp_path, roberta_shards,
+                                                                                bpe_tokenizer_dir):
+    """One process, three runs (tests/dist/damaged_and_full_checkpoints.py): the DeepSpeed checkpoints themselves."""
+    from helpers import tiny_pretrain_config
+    from test_pretrain_distributed import launch, write_config
+
+    config = write_config(tmp_path / "config.json", tiny_pretrain_config(
+        roberta_shards, bpe_tokenizer_dir, tmp_path / "unused", data={"num_workers": 0, "cache_dir": str(tmp_path)},
+        train={"export": False}, checkpoint={"every": 4, "keep_last": 3},
+        schedule={"end_lr_ratio": 1.0}))  # a flat LR after warmup: runs of 8 and 12 steps take the same steps
+    launch([], "tests/dist/damaged_and_full_checkpoints.py", config, tmp_path, timeout=300)
+    report = json.loads((tmp_path / "report.json").read_text())
+    run = tmp_path / "run" / "checkpoints"
+    assert report["first"]["last_step"] == 8 and not report["first"]["warnings"]
+    second = report["second"]
+    assert len(second["warnings"]) == 1, second
+    assert second["warnings"][0].startswith(f"warning: checkpoint {run / 'step_00000008'}: file "
+                                            "mp_rank_00_model_states.pt is damaged")
+    assert "falling back to the previous complete checkpoint step_00000004" in second["warnings"][0]
+    assert second["error"].startswith(f"{run / 'step_00000012'}: no space left on device while writing it")
+    after = report["after_second"]
+    assert after["complete"] == after["intact"] == ["step_00000004", "step_00000008"]
+    assert "damaged-step_00000008" in after["folders"]
+    assert report["third"] == {**report["third"], "last_step": 12, "warnings": []}
+    # Nothing lost: steps 5-8 retrained from step 4 give the first run's losses, and every step is logged once.
+    first = {r["step"]: r["train/loss"] for r in map(json.loads, (tmp_path / "first-metrics.jsonl").open())
+             if "train/loss" in r}
+    final = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    losses = [(r["step"], r["train/loss"]) for r in final if "train/loss" in r]
+    assert [s for s, _ in losses] == list(range(1, 13))
+    assert all(dict(losses)[s] == first[s] for s in range(1, 9))
+    print(json.dumps({"recovery": {k: report[k]["seconds"] for k in ("first", "second", "third")},
+                      "resume_load_seconds": report["resume_load_seconds"],
+                      "checkpoint_verify_seconds": report["checkpoint_verify_seconds"]}))
