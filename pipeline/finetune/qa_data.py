@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.size_limits import MAX_JSON_FILE_BYTES
 from pipeline.finetune.text_files import jsonl_records, text_lines
 
 
@@ -60,11 +61,14 @@ def read_qa(path: str | Path) -> QASplit:
 
 def read_squad_json(path: str | Path) -> QASplit:
     """The official SQuAD layout: `data[].paragraphs[].{context, qas[].{id, question, answers[], is_impossible}}`."""
-    text = "\n".join(line for _, line in text_lines(path))
+    # The official files are one line of tens of MB: the bound is the whole file's, not a task file line's.
+    text = "\n".join(line for _, line in text_lines(path, max_line_bytes=MAX_JSON_FILE_BYTES))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise PipelineError(f"{path}:{err.lineno}: invalid JSON: {err.msg}") from None
+    except RecursionError:
+        raise PipelineError(f"{path}: invalid JSON: nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise PipelineError(f"{path}: expected SQuAD JSON, an object with a \"data\" list of articles")
     split = QASplit(str(path))
