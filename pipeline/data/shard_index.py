@@ -129,7 +129,8 @@ def index_problems(index, path: Path) -> list[str]:
                                 "(no '..', no absolute path)")
             elif name in names:
                 problems.append(f"{at}.file {name!r}: listed twice")
-            names.add(name)
+            else:
+                names.add(name)
             sequences, tokens = shard.get("sequences"), shard.get("tokens")
             if not _is_count(sequences, MAX_GLOBAL_BATCH):
                 problems.append(f"{at}.sequences {sequences!r}: expected an integer from 0 to {MAX_GLOBAL_BATCH:,}")
