@@ -72,10 +72,16 @@ def read_squad_json(path: str | Path) -> QASplit:
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise PipelineError(f"{path}: expected SQuAD JSON, an object with a \"data\" list of articles")
     split = QASplit(str(path))
-    for a, article in enumerate(data["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs", [])):
+
+    def objects(value, where: str) -> list[dict]:
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise PipelineError(f"{path} ({where}): expected a list of objects, got {type(value).__name__}")
+        return value
+
+    for a, article in enumerate(objects(data["data"], "data")):
+        for p, paragraph in enumerate(objects(article.get("paragraphs", []), f"data[{a}].paragraphs")):
             context = paragraph.get("context")
-            for q, qa in enumerate(paragraph.get("qas", [])):
+            for q, qa in enumerate(objects(paragraph.get("qas", []), f"data[{a}].paragraphs[{p}].qas")):
                 qid = str(qa.get("id", f"{a}.{p}.{q}"))
                 where = f"{path} (data[{a}].paragraphs[{p}].qas[{q}], id {qid})"
                 answers = [] if qa.get("is_impossible") else qa.get("answers", [])
