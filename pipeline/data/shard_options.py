@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from pipeline.common import size_limits as lim
-from pipeline.data.corpus import DEFAULT_MAX_DOC_BYTES, CorpusOptions
+from pipeline.data.corpus_types import DEFAULT_MAX_DOC_BYTES, CorpusOptions
 from pipeline.data.packers import PACKERS, PackMode
 from pipeline.data.shard_format import FORMAT_VERSION
 

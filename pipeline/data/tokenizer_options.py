@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.common import size_limits as lim
-from pipeline.data.corpus import CorpusOptions
+from pipeline.data.corpus_types import CorpusOptions
 from pipeline.data.tokenizer import DEFAULT_VOCAB_SIZE, TokenizerKind
 
 
