@@ -25,8 +25,9 @@ from typing import Any
 
 from pipeline.common.errors import PipelineError
 
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-"""The errors of a full disk or an exhausted quota: reported as `PipelineError`, never a traceback."""
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""The errors of a full disk, an exhausted quota or a file past the file system's size limit: reported as
+`PipelineError`, never a traceback."""
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -54,7 +55,8 @@ def space_left(path: str | os.PathLike) -> int | None:
 
 def disk_full_error(err: OSError, path: str | os.PathLike, needed: int | None = None) -> PipelineError:
     """The message for a write to `path` that ran out of space: the path, the bytes needed and left, the fix."""
-    what = "disk quota exceeded" if err.errno == errno.EDQUOT else "no space left on device"
+    what = {errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large for the file system"}.get(
+        err.errno, "no space left on device")
     left = space_left(path)
     sizes = [f"{_human(needed)} needed" if needed is not None else None,
              f"{_human(left)} left" if left is not None else None]

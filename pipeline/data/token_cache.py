@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline.common.atomic_files import publish_folder, reporting_disk_full
 from pipeline.common.errors import PipelineError
+from pipeline.data.shard_index import shard_path
 from pipeline.data.shard_reader import ShardedDataset
 
 
@@ -67,6 +68,16 @@ class TokenCache:
 
     def _fill(self, tmp: Path) -> None:
         source = self.source
+        # Every listed shard is there with its listed size before the cache is sized from the index's counts.
+        for entry in source.shards:
+            path = shard_path(source.folder, entry["file"])
+            size = path.stat().st_size if path.is_file() else None
+            if size is None:
+                raise PipelineError(f"shard {path} is missing (listed in index.json); run "
+                                    f"data_prep/verify_shards.py {source.folder}")
+            if size != entry.get("bytes", size):
+                raise PipelineError(f"shard {path} is corrupt or truncated: {size:,} bytes, index.json says "
+                                    f"{entry['bytes']:,} (run data_prep/verify_shards.py {source.folder})")
         outputs: dict[str, np.ndarray] = {}
         row = 0
         for shard in range(len(source.shards)):
