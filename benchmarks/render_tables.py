@@ -67,6 +67,17 @@ def render_table(table: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def tables_of(tables: Any) -> list[dict[str, Any]]:
+    """`results["tables"]` as a list of {title, columns, rows}: also accepts {title: rows or table} and bare rows."""
+    if not tables:
+        return []
+    if isinstance(tables, dict):
+        return [{"title": title, **(t if isinstance(t, dict) else {"rows": t})} for title, t in tables.items()]
+    if all(isinstance(t, dict) and "rows" in t for t in tables):
+        return list(tables)
+    return [{"rows": list(tables)}]  # one table given as its rows
+
+
 def verdict(met: bool | None) -> str:
     return {True: "**met**", False: "**not met**"}.get(met, "not measured")
 
@@ -132,10 +143,13 @@ def render_result(data: dict[str, Any]) -> str:
                   f"`{(source.get('commit') or '?')[:7]}` (measured before results were recorded as JSON); rerun "
                   f"`{data.get('command')}` to regenerate.", ""]
     results = data.get("results") or {}
-    for table in results.get("tables") or []:
+    for table in tables_of(results.get("tables")):
         lines += render_table(table)
     if results.get("headline"):
         lines += ["Headline:", ""] + render_headline(results["headline"])
+    rest = {k: v for k, v in results.items() if k not in ("tables", "headline")}
+    if rest:  # figures a benchmark recorded outside tables: shown as written, so none is left out
+        lines += ["Other figures:", "", "```json", json.dumps(rest, indent=1, ensure_ascii=False), "```", ""]
     for note in data.get("notes") or []:
         lines += [f"Note: {note}", ""]
     lines += render_conditions(data)

@@ -69,7 +69,7 @@ def load_average() -> list[float] | None:
 
 
 def git_state(root: Path = ROOT) -> dict[str, Any]:
-    """The checkout's commit and whether tracked files had changes (results/ itself aside)."""
+    """The checkout's commit and whether tracked files had changes (the results and their page aside)."""
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
@@ -78,7 +78,9 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
         return done.stdout.strip() if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    # The results and the page rendered from them are outputs, not what was measured.
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results",
+                 ":!docs/benchmarks.md")
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 

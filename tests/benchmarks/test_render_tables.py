@@ -90,6 +90,18 @@ def test_a_transcribed_result_says_so_and_how_to_regenerate_it(tmp_path, monkeyp
     assert "load average: about 20" in text
 
 
+def test_a_result_written_without_result_record_still_shows_every_figure():
+    """The shape other scripts write by hand: a dict of tables, loose figures, a single load number."""
+    data = {"benchmark": "by_hand", "command": "python benchmarks/by_hand.py", "date": "2026-11-23",
+            "machine": {"cores": 2, "cpu_model": "AMD EPYC"}, "load_start": 3.5, "load_end": 4.0,
+            "git_commit": "f" * 40,
+            "results": {"tables": {"speed": [{"arm": "a", "s": 1.5}]}, "peak_gflops": 92.0}}
+    text = render_tables.render_result(data)
+    assert "**speed**" in text and "| a | 1.5 |" in text
+    assert '"peak_gflops": 92.0' in text
+    assert "load average: 3.5 at the start, 4.0 at the end" in text
+
+
 def test_check_fails_on_a_stale_page_and_passes_once_rendered(tmp_path, capsys):
     results = tmp_path / "results"
     synthetic_result(results)
