@@ -76,6 +76,11 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def _token(text: str) -> str:
+    """A filling as the summary shows it: quoted, its leading space dropped, but a newline kept visible."""
+    return repr(text.strip() or text)
+
+
 def _around_mask(text: str, width: int = 60) -> str:
     """One line of at most about `width` characters around the `<mask>`, cut with '…'."""
     text = " ".join(text.split())
@@ -148,8 +153,8 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
         lines += [title] + [f"  {k:<{width}}  {v}" for k, v in rows]
     if cloze and cloze.get("examples"):
         lines += ["fill-mask on validation text (answer; the model's top 3)"]
-        lines += [f"  {_around_mask(e['masked_text'])}  ({e['answer'].strip()!r}; "
-                  + ", ".join(f"{t['token'].strip()!r} {t['probability']:.2f}" for t in e["top"]) + ")"
+        lines += [f"  {_around_mask(e['masked_text'])}  ({_token(e['answer'])}; "
+                  + ", ".join(f"{_token(t['token'])} {t['probability']:.2f}" for t in e["top"]) + ")"
                   for e in cloze["examples"]]
     lines += ["next"] + [f"  # {what}\n  {command}" for what, command in next_commands]
     return "\n".join(lines)

@@ -42,7 +42,7 @@ def run_folder(tmp_path) -> Path:
              "top": [{"token": " length", "probability": 0.41}, {"token": " number", "probability": 0.2},
                      {"token": " size", "probability": 0.1}]},
             {"masked_text": "x" * 80 + " <mask> " + "y" * 80, "answer": " z",
-             "top": [{"token": " a", "probability": 0.3}, {"token": " b", "probability": 0.2},
+             "top": [{"token": "\n", "probability": 0.3}, {"token": " b", "probability": 0.2},
                      {"token": " c", "probability": 0.1}]}]}))
     (out / "compare").mkdir()
     for name in ("train_loss.png", "eval_mlm_loss.png"):
@@ -75,6 +75,7 @@ def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_fold
     assert "  Return the <mask> of the list.  ('length'; 'length' 0.41, 'number' 0.20, 'size' 0.10)" in text
     long_example = next(line for line in text.splitlines() if "'z'" in line)
     assert long_example.startswith("  …x") and "x <mask> y" in long_example and len(long_example) < 120
+    assert "('z'; '\\n' 0.30, 'b' 0.20, 'c' 0.10)" in long_example  # a newline filling stays visible
     assert ("accuracy (docstring-package task)  pretrained 0.620 vs from scratch 0.410 (+0.210; medians of 3 seeds)"
             in text)
     assert f"mlflow ui --backend-store-uri sqlite:///{run_folder / 'mlflow.db'} --host 127.0.0.1" in text
