@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import FinetuneLayout
 from pipeline.finetune.tasks import GLUE_TASKS, task_spec
@@ -68,6 +69,9 @@ class FinetuneTrainConfig:
     seed: int = 1
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     eval_batch_size: int = 64
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """Seconds a process waits on the others (one collective, or one micro batch after the first) before it
+    decides one is dead or stuck and exits with an error (see pipeline/common/lost_rank.py)."""
 
 
 @dataclass
@@ -142,6 +146,8 @@ def finetune_problems(c: FinetuneConfig, world_size: int = 1, *, check_files: bo
         micro = t.micro_batch_size or max(1, t.batch_size // world_size)
         if problem := batch_problem(t.batch_size, micro, world_size, keys=BATCH_KEYS):
             add(problem)
+    if not t.collective_timeout_s > 0:
+        add(f"train.collective_timeout_s: must be > 0 seconds, got {t.collective_timeout_s}")
     if not all(0 <= b < 1 for b in t.adam_betas) or t.adam_eps <= 0:
         add(f"train.adam_betas must be in [0, 1) and train.adam_eps > 0, got {list(t.adam_betas)} and {t.adam_eps}")
     if t.learning_rate <= 0 or not 0 <= t.warmup_ratio < 1:
