@@ -158,7 +158,7 @@ def test_a_tracking_server_killed_during_pretraining_and_restarted(tmp_path, rob
         restarted = start_server(tmp_path, port)
         wait_ready(uri, restarted)
         back_at_step = len(step_records(out))
-        log, _ = run.communicate(timeout=180)
+        log, _ = run.communicate(timeout=400)
         assert run.returncode == 0, log[-3000:]
         steps = step_records(out)
         # metrics.jsonl: every step once
