@@ -67,10 +67,12 @@ def build_accelerator(config: FinetuneConfig, plan: BatchPlan):
     # Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each
     # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU). The timeout
     # bounds every collective (accelerate's own default is torch's 30 minutes on gloo).
-    group = InitProcessGroupKwargs(backend="gloo" if cpu else "nccl",
-                                   timeout=timedelta(seconds=config.train.collective_timeout_s))
+    # One process has no group: a backend named there would make accelerate look for one.
+    group = [InitProcessGroupKwargs(backend="gloo" if cpu else "nccl",
+                                    timeout=timedelta(seconds=config.train.collective_timeout_s))]
     return Accelerator(cpu=cpu, mixed_precision=config.train.mixed_precision,
-                       gradient_accumulation_steps=plan.accumulation, kwargs_handlers=[group])
+                       gradient_accumulation_steps=plan.accumulation,
+                       kwargs_handlers=group if plan.world_size > 1 else [])
 
 
 RERUN_HINT = "Rerun the same command: seeds with a complete.json are skipped, the others start again from epoch 1."
