@@ -185,3 +185,21 @@ def test_span_and_lamb_settings_are_checked_up_front(tmp_path):
     data["masking"] = {"unit": "sentence", "span_max_words": 0}
     with pytest.raises(ConfigError, match='masking.unit: expected one of "token", "word", "span"'):
         load_pretrain_config(write(tmp_path, data), cuda=True)
+
+
+def test_modernbert_keys_are_checked_and_refused_for_the_other_architectures(tmp_path):
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                model={"architecture": "modernbert", "local_attention": 15,
+                                       "global_attn_every_n_layers": 0, "local_rope_theta": 1.0,
+                                       "type_vocab_size": 2})
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), check_files=False)
+    message = str(err.value)
+    assert "model.local_attention: the window must be an even number" in message
+    assert "model.global_attn_every_n_layers: must be ≥ 1" in message
+    assert "model.local_rope_theta: a rotary base must be > 1" in message
+    assert "model.type_vocab_size: modernbert has no segment embeddings" in message
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                model={"architecture": "roberta", "local_attention": 64})
+    with pytest.raises(ConfigError, match="model.local_attention: applies to model.architecture modernbert only"):
+        load_pretrain_config(write(tmp_path, data), check_files=False)
