@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from pipeline.data.corpus import DEFAULT_MAX_DOC_BYTES, CorpusOptions
+from pipeline.data.corpus_types import DEFAULT_MAX_DOC_BYTES, CorpusOptions
 from pipeline.data.packers import PACKERS, PackMode
 from pipeline.data.shard_format import FORMAT_VERSION
 

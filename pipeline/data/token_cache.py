@@ -77,3 +77,40 @@ class TokenCache:
         (tmp / "done.json").write_text(json.dumps({"fields": sorted(outputs), "sequences": row}))
         # Another node (which does not share our lock) may have built it meanwhile: keep theirs.
         publish_folder(tmp, self.folder, replace=False)
+
+
+class ConcatenatedCaches:
+    """Several corpora's token caches as one row space: row `offsets[c] + i` is corpus c's row i."""
+
+    def __init__(self, caches: list[TokenCache]):
+        self.caches = caches
+        self.offsets = np.cumsum([0] + [len(c) for c in caches])
+        self.fields = {name: _ConcatenatedField(self, name) for name in caches[0].fields}
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def seq_len(self) -> int:
+        return self.caches[0].seq_len
+
+    def corpus_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, rows, side="right") - 1
+
+
+class _ConcatenatedField:
+    """`field[rows]` gathered from each corpus's memory map (rows keep their order)."""
+
+    def __init__(self, owner: ConcatenatedCaches, name: str):
+        self.owner, self.name = owner, name
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        owner = self.owner
+        first = owner.caches[0].fields[self.name]
+        out = np.empty((len(rows),) + first.shape[1:], dtype=first.dtype)
+        corpus = owner.corpus_of(rows)
+        for c in np.unique(corpus):
+            mine = corpus == c
+            out[mine] = owner.caches[c].fields[self.name][rows[mine] - owner.offsets[c]]
+        return out

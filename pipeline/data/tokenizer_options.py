@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.data.corpus import CorpusOptions
+from pipeline.data.corpus_types import CorpusOptions
 from pipeline.data.tokenizer import DEFAULT_VOCAB_SIZE, TokenizerKind
 
 

@@ -37,8 +37,9 @@ from pipeline.pretrain.phases import (
 )
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
-from pipeline.tracking.metrics import MetricsSink, open_metrics
+from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
+from pipeline.tracking.sinks import open_metrics
 
 
 @dataclass
