@@ -25,10 +25,8 @@ In one run, on 2 CPU ranks × 1 thread each (the budget recipe's layout):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -39,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.result_record import BenchmarkRecord  # noqa: E402
+
 CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 BASE = "configs/budget-tiny.json"
 ARMS = {"roberta-prelayernorm": ["model.architecture=roberta-prelayernorm"],
@@ -97,7 +97,7 @@ def peak_flops(threads: int, n: int = 2048, repeats: int = 5) -> float:
 def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, float, float]:
     """(parameters, training FLOPs per token, masking probability) of an arm's model, built as the trainer builds it."""
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.config_checks import load_pretrain_config
     from pipeline.pretrain.flops import model_flops_per_token
     from pipeline.pretrain.model import build_model
 
@@ -193,7 +193,7 @@ def main() -> None:
         raise SystemExit(f"unknown arms or --set prefixes {bad}, or no corpus at {CORPUS}")
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
-    with open_record("architecture_race", sys.argv) as rec:
+    with BenchmarkRecord("architecture_race", sys.argv) as rec:
         tokenizer, shards = prepare_data(a.out, a.documents, a.vocab_size, {**os.environ, "PYTHONPATH": str(ROOT)})
         plateau = plateau_nats(shards, tokenizer)
         target = plateau - MARGIN
@@ -216,44 +216,13 @@ def main() -> None:
                          f"{r['reached']} | {final} | {mfu} |")
         table = "\n".join(lines)
         print(table)
-        rec.results.update({"unigram_entropy_nats": plateau, "target_nats": target, "margin_nats": MARGIN,
-                            "peak_flops": peak, "documents": a.documents or 75_000, "max_minutes": a.max_minutes,
-                            "arms": rows, "table_md": table,
+        rec.table(f"IMDB ({a.documents or 75_000} reviews), 2 ranks × 1 thread, cap {a.max_minutes:g} min per run, "
+                  f"unigram entropy {plateau:.3f} nats, target {target:.3f}", rows,
+                  note=f"fp32 mm peak {peak / 1e9:.1f} GFLOP/s on 2 threads, measured in the run; MFU counts the "
+                       "model's FLOPs (pipeline/pretrain/flops.py)")
+        rec.results.update({"unigram_entropy_nats": plateau, "target_nats": target, "peak_flops": peak,
                             "runs": [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in runs]})
         (a.out / "table.md").write_text(table + "\n")
-
-
-@contextlib.contextmanager
-def open_record(name: str, argv: list[str]):
-    """benchmarks/result_record.py's BenchmarkRecord where it exists; until it is merged, the same JSON keys."""
-    try:
-        from benchmarks.result_record import BenchmarkRecord
-    except ImportError:
-        BenchmarkRecord = None
-    if BenchmarkRecord is not None:
-        with BenchmarkRecord(name, argv=argv) as rec:
-            yield rec
-        return
-
-    class Record:
-        results: dict = {}
-
-    rec = Record()
-    rec.results = {}
-    load_start = os.getloadavg()
-    date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    yield rec
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    out = Path(os.environ.get("BENCHMARK_RESULTS_DIR") or ROOT / "benchmarks" / "results") / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    data = {"command": " ".join([sys.executable.rsplit("/", 1)[-1], *argv]), "date": date,
-            "machine": {"cores": os.cpu_count(), "cpu_model": cpu}, "load_start": list(load_start),
-            "load_end": list(os.getloadavg()), "git_commit": commit, "results": rec.results}
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(out)
 
 
 if __name__ == "__main__":

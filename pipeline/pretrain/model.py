@@ -131,17 +131,28 @@ class SparseRobertaPreLayerNormForMaskedLM(RobertaPreLayerNormForMaskedLM):
 
 
 class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
-    """ModernBertForMaskedLM whose training forward projects masked positions only; returns the loss.
+    """ModernBertForMaskedLM training at masked positions only, through the model's own `sparse_prediction`.
 
-    Through the pipeline's head (`_masked_lm_loss` on `decoder(head(hidden))`) rather than the model's
-    own `sparse_prediction`: both gather the masked rows before the head and compute the same mean
-    cross-entropy; benchmarks/modernbert_head.py measured the two (docs/benchmarks.md), and this one
-    also takes doc-packed rows.
+    Its forward gathers the masked rows before `head` and `decoder` and returns their mean
+    cross-entropy, as the pipeline's `_masked_lm_loss` does for the other architectures; measured
+    against that head (benchmarks/modernbert_head.py) it was as fast or faster, so it is used.
+    `sparse_prediction` is switched on for this training class only: the saved config keeps it
+    false, so an export gives full logits. Doc-packed rows reach it as a mask per layer type (or
+    varlen segments), with the labels shaped like the (possibly flattened) input.
     """
 
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.sparse_prediction = True
+
     def forward(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
-        hidden = encode_modernbert(self.model, input_ids, attention_mask, document_ids, position_ids).last_hidden_state
-        return {"loss": _masked_lm_loss(hidden, labels, lambda h: self.decoder(self.head(h)))}
+        if document_ids is None:
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        else:
+            inputs = windowed_encoder_inputs(input_ids, document_ids, position_ids, self.config._attn_implementation,
+                                             half_window=self.config.sliding_window)
+            labels = labels.reshape(inputs["input_ids"].shape)
+        return {"loss": super().forward(**inputs, labels=labels).loss}
 
 
 class SparseBertForPreTraining(BertForPreTraining):
