@@ -181,10 +181,6 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": Roberta
                   "bert": BertForPreTraining, "modernbert": ModernBertForMaskedLM}
 
 
-def encoder_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The bare encoder inside one of the MLM models above (HF names it per architecture)."""
-    return getattr(model, model.base_model_prefix)
-
 
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
     """A freshly initialised training model, or one loaded from `model.init_from`."""
