@@ -144,7 +144,8 @@ def run_arm(arm: str, seed: int, a, tokenizer: Path, shards: Path, overrides: li
     run_capped([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "launchers/pretrain.py",
                 "--config", BASE, *(x for s in sets for x in ("--set", s))], env, launched + 60 * a.max_minutes,
                folder / "log.txt")
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    metrics = folder / "metrics.jsonl"  # absent when the cap came before the first logged step
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     return {"arm": arm, "seed": seed, "load_before": load_before, "load_after": os.getloadavg(),
             "wall_seconds": round(time.time() - launched, 1),
             "steps": max((r["step"] for r in records if "train/loss" in r), default=0),
