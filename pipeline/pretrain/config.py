@@ -14,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.common import size_limits as lim
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import batch_problem
 
@@ -321,6 +322,7 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> l
     if not c.tracking.experiment:
         add("tracking.experiment: must not be empty")
     problems += deepspeed_problems(c, cuda=cuda)
+    problems += size_problems(c)
     return problems
 
 
@@ -346,6 +348,24 @@ def modernbert_problems(m: ModelConfig) -> list[str]:
         problems.append(f"model.hidden_size / model.num_attention_heads = {m.hidden_size // m.num_attention_heads}: "
                         "rotary positions need an even head size")
     return problems
+
+
+def size_problems(c: PretrainConfig) -> list[str]:
+    """Values that would allocate absurd memory (a typo's seq_len 10^9), against pipeline/common/size_limits.py."""
+    m, t = c.model, c.train
+    checks = [(f"model.{name}", getattr(m, name), lim.MAX_MODEL_WIDTH) for name in ("hidden_size", "intermediate_size")]
+    checks += [(f"model.{name}", getattr(m, name), lim.MAX_LAYERS) for name in ("num_hidden_layers",
+                                                                               "num_attention_heads")]
+    checks += [("model.type_vocab_size", m.type_vocab_size, lim.MAX_VOCAB),
+               ("train.global_batch_size", t.global_batch_size, lim.MAX_GLOBAL_BATCH),
+               ("train.micro_batch_size", t.micro_batch_size, lim.MAX_MICRO_BATCH),
+               ("train.eval_sequences", t.eval_sequences, lim.MAX_GLOBAL_BATCH)]
+    for i, p in enumerate(c.phases or ()):
+        checks += [(f"phases[{i}].seq_len", p.seq_len, lim.MAX_SEQ_LEN),
+                   (f"phases[{i}].global_batch_size", p.global_batch_size, lim.MAX_GLOBAL_BATCH),
+                   (f"phases[{i}].micro_batch_size", p.micro_batch_size, lim.MAX_MICRO_BATCH)]
+    # Below-minimum values are the other checks' to report; only the upper bounds are new here.
+    return lim.bound_problems(checks, minimum=-(1 << 62))
 
 
 def span_problems(k: MaskingConfig) -> list[str]:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.atomic_files import write_text_atomic
+from pipeline.common.atomic_files import reporting_disk_full, write_text_atomic
 
 Number = float | int | None
 
@@ -76,8 +76,9 @@ class JsonlSink(MetricsSink):
         write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, record: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
-        self._file.flush()
+        with reporting_disk_full(self.path):  # a line cut short by a full disk is dropped on resume
+            self._file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+            self._file.flush()
 
     def log(self, metrics: Mapping[str, Number], step: int) -> None:
         self._write({"step": step, **{k: v for k, v in metrics.items() if v is not None}})

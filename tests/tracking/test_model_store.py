@@ -127,6 +127,25 @@ def test_a_logged_model_is_stored_as_code_and_loads_without_unpickling(store, bp
     assert mlflow.pyfunc.load_model(uri).predict(texts) == [encoder.fill_mask(t, topk=1)[0][0] for t in texts]
 
 
+@pytest.mark.slow  # a fresh Python importing torch, transformers and MLflow (59 s here at load 11)
+def test_logging_a_model_prints_no_pickle_or_type_hint_warning(store, bpe_tokenizer_dir):
+    """In a fresh process, as a trainer logs it: MLflow says nothing about CloudPickle or `predict`'s type hints."""
+    import os
+    import subprocess
+    import sys
+
+    export = save_export(bpe_tokenizer_dir, store["root"] / "export-quiet")
+    run = store["client"].create_run(store["experiment"], run_name="quiet").info.run_id
+    code = ("import sys; from pipeline.tracking.model_store import log_encoder_model; "
+            "print(log_encoder_model(sys.argv[1], sys.argv[2], tracking_uri=sys.argv[3]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYTHONWARNINGS"))}
+    done = subprocess.run([sys.executable, "-c", code, str(export), run, store["uri"]], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("models:/")
+    assert "CloudPickle" not in done.stderr and "type hints" not in done.stderr
+
+
 def test_shards_and_task_files_become_dataset_inputs(store, roberta_shards, tmp_path):
     from pipeline.common.atomic_files import sha256_file
 
