@@ -1,6 +1,6 @@
 """RoBERTa's design studies in one command: pretrain each arm at one token budget, fine-tune, tabulate.
 
-    python launchers/ablate.py --study masking|input-format|batch-size|nsp|STUDY.json \\
+    python launchers/ablate.py --study masking|input-format|batch-size|nsp|architecture|STUDY.json \\
         --corpus FILE_OR_DIR --out DIR [--budget-tokens N] [--tasks sst2,rte] [--glue-dir DIR] [--seeds 1,2,3]
 
 For each arm: shards (made once per packing mode in `<out>/shards/`, shared by every arm and
@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def build_parser() -> argparse.ArgumentParser:
     """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--study", required=True, help="masking, input-format, batch-size, nsp, or a study file (.json)")
+    p.add_argument("--study", required=True,
+                   help="masking, input-format, batch-size, nsp, architecture, or a study file (.json)")
     p.add_argument("--corpus", required=True, help="raw text: a .txt/.jsonl(.zst) file or a folder of them")
     p.add_argument("--out", required=True, type=Path, help="work folder: tokenizer, shards, one folder per study")
     p.add_argument("--budget-tokens", type=int, default=1 << 20,
@@ -109,7 +110,8 @@ def main(argv=None) -> None:
     config = str(Path(args.config).resolve())
     base = load_pretrain_config(config, [*args.pretrain_set, "data.shards=<shards>", "data.tokenizer=<tokenizer>"],
                                 world_size=args.ranks, check_files=False)
-    study = load_study(args.study, base.train.global_batch_size, base.optimizer.lr, args.lr_scaling)
+    study = load_study(args.study, base.train.global_batch_size, base.optimizer.lr, args.lr_scaling,
+                       base.model.intermediate_size)
     plans = plan_study(study, config, args.pretrain_set, seq_len=args.seq_len, budget_tokens=args.budget_tokens,
                        world_size=args.ranks)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -50,6 +50,19 @@ def roberta_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def doc_packed_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
+    """`doc-packed` 64-token shards (whole documents side by side, attention kept per document)."""
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
+
+    out = tmp_path_factory.mktemp("shards") / "doc-packed"
+    run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64,
+                                 out=str(out), workers=1, shard_size=100, val_fraction=0.1, pack="doc-packed",
+                                 quiet=True))
+    return out
+
+
+@pytest.fixture(scope="session")
 def pairs_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir) -> Path:
     """BERT segment-pair shards (for MLM + next-sentence prediction)."""
     from pipeline.data.shard_options import ShardOptions

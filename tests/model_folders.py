@@ -9,8 +9,18 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "in
 
 
 def tiny_config(tokenizer, architecture: str, **extra):
-    """A 2-layer, hidden-64 RobertaConfig/BertConfig sized to `tokenizer` (positions for 64 tokens)."""
-    from transformers import BertConfig, RobertaConfig
+    """A 2-layer, hidden-64 RobertaConfig/BertConfig/ModernBertConfig sized to `tokenizer` (positions for 64 tokens).
+
+    ModernBERT's two layers are one global and one local, with a 16-token window.
+    """
+    from transformers import BertConfig, ModernBertConfig, RobertaConfig
+
+    if architecture == "modernbert":
+        return ModernBertConfig(vocab_size=len(tokenizer), max_position_embeddings=64,
+                                pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
+                                cls_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                                sep_token_id=tokenizer.sep_token_id, local_attention=16,
+                                global_attn_every_n_layers=2, **TINY, **extra)
 
     if architecture == "roberta":
         return RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=64 + tokenizer.pad_token_id + 1,
@@ -21,13 +31,14 @@ def tiny_config(tokenizer, architecture: str, **extra):
 
 
 def save_export(tokenizer_dir: Path, out: Path, architecture: str = "roberta", seed: int = 0) -> Path:
-    """An export as `pipeline/pretrain/export.py` writes it: RobertaForMaskedLM / BertForPreTraining + tokenizer."""
+    """An export as `pipeline/pretrain/export.py` writes it: RobertaForMaskedLM / BertForPreTraining /
+    ModernBertForMaskedLM + tokenizer."""
     import torch
-    from transformers import AutoTokenizer, BertForPreTraining, RobertaForMaskedLM
+    from transformers import AutoTokenizer, BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(seed)
-    cls = RobertaForMaskedLM if architecture == "roberta" else BertForPreTraining
+    cls = {"roberta": RobertaForMaskedLM, "modernbert": ModernBertForMaskedLM}.get(architecture, BertForPreTraining)
     cls(tiny_config(tokenizer, architecture)).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

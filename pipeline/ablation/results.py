@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -41,6 +42,21 @@ class ArmResult:
     val_mlm_loss: float | None
     val_perplexity: float | None
     tasks: dict[str, TaskScore] = field(default_factory=dict)
+    parameters: int | None = None
+    """Parameters of the arm's exported MLM model (tied weights once), None before its export exists."""
+
+
+def export_parameters(export: Path) -> int | None:
+    """Parameters in an HF export's safetensors files, read from their headers (tied weights are saved once)."""
+    files = sorted(export.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
 
 
 def last_evaluation(metrics_jsonl: Path) -> dict[str, float]:
@@ -70,17 +86,20 @@ def arm_result(plan: ArmPlan, layout: ArmLayout, tasks: list[str], seeds: list[i
     evaluation = last_evaluation(layout.pretrain.metrics)
     scores = {task: score for task in tasks if (score := task_score(layout, task, seeds)) is not None}
     return ArmResult(plan.name, plan.description, plan.steps, plan.global_batch, plan.tokens, epochs,
-                     evaluation.get("eval/mlm_loss"), evaluation.get("eval/perplexity"), scores)
+                     evaluation.get("eval/mlm_loss"), evaluation.get("eval/perplexity"), scores,
+                     export_parameters(layout.pretrain.export))
 
 
 def _columns(results: list[ArmResult], tasks: list[str]) -> list[str]:
     metrics = {t: next((r.tasks[t].metric for r in results if t in r.tasks), "score") for t in tasks}
-    return ["arm", "description", "steps", "global batch", "tokens", "epochs", "val MLM loss", "val perplexity",
+    return ["arm", "description", "parameters", "steps", "global batch", "tokens", "epochs", "val MLM loss",
+            "val perplexity",
             *(c for t in tasks for c in (f"{t} {metrics[t]} (median)", f"{t} seeds"))]
 
 
 def _row(result: ArmResult, tasks: list[str], fmt) -> list:
-    cells = [result.arm, result.description, result.steps, result.global_batch, result.tokens,
+    cells = [result.arm, result.description, "" if result.parameters is None else result.parameters, result.steps,
+             result.global_batch, result.tokens,
              fmt(result.epochs, 2), fmt(result.val_mlm_loss, 4), fmt(result.val_perplexity, 2)]
     for task in tasks:
         score = result.tasks.get(task)

@@ -37,6 +37,16 @@ MASK = "<mask>"
 """The mask placeholder in `fill_mask` texts, whatever the tokenizer's own mask token (`[MASK]` for BERT)."""
 
 
+def mlm_head_of(model: nn.Module) -> nn.Module:
+    """Features → vocabulary logits of an HF masked-LM model: RoBERTa's `lm_head`, BERT's `cls.predictions`,
+    ModernBERT's `head` then `decoder`."""
+    if hasattr(model, "lm_head"):
+        return model.lm_head
+    if hasattr(model, "decoder") and hasattr(model, "head"):
+        return nn.Sequential(model.head, model.decoder)
+    return model.cls.predictions
+
+
 class Encoder(nn.Module):
     """A pretrained or fine-tuned encoder with fairseq's hub methods; an `nn.Module` (`.to`, `.eval`, `.train`)."""
 
@@ -93,7 +103,7 @@ class Encoder(nn.Module):
             # BertForPreTraining keeps the pooler and NSP head that AutoModelForMaskedLM would drop.
             model_class = getattr(transformers, architecture, None) if architecture == "BertForPreTraining" else None
             hf = (model_class or AutoModelForMaskedLM).from_pretrained(source.path)
-            lm_head = hf.lm_head if hasattr(hf, "lm_head") else hf.cls.predictions  # RoBERTa / BERT
+            lm_head = mlm_head_of(hf)
             encoder = cls(hf.base_model, tokenizer, lm_head, {}, source)
         if len(tokenizer) > encoder.model.config.vocab_size:
             raise PipelineError(f"model {source.path}: the tokenizer has {len(tokenizer)} tokens but the model's "
@@ -164,8 +174,8 @@ class Encoder(nn.Module):
             raise PipelineError(f"tokens exceed the model's maximum length: {tokens.size(-1)} > {self.max_positions} "
                                 "positions (encode(..., max_length=N) truncates)")
         tokens = tokens.to(self.device)
-        out = self.model(input_ids=tokens, attention_mask=(tokens != self.pad_id).long(),
-                         token_type_ids=self.segment_ids(tokens) if self.uses_segments else None,
+        segments = {"token_type_ids": self.segment_ids(tokens)} if self.uses_segments else {}
+        out = self.model(input_ids=tokens, attention_mask=(tokens != self.pad_id).long(), **segments,
                          output_hidden_states=return_all_hiddens, return_dict=True)
         return list(out.hidden_states) if return_all_hiddens else out.last_hidden_state
 

@@ -43,6 +43,17 @@ class PooledHead(nn.Module):
         return self.classifier(self.dropout(self.pooler(features)))
 
 
+class FirstTokenHead(nn.Module):
+    """ModernBERT's sequence-classification head with `cls` pooling: features[:, 0] → head → dropout → linear."""
+
+    def __init__(self, head: nn.Module, dropout: nn.Module, classifier: nn.Linear):
+        super().__init__()
+        self.head, self.dropout, self.classifier = head, dropout, classifier
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(self.head(features[:, 0])))
+
+
 def new_head(config, num_classes: int, init_weights) -> nn.Module:
     """A freshly initialised fairseq-style head (`RobertaClassificationHead`) for any BERT-family config."""
     from transformers.models.roberta.modeling_roberta import RobertaClassificationHead
@@ -62,6 +73,13 @@ def head_of(model: nn.Module) -> nn.Module:
         return PooledHead(pooler, model.dropout, classifier)  # BERT: logits from the pooled [CLS]
     if classifier is not None and hasattr(classifier, "out_proj"):
         return classifier  # RoBERTa and its relatives: the head reads features[:, 0] itself
+    if isinstance(classifier, nn.Linear) and hasattr(model, "head") and hasattr(model, "drop"):
+        if getattr(model.config, "classifier_pooling", "cls") != "cls":
+            from pipeline.common.errors import PipelineError
+
+            raise PipelineError(f"{type(model).__name__}: classifier_pooling {model.config.classifier_pooling!r} "
+                                "needs the padding mask; the hub interface supports ModernBERT's 'cls' pooling")
+        return FirstTokenHead(model.head, model.drop, classifier)  # ModernBERT
     from pipeline.common.errors import PipelineError
 
     raise PipelineError(f"{type(model).__name__}: unsupported classification head; the hub interface knows "

@@ -19,12 +19,22 @@ from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import batch_problem
 
-Architecture = Literal["roberta", "bert", "roberta-prelayernorm"]
+Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
+
+# ModernBERT's own shape keys and their defaults (ModernBERT-base, Warner et al. 2024); other architectures
+# have no such setting and refuse a value other than these.
+MODERNBERT_DEFAULTS = {"local_attention": 128, "global_attn_every_n_layers": 3, "global_rope_theta": 160_000.0,
+                       "local_rope_theta": 10_000.0}
 
 
 @dataclass
 class ModelConfig:
-    """The encoder; field names are transformers' own config names (RobertaConfig / BertConfig)."""
+    """The encoder; field names are transformers' own config names (RobertaConfig / BertConfig / ModernBertConfig).
+
+    modernbert maps the shared names onto ModernBertConfig's: `intermediate_size` is the GeGLU width (its
+    input projection is twice that), `hidden_act` its `hidden_activation`, `hidden_dropout_prob` its embedding
+    and MLP dropout, `attention_probs_dropout_prob` its `attention_dropout`, `layer_norm_eps` its `norm_eps`.
+    """
 
     architecture: Architecture = "roberta"
     init_from: str | None = None
@@ -43,6 +53,14 @@ class ModelConfig:
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     next_sentence_loss: bool = True
     """bert only: add the next-sentence-prediction loss (false: MLM alone on the same pairs data, RoBERTa §4.2)."""
+    local_attention: int = 128
+    """modernbert only: the sliding window of its local layers, in tokens (each token sees half of it either side)."""
+    global_attn_every_n_layers: int = 3
+    """modernbert only: every Nth layer (the first, then every N) attends globally, the others locally."""
+    global_rope_theta: float = 160_000.0
+    """modernbert only: the rotary base of the global layers."""
+    local_rope_theta: float = 10_000.0
+    """modernbert only: the rotary base of the local (sliding-window) layers."""
 
 
 @dataclass
@@ -265,6 +283,7 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> l
     if m.architecture != "bert" and not m.next_sentence_loss:
         add(f"model.next_sentence_loss: false applies to model.architecture bert only ({m.architecture} has no "
             "next-sentence head); leave it out")
+    problems += modernbert_problems(m)
     k = c.masking
     if not 0 < k.probability < 1:
         add(f"masking.probability: must be in (0, 1), got {k.probability}")
@@ -310,6 +329,30 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> l
         add("tracking.experiment: must not be empty")
     problems += deepspeed_problems(c, cuda=cuda)
     problems += size_problems(c)
+    return problems
+
+
+def modernbert_problems(m: ModelConfig) -> list[str]:
+    """ModernBERT's own keys: in range for modernbert, left at their defaults (unused) for the other architectures."""
+    if m.architecture != "modernbert":
+        return [f"model.{key}: applies to model.architecture modernbert only ({m.architecture} has no such "
+                "setting); leave it out" for key, default in MODERNBERT_DEFAULTS.items() if getattr(m, key) != default]
+    problems = []
+    if m.local_attention < 2 or m.local_attention % 2:
+        problems.append(f"model.local_attention: the window must be an even number ≥ 2 of tokens (half on each "
+                        f"side), got {m.local_attention}")
+    if m.global_attn_every_n_layers < 1:
+        problems.append(f"model.global_attn_every_n_layers: must be ≥ 1 (1: every layer global), got "
+                        f"{m.global_attn_every_n_layers}")
+    for key in ("global_rope_theta", "local_rope_theta"):
+        if getattr(m, key) <= 1:
+            problems.append(f"model.{key}: a rotary base must be > 1, got {getattr(m, key)}")
+    if m.type_vocab_size is not None:
+        problems.append("model.type_vocab_size: modernbert has no segment embeddings; leave it out")
+    if m.num_attention_heads >= 1 and m.hidden_size % m.num_attention_heads == 0 \
+            and (m.hidden_size // m.num_attention_heads) % 2:
+        problems.append(f"model.hidden_size / model.num_attention_heads = {m.hidden_size // m.num_attention_heads}: "
+                        "rotary positions need an even head size")
     return problems
 
 

@@ -100,7 +100,8 @@ def phase_file_problems(config: PretrainConfig, indexes: dict[str, dict]) -> lis
 
 
 # The HF `model_type` that continued pretraining of each architecture can start from.
-INIT_FROM_MODEL_TYPES = {"roberta": "roberta", "bert": "bert", "roberta-prelayernorm": "roberta-prelayernorm"}
+INIT_FROM_MODEL_TYPES = {"roberta": "roberta", "bert": "bert", "roberta-prelayernorm": "roberta-prelayernorm",
+                         "modernbert": "modernbert"}
 
 
 def init_from_problems(config: PretrainConfig, tokenizer, seq_len: int) -> list[str]:

@@ -1,8 +1,10 @@
 """Encoders built from transformers' own classes, with the MLM head applied only at masked positions.
 
-`SparseRobertaForMaskedLM`, `SparseRobertaPreLayerNormForMaskedLM` and `SparseBertForPreTraining`
-subclass `RobertaForMaskedLM`, `RobertaPreLayerNormForMaskedLM` (pre-LN: LayerNorm before each
-sub-layer, stable at higher learning rates) and `BertForPreTraining`, and only override
+`SparseRobertaForMaskedLM`, `SparseRobertaPreLayerNormForMaskedLM`, `SparseBertForPreTraining` and
+`SparseModernBertForMaskedLM` subclass `RobertaForMaskedLM`, `RobertaPreLayerNormForMaskedLM` (pre-LN:
+LayerNorm before each sub-layer, stable at higher learning rates), `BertForPreTraining` and
+`ModernBertForMaskedLM` (Warner et al. 2024: rotary positions, GeGLU, pre-norm without biases,
+alternating sliding-window and global attention), and only override
 `forward`: parameter names and state-dict keys are HF's,
 so an export is a plain HF checkpoint. The override gathers the ~15% masked positions before the
 head, so the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone;
@@ -16,6 +18,8 @@ from torch.nn import functional as F
 from transformers import (
     BertConfig,
     BertForPreTraining,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
     RobertaConfig,
     RobertaForMaskedLM,
     RobertaPreLayerNormConfig,
@@ -26,15 +30,17 @@ from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.masking import IGNORE_INDEX
-from pipeline.pretrain.packed_attention import encoder_inputs
+from pipeline.pretrain.packed_attention import encoder_inputs, windowed_encoder_inputs
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
 
 
 def hf_config(model: ModelConfig, tokenizer: TokenizerInfo,
-              seq_len: int) -> RobertaConfig | RobertaPreLayerNormConfig | BertConfig:
+              seq_len: int) -> RobertaConfig | RobertaPreLayerNormConfig | BertConfig | ModernBertConfig:
     """The transformers config for `model`, sized to the tokenizer's vocabulary and `seq_len`."""
+    if model.architecture == "modernbert":
+        return modernbert_config(model, tokenizer, seq_len)
     fields = {name: getattr(model, name) for name in HF_CONFIG_FIELDS}
     fields["attn_implementation"] = model.attn_implementation
     if model.architecture in ("roberta", "roberta-prelayernorm"):
@@ -46,6 +52,30 @@ def hf_config(model: ModelConfig, tokenizer: TokenizerInfo,
                              bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
     return BertConfig(**fields, vocab_size=tokenizer.vocab_size, max_position_embeddings=seq_len,
                       type_vocab_size=model.type_vocab_size or 2, pad_token_id=tokenizer.pad_id)
+
+
+def modernbert_config(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> ModernBertConfig:
+    """ModernBertConfig from the shared shape keys and ModernBERT's own; no biases, as in the paper.
+
+    Rotary positions need no table, so `max_position_embeddings` only records `seq_len`. The saved
+    config keeps `sparse_prediction` false: an export gives full logits, as `fill-mask` expects.
+    """
+    return ModernBertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
+        num_hidden_layers=model.num_hidden_layers, num_attention_heads=model.num_attention_heads,
+        hidden_activation=model.hidden_act, max_position_embeddings=seq_len,
+        initializer_range=model.initializer_range, norm_eps=model.layer_norm_eps,
+        embedding_dropout=model.hidden_dropout_prob, mlp_dropout=model.hidden_dropout_prob,
+        attention_dropout=model.attention_probs_dropout_prob, local_attention=model.local_attention,
+        global_attn_every_n_layers=model.global_attn_every_n_layers, global_rope_theta=model.global_rope_theta,
+        local_rope_theta=model.local_rope_theta, pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.cls_id,
+        cls_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id, sep_token_id=tokenizer.sep_id,
+        attn_implementation=model.attn_implementation)
+
+
+def first_position_id(architecture: str, pad_id: int) -> int:
+    """The position id of a sequence's first token: RoBERTa counts from pad_id + 1, BERT and ModernBERT from 0."""
+    return pad_id + 1 if architecture in ("roberta", "roberta-prelayernorm") else 0
 
 
 def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
@@ -68,6 +98,18 @@ def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, documen
     return out
 
 
+def encode_modernbert(encoder, input_ids, attention_mask=None, document_ids=None, position_ids=None):
+    """Run a ModernBertModel; with `document_ids` attention, and the local window, stay inside each document."""
+    if document_ids is None:
+        return encoder(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
+    config = encoder.config
+    inputs = windowed_encoder_inputs(input_ids, document_ids, position_ids, config._attn_implementation,
+                                     half_window=config.sliding_window)
+    out = encoder(**inputs, return_dict=True)
+    out.last_hidden_state = out.last_hidden_state.reshape(*input_ids.shape, -1)  # undo FlashAttention's flattening
+    return out
+
+
 class SparseRobertaForMaskedLM(RobertaForMaskedLM):
     """RobertaForMaskedLM whose training forward projects masked positions only; returns the loss."""
 
@@ -81,10 +123,37 @@ class SparseRobertaForMaskedLM(RobertaForMaskedLM):
 class SparseRobertaPreLayerNormForMaskedLM(RobertaPreLayerNormForMaskedLM):
     """RobertaPreLayerNormForMaskedLM with the sparse MLM head; returns the loss."""
 
-    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, **_):
-        hidden = self.roberta_prelayernorm(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                           return_dict=True).last_hidden_state
+    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
+                position_ids=None, **_):
+        hidden = encode(self.roberta_prelayernorm, input_ids, attention_mask, token_type_ids, document_ids,
+                        position_ids).last_hidden_state
         return {"loss": _masked_lm_loss(hidden, labels, self.lm_head)}
+
+
+class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
+    """ModernBertForMaskedLM training at masked positions only, through the model's own `sparse_prediction`.
+
+    Its forward gathers the masked rows before `head` and `decoder` and returns their mean
+    cross-entropy, as the pipeline's `_masked_lm_loss` does for the other architectures; measured
+    against that head (benchmarks/modernbert_head.py) neither was consistently faster (−4.5% to
+    +1.7% over three runs on shared cores), so the model's own is used.
+    `sparse_prediction` is switched on for this training class only: the saved config keeps it
+    false, so an export gives full logits. Doc-packed rows reach it as a mask per layer type (or
+    varlen segments), with the labels shaped like the (possibly flattened) input.
+    """
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.sparse_prediction = True
+
+    def forward(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
+        if document_ids is None:
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        else:
+            inputs = windowed_encoder_inputs(input_ids, document_ids, position_ids, self.config._attn_implementation,
+                                             half_window=self.config.sliding_window)
+            labels = labels.reshape(inputs["input_ids"].shape)
+        return {"loss": super().forward(**inputs, labels=labels).loss}
 
 
 class SparseBertForPreTraining(BertForPreTraining):
@@ -107,9 +176,10 @@ class SparseBertForPreTraining(BertForPreTraining):
 
 
 SPARSE_CLASSES = {"roberta": SparseRobertaForMaskedLM, "roberta-prelayernorm": SparseRobertaPreLayerNormForMaskedLM,
-                  "bert": SparseBertForPreTraining}
+                  "bert": SparseBertForPreTraining, "modernbert": SparseModernBertForMaskedLM}
 EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": RobertaPreLayerNormForMaskedLM,
-                  "bert": BertForPreTraining}
+                  "bert": BertForPreTraining, "modernbert": ModernBertForMaskedLM}
+
 
 
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:

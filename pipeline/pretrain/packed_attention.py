@@ -11,6 +11,15 @@ what each document would compute alone takes two things:
   batch is flattened into one row and the documents become varlen segments through
   `cu_seq_lens_*`, so no T × T mask exists.
 
+ModernBERT's local layers also keep a sliding window (`|i - j| ≤ local_attention / 2`, as
+transformers' `create_bidirectional_sliding_window_mask`). Its forward takes a dict of ready masks,
+one per layer type, so with SDPA/eager the local layers get the block-diagonal mask AND the band,
+the global ones the block-diagonal mask alone. With FlashAttention-2 the same varlen segments serve
+both: transformers hands each layer's `sliding_window` to `flash_attn_varlen_func` as its
+`window_size`, which applies inside each segment. (transformers 5 dropped ModernBERT's own
+`_unpad_modernbert_input`/`cu_seqlens` arguments; this generic varlen path is what its forward takes
+now.) The FlashAttention branch is written to that documented API and was not run here (no GPU).
+
 Padding at a row's end forms one more "document" that attends only to itself, so no query row of
 the mask is empty (an all-False row makes SDPA return NaN).
 """
@@ -76,3 +85,31 @@ def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position
     if attn_implementation == "eager":  # eager attention adds the mask to the scores: 0 or the dtype's minimum
         mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
     return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask}
+
+
+def sliding_window_band(length: int, half_window: int, device=None) -> torch.Tensor:
+    """(T, T) boolean: True where query and key are at most `half_window` positions apart."""
+    positions = torch.arange(length, device=device)
+    return (positions[:, None] - positions[None, :]).abs() <= half_window
+
+
+def _as_eager(mask: torch.Tensor) -> torch.Tensor:
+    """Eager attention adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere."""
+    return torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
+
+
+def windowed_encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,
+                            attn_implementation: str, half_window: int) -> dict:
+    """ModernBERT's forward arguments for doc-packed rows: per-document attention, and the window inside it.
+
+    SDPA/eager: `attention_mask` is a dict by layer type (ModernBertModel uses it as given). Within a
+    document, row distance is document distance, so the band on row positions is the document's window.
+    """
+    if attn_implementation == "flash_attention_2":
+        return encoder_inputs(input_ids, document_ids, position_ids, attn_implementation)
+    full = block_diagonal_mask(document_ids)
+    local = full & sliding_window_band(document_ids.shape[1], half_window, document_ids.device)
+    if attn_implementation == "eager":
+        full, local = _as_eager(full), _as_eager(local)
+    return {"input_ids": input_ids, "position_ids": position_ids,
+            "attention_mask": {"full_attention": full, "sliding_attention": local}}

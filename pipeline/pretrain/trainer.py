@@ -26,10 +26,10 @@ from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batches import real_tokens
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, phase_lr_multiplier, set_phase_batch
-from pipeline.pretrain.flops import mfu, training_flops_per_token
+from pipeline.pretrain.flops import mfu, model_flops_per_token
 from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, splitmix64
 from pipeline.pretrain.mixture import PretrainData
-from pipeline.pretrain.model import build_model
+from pipeline.pretrain.model import build_model, first_position_id
 from pipeline.pretrain.phases import (
     Phase,
     longest_seq_len,
@@ -113,14 +113,11 @@ class Pretrainer:
                                  tokenizer_fingerprint=info.fingerprint,
                                  with_segments=c.model.architecture == "bert",
                                  # doc-packed rows restart positions per document from the first position id
-                                 position_offset=0 if c.model.architecture == "bert" else info.pad_id + 1)
+                                 position_offset=first_position_id(c.model.architecture, info.pad_id))
         if phase.index:
             self.data.step_shift = stream_start(self.phases, phase.index, self.data.num_train_sequences) - phase.start
         self.seq_len = self.data.seq_len
-        hf = self.model_config
-        self.flops_per_token = training_flops_per_token(
-            layers=hf.num_hidden_layers, hidden=hf.hidden_size, intermediate=hf.intermediate_size,
-            seq_len=self.seq_len, vocab=hf.vocab_size, masked_fraction=c.masking.probability)
+        self.flops_per_token = model_flops_per_token(self.model_config, self.seq_len, c.masking.probability)
 
     def _hand_over(self, phase: Phase) -> None:
         """Start the next phase: its data and batch settings; weights, optimizer moments and step carry on."""

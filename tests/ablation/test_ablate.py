@@ -112,3 +112,14 @@ def test_batch_size_study_trains_three_batches_on_equal_tokens(work):
     ablate(work, "batch-size", "--no-tracking", budget=128 * 64)
     rows = check_study_folder(work, "batch-size", ["batch-4", "batch-32", "batch-128"])
     assert [int(r["steps"]) for r in rows] == [32, 4, 1]
+
+
+def test_architecture_study_trains_roberta_pre_ln_roberta_and_modernbert_at_similar_sizes(work):
+    ablate(work, "architecture", "--no-tracking")
+    rows = check_study_folder(work, "architecture", ["roberta", "roberta-prelayernorm", "modernbert"])
+    counts = {r["arm"]: int(r["parameters"]) for r in rows}
+    assert abs(counts["modernbert"] / counts["roberta"] - 1) < 0.1, counts  # GeGLU at 2/3 of the base's width
+    config = json.loads((work["out"] / "architecture/arms/modernbert/pretrain/export/config.json").read_text())
+    assert config["model_type"] == "modernbert" and config["intermediate_size"] == 85  # 2/3 of 128
+    md = (work["out"] / "architecture" / "results.md").read_text()
+    assert "| arm | description | parameters |" in md and "ModernBERT-base beats" in md

@@ -40,7 +40,30 @@ def test_builtin_studies_compare_what_the_paper_compared():
     assert nsp.pack == no_nsp.pack == "pairs" and no_nsp.set == {**nsp.set, "model.next_sentence_loss": False}
     for name in STUDIES:  # every study states the paper's finding and its order of the arms
         study = builtin_study(name, 32, 1e-3)
+        if name == "architecture":  # pre-LN RoBERTa is not in the ModernBERT paper: it has no place in its order
+            assert study.paper and study.paper_order == ["modernbert", "roberta"]
+            continue
         assert study.paper and sorted(study.paper_order) == sorted(a.name for a in study.arms)
+
+
+def test_the_architecture_study_matches_parameters_with_a_narrower_geglu():
+    """GeGLU has three matrices to GELU's two: at 2/3 the width the arms' counts come out close."""
+    from pipeline.data.tokenizer import TokenizerInfo
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.model import build_model
+
+    study = builtin_study("architecture", 32, 1e-3, intermediate_size=512)
+    assert [a.name for a in study.arms] == ["roberta", "roberta-prelayernorm", "modernbert"]
+    assert {a.pack for a in study.arms} == {"full"}  # the same shards and masking for every arm
+    info = TokenizerInfo("t", "x", 8000, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
+    counts = {}
+    for arm in study.arms:
+        shape = {k.removeprefix("model."): v for k, v in arm.set.items()}
+        model = build_model(ModelConfig(**{"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+                                           "intermediate_size": 512, **shape}), info, 128)
+        counts[arm.name] = sum(p.numel() for p in model.parameters())
+    assert study.arm("modernbert").set["model.intermediate_size"] == 341
+    assert abs(counts["modernbert"] / counts["roberta"] - 1) < 0.05, counts
 
 
 def write(tmp_path: Path, data: dict) -> str:
@@ -91,15 +114,15 @@ def test_cli_refuses_a_bad_study_before_any_work(tmp_path):
 
 def result(arm, ppl, acc, seeds=3):
     return ArmResult(arm, f"{arm} arm", 10, 32, 40960, 0.5, None if ppl is None else 1.5, ppl,
-                     {} if acc is None else {"sst2": TaskScore("accuracy", acc, seeds)})
+                     {} if acc is None else {"sst2": TaskScore("accuracy", acc, seeds)}, 123_456)
 
 
 def test_results_table_has_a_row_per_arm_and_checks_the_papers_direction():
     rows = [result("static", 12.0, 0.80), result("dynamic", 11.0, 0.78)]
     csv_text = results_csv(rows, ["sst2"])
-    assert csv_text.splitlines()[0] == ("arm,description,steps,global batch,tokens,epochs,val MLM loss,"
+    assert csv_text.splitlines()[0] == ("arm,description,parameters,steps,global batch,tokens,epochs,val MLM loss,"
                                         "val perplexity,sst2 accuracy (median),sst2 seeds")
-    assert csv_text.splitlines()[2] == "dynamic,dynamic arm,10,32,40960,0.5,1.5,11.0,0.78,3"
+    assert csv_text.splitlines()[2] == "dynamic,dynamic arm,123456,10,32,40960,0.5,1.5,11.0,0.78,3"
     checks = direction_checks(rows, ["sst2"], ["dynamic", "static"])
     assert checks[0].endswith("dynamic (11) > static (12): same direction as the paper")
     assert "static (0.8) > dynamic (0.78): differs from the paper (dynamic > static)" in checks[1]
@@ -107,7 +130,7 @@ def test_results_table_has_a_row_per_arm_and_checks_the_papers_direction():
     assert "dynamic (0.5) = static (0.5): some arms tie" in direction_checks(tied, ["sst2"], ["dynamic", "static"])[1]
     md = results_markdown("Study masking", ["corpus: c"], rows, ["sst2"], "dynamic ≥ static", ["dynamic", "static"],
                           "loss_curves.png")
-    assert "| dynamic | dynamic arm | 10 | 32 | 40960 | 0.50 | 1.5000 | 11.00 | 0.7800 | 3 |" in md
+    assert "| dynamic | dynamic arm | 123456 | 10 | 32 | 40960 | 0.50 | 1.5000 | 11.00 | 0.7800 | 3 |" in md
     assert "Paper: dynamic ≥ static" in md and "![loss curves](loss_curves.png)" in md
     unfinished = results_csv([result("a", None, None)], ["sst2"]).splitlines()[1]
-    assert unfinished == "a,a arm,10,32,40960,0.5,,,,"
+    assert unfinished == "a,a arm,123456,10,32,40960,0.5,,,,"

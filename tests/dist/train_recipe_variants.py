@@ -1,13 +1,15 @@
 """Test harness: one launch trains each masking / optimizer / model variant, then resumes it from its middle.
 
-    deepspeed --num_gpus 2 tests/dist/train_recipe_variants.py CONFIG OUT_ROOT
-    python tests/dist/train_recipe_variants.py CONFIG OUT_ROOT
+    deepspeed --num_gpus 2 tests/dist/train_recipe_variants.py CONFIG OUT_ROOT [DOC_PACKED_SHARDS]
+    python tests/dist/train_recipe_variants.py CONFIG OUT_ROOT [DOC_PACKED_SHARDS]
 
 For every variant: `OUT_ROOT/NAME/full` trains `train.max_steps` steps, checkpointing halfway;
 then `OUT_ROOT/NAME/resumed` starts from a copy of that halfway checkpoint alone (a run stopped
 there) and trains to the end with freshly built data loaders, masker and engine. The test compares
 their losses, and the 1-process launch with the 2-rank one. One launch for all variants saves a
-process-group start-up (~15 s here) per variant.
+process-group start-up (~15 s here) per variant. The modernbert variant (ZeRO-2, 30% masking, one
+global and two windowed layers) trains on DOC_PACKED_SHARDS when given, so its per-document
+attention and window run inside the real loop.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ VARIANTS = {
     "lamb": ["optimizer.name=lamb", "optimizer.lr=0.01"],
     "lamb_zero2": ["optimizer.name=lamb", "optimizer.lr=0.01", "deepspeed.zero_optimization.stage=2"],
     "prelayernorm": ["model.architecture=roberta-prelayernorm", "masking.unit=word", "train.export=true"],
+    "modernbert": ["model.architecture=modernbert", "model.num_hidden_layers=3", "model.intermediate_size=96",
+                   "model.local_attention=16", "masking.probability=0.3", "deepspeed.zero_optimization.stage=2",
+                   "train.export=true"],
 }
 
 
@@ -34,6 +39,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("config")
     p.add_argument("out_root")
+    p.add_argument("doc_packed_shards", nargs="?", default=None)
     p.add_argument("--local_rank", type=int, default=None)
     args = p.parse_args()
     topology = prepare_environment()
@@ -45,6 +51,8 @@ def main() -> None:
     from pipeline.pretrain.trainer import run_pretraining
 
     for name, overrides in VARIANTS.items():
+        if name == "modernbert" and args.doc_packed_shards:
+            overrides = [*overrides, f"data.shards={args.doc_packed_shards}"]
         root = Path(args.out_root) / name
         full = load_pretrain_config(args.config, [*overrides, f"train.output_dir={root / 'full'}"],
                                     world_size=topology.world_size, cuda=topology.cuda)

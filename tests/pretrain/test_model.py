@@ -115,3 +115,68 @@ def test_flop_model_predicts_the_sparse_head_saving_at_benchmark_size(vocab, exp
     dense = training_flops_per_token(**shape, masked_fraction=None)
     sparse = training_flops_per_token(**shape, masked_fraction=0.15)
     assert dense / sparse > expected_at_least
+
+
+MODERNBERT = dict(architecture="modernbert", num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
+                  intermediate_size=96, local_attention=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def test_modernbert_loss_equals_hf_full_logit_loss_at_30_percent_and_keys_match():
+    """The pipeline's head at masked positions = ModernBertForMaskedLM's full-logit loss with labels (1e-5)."""
+    from transformers import ModernBertForMaskedLM
+
+    torch.manual_seed(0)
+    sparse = build_model(ModelConfig(**MODERNBERT), TOKENIZER, seq_len=64).eval()
+    assert isinstance(sparse, ModernBertForMaskedLM) and sparse.config.model_type == "modernbert"
+    reference = ModernBertForMaskedLM(sparse.config).eval()
+    assert not reference.sparse_prediction  # the saved config gives full logits; the subclass gathers rows itself
+    assert list(reference.state_dict()) == list(sparse.state_dict())
+    reference.load_state_dict(sparse.state_dict())
+    ids, labels = masked_batch(rows=4, length=64, probability=0.30)
+    ours = sparse(input_ids=ids, labels=labels)["loss"]
+    theirs = reference(input_ids=ids, labels=labels).loss
+    assert abs(ours.item() - theirs.item()) < 1e-5
+    # With padding too: the 2-D mask reaches both layer types.
+    mask = torch.ones_like(ids)
+    mask[:, 50:] = 0
+    labels[:, 50:] = IGNORE_INDEX
+    ours = sparse(input_ids=ids, labels=labels, attention_mask=mask)["loss"]
+    assert abs(ours.item() - reference(input_ids=ids, labels=labels, attention_mask=mask).loss.item()) < 1e-5
+
+
+def test_modernbert_takes_its_own_shape_keys_and_has_no_biases():
+    model = build_model(ModelConfig(**{**MODERNBERT, "num_hidden_layers": 7, "global_attn_every_n_layers": 3,
+                                       "global_rope_theta": 80_000.0, "local_rope_theta": 5_000.0}),
+                        TOKENIZER, seq_len=64)
+    c = model.config
+    assert c.layer_types == ["full_attention", "sliding_attention", "sliding_attention"] * 2 + ["full_attention"]
+    assert (c.local_attention, c.sliding_window) == (16, 8)
+    assert c.rope_parameters["full_attention"]["rope_theta"] == 80_000.0
+    assert c.rope_parameters["sliding_attention"]["rope_theta"] == 5_000.0
+    assert model.model.layers[0].mlp.Wi.out_features == 2 * 96  # GeGLU: value and gate
+    # Pre-norm without biases: only the decoder has one (ModernBERT's decoder_bias).
+    assert [n for n, _ in model.named_parameters() if n.endswith("bias")] == ["decoder.bias"]
+    assert (c.pad_token_id, c.cls_token_id, c.sep_token_id, c.vocab_size) == (1, 0, 2, 500)
+
+
+def test_modernbert_decays_weight_matrices_only():
+    model = build_model(ModelConfig(**MODERNBERT), TOKENIZER, seq_len=64)
+    decay, no_decay = parameter_groups(model, 0.01)
+    assert len(decay["params"]) == sum(p.ndim == 2 for p in model.parameters())
+    assert all(p.ndim == 1 for p in no_decay["params"])  # norms' weights and the decoder's bias
+
+
+def test_modernbert_flops_count_geglu_and_the_local_window():
+    from pipeline.pretrain.flops import mean_keys_per_query, model_flops_per_token
+
+    assert mean_keys_per_query(128, None) == 128 and mean_keys_per_query(128, 200) == 128
+    assert mean_keys_per_query(5, 1) == (2 + 3 + 3 + 3 + 2) / 5
+    model = build_model(ModelConfig(**MODERNBERT), TOKENIZER, seq_len=64)
+    shape = dict(layers=3, hidden=64, intermediate=96, seq_len=64, vocab=500, masked_fraction=0.3)
+    counted = model_flops_per_token(model.config, 64, 0.3)
+    assert counted == training_flops_per_token(**shape, glu=True, local_layers=2, half_window=8)
+    # GeGLU adds H·I per layer; two windowed layers see 17 keys or fewer instead of 64.
+    plain = training_flops_per_token(**shape)
+    windowless = training_flops_per_token(**shape, glu=True)
+    assert windowless - plain == pytest.approx(6 * 3 * 64 * 96)
+    assert counted < windowless

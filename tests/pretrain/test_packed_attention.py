@@ -189,3 +189,84 @@ def test_pretraining_runs_on_doc_packed_shards_through_the_trainer(tmp_path, cor
     steps = [r for r in records if "train/loss" in r]
     assert len(steps) == 3 and all(np.isfinite(r["train/loss"]) for r in steps)
     assert any("eval/mlm_loss" in r for r in records)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_packed_modernbert_row_equals_its_documents_run_alone(attention, bpe_tokenizer_dir):
+    """Rotary positions restart per document, attention stays inside it, and so does the local window.
+
+    The window (8 tokens either side) is shorter than most documents, so a packed row that let the
+    window cross a document boundary, or applied it from the row's start, would differ.
+    """
+    from pipeline.pretrain.model import encode_modernbert, first_position_id
+
+    info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    config = hf_config(ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64,
+                                   num_attention_heads=4, intermediate_size=96, local_attention=16,
+                                   attn_implementation=attention), info, seq_len=64)
+    torch.manual_seed(0)
+    model = SPARSE_CLASSES["modernbert"](config).eval()
+    docs = [d % (info.vocab_size - 10) + 10 for d in documents(12, seed=3)]
+    assert sum(len(d) > 20 for d in docs) >= 4
+    rows, _ = _pack_with(docs, info)
+    assert first_position_id("modernbert", info.pad_id) == 0
+    document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, 0)
+    ids = torch.from_numpy(rows["input_ids"].astype(np.int64))
+    with torch.no_grad():
+        packed = encode_modernbert(model.model, ids, document_ids=torch.from_numpy(document_ids),
+                                   position_ids=torch.from_numpy(position_ids)).last_hidden_state
+        no_window = encode_modernbert(model.model, ids, attention_mask=torch.from_numpy(document_ids >= 0).long())
+        worst, compared = 0.0, 0
+        for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
+            bounds = [s for s in starts.tolist() if s >= 0] + [int(length)]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+                alone = encode_modernbert(model.model, ids[r: r + 1, a:b]).last_hidden_state[0]
+                worst = max(worst, (alone - packed[r, a:b]).abs().max().item())
+                compared += 1
+    assert compared >= 12 and worst < 1e-5
+    # The same rows without per-document attention compute something else: the check can fail.
+    assert (no_window.last_hidden_state - packed).abs().max().item() > 1e-2
+
+
+def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(bpe_tokenizer_dir):
+    info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    config = hf_config(ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64,
+                                   num_attention_heads=4, intermediate_size=96, local_attention=16), info, seq_len=64)
+    torch.manual_seed(0)
+    model = SPARSE_CLASSES["modernbert"](config).eval()
+    docs = [d % (info.vocab_size - 10) + 10 for d in documents(10, seed=5)]
+    rows, _ = _pack_with(docs, info)
+    masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id,
+                                                               info.mask_id), probability=0.3), seed=1)
+    corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
+    document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, 0)
+    with torch.no_grad():
+        packed = model(torch.from_numpy(corrupted), torch.from_numpy(labels),
+                       document_ids=torch.from_numpy(document_ids), position_ids=torch.from_numpy(position_ids))["loss"]
+        total, count = 0.0, 0
+        for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
+            bounds = [s for s in starts.tolist() if s >= 0] + [int(length)]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+                doc_labels = torch.from_numpy(labels[r: r + 1, a:b])
+                n = int((doc_labels != IGNORE_INDEX).sum())
+                if n:
+                    loss = model(torch.from_numpy(corrupted[r: r + 1, a:b]), doc_labels)["loss"]
+                    total, count = total + loss.item() * n, count + n
+    assert abs(packed.item() - total / count) < 1e-5
+
+
+def test_flash_attention_inputs_for_modernbert_are_the_varlen_segments():
+    """The GPU path (not run here): one flattened row, segments per document, no mask; the window goes to the kernel."""
+    from pipeline.pretrain.packed_attention import windowed_encoder_inputs
+
+    document_ids = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, 1, 1]])
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
+    inputs = windowed_encoder_inputs(torch.zeros(2, 6, dtype=torch.long), document_ids, position_ids,
+                                     "flash_attention_2", half_window=64)
+    assert inputs["input_ids"].shape == (1, 12) and inputs["attention_mask"] is None
+    assert inputs["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12] and inputs["max_length_q"] == 4
+    sdpa = windowed_encoder_inputs(torch.zeros(2, 6, dtype=torch.long), document_ids, position_ids, "sdpa",
+                                   half_window=1)
+    local = sdpa["attention_mask"]["sliding_attention"][1, 0]
+    assert local[0].tolist() == [True, True, False, False, False, False]  # the window, inside document 0
+    assert local[3].tolist() == [False, False, True, True, False, False]  # and never across into document 1

@@ -186,3 +186,38 @@ def test_span_and_lamb_settings_are_checked_up_front(tmp_path):
     data["masking"] = {"unit": "sentence", "span_max_words": 0}
     with pytest.raises(ConfigError, match='masking.unit: expected one of "token", "word", "span"'):
         load_pretrain_config(write(tmp_path, data), cuda=True)
+
+
+def test_modernbert_keys_are_checked_and_refused_for_the_other_architectures(tmp_path):
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                model={"architecture": "modernbert", "local_attention": 15,
+                                       "global_attn_every_n_layers": 0, "local_rope_theta": 1.0,
+                                       "type_vocab_size": 2})
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), check_files=False)
+    message = str(err.value)
+    assert "model.local_attention: the window must be an even number" in message
+    assert "model.global_attn_every_n_layers: must be ≥ 1" in message
+    assert "model.local_rope_theta: a rotary base must be > 1" in message
+    assert "model.type_vocab_size: modernbert has no segment embeddings" in message
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                model={"architecture": "roberta", "local_attention": 64})
+    with pytest.raises(ConfigError, match="model.local_attention: applies to model.architecture modernbert only"):
+        load_pretrain_config(write(tmp_path, data), check_files=False)
+
+
+def test_modernbert_presets_have_the_published_shape_and_30_percent_masking():
+    from pipeline.pretrain.phases import resolve_phases
+
+    base = load_pretrain_config(ROOT / "configs/modernbert-base.json", world_size=8, cuda=True, check_files=False)
+    m = base.model
+    assert (m.architecture, m.num_hidden_layers, m.hidden_size, m.intermediate_size) == ("modernbert", 22, 768, 1152)
+    assert (m.local_attention, m.global_attn_every_n_layers) == (128, 3)
+    assert (m.global_rope_theta, m.local_rope_theta) == (160_000.0, 10_000.0)
+    assert (base.optimizer.lr, base.optimizer.weight_decay, base.schedule.decay) == (8e-4, 1e-5, "constant")
+    # 1.7T tokens at 4,608 × 1,024 (the paper's constant-LR stage), then the 8,192-token phase.
+    first, second = resolve_phases(base)
+    assert first.steps * 4608 * 1024 == pytest.approx(1.7e12, rel=1e-4) and second.seq_len == 8192
+    tiny = load_pretrain_config(ROOT / "configs/modernbert-tiny.json", check_files=False)
+    assert base.masking.probability == tiny.masking.probability == 0.3
+    assert tiny.model.architecture == "modernbert" and tiny.model.num_hidden_layers == 3  # one global, two local

@@ -1,4 +1,5 @@
-"""Whole-word and span masking, LAMB and the pre-LN model in real runs: resume exactly, ranks agree, exports load.
+"""Whole-word and span masking, LAMB, the pre-LN model and ModernBERT in real runs: resume exactly, ranks agree,
+exports load.
 
 Two launches (one process, then 2 ranks under `deepspeed`) each train every variant of
 tests/dist/train_recipe_variants.py for 8 steps, and resume it from its step-4 checkpoint.
@@ -16,17 +17,17 @@ from test_pretrain_distributed import DEEPSPEED, launch, step_losses, write_conf
 pytestmark = pytest.mark.slow
 
 HARNESS = "tests/dist/train_recipe_variants.py"
-VARIANTS = ("word", "span_static_30", "lamb", "lamb_zero2", "prelayernorm")
+VARIANTS = ("word", "span_static_30", "lamb", "lamb_zero2", "prelayernorm", "modernbert")
 
 
 @pytest.fixture(scope="module")
-def variant_runs(tmp_path_factory, roberta_shards, bpe_tokenizer_dir) -> Path:
+def variant_runs(tmp_path_factory, roberta_shards, doc_packed_shards, bpe_tokenizer_dir) -> Path:
     root = tmp_path_factory.mktemp("variants")
     config = write_config(root / "config.json", tiny_pretrain_config(
         roberta_shards, bpe_tokenizer_dir, root / "unused", data={"num_workers": 1, "cache_dir": str(root / "cache")},
         train={"export": False}, checkpoint={"every": 4, "keep_last": 2}))
-    launch([], HARNESS, config, root / "one_rank", timeout=600)
-    launch(DEEPSPEED, HARNESS, config, root / "two_ranks", timeout=600)
+    launch([], HARNESS, config, root / "one_rank", doc_packed_shards, timeout=600)
+    launch(DEEPSPEED, HARNESS, config, root / "two_ranks", doc_packed_shards, timeout=600)
     return root
 
 
@@ -67,3 +68,40 @@ def test_the_pre_ln_export_loads_for_masked_lm_and_for_fine_tuning(variant_runs)
     assert type(classifier).__name__ == "RobertaPreLayerNormForSequenceClassification"
     encoder = classifier.roberta_prelayernorm.state_dict()
     assert all((encoder[k] == v).all() for k, v in model.roberta_prelayernorm.state_dict().items())
+
+
+def test_modernbert_trained_on_doc_packed_rows_under_zero_2(variant_runs):
+    """ModernBERT's variant: doc-packed shards, ZeRO-2, 30% masking (its resume and rank checks are above)."""
+    config = json.loads((variant_runs / "two_ranks" / "modernbert" / "full" / "config.json").read_text())
+    assert config["model"]["architecture"] == "modernbert" and config["deepspeed"]["zero_optimization"]["stage"] == 2
+    assert json.loads((Path(config["data"]["shards"]) / "index.json").read_text())["pack"] == "doc-packed"
+    assert config["masking"]["probability"] == 0.3
+
+
+def test_the_modernbert_export_reloads_to_the_checkpoints_logits(variant_runs, bpe_tokenizer_dir):
+    """Export, then reload with the Auto classes: the same logits as the trained weights in the checkpoint."""
+    import torch
+    from transformers import AutoModel, AutoModelForMaskedLM
+
+    from pipeline.common.config_tree import build_config
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.export import consolidated_state_dict
+
+    run = variant_runs / "two_ranks" / "modernbert" / "full"
+    export = AutoModelForMaskedLM.from_pretrained(run / "export").eval()
+    assert type(export).__name__ == "ModernBertForMaskedLM"
+    assert type(AutoModel.from_pretrained(run / "export")).__name__ == "ModernBertModel"
+    assert export.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    from pipeline.pretrain.model import build_model
+
+    model_config, _ = build_config(ModelConfig, json.loads((run / "config.json").read_text())["model"])
+    trained = build_model(model_config, describe_tokenizer(load_tokenizer(bpe_tokenizer_dir)), 64).eval()
+    missing, unexpected = trained.load_state_dict(
+        consolidated_state_dict(run / "checkpoints" / "step_00000008", zero_stage=2), strict=False)
+    assert not unexpected and set(missing) <= {"decoder.weight"}  # tied to the token embeddings
+    trained.tie_weights()
+    ids = torch.randint(5, export.config.vocab_size, (3, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = trained.decoder(trained.head(trained.model(ids).last_hidden_state))
+        assert (export(input_ids=ids).logits - expected).abs().max().item() < 1e-5

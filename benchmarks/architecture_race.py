@@ -1,0 +1,230 @@
+"""ModernBERT against pre-LN RoBERTa on IMDB at the same parameter count: tokens/s, time off the plateau, MFU.
+
+    python benchmarks/architecture_race.py [--max-minutes 10] [--seeds 1] [--documents 0]
+        [--arms roberta-prelayernorm,modernbert] [--set ARM:KEY=VALUE ...] [--out DIR]
+
+In one run, on 2 CPU ranks × 1 thread each (the budget recipe's layout):
+1. A 16k byte-level BPE tokenizer and 128-token `full` shards of the IMDB reviews
+   (../shared/data/corpus/imdb-reviews.jsonl.zst), made once in `--out` by the user-facing
+   commands; `--documents N` takes the first N reviews only (smoke runs).
+2. The plateau: the unigram entropy H of the validation tokens (pipeline/pretrain/plateau.py,
+   special tokens excluded); the target is a validation MLM loss of H − 1.0 nats.
+3. Each arm trains configs/budget-tiny.json's recipe (2 layers, hidden 128, 4 heads; LR 2e-3 on a
+   triangular schedule, batch 32, 15% masking for both arms, so their losses compare) with its own
+   architecture: `roberta-prelayernorm` (GELU feed-forward 512) and `modernbert` (GeGLU 341, 2/3 of
+   the width: the same parameters within a few per cent; one global layer, one with the published
+   128-token window). Each run is capped at `--max-minutes` of wall time from its launch.
+4. Per arm: parameters, median training tokens/s (padding excluded, both ranks), the time to H − 1.0
+   (wall time from launch less evaluation time, interpolated between evaluations:
+   pipeline/tracking/loss_curve.py), and MFU = tokens/s × model FLOPs per token
+   (pipeline/pretrain/flops.py: GeGLU's third matrix and the window counted) ÷ the fp32 `torch.mm`
+   peak of 2 threads measured in the same run. CPU SDPA computes every score of a windowed layer
+   (the window is a mask), so ModernBERT's MFU counts less work than the CPU does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.result_record import BenchmarkRecord  # noqa: E402
+
+CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
+BASE = "configs/budget-tiny.json"
+ARMS = {"roberta-prelayernorm": ["model.architecture=roberta-prelayernorm"],
+        "modernbert": ["model.architecture=modernbert", "model.intermediate_size=341"]}
+MARGIN = 1.0
+"""Nats below the unigram entropy that count as off the plateau."""
+RANKS = 2
+
+
+def prepare_data(out: Path, documents: int, vocab: int, env: dict) -> tuple[Path, Path]:
+    """Tokenizer and shards in `out`, made once; `documents` > 0 takes the first reviews only."""
+    corpus = CORPUS
+    if documents:
+        import zstandard
+
+        corpus = out / f"imdb-first-{documents}.jsonl"
+        if not corpus.exists():
+            with zstandard.open(CORPUS, "rt") as f:
+                corpus.write_text("".join(line for _, line in zip(range(documents), f, strict=False)))
+    py, tokenizer, shards = sys.executable, out / "tokenizer", out / "shards"
+    if not (tokenizer / "tokenizer.json").exists():
+        subprocess.run([py, "data_prep/train_tokenizer.py", "--input", str(corpus), "--type", "bpe", "--vocab-size",
+                        str(vocab), "--model-max-length", "128", "--out", str(tokenizer)], cwd=ROOT, env=env,
+                       check=True)
+    if not (shards / "index.json").exists():
+        subprocess.run([py, "data_prep/shard.py", "--input", str(corpus), "--tokenizer", str(tokenizer), "--seq-len",
+                        "128", "--val-fraction", "0.01" if not documents else "0.05", "--out", str(shards),
+                        "--quiet"], cwd=ROOT, env=env, check=True)
+    return tokenizer, shards
+
+
+def plateau_nats(shards: Path, tokenizer: Path) -> float:
+    """The unigram entropy of the validation tokens (helper `plateau` owns it; merged into main separately)."""
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer  # noqa: I001 (plateau.py not on main yet)
+    from pipeline.pretrain.plateau import validation_unigram_entropy
+
+    info = describe_tokenizer(load_tokenizer(str(tokenizer)))
+    return validation_unigram_entropy(shards, (info.cls_id, info.sep_id, info.pad_id, info.mask_id))
+
+
+def peak_flops(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` n × n fp32 matrix products on `threads` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, float, float]:
+    """(parameters, training FLOPs per token, masking probability) of an arm's model, built as the trainer builds it."""
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.flops import model_flops_per_token
+    from pipeline.pretrain.model import build_model
+
+    config = load_pretrain_config(ROOT / BASE, [*ARMS[arm], *overrides, "data.shards=x", "data.tokenizer=x"],
+                                  world_size=RANKS, check_files=False)
+    model = build_model(config.model, describe_tokenizer(load_tokenizer(str(tokenizer))), 128)
+    probability = config.masking.probability
+    return (sum(p.numel() for p in model.parameters()), model_flops_per_token(model.config, 128, probability),
+            probability)
+
+
+def run_capped(cmd: list[str], env: dict, deadline: float, log: Path) -> None:
+    """Run `cmd` until it ends or `deadline` passes, then SIGTERM it (the trainer stops after the step)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])}… failed ({proc.returncode}); see {log}")
+
+
+def run_arm(arm: str, seed: int, a, tokenizer: Path, shards: Path, overrides: list[str]) -> dict:
+    """One capped pretraining run of `arm`: its evaluation curve and logged tokens/s."""
+    from pipeline.tracking.loss_curve import curve_from_metrics
+
+    folder = a.out / "runs" / f"{arm}-seed{seed}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    batch = 32
+    sets = [*ARMS[arm], f"data.shards={shards}", f"data.tokenizer={tokenizer}", f"data.cache_dir={a.out / 'cache'}",
+            f"train.output_dir={folder}", f"train.seed={seed}", "train.log_every=5", "train.export=false",
+            f"train.eval_every={max(1, a.eval_every_sequences // batch)}", f"train.eval_sequences={a.eval_sequences}",
+            "checkpoint.every=1000000000", "checkpoint.resume=never", "tracking.enabled=false", *overrides]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    load_before, launched = os.getloadavg(), time.time()
+    run_capped([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "launchers/pretrain.py",
+                "--config", BASE, *(x for s in sets for x in ("--set", s))], env, launched + 60 * a.max_minutes,
+               folder / "log.txt")
+    metrics = folder / "metrics.jsonl"  # absent when the cap came before the first logged step
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return {"arm": arm, "seed": seed, "load_before": load_before, "load_after": os.getloadavg(),
+            "wall_seconds": round(time.time() - launched, 1),
+            "steps": max((r["step"] for r in records if "train/loss" in r), default=0),
+            "tokens_per_s": [r["train/tokens_per_s"] for r in records if r.get("train/tokens_per_s")][1:] or
+                            [r["train/tokens_per_s"] for r in records if r.get("train/tokens_per_s")],
+            "curve": [vars(p) for p in curve_from_metrics(records, launched)]}
+
+
+def summarise(runs: list[dict], shapes: dict, target: float, plateau: float, peak: float, cap: float) -> list[dict]:
+    from pipeline.tracking.loss_curve import EvalPoint, first_crossing
+
+    rows = []
+    for arm, (parameters, flops, probability) in shapes.items():
+        mine = [r for r in runs if r["arm"] == arm]
+        speeds = [statistics.median(r["tokens_per_s"]) for r in mine if r["tokens_per_s"]]
+        crossings = [first_crossing([EvalPoint(**p) for p in r["curve"]], target) for r in mine]
+        reached = [c.seconds for c in crossings if c is not None]
+        tokens_per_s = statistics.median(speeds) if speeds else None
+        rows.append({
+            "arm": arm, "parameters": parameters, "masking": probability, "seeds": len(mine),
+            "tokens_per_s": round(tokens_per_s, 1) if tokens_per_s else None,
+            "minutes_to_target": round(statistics.median(reached) / 60, 2) if len(reached) == len(mine) else None,
+            "reached": f"{len(reached)}/{len(mine)} within {cap:g} min",
+            "final_val_loss": statistics.median(r["curve"][-1]["loss"] for r in mine) if all(
+                r["curve"] for r in mine) else None,
+            "flops_per_token": round(flops), "mfu": round(tokens_per_s * flops / peak, 4) if tokens_per_s else None})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arms", default="roberta-prelayernorm,modernbert")
+    p.add_argument("--seeds", default="1")
+    p.add_argument("--max-minutes", type=float, default=10.0, help="wall-clock cap per run, from its launch")
+    p.add_argument("--documents", type=int, default=0, help="first N reviews only (0: all 75,000)")
+    p.add_argument("--vocab-size", type=int, default=16000)
+    p.add_argument("--eval-every-sequences", type=int, default=640)
+    p.add_argument("--eval-sequences", type=int, default=128)
+    p.add_argument("--set", action="append", default=[], metavar="ARM:KEY=VALUE",
+                   help="override a key of one arm's config, e.g. modernbert:model.local_attention=64")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "architecture-race")
+    a = p.parse_args()
+    arms, seeds = a.arms.split(","), [int(s) for s in a.seeds.split(",")]
+    bad = [x for x in arms if x not in ARMS] + [s for s in a.set if s.split(":", 1)[0] not in ARMS]
+    if bad or not CORPUS.exists():
+        raise SystemExit(f"unknown arms or --set prefixes {bad}, or no corpus at {CORPUS}")
+    a.out = a.out.resolve()
+    a.out.mkdir(parents=True, exist_ok=True)
+    with BenchmarkRecord("architecture_race", sys.argv) as rec:
+        tokenizer, shards = prepare_data(a.out, a.documents, a.vocab_size, {**os.environ, "PYTHONPATH": str(ROOT)})
+        plateau = plateau_nats(shards, tokenizer)
+        target = plateau - MARGIN
+        overrides = {arm: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == arm] for arm in arms}
+        shapes = {arm: arm_shape(arm, overrides[arm], tokenizer) for arm in arms}
+        peak = peak_flops(RANKS)  # 2 ranks × 1 thread: the peak of the same 2 cores
+        runs = [run_arm(arm, seed, a, tokenizer, shards, overrides[arm]) for seed in seeds for arm in arms]
+        rows = summarise(runs, shapes, target, plateau, peak, a.max_minutes)
+        loads = [x for r in runs for x in (r["load_before"][0], r["load_after"][0])]
+        lines = [f"IMDB ({a.documents or 75_000} reviews), 2 ranks × 1 thread, cap {a.max_minutes:g} min per run; "
+                 f"unigram entropy {plateau:.3f} nats, target {target:.3f}; fp32 mm peak {peak / 1e9:.1f} GFLOP/s; "
+                 f"1-min load {min(loads):.2f}–{max(loads):.2f}", "",
+                 "| arm | parameters | tokens/s | min to H − 1.0 | reached | final val loss | MFU |",
+                 "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            minutes = "not reached" if r["minutes_to_target"] is None else r["minutes_to_target"]
+            final = "–" if r["final_val_loss"] is None else f"{r['final_val_loss']:.3f}"
+            mfu = "–" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            lines.append(f"| {r['arm']} | {r['parameters']:,} | {r['tokens_per_s'] or '–'} | {minutes} | "
+                         f"{r['reached']} | {final} | {mfu} |")
+        table = "\n".join(lines)
+        print(table)
+        rec.table(f"IMDB ({a.documents or 75_000} reviews), 2 ranks × 1 thread, cap {a.max_minutes:g} min per run, "
+                  f"unigram entropy {plateau:.3f} nats, target {target:.3f}", rows,
+                  note=f"fp32 mm peak {peak / 1e9:.1f} GFLOP/s on 2 threads, measured in the run; MFU counts the "
+                       "model's FLOPs (pipeline/pretrain/flops.py)")
+        rec.results.update({"unigram_entropy_nats": plateau, "target_nats": target, "peak_flops": peak,
+                            "runs": [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in runs]})
+        (a.out / "table.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
