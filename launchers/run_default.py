@@ -42,7 +42,7 @@ from pipeline.common.topology import free_port, use_environment_extensions_dir  
 from pipeline.tracking.job_summary import render_summary  # noqa: E402
 
 SEQ_LEN = 128
-VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (NOTES-plateau.md)
+VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (docs/pretraining.md, the unigram plateau)
 
 
 class MainJob:
