@@ -83,6 +83,8 @@ class Pretrainer:
         seed_everything(config.train.seed)  # the same initial weights on every rank
         # Positions are sized for the longest phase from the start, so a hand-over changes no shape.
         model = build_model(config.model, self.tokenizer_info, longest_seq_len(self.phases))
+        if model.init_note and not resume:  # a resumed run loads the head it trained
+            self._print(model.init_note)
         self.model_config = model.config
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self._use_phase(phase_at(self.phases, start))
@@ -104,7 +106,7 @@ class Pretrainer:
         self.plan = phase.plan(self.topology.world_size)
         self.data = PretrainData(phase.data, self.plan, self.masker, seed=c.train.seed, cache_dir=c.cache_dir,
                                  tokenizer_fingerprint=info.fingerprint,
-                                 with_segments=c.model.architecture == "bert",
+                                 with_segments=c.model.architecture == "bert",  # where the shards hold pairs
                                  # doc-packed rows restart positions per document from the first position id
                                  position_offset=0 if c.model.architecture == "bert" else info.pad_id + 1)
         if phase.index:
