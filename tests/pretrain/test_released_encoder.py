@@ -48,7 +48,8 @@ def test_a_headless_bert_gets_an_mlm_head_tied_to_its_word_embeddings(released, 
                         info, seq_len=64)
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     released_weights = BertModel.from_pretrained(released).state_dict()
-    assert torch.equal(model.bert.embeddings.word_embeddings.weight, released_weights["embeddings.word_embeddings.weight"])
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight,
+                       released_weights["embeddings.word_embeddings.weight"])
     assert torch.equal(model.bert.encoder.layer[1].output.dense.weight,
                        released_weights["encoder.layer.1.output.dense.weight"])
     assert model.init_note == (f"model.init_from {released}: it has no masked-LM head: created cls.predictions "
