@@ -127,3 +127,7 @@ def test_continued_pretraining_from_a_headless_bert_on_full_shards_exports_a_mas
     start = BertModel.from_pretrained(released).embeddings.word_embeddings.weight
     moved = (mlm.bert.embeddings.word_embeddings.weight - start).abs().max().item()
     assert 0 < moved < 1.0  # continued from the released weights, 3 steps away from them
+    from pipeline.hub import Encoder
+
+    filled = Encoder.from_pretrained(export).fill_mask("the river is <mask> .", topk=3)  # the head it created
+    assert len(filled) == 3 and filled[0][1] >= filled[1][1] >= filled[2][1]
