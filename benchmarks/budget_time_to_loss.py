@@ -41,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from result_record import BenchmarkRecord  # noqa: E402
+
 SHARED = ROOT.parent / "shared" / "data"
 CORPUS = SHARED / "corpus" / "imdb-reviews.jsonl.zst"
 RECIPES = {  # name: (config, ranks)
@@ -217,8 +219,8 @@ def run_one(recipe: str, seed: int, a, tokenizer: Path, shards: Path, overrides:
             "curve": [vars(p) for p in curve]}
 
 
-def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> tuple[dict, str]:
-    """Medians over seeds per recipe and threshold (an unreached one counts as infinitely late), and the table."""
+def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> tuple[dict, str, list[dict]]:
+    """Medians over seeds per recipe and threshold (an unreached one counts as infinitely late), the table, its rows."""
     from pipeline.tracking.loss_curve import EvalPoint, first_crossing
 
     summary: dict = {}
@@ -235,6 +237,7 @@ def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> 
     header = " | ".join(f"to {t} nats: steps, min (reached)" for t in thresholds)
     lines = [f"| recipe | batch | seeds | {header} | final val loss (median) | steps run (median) |",
              "|---|---|---|" + "---|" * len(thresholds) + "---|---|"]
+    rows = []
     for name, row in summary.items():
         cells = []
         for t in thresholds:
@@ -248,6 +251,10 @@ def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> 
         finals = [x for x in row["final_loss"] if x is not None]
         lines.append(f"| {name} | {row['batch']} | {','.join(map(str, row['seeds']))} | " + " | ".join(cells)
                      + f" | {statistics.median(finals):.3f} | {statistics.median(row['steps']):,.0f} |")
+        rows.append({"recipe": name, "batch": row["batch"], "seeds": ",".join(map(str, row["seeds"])),
+                     **{f"to {t} nats: steps, min (reached)": c for t, c in zip(thresholds, cells, strict=True)},
+                     "final val loss (median)": f"{statistics.median(finals):.3f}",
+                     "steps run (median)": f"{statistics.median(row['steps']):,.0f}"})
     last = str(thresholds[-1])
     if "hf" in summary and "budget" in summary and summary["budget"].get(f"median_{last}"):
         budget = summary["budget"][f"median_{last}"]["seconds"]
@@ -259,7 +266,13 @@ def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> 
         summary["ratio_hf_over_budget"] = None
         lines.append(f"\nHF / budget wall time to {last} nats: not measurable, the budget recipe did not reach it "
                      f"in {max_minutes:g} min")
-    return summary, "\n".join(lines)
+    return summary, "\n".join(lines), rows
+
+
+def target_met(ratio: str) -> bool | None:
+    """Whether "N×" meets the 5× target; for "> N× (HF did not reach it)", met if N ≥ 5, else unknown."""
+    value = float(ratio.lstrip("> ").split("×")[0])
+    return value >= 5 if not ratio.startswith(">") else (True if value >= 5 else None)
 
 
 def main() -> None:
@@ -287,6 +300,12 @@ def main() -> None:
     bad_sets = [s for s in a.set if ":" not in s or s.split(":", 1)[0] not in RECIPES]
     if unknown or bad_sets:
         raise SystemExit(f"unknown recipes {unknown} or --set without a pipeline recipe prefix {bad_sets}")
+    with BenchmarkRecord("budget_time_to_loss", argv=sys.argv) as rec:
+        measure(a, recipes, seeds, baseline_seeds, rec)
+
+
+def measure(a: argparse.Namespace, recipes: list[str], seeds: list[int], baseline_seeds: list[int],
+            rec: BenchmarkRecord) -> None:
     thresholds = [float(t) for t in a.thresholds.split(",")]
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -299,7 +318,7 @@ def main() -> None:
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}
                              | {"last_eval": runs[-1]["curve"][-1:] or None}), flush=True)
             (a.out / "results.json").write_text(json.dumps({"runs": runs}, indent=1))
-    summary, table = summarise(runs, thresholds, a.max_minutes)
+    summary, table, rows = summarise(runs, thresholds, a.max_minutes)
     loads = [r["load_before"][0] for r in runs] + [r["load_after"][0] for r in runs]
     table += (f"\n\n{len(runs)} runs, cap {a.max_minutes:g} min each, {a.threads} threads; 1-min load average "
               f"{min(loads):.2f}–{max(loads):.2f} around the runs")
@@ -307,6 +326,13 @@ def main() -> None:
                                                     "args": {k: str(v) for k, v in vars(a).items()}}, indent=1))
     (a.out / "table.md").write_text(table + "\n")
     print(table)
+    rec.table(f"{len(runs)} runs, cap {a.max_minutes:g} min each, {a.threads} threads; medians over seeds; 1-min load "
+              f"average {min(loads):.2f}–{max(loads):.2f} around the runs", rows)
+    if "ratio_hf_over_budget" in summary:
+        ratio = summary["ratio_hf_over_budget"]
+        rec.headline(f"HF ÷ budget wall time to {thresholds[-1]} nats",
+                     ratio or "not measurable: the budget recipe did not reach it", target="≥ 5×",
+                     met=None if ratio is None else target_met(ratio))
 
 
 if __name__ == "__main__":

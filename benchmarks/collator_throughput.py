@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from result_record import BenchmarkRecord  # noqa: E402
 
 
 def best_of(fn, repeats: int) -> float:
@@ -49,7 +50,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--stat-tokens", type=int, default=1_000_000, help="tokens masked for the statistics")
     args = p.parse_args()
+    with BenchmarkRecord("collator_throughput", argv=sys.argv) as rec:
+        measure(args, rec)
 
+
+def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
     import numpy as np
     import torch
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
@@ -129,13 +134,28 @@ def main() -> None:
     print(f"batch {args.rows} × {args.seq_len} tokens, median of {args.repeats} calls, 2 threads\n")
     print("| collator | ms per batch | × token masking | share of a training step |")
     print("|---|---|---|---|")
+    cost = []
     for unit in units:
         print(f"| ours, masking.unit={unit} (gather + mask + tensors) | {t_ours[unit] * 1e3:.2f} | "
               f"{t_ours[unit] / t_ours['token']:.2f} | {100 * t_ours[unit] / t_step:.3f}% |")
+        cost.append({"collator": f"ours, `masking.unit={unit}` (gather + mask + tensors)",
+                     "ms per batch": f"{t_ours[unit] * 1e3:.2f}",
+                     "× our token masking": f"{t_ours[unit] / t_ours['token']:.2f}",
+                     "share of a training step": f"{100 * t_ours[unit] / t_step:.3f}%"})
     for name, t in (("HF DataCollatorForLanguageModeling, list inputs", t_hf_lists),
                     ("HF DataCollatorForLanguageModeling, tensor inputs", t_hf_tensors),
                     ("HF DataCollatorForLanguageModeling(whole_word_mask=True), tensors + offsets", t_hf_wwm)):
         print(f"| {name} | {t * 1e3:.2f} | {t / t_ours['token']:.2f} | {100 * t / t_step:.3f}% |")
+        cost.append({"collator": name, "ms per batch": f"{t * 1e3:.2f}",
+                     "× our token masking": f"{t / t_ours['token']:.2f}",
+                     "share of a training step": f"{100 * t / t_step:.3f}%"})
+    rec.table(f"cost ({args.rows} × {args.seq_len} batch, median of {args.repeats} calls, 2 threads; training step "
+              f"{t_step * 1e3:.0f} ms)", cost)
+    dearest = max(units, key=lambda u: t_ours[u])
+    rec.headline("dearest masking unit's share of a training step",
+                 f"{100 * t_ours[dearest] / t_step:.3f}% ({dearest})", target="< 1%",
+                 met=t_ours[dearest] / t_step < 0.01)
+    rec.headline("whole-word masking, ours vs HF's whole-word collator", f"{t_hf_wwm / t_ours['word']:.1f}× faster")
     print(f"\nours vs HF: token masking {min(t_hf_lists, t_hf_tensors) / t_ours['token']:.1f}× faster, "
           f"whole-word masking {t_hf_wwm / t_ours['word']:.1f}× faster")
     print(f"training step (4 layers, hidden 256, sparse head, same batch): {t_step * 1e3:.0f} ms\n")
@@ -144,12 +164,17 @@ def main() -> None:
     print(f"realised over {tokens:,} tokens ({len(all_ids)} sequences × {epochs} epochs of masks), target 15%:\n")
     print("| unit | masked fraction | touched words wholly masked | mean span (words) |")
     print("|---|---|---|---|")
+    realised_rows = []
     for unit, s in stats.items():
         runs = s.run_lengths
         mean = (runs @ np.arange(len(runs))) / max(runs.sum(), 1)
+        realised_rows.append({"unit": unit, "masked fraction": f"{100 * s.masked_fraction:.2f}%",
+                              "touched words wholly masked": f"{100 * s.whole_word_fraction:.1f}%",
+                              "mean span (words)": f"{mean:.2f}" if unit == "span" else "—"})
         print(f"| {unit} | {100 * s.masked_fraction:.2f}% | {100 * s.whole_word_fraction:.1f}% | "
               f"{mean:.2f} |" if unit == "span" else f"| {unit} | {100 * s.masked_fraction:.2f}% | "
               f"{100 * s.whole_word_fraction:.1f}% | — |")
+    rec.table(f"realised over {tokens:,} tokens, target 15%", realised_rows)
     target = span_length_distribution(0.2, 10)
     runs = stats["span"].run_lengths[1:11]
     realised = runs / runs.sum()
@@ -158,6 +183,11 @@ def main() -> None:
     print("|---|" + "---|" * 10)
     print("| realised | " + " | ".join(f"{x:.3f}" for x in realised) + " |")
     print("| target | " + " | ".join(f"{x:.3f}" for x in target) + " |")
+    rec.table(f"span lengths in words ({int(runs.sum()):,} spans) vs geometric(0.2) truncated at 10",
+              [{"length": name, **{str(k): f"{x:.3f}" for k, x in zip(range(1, 11), values, strict=True)}}
+               for name, values in (("realised", realised), ("target", target))])
+    rec.headline("largest span-length difference from the target distribution",
+                 f"{np.abs(realised - target).max():.4f}")
     print(f"\nlargest difference {np.abs(realised - target).max():.4f}; realised mean "
           f"{realised @ np.arange(1, 11):.2f}, target {target @ np.arange(1, 11):.2f}")
 

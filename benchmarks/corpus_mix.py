@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "corpus"
 sys.path.insert(0, str(ROOT))
+from result_record import BenchmarkRecord  # noqa: E402
 
 
 def run(*cmd, env=None) -> None:
@@ -70,6 +71,11 @@ def main() -> None:
     imdb, wiki = SHARED / "imdb-reviews.jsonl.zst", SHARED / "wikitext2"
     if not imdb.exists() or not wiki.is_dir():
         raise SystemExit(f"needs {imdb} and {wiki}")
+    with BenchmarkRecord("corpus_mix", argv=sys.argv) as rec:
+        measure(a, imdb, wiki, rec)
+
+
+def measure(a: argparse.Namespace, imdb: Path, wiki: Path, rec: BenchmarkRecord) -> None:
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
@@ -113,12 +119,20 @@ def main() -> None:
           f"| eval loss imdb | eval loss wikitext | eval loss overall | first eval (step {rows[0][3]['step']}) "
           "imdb / wikitext | run |")
     print("|---|---|---|---|---|---|---|---|")
+    table = []
     for mix, counted, logged, first, last, seconds in rows:
         shares = " / ".join(f"{100 * s:.2f}%" for s in counted) + "; " + " / ".join(f"{100 * s:.2f}%" for s in logged)
         print(f"| {mix} | {shares} | {last['data/imdb/epoch']:.3f} / {last['data/wikitext/epoch']:.3f} "
               f"| {last['eval/imdb/mlm_loss']:.3f} | {last['eval/wikitext/mlm_loss']:.3f} "
               f"| {last['eval/mlm_loss']:.3f} | {first['eval/imdb/mlm_loss']:.3f} / "
               f"{first['eval/wikitext/mlm_loss']:.3f} | {seconds / 60:.1f} min |")
+        table.append({"weights imdb:wikitext": mix, "realised share imdb / wikitext (counted; logged)": shares,
+                      "epochs imdb / wikitext": f"{last['data/imdb/epoch']:.3f} / {last['data/wikitext/epoch']:.3f}",
+                      "eval loss imdb": f"{last['eval/imdb/mlm_loss']:.3f}",
+                      "eval loss wikitext": f"{last['eval/wikitext/mlm_loss']:.3f}",
+                      "`eval/mlm_loss`": f"{last['eval/mlm_loss']:.3f}", "run": f"{seconds / 60:.1f} min"})
+    rec.table(f"{a.reviews:,} IMDB reviews + WikiText-2 (valid + test), 8k BPE, 128-token shards ({sizes[0]:,} and "
+              f"{sizes[1]:,} train sequences), configs/tiny.json, {a.steps} steps × 32 sequences, one process", table)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_corpus import bench_tokenizer  # noqa: E402
+from result_record import BenchmarkRecord  # noqa: E402
 
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 
@@ -51,8 +52,6 @@ def duplicated_corpus(corpus: Path, fraction: float, out: Path) -> tuple[int, in
 
 
 def main() -> None:
-    from shard_throughput import peak_rss_of
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=SHARED_CORPUS)
     parser.add_argument("--duplicate", type=float, default=0.10, help="fraction of documents added again")
@@ -61,6 +60,13 @@ def main() -> None:
     a = parser.parse_args()
     if not a.corpus.is_file():
         raise SystemExit(f"{a.corpus}: no such corpus (see ../shared/data/README.md)")
+    with BenchmarkRecord("exact_dedup", argv=sys.argv) as rec:
+        measure(a, rec)
+
+
+def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
+    from shard_throughput import peak_rss_of
+
     work = Path(tempfile.mkdtemp(prefix="dedup-bench-"))
     try:
         corpus = work / "corpus.jsonl"
@@ -68,7 +74,7 @@ def main() -> None:
         tokenizer = a.tokenizer or bench_tokenizer(a.corpus, work / "tok")
         print(f"{documents:,} documents, {distinct:,} distinct after normalising; {a.workers} workers\n")
         print(f"{'run':<22}{'seconds':>9}{'peak MB':>9}{'documents':>11}{'dropped':>9}{'dropped tokens':>16}")
-        seconds = {}
+        seconds, rows = {}, []
         for dedup in ("none", "exact"):
             out = work / f"shards-{dedup}"
             cmd = [sys.executable, "data_prep/shard.py", "--input", str(corpus), "--tokenizer", str(tokenizer),
@@ -78,12 +84,20 @@ def main() -> None:
             dropped = totals.get("duplicates", {"documents": 0, "tokens": 0})
             print(f"{'--dedup ' + dedup:<22}{seconds[dedup]:>9.1f}{peak / 2**20:>9.0f}{totals['documents']:>11,}"
                   f"{dropped['documents']:>9,}{dropped['tokens']:>16,}")
+            rows.append({"run": f"`--dedup {dedup}`", "seconds": f"{seconds[dedup]:.1f}",
+                         "peak memory": f"{peak / 2**20:,.0f} MB", "documents kept": f"{totals['documents']:,}",
+                         "dropped": f"{dropped['documents']:,}", "dropped tokens": f"{dropped['tokens']:,}"})
             if dedup == "exact":
                 assert dropped["documents"] == documents - distinct, (dropped, documents - distinct)
                 assert totals["documents"] == distinct
         print(f"\n--dedup exact costs {seconds['exact'] / seconds['none']:.2f}x the time of no deduplication "
               f"(hash pass + tokenizing the duplicates to count their tokens); dropped exactly the "
               f"{documents - distinct:,} repeated texts")
+        rec.table(f"{a.corpus.name} with {a.duplicate:.0%} of its documents added again ({documents:,} documents), "
+                  f"shard.py as one process, {a.workers} workers, seq 512", rows)
+        rec.headline("time, exact ÷ none", f"{seconds['exact'] / seconds['none']:.2f}x")
+        # The asserts above stop the run (and write no result) unless exactly the repeated texts were dropped.
+        rec.headline("documents dropped", f"{documents - distinct:,}, exactly the repeated texts counted independently")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

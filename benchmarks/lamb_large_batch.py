@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from result_record import BenchmarkRecord  # noqa: E402
 
 
 def main() -> None:
@@ -32,7 +33,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--lr", type=float, nargs="+", default=[0.02, 0.05])
     args = p.parse_args()
+    with BenchmarkRecord("lamb_large_batch", argv=sys.argv) as rec:
+        measure(args, rec)
 
+
+def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
     import numpy as np
     import torch
 
@@ -108,10 +113,16 @@ def main() -> None:
           f"then linear decay), {len(train)} train sequences, validation MLM loss on 256 fixed sequences\n")
     print("| optimizer | peak LR | start | highest | lowest | end | end − start |")
     print("|---|---|---|---|---|---|---|")
+    rows = []
     for (name, lr), losses in results.items():
         finite = [x for x in losses if np.isfinite(x)]
         print(f"| {name} | {lr:g} | {losses[0]:.3f} | {max(losses):.3f} | {min(finite):.3f} | {losses[-1]:.3f} | "
               f"{losses[-1] - losses[0]:+.3f} |")
+        rows.append({"optimizer": name, "peak LR": f"{lr:g}", "start": f"{losses[0]:.3f}",
+                     "highest": f"{max(losses):.3f} (step {losses.index(max(losses))})", "lowest": f"{min(finite):.3f}",
+                     "end": f"{losses[-1]:.3f}", "end − start": f"{losses[-1] - losses[0]:+.3f}"})
+    rec.table(f"validation MLM loss, global batch {args.batch} × {args.seq_len} tokens, {args.steps} steps "
+              f"(warmup {schedule.warmup_steps}, then linear decay), {len(train)} train sequences", rows)
 
 
 if __name__ == "__main__":

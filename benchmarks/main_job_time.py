@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
 from pipeline.common.topology import environment_extensions_dir  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from result_record import BenchmarkRecord  # noqa: E402
+
 BUILD_OP = ("import time; from deepspeed.accelerator import get_accelerator; "
             "builder = get_accelerator().create_op_builder('ShareMemCommBuilder'); "
             "t = time.monotonic(); builder.load(); print(time.monotonic() - t)")
@@ -68,6 +71,11 @@ def main() -> None:
     p.add_argument("--cold-build", action="store_true", help="measure DeepSpeed's first comm-op build, then use it")
     p.add_argument("--install", action="store_true", help="measure a new environment's set-up (launchers/setup_env.sh)")
     a = p.parse_args()
+    with BenchmarkRecord("main_job_time", argv=sys.argv) as rec:
+        measure(a, rec)
+
+
+def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     result: dict = {"machine": machine(), "one_off_s": {}}
@@ -112,6 +120,17 @@ def main() -> None:
         print(f"ops built during the {r} run: {', '.join(result[r]['ops_built']) or 'none'}")
     for what, seconds in result["one_off_s"].items():
         print(f"one-off {what}: {seconds:.1f} s")
+    rec.table("stage times from the job's logs/timings.json",
+              [{"stage": stage, **{f"{r} run, s": (f"{result[r]['stages_s'][stage]:.1f}"
+                                                   if stage in result[r]["stages_s"] else "skipped")
+                                   for r in ("fresh", "second")}} for stage in stages]
+              + [{"stage": "**whole job (wall)**", "fresh run, s": f"**{result['fresh']['total_s']:.0f}**",
+                  "second run, s": f"**{result['second']['total_s']:.0f}**"}])
+    for r in ("fresh", "second"):
+        rec.headline(f"compiled ops built during the {r} run", ", ".join(result[r]["ops_built"]) or "none")
+    if result["one_off_s"]:
+        rec.table("one-off costs", [{"one-off": what, "s": f"{seconds:.1f}"}
+                                    for what, seconds in result["one_off_s"].items()])
     write_json_atomic(out / "main_job_time.json", result)
     print(f"written {out / 'main_job_time.json'}")
 

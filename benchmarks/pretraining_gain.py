@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from result_record import BenchmarkRecord
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 TINY = "configs/tiny.json"
@@ -77,6 +79,13 @@ def main() -> None:
     corpus, glue = SHARED / "corpus" / "imdb-reviews.jsonl.zst", SHARED / "glue"
     if not corpus.exists() or not glue.is_dir():
         raise SystemExit(f"needs {corpus} and {glue}")
+    # A config other than tiny.json is a variant of this benchmark: pretraining_gain.budget-tiny, ...
+    variant = "" if a.config == TINY else "." + Path(a.config).stem
+    with BenchmarkRecord(f"pretraining_gain{variant}", argv=sys.argv) as rec:
+        measure(a, corpus, glue, rec)
+
+
+def measure(a: argparse.Namespace, corpus: Path, glue: Path, rec: BenchmarkRecord) -> None:
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
@@ -122,13 +131,27 @@ def main() -> None:
     print("| task | metric | pretrained (median) | from scratch (median) | gain | pretrained mean ± sd "
           "| scratch mean ± sd |")
     print("|---|---|---|---|---|---|---|")
+    rows = []
     for task in tasks:
         pre, scr = results[(task, False)], results[(task, True)]
         for name in [k for k in pre if f"{k}_mean" in pre]:
+            rows.append({"task": task, "metric": name, "pretrained (median)": f"{pre[name]:.4f}",
+                         "from scratch (median)": f"{scr[name]:.4f}",
+                         "gain": f"{100 * (pre[name] - scr[name]):+.1f} points",
+                         "pretrained mean ± sd": f"{pre[name + '_mean']:.4f} ± {pre[name + '_std']:.4f}",
+                         "scratch mean ± sd": f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f}"})
             print(f"| {task} | {name} | {pre[name]:.4f} | {scr[name]:.4f} | **{100 * (pre[name] - scr[name]):+.1f} "
                   f"points** | {pre[name + '_mean']:.4f} ± {pre[name + '_std']:.4f} | "
                   f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f} |")
     print(f"\ntotal {(time.monotonic() - started) / 60:.1f} min; python launchers/compare.py --uri {uri}")
+    rec.table(f"dev scores, {a.train_examples:,} training examples, {a.epochs} epochs, LR {a.lr}, seeds {a.seeds}; "
+              f"pretrained: {a.config}, {done} of {steps} steps × {batch} sequences on {a.ranks} CPU rank(s) in "
+              f"{pretrain_seconds / 60:.1f} min", rows)
+    if evals:
+        rec.headline("validation MLM loss over pretraining",
+                     f"{evals[0]['eval/mlm_loss']:.3f} (step {evals[0]['step']}) → {evals[-1]['eval/mlm_loss']:.3f} "
+                     f"(step {evals[-1]['step']})")
+    rec.headline("total time", f"{(time.monotonic() - started) / 60:.1f} min")
 
 
 if __name__ == "__main__":

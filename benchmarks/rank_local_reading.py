@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench_corpus import bench_tokenizer  # noqa: E402
+from result_record import BenchmarkRecord  # noqa: E402
 
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 
@@ -88,6 +89,11 @@ def main() -> None:
     a = parser.parse_args()
     if not a.corpus.is_file():
         raise SystemExit(f"{a.corpus}: no such corpus (see ../shared/data/README.md)")
+    with BenchmarkRecord("rank_local_reading", argv=sys.argv) as rec:
+        measure(a, rec)
+
+
+def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
     cores = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="rank-local-"))
     try:
@@ -95,18 +101,24 @@ def main() -> None:
         print(f"corpus {a.corpus.name}: {layouts['1 plain file'][0].stat().st_size / 2**20:.1f} MiB plain, "
               f"{layouts['1 .zst file'][0].stat().st_size / 2**20:.1f} MiB compressed; {cores} cores\n")
         print(f"{'layout':<18}{'W':>3}{'max MiB/rank':>14}{'vs W=1':>8}{'read s (slowest)':>18}")
-        results = {}
+        results, rows = {}, []
         for name, inputs in layouts.items():
             single = everything = None
+            rows.append({"layout": name})
             for world_size in (1, 2, 4):
                 read, seconds, records = bytes_per_rank(inputs, world_size)
                 single, everything = single or read[0], everything or records
                 assert records == everything, f"{name}, W={world_size}: {records} records, not {everything}"
                 results[(name, world_size)] = max(read) / single
                 print(f"{name:<18}{world_size:>3}{max(read) / 2**20:>14.1f}{max(read) / single:>8.2f}{seconds:>18.2f}")
+                rows[-1][f"W={world_size}"] = (f"{max(read) / 2**20:.1f} MiB, " if world_size == 1 else "") + \
+                    f"{max(read) / single:.2f}x"
         print(f"\na rank of 4 reads {results[('1 plain file', 4)]:.2f}x (one plain file) and "
               f"{results[(f'{a.files} plain files', 4)]:.2f}x ({a.files} files) of a single rank's bytes "
               "(target <= 0.30x; before: 1.00x)")
+        rec.table(f"bytes the slowest rank reads, {a.corpus.name}, against a single rank's", rows)
+        worst = max(results[("1 plain file", 4)], results[(f"{a.files} plain files", 4)])
+        rec.headline("bytes read by a rank of 4 (plain files)", f"{worst:.2f}x", target="≤ 0.30x", met=worst <= 0.30)
         if a.skip_wall:
             return
 
@@ -131,6 +143,11 @@ def main() -> None:
               f"the same {array_index['totals']['document_tokens']:,} tokens)")
         print("bytes read per rank in the array (from its part summaries), vs the single process: "
               + ", ".join(f"{r:.2f}x" for r in per_rank))
+        rec.table(f"wall time, one plain file, seq 512 ({array_index['totals']['document_tokens']:,} tokens)",
+                  [{"run": f"one process, `--workers {cores}`", "seconds": f"{single_s:.1f}",
+                    "speed vs one process": "1.00"},
+                   {"run": "4-part array, `--workers 1` each, at once", "seconds": f"{array_s:.1f}",
+                    "speed vs one process": f"{single_s / array_s:.2f}"}])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from result_record import BenchmarkRecord  # noqa: E402
+
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 
 
@@ -126,7 +128,11 @@ def main() -> None:
         fn = {"bare": method_bare, "run_mlm": method_run_mlm}[a.method]
         print(json.dumps(fn(*json.loads(a.args))))
         return
+    with BenchmarkRecord("shard_throughput", argv=sys.argv) as rec:
+        measure(a, rec)
 
+
+def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
     work = Path(tempfile.mkdtemp(prefix="shard-bench-"))
     py = sys.executable
     try:
@@ -177,9 +183,14 @@ def main() -> None:
 
         shard_bytes = sum(s["bytes"] for split in index["splits"].values() for s in split["shards"])
         print(f"\n{'method':<30}{'seconds':>9}{'Mtok/s':>9}{'vs bare':>9}{'peak MB':>9}")
+        rows = []
         for name, (seconds, peak) in results.items():
             rate = tokens / seconds
             print(f"{name:<30}{seconds:>9.2f}{rate / 1e6:>9.3f}{bare['seconds'] / seconds:>9.2f}{peak / 2**20:>9.0f}")
+            rows.append({"method": name, "seconds": f"{seconds:.1f}", "Mtok/s": f"{rate / 1e6:.2f}",
+                         "vs bare": f"{bare['seconds'] / seconds:.2f}", "peak memory": f"{peak / 2**20:,.0f} MB"})
+        rec.table(f"{Path(corpus).name}: {len(texts):,} documents ({tokens / 1e6:.1f}M tokens), seq {a.seq_len}, "
+                  f"{a.workers} workers", rows)
         shard_s, mlm_s = results["shard.py (end to end)"][0], t_mlm
         stage_s = index["parts"][0]["seconds"]
         print(f"\nshard.py / bare tokenizer     {bare['seconds'] / shard_s:.2f}x   (target >= 0.85x)")
@@ -189,9 +200,16 @@ def main() -> None:
               f"run_mlm / bare {bare['seconds'] / mlm_inside:.2f}x")
         print(f"bytes per token on disk       {shard_bytes / index['totals']['tokens']:.3f} "
               f"({shard_bytes / 2**20:.1f} MiB for {index['totals']['tokens']:,} tokens, {index['dtype']})")
+        rec.headline("shard.py ÷ bare tokenizer", f"{bare['seconds'] / shard_s:.2f}x", target="≥ 0.85x",
+                     met=bare["seconds"] / shard_s >= 0.85)
+        rec.headline("shard.py ÷ run_mlm recipe (whole processes)", f"{mlm_s / shard_s:.2f}x", target="≥ 1.5x",
+                     met=mlm_s / shard_s >= 1.5)
+        rec.headline("bytes per token on disk", f"{shard_bytes / index['totals']['tokens']:.2f}")
         peak_all = results["shard.py (end to end)"][1]
         print(f"peak memory, 10% vs 100%      {peak10 / 2**20:.0f} MB vs {peak_all / 2**20:.0f} MB "
               f"(ratio {peak_all / peak10:.2f} for 10x the corpus; {t10:.1f} s vs {shard_s:.1f} s)")
+        rec.headline("shard.py peak memory, a tenth of the corpus vs all of it",
+                     f"{peak10 / 2**20:,.0f} MB vs {peak_all / 2**20:,.0f} MB")
     finally:
         if a.keep:
             print(f"kept {work}")

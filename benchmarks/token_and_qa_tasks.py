@@ -32,6 +32,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from result_record import BenchmarkRecord
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 TASKS = ("ner", "pos", "squad")
@@ -159,6 +161,13 @@ def main() -> None:
     a = p.parse_args()
     if not (a.model / "config.json").is_file():
         raise SystemExit(f"--model {a.model}: no HF model folder there (pretrain and export one first)")
+    # A run of some tasks only is a variant of the result (token_and_qa_tasks.ner, ...), not a replacement.
+    variant = "" if a.tasks == ",".join(TASKS) else "." + a.tasks.replace(",", "+")
+    with BenchmarkRecord(f"token_and_qa_tasks{variant}", argv=sys.argv) as rec:
+        measure(a, rec)
+
+
+def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
     out = a.out.resolve()
     (out / "data").mkdir(parents=True, exist_ok=True)
     squad_train, squad_eval = squad_split(out / "data", a.squad_eval_articles)
@@ -200,13 +209,13 @@ def main() -> None:
             results[(task, scratch)] = per_seed
             print(f"{task} {'scratch' if scratch else 'pretrained'}: every metric of {len(seeds)} seeds recomputed "
                   "from the prediction files equals the reported value", flush=True)
-    report(results, timings, a, out)
+    report(results, timings, a, out, rec)
 
 
-def report(results: dict, timings: dict, a, out: Path) -> None:
+def report(results: dict, timings: dict, a, out: Path, rec: BenchmarkRecord) -> None:
     lines = ["| task | metric | pretrained | from scratch | gain | minutes (3 seeds, both) |",
              "|---|---|---|---|---|---|"]
-    summary = {}
+    summary, rows = {}, []
     for task in a.tasks.split(","):
         keys = list(results[(task, False)][0])
         for key in keys:
@@ -222,11 +231,16 @@ def report(results: dict, timings: dict, a, out: Path) -> None:
             minutes = (timings[(task, False)] + timings[(task, True)]) / 60
             lines.append(f"| {task} | {key} | {cells[0][0]:.1f} ± {cells[0][1]:.1f} | {cells[1][0]:.1f} ± "
                          f"{cells[1][1]:.1f} | {cells[0][0] - cells[1][0]:+.1f} | {minutes:.1f} |")
+            rows.append({"task": task, "metric": key, "pretrained": f"{cells[0][0]:.1f} ± {cells[0][1]:.1f}",
+                         "from scratch": f"{cells[1][0]:.1f} ± {cells[1][1]:.1f}",
+                         "gain": f"{cells[0][0] - cells[1][0]:+.1f}", "minutes (both models)": f"{minutes:.1f}"})
     table = "\n".join(lines)
     print(table)
     (out / "results.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps({"settings": {k: str(v) for k, v in vars(a).items()},
                                                   "results": summary}, indent=2))
+    rec.table(f"from {a.model.name} and from scratch, seeds {a.seeds}, median ± sd; {a.epochs} epochs, LR {a.lr}, "
+              f"batch {a.batch_size}, max_seq_len {a.max_seq_len}", rows)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from result_record import BenchmarkRecord  # noqa: E402
+
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 MODEL = dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024)
 MASKED = 0.15  # masking.probability (the default)
@@ -168,7 +170,11 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or a.skip % 5 or a.skip >= a.steps:
         p.error(f"unknown variants {unknown}" if unknown else "--skip must be a multiple of 5 and below --steps")
+    with BenchmarkRecord("train_throughput", argv=sys.argv) as rec:
+        measure(a, variants, rec)
 
+
+def measure(a: argparse.Namespace, variants: list[str], rec: BenchmarkRecord) -> None:
     from bench_corpus import sample_corpus
 
     from pipeline.data.shard_options import ShardOptions
@@ -214,6 +220,7 @@ def main() -> None:
           f"{', '.join(f'{x / 1e9:.0f}' for x in peaks)}); FLOPs per token: dense head {dense / 1e6:.1f} M\n")
     print("| training step | ms per step | tokens/s | model GFLOP/s | MFU | dense-equivalent / peak | vs HF |")
     print("|---|---|---|---|---|---|---|")
+    table = []
     for name, (seconds, masked) in rows.items():
         per_token = dense if masked is None else training_flops_per_token(**shape, masked_fraction=masked)
         label = ("HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling" if name == "hf"
@@ -222,6 +229,14 @@ def main() -> None:
         speedup = f"{hf_seconds / seconds:.2f}" if hf_seconds else "–"
         print(f"| {label} | {1e3 * seconds:,.0f} | {tokens / seconds:,.0f} | {flops / 1e9:.1f} | "
               f"**{flops / peak:.0%}** | {tokens * dense / seconds / peak:.0%} | {speedup} |")
+        table.append({"training step": label, "ms per step": f"{1e3 * seconds:,.0f}",
+                      "tokens/s": f"{tokens / seconds:,.0f}", "model GFLOP/s": f"{flops / 1e9:.1f}",
+                      "MFU": f"{flops / peak:.0%}", "dense-equivalent / peak": f"{tokens * dense / seconds / peak:.0%}",
+                      "vs HF": speedup})
+    rec.table(f"4 layers, hidden 256, vocabulary {vocab:,}, seq {a.seq_len}, batch {a.batch}, fp32, {a.threads} "
+              f"threads, {a.steps} steps ({a.skip} warm-up not counted); peak {peak / 1e9:.1f} GFLOP/s", table)
+    if hf_seconds and "baseline" in rows:
+        rec.headline("ours (baseline) vs HF Trainer", f"{hf_seconds / rows['baseline'][0]:.2f}×")
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 

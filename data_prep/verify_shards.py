@@ -15,10 +15,15 @@ import _bootstrap  # noqa: F401
 from pipeline.data.shard_index import verify_folder
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="output folder of data_prep/shard.py")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     problems = verify_folder(args.folder)
     for problem in problems:
         print(f"BAD {problem}", file=sys.stderr)

@@ -28,7 +28,8 @@ from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--study", required=True, help="masking, input-format, batch-size, nsp, or a study file (.json)")
     p.add_argument("--corpus", required=True, help="raw text: a .txt/.jsonl(.zst) file or a folder of them")
@@ -54,7 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else <out>/mlflow.db)")
     p.add_argument("--no-tracking", action="store_true", help="no MLflow runs (the files are written all the same)")
     p.add_argument("--verbose", action="store_true", help="show every stage's full output (always in the logs)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -89,7 +94,7 @@ def main(argv=None) -> None:
     from pipeline.ablation.runner import StudyOptions, StudyRunner, StudyStopped
     from pipeline.ablation.studies import RUNNER_KEYS, load_study
     from pipeline.common.config_tree import parse_override
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.config_checks import load_pretrain_config
     from pipeline.tracking.mlflow_run import default_tracking_uri
 
     corpus = Path(args.corpus).resolve()

@@ -20,8 +20,8 @@ import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 
-@exit_on_pipeline_error
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--experiment", action="append", default=[], help="experiment name (repeatable; default: all)")
     p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="keep runs with this tag")
@@ -30,7 +30,12 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/compare"), help="folder for the plots")
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
-    args = p.parse_args(argv)
+    return p
+
+
+@exit_on_pipeline_error
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     from pipeline.common.console import quiet_frameworks
 
     quiet_frameworks(args.verbose, transformers=False)

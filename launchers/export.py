@@ -17,15 +17,20 @@ import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 from pipeline.common.errors import exit_on_pipeline_error
 
 
-@exit_on_pipeline_error
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("checkpoint", help="checkpoint folder, or a training output folder")
     p.add_argument("--out", required=True, help="folder to write the HF model to")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
-    args = p.parse_args(argv)
+    return p
+
+
+@exit_on_pipeline_error
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     from pipeline.common.console import quiet_frameworks
 
     quiet_frameworks(args.verbose)

@@ -36,8 +36,8 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-@exit_on_pipeline_error
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="e.g. configs/glue/sst2.json")
     p.add_argument("--model", required=True, help="HF model folder, hub name, or pretraining checkpoint/output folder")
@@ -46,7 +46,12 @@ def main(argv=None) -> None:
     p.add_argument("--from-scratch", action="store_true", help="random initial weights (the no-pretraining baseline)")
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
-    args = p.parse_args(argv)
+    return p
+
+
+@exit_on_pipeline_error
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     from pipeline.common.topology import current_topology
     from pipeline.finetune.config import load_finetune_config
 

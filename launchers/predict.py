@@ -20,8 +20,8 @@ import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 
-@exit_on_pipeline_error
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="fine-tuning output, model folder, checkpoint or hub name")
     what = p.add_mutually_exclusive_group(required=True)
@@ -31,7 +31,12 @@ def main(argv=None) -> None:
     p.add_argument("--question", help="with --task of a QA model: the question")
     p.add_argument("--context", help="with --task of a QA model: the text holding the answer")
     p.add_argument("texts", nargs="*", help="with --task: one text, or two for a pair (a QA task: question, context)")
-    args = p.parse_args(argv)
+    return p
+
+
+@exit_on_pipeline_error
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # exporting a checkpoint on the fly needs no GPU
     qa_flags = args.question is not None or args.context is not None
     if qa_flags and (args.question is None or args.context is None or args.texts or not args.task):

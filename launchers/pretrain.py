@@ -21,7 +21,8 @@ import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="JSON config, e.g. configs/tiny.json")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
@@ -30,7 +31,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 @exit_on_pipeline_error
@@ -40,7 +45,7 @@ def main(argv=None) -> None:
 
     topology = prepare_environment()
     from pipeline.common.config_tree import to_dict
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.config_checks import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases
 
     try:

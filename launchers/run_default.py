@@ -77,7 +77,8 @@ class MainJob:
                                                         "total_s": round(self.elapsed(), 1)})
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "default", help="where everything goes")
     parser.add_argument("--fresh", action="store_true", help="delete --out first and redo every stage")
@@ -87,7 +88,11 @@ def main() -> None:
                         help="stop after this step (default: run all eight)")
     parser.add_argument("--verbose", action="store_true",
                         help="show every stage's full output on screen (it is always in <out>/logs/)")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     out = args.out.resolve()
     if args.fresh and out.exists():
         shutil.rmtree(out)

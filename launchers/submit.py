@@ -60,7 +60,7 @@ def sets(overrides: list[str]) -> str:
 
 
 def pretrain_scripts(args) -> tuple[Path, list[str]]:
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.config_checks import load_pretrain_config
 
     procs = procs_per_node(args)
     config = load_pretrain_config(args.config, args.set, world_size=args.nodes * procs, cuda=args.gpus_per_node > 0,
@@ -123,8 +123,8 @@ def sbatch(script: Path, *extra: str) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-@exit_on_pipeline_error
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (tests/docs parse the documented commands with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("job", choices=("pretrain", "finetune", "shard"))
     p.add_argument("--config", required=True)
@@ -145,7 +145,12 @@ def main(argv=None) -> None:
     p.add_argument("--job-name", default=None)
     p.add_argument("--no-check-files", action="store_true", help="pretrain, finetune: skip checking data paths here")
     p.add_argument("--dry-run", action="store_true", help="print the script(s) instead of submitting")
-    args = p.parse_args(argv)
+    return p
+
+
+@exit_on_pipeline_error
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     if args.nodes < 1 or args.gpus_per_node < 0 or args.parts < 1:
         raise PipelineError("--nodes and --parts must be ≥ 1, --gpus-per-node ≥ 0")
     make_scripts = {"pretrain": pretrain_scripts, "finetune": finetune_scripts, "shard": shard_scripts}[args.job]

@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 
 from pipeline.pretrain.config import TrackingConfig
-from pipeline.tracking.metrics import MetricsSink, open_metrics
+from pipeline.tracking.metrics import MetricsSink
+from pipeline.tracking.sinks import open_metrics
 
 
 def experiment_name(study: str) -> str:

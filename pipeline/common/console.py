@@ -1,10 +1,11 @@
 """What a user sees on screen: the stages and figures, with the frameworks' chatter kept in log files.
 
 Two places make the noise. In a launcher's own process, `quiet_frameworks()` lowers DeepSpeed's
-and MLflow's logging to warnings, hides transformers' weight-loading bars and ignores the known
-FutureWarnings (each by its message and module, never a whole category). The main job runs every stage as a
-command: `run_logged()` writes the command's whole output to a log file and shows on screen only
-the lines `ScreenFilter` lets through (all of them with --verbose).
+and MLflow's logging to warnings, hides transformers' weight-loading bars and MLflow's artifact
+bars, and ignores the known FutureWarnings (each by its message and module, never a whole
+category). The main job runs every stage as a command: `run_logged()` writes the command's whole
+output to a log file and shows on screen only the lines `ScreenFilter` lets through (all of them
+with --verbose).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ _NOISE = re.compile("|".join((
     # DeepSpeed's zero_to_fp32 narrating the export's consolidation.
     r"^(Processing zero checkpoint|Parsing checkpoint created by|Detected checkpoint of type|Reconstructed fp32)",
     r"^(Loading weights|Loading checkpoint shards|Writing model shards)",  # transformers' load and save bars
+    # MLflow copying a logged model's files into the model (`log_model`'s artifacts): a bar per seed.
+    r"^Downloading artifacts: ",
 )))
 _PYTHON_WARNING = re.compile(r"^\S.*:\d+: (\w+Warning): (.*)$")
 # Where a DeepSpeed log record or a Python warning starts.
@@ -139,6 +142,8 @@ def quiet_frameworks(verbose: bool = False, *, transformers: bool = True) -> Non
         handler.setLevel(logging.WARNING)
     # MLflow reads this when imported; its INFO lines narrate creating and migrating the database.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # MLflow's artifact bars ("Downloading artifacts" as it copies a logged model's files; read at each copy).
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if transformers:
         # Not HF_HUB_DISABLE_PROGRESS_BARS: a hub download of a large model should still show progress.
         from transformers.utils import logging as hf_logging

@@ -68,6 +68,10 @@ class PretrainLayout:
         return layout if checkpoint.parent == layout.checkpoints else None
 
 
+FINETUNE_PROVENANCE_FILE = "pipeline_finetune.json"
+"""In a saved fine-tuned model (`SeedLayout.model`): task, labels, seed, metrics and the model it started from."""
+
+
 @dataclass(frozen=True)
 class SeedLayout:
     """Paths of one fine-tuning seed: `<output_dir>/seed_N/`."""

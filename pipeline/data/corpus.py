@@ -15,45 +15,16 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from pipeline.common.errors import PipelineError
+from pipeline.data.corpus_types import Compression, CorpusOptions, Format, Source
 from pipeline.data.record_reader import iter_records, open_binary, parquet_file
-
-Format = Literal["txt", "jsonl", "parquet", "hf"]
-Compression = Literal["none", "zst", "gz"]
 
 FORMATS: dict[str, Format] = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl",
                               ".parquet": "parquet"}
 COMPRESSIONS: dict[str, Compression] = {".zst": "zst", ".zstd": "zst", ".gz": "gz"}
 HF_PREFIX = "hf:"
 SNIFF_BYTES = 1 << 16
-DEFAULT_MAX_DOC_BYTES = 10_000_000
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input: a file with its format and compression, or a `datasets` dataset name."""
-
-    path: str
-    format: Format
-    compression: Compression = "none"
-
-
-@dataclass(frozen=True)
-class CorpusOptions:
-    """How to read the inputs; every field is part of the output's identity."""
-
-    text_field: str = "text"
-    """Field holding the text in jsonl records, parquet columns and `datasets` rows."""
-    one_doc_per_line: bool = False
-    """For .txt: each non-blank line is a document (default: documents are separated by blank lines)."""
-    max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES
-    """Documents larger than this many bytes are skipped and counted, never loaded whole."""
-    hf_config: str | None = None
-    """Configuration name for `hf:` inputs."""
-    hf_split: str = "train"
-    """Split to stream for `hf:` inputs."""
 
 
 @dataclass

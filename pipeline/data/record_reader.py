@@ -9,12 +9,9 @@ from __future__ import annotations
 import gzip
 import io
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from pipeline.common.errors import PipelineError
-
-if TYPE_CHECKING:
-    from pipeline.data.corpus import CorpusOptions, Source
+from pipeline.data.corpus_types import CorpusOptions, Source
 
 
 class ByteCounter:

@@ -7,17 +7,23 @@ Layout of a folder made by `data_prep/shard.py`:
     val/part00000-shard000000.zst       validation shards
     parts/part00000.json                per-part summary and stats, once that part is complete
     parts/part00000.resume.zst          resume snapshot while that part is in progress
+
+An index is read as untrusted input: every shard name must be `train/…zst` or `val/…zst` inside the
+folder (no `..`, absolute path or symlink out), every count must be a plausible integer that adds
+up, and the bytes a shard may decompress to are bounded by its own counts (`shard_byte_bound`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.common.atomic_files import sha256_file, write_json_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.size_limits import MAX_GLOBAL_BATCH, MAX_JSON_FILE_BYTES, MAX_SEQ_LEN, MAX_SHARD_BYTES
 from pipeline.data.shard_format import FORMAT_VERSION, ShardFormatError, decode
 
 INDEX_NAME = "index.json"
@@ -37,11 +43,117 @@ def resume_path(out: Path, rank: int) -> Path:
     return out / "parts" / f"{part_name(rank)}.resume.zst"
 
 
+SHARD_NAME = re.compile(r"^(train|val)/[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.zst$")
+DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "int64")
+MAX_SHARDS = 1 << 20
+HEADER_BYTES = 1 << 20
+"""Room for a shard's container header (JSON) on top of its arrays, in `shard_byte_bound`."""
+
+
 def read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise PipelineError(f"{path}: cannot read it as JSON: {err}") from None
+        size = path.stat().st_size
+        if size > MAX_JSON_FILE_BYTES:
+            raise PipelineError(f"{path}: {size:,} bytes, more than the {MAX_JSON_FILE_BYTES:,} a JSON file of a "
+                                "shard folder may have")
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise PipelineError(f"{path}: cannot read it as JSON: {str(err)[:200]}") from None
+    if not isinstance(value, dict):
+        raise PipelineError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def shard_byte_bound(shard: dict, seq_len: int, fields: list | None) -> int:
+    """The most bytes a listed shard may decompress to: its rows × fields × (seq_len + 1) × 8, plus a header."""
+    return shard["sequences"] * max(len(fields or ()), 4) * (seq_len + 1) * 8 + HEADER_BYTES
+
+
+def shard_path(folder: Path, name: str) -> Path:
+    """The file of a listed shard, refusing one that resolves outside `folder` (a symlink out)."""
+    path = folder / name
+    root = folder.resolve()
+    if not path.resolve().is_relative_to(root) or path.is_symlink():
+        raise PipelineError(f"{folder / INDEX_NAME}: shard {name!r} is a link or leads outside {folder}; "
+                            "shards must be plain files inside the folder")
+    return path
+
+
+def _is_count(value, limit: int) -> bool:
+    return type(value) is int and 0 <= value <= limit
+
+
+def index_problems(index, path: Path) -> list[str]:
+    """Everything implausible in an index: types, names that leave the folder, counts that are absurd or
+    do not add up. An index is read before any shard, so nothing is allocated from it unchecked."""
+    if not isinstance(index, dict):
+        return [f"expected a JSON object, got {type(index).__name__}"]
+    problems = []
+    seq_len, dtype = index.get("seq_len"), index.get("dtype")
+    if not _is_count(seq_len, MAX_SEQ_LEN) or seq_len < 1:
+        problems.append(f"seq_len {seq_len!r}: expected an integer from 1 to {MAX_SEQ_LEN:,}")
+        seq_len = None
+    if dtype not in DTYPES:
+        problems.append(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if not isinstance(index.get("pack"), str):
+        problems.append(f"pack {index.get('pack')!r}: expected a string")
+    fields = index.get("fields", [])
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields) or len(fields) > 64:
+        problems.append("fields: expected a short list of field names")
+        fields = []
+    tokenizer = index.get("tokenizer")
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("fingerprint"), str):
+        problems.append("tokenizer: expected an object with a fingerprint string")
+    for key in ("totals", "args"):
+        if not isinstance(index.get(key, {}), dict):
+            problems.append(f"{key}: expected an object")
+    splits = index.get("splits")
+    if not isinstance(splits, dict) or any(not isinstance(splits.get(split), dict) for split in SPLITS):
+        return problems + [f"splits: expected an object with {' and '.join(SPLITS)} objects"]
+    names = set()
+    for split in SPLITS:
+        entry, where = splits[split], f"splits.{split}"
+        shards = entry.get("shards")
+        if not isinstance(shards, list) or len(shards) > MAX_SHARDS:
+            problems.append(f"{where}.shards: expected a list of at most {MAX_SHARDS:,} shards")
+            continue
+        total_sequences = total_tokens = 0
+        for i, shard in enumerate(shards):
+            at = f"{where}.shards[{i}]"
+            if not isinstance(shard, dict):
+                problems.append(f"{at}: expected an object")
+                continue
+            name = shard.get("file")
+            if not isinstance(name, str) or not SHARD_NAME.match(name) or not name.startswith(split + "/"):
+                problems.append(f"{at}.file {str(name)[:100]!r}: expected '{split}/NAME.zst' inside the folder "
+                                "(no '..', no absolute path)")
+            elif name in names:
+                problems.append(f"{at}.file {name!r}: listed twice")
+            else:
+                names.add(name)
+            sequences, tokens = shard.get("sequences"), shard.get("tokens")
+            if not _is_count(sequences, MAX_GLOBAL_BATCH):
+                problems.append(f"{at}.sequences {sequences!r}: expected an integer from 0 to {MAX_GLOBAL_BATCH:,}")
+                continue
+            if seq_len and not _is_count(tokens, sequences * seq_len):
+                problems.append(f"{at}.tokens {tokens!r}: expected an integer from 0 to sequences × seq_len "
+                                f"({sequences * seq_len:,})")
+                continue
+            if seq_len and shard_byte_bound(shard, seq_len, fields) > MAX_SHARD_BYTES:
+                problems.append(f"{at}: {sequences:,} sequences of {seq_len:,} tokens would decompress past the "
+                                f"{MAX_SHARD_BYTES:,}-byte bound of one shard")
+            if not _is_count(shard.get("bytes", 0), MAX_SHARD_BYTES):
+                problems.append(f"{at}.bytes {shard.get('bytes')!r}: expected an integer from 0 to "
+                                f"{MAX_SHARD_BYTES:,}")
+            digest = shard.get("sha256")
+            if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+                problems.append(f"{at}.sha256: expected 64 hexadecimal digits")
+            total_sequences += sequences
+            total_tokens += tokens if type(tokens) is int else 0
+        if entry.get("sequences") != total_sequences or entry.get("tokens") != total_tokens:
+            problems.append(f"{where}: sequences {entry.get('sequences')!r} and tokens {entry.get('tokens')!r} "
+                            f"should be the shards' sums, {total_sequences} and {total_tokens}")
+    return problems
 
 
 def load_index(folder: str | Path) -> dict:
@@ -53,10 +165,15 @@ def load_index(folder: str | Path) -> dict:
     if not path.is_file():
         raise PipelineError(f"{folder} has no {INDEX_NAME}: the shard stage did not finish there "
                             "(rerun data_prep/shard.py with the same arguments to complete it)")
+    if path.is_symlink() or not path.resolve().is_relative_to(folder.resolve()):
+        raise PipelineError(f"{path}: is a link; a shard folder's {INDEX_NAME} must be a plain file inside it")
     index = read_json(path)
-    if index.get("format_version") != FORMAT_VERSION:
-        raise PipelineError(f"{path}: format_version {index.get('format_version')!r} is not the "
-                            f"supported version {FORMAT_VERSION}")
+    version = index.get("format_version") if isinstance(index, dict) else None
+    if version != FORMAT_VERSION:
+        raise PipelineError(f"{path}: format_version {version!r} is not the supported version {FORMAT_VERSION}")
+    if problems := index_problems(index, path):
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise PipelineError(f"{path} is corrupt or was not written by data_prep/shard.py: {shown}")
     return index
 
 
@@ -112,9 +229,12 @@ def combine_parts(out: Path, world_size: int) -> dict | None:
     return index
 
 
-def check_shard(folder: Path, shard: dict, seq_len: int, dtype: str) -> str | None:
+def check_shard(folder: Path, shard: dict, seq_len: int, dtype: str, fields: list | None = None) -> str | None:
     """Check one listed shard's checksum, container and counts; return a problem, or None."""
-    path = folder / shard["file"]
+    try:
+        path = shard_path(folder, shard["file"])
+    except PipelineError as err:
+        return str(err)
     if not path.is_file():
         return f"{path}: missing"
     if path.stat().st_size != shard.get("bytes", path.stat().st_size):
@@ -122,7 +242,7 @@ def check_shard(folder: Path, shard: dict, seq_len: int, dtype: str) -> str | No
     if sha256_file(path) != shard["sha256"]:
         return f"{path}: sha256 does not match the index (the file is corrupt or was changed)"
     try:
-        arrays, _ = decode(path.read_bytes(), str(path))
+        arrays, _ = decode(path.read_bytes(), str(path), shard_byte_bound(shard, seq_len, fields))
     except ShardFormatError as err:
         return str(err)
     ids = arrays.get("input_ids")
@@ -149,7 +269,7 @@ def verify_folder(folder: str | Path) -> list[str]:
         entry = index["splits"].get(split, {"shards": []})
         for shard in entry["shards"]:
             listed.add(shard["file"])
-            if problem := check_shard(folder, shard, index["seq_len"], index["dtype"]):
+            if problem := check_shard(folder, shard, index["seq_len"], index["dtype"], index.get("fields")):
                 problems.append(problem)
         if entry.get("sequences") != sum(s["sequences"] for s in entry["shards"]):
             problems.append(f"{folder / INDEX_NAME}: {split} sequence total does not add up")

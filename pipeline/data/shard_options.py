@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from pipeline.data.corpus import DEFAULT_MAX_DOC_BYTES, CorpusOptions
+from pipeline.common import size_limits as lim
+from pipeline.data.corpus_types import DEFAULT_MAX_DOC_BYTES, CorpusOptions
 from pipeline.data.packers import PACKERS, PackMode
 from pipeline.data.shard_format import FORMAT_VERSION
 
@@ -91,6 +92,8 @@ class ShardOptions:
             found.append(f"--rank {self.rank} --world-size {self.world_size}: need 0 <= rank < world size")
         if self.max_doc_bytes < 1:
             found.append(f"--max-doc-bytes {self.max_doc_bytes}: must be positive")
+        found += lim.bound_problems([("--seq-len", self.seq_len, lim.MAX_SEQ_LEN),
+                                     ("--shard-size", self.shard_size, lim.MAX_GLOBAL_BATCH)], minimum=-(1 << 62))
         if not 1 <= self.compression_level <= 22:
             found.append(f"--compression-level {self.compression_level}: zstd levels are 1 to 22")
         return found

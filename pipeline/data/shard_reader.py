@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.common.atomic_files import sha256_bytes
 from pipeline.common.errors import PipelineError
 from pipeline.data.shard_format import ShardFormatError, decode
-from pipeline.data.shard_index import SPLITS, load_index
+from pipeline.data.shard_index import SPLITS, load_index, shard_byte_bound, shard_path
 
 
 class ShardedDataset:
@@ -77,8 +77,12 @@ class ShardedDataset:
             self._cache.move_to_end(shard)
             return self._cache[shard]
         entry = self.shards[shard]
-        path = self.folder / entry["file"]
+        path = shard_path(self.folder, entry["file"])
         try:
+            size = path.stat().st_size
+            if "bytes" in entry and size != entry["bytes"]:  # checked before reading: a huge file is not read
+                raise PipelineError(f"shard {path} is corrupt or truncated: {size:,} bytes, index.json says "
+                                    f"{entry['bytes']:,} (run data_prep/verify_shards.py {self.folder})")
             data = path.read_bytes()
         except OSError as err:
             raise PipelineError(f"shard {path}: cannot read: {err.strerror or err}") from None
@@ -86,9 +90,15 @@ class ShardedDataset:
             raise PipelineError(f"shard {path} is corrupt or truncated: its sha256 does not match "
                                 f"index.json (run data_prep/verify_shards.py {self.folder})")
         try:
-            arrays, _ = decode(data, str(path))
+            arrays, _ = decode(data, str(path), shard_byte_bound(entry, self.seq_len, self.index.get("fields")))
         except ShardFormatError as err:
             raise PipelineError(str(err)) from None
+        ids = arrays.get("input_ids")
+        if ids is None or ids.ndim != 2 or ids.shape[1] != self.seq_len:
+            raise PipelineError(f"shard {path}: input_ids should be ({entry['sequences']}, {self.seq_len}), "
+                                f"got {None if ids is None else ids.shape}")
+        if any(len(values) != len(ids) for values in arrays.values()):
+            raise PipelineError(f"shard {path}: its fields hold different numbers of rows")
         if len(arrays["input_ids"]) != entry["sequences"]:
             raise PipelineError(f"shard {path}: holds {len(arrays['input_ids'])} sequences, "
                                 f"index.json says {entry['sequences']}")

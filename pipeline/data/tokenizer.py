@@ -159,13 +159,42 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     name = local_or_hub(name_or_path, "tokenizer")
+    if Path(name).is_dir():
+        check_tokenizer_files(Path(name))
     try:
         tok = AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:
         raise PipelineError(f"cannot load tokenizer {name!r}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - the Rust tokenizer's own errors are plain Exceptions
+        raise PipelineError(f"cannot load tokenizer {name!r}: {type(err).__name__}: {str(err)[:300]}") from None
     if not getattr(tok, "is_fast", False):
         raise PipelineError(f"tokenizer {name!r} has no fast (Rust) implementation, which the pipeline needs")
     return tok
+
+
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """The JSON files of a tokenizer folder are bounded, UTF-8, JSON objects: else an error naming the file."""
+    from pipeline.common.size_limits import MAX_JSON_FILE_BYTES
+
+    for name in TOKENIZER_JSON_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        size = path.stat().st_size
+        if size > MAX_JSON_FILE_BYTES:
+            raise PipelineError(f"{path}: {size:,} bytes, more than the {MAX_JSON_FILE_BYTES:,} a tokenizer file "
+                                "may have")
+        try:
+            value = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise PipelineError(f"{path}: not a tokenizer file: byte {err.start} is not UTF-8") from None
+        except (ValueError, RecursionError) as err:
+            raise PipelineError(f"{path}: not a tokenizer file: invalid JSON ({str(err)[:200]})") from None
+        if not isinstance(value, dict):
+            raise PipelineError(f"{path}: not a tokenizer file: expected a JSON object, got {type(value).__name__}")
 
 
 def describe_tokenizer(tok, name: str | None = None) -> TokenizerInfo:

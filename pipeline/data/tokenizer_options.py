@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.data.corpus import CorpusOptions
+from pipeline.common import size_limits as lim
+from pipeline.data.corpus_types import CorpusOptions
 from pipeline.data.tokenizer import DEFAULT_VOCAB_SIZE, TokenizerKind
 
 
@@ -49,4 +50,6 @@ class TokenizerOptions:
             found.append(f"--max-documents {self.max_documents}: must be at least 1")
         if self.model_max_length < 1:
             found.append(f"--model-max-length {self.model_max_length}: must be at least 1 token")
+        found += lim.bound_problems([("--vocab-size", self.vocab_size, lim.MAX_VOCAB),
+                                     ("--model-max-length", self.model_max_length, lim.MAX_SEQ_LEN)])
         return found

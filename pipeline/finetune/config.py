@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pipeline.common import size_limits as lim
 from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import FinetuneLayout
 from pipeline.finetune.tasks import GLUE_TASKS, task_spec
@@ -142,6 +143,15 @@ def finetune_problems(c: FinetuneConfig, world_size: int = 1, *, check_files: bo
         micro = t.micro_batch_size or max(1, t.batch_size // world_size)
         if problem := batch_problem(t.batch_size, micro, world_size, keys=BATCH_KEYS):
             add(problem)
+    # Upper bounds only (the lower ones are checked above): a typo must not allocate absurd memory.
+    problems += lim.bound_problems([("data.max_seq_len", d.max_seq_len, lim.MAX_SEQ_LEN),
+                                    ("data.doc_stride", d.doc_stride, lim.MAX_SEQ_LEN),
+                                    ("data.max_answer_length", d.max_answer_length, lim.MAX_SEQ_LEN),
+                                    ("data.n_best", d.n_best, lim.MAX_SEQ_LEN),
+                                    ("train.batch_size", t.batch_size, lim.MAX_GLOBAL_BATCH),
+                                    ("train.micro_batch_size", t.micro_batch_size, lim.MAX_MICRO_BATCH),
+                                    ("train.eval_batch_size", t.eval_batch_size, lim.MAX_MICRO_BATCH)],
+                                   minimum=-(1 << 62))
     if not all(0 <= b < 1 for b in t.adam_betas) or t.adam_eps <= 0:
         add(f"train.adam_betas must be in [0, 1) and train.adam_eps > 0, got {list(t.adam_betas)} and {t.adam_eps}")
     if t.learning_rate <= 0 or not 0 <= t.warmup_ratio < 1:

@@ -15,10 +15,8 @@ from pathlib import Path
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE as PROVENANCE_FILE
 from pipeline.common.run_layout import FinetuneLayout, SeedLayout
-
-PROVENANCE_FILE = "pipeline_finetune.json"
-"""In a saved fine-tuned model: task, labels, seed, metrics and the model it started from."""
 
 
 def save_model(folder: Path, model, tokenizer, provenance: dict) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.size_limits import MAX_JSON_FILE_BYTES
 from pipeline.finetune.text_files import jsonl_records, text_lines
 
 
@@ -60,18 +61,27 @@ def read_qa(path: str | Path) -> QASplit:
 
 def read_squad_json(path: str | Path) -> QASplit:
     """The official SQuAD layout: `data[].paragraphs[].{context, qas[].{id, question, answers[], is_impossible}}`."""
-    text = "\n".join(line for _, line in text_lines(path))
+    # The official files are one line of tens of MB: the bound is the whole file's, not a task file line's.
+    text = "\n".join(line for _, line in text_lines(path, max_line_bytes=MAX_JSON_FILE_BYTES))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise PipelineError(f"{path}:{err.lineno}: invalid JSON: {err.msg}") from None
+    except RecursionError:
+        raise PipelineError(f"{path}: invalid JSON: nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise PipelineError(f"{path}: expected SQuAD JSON, an object with a \"data\" list of articles")
     split = QASplit(str(path))
-    for a, article in enumerate(data["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs", [])):
+
+    def objects(value, where: str) -> list[dict]:
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise PipelineError(f"{path} ({where}): expected a list of objects, got {type(value).__name__}")
+        return value
+
+    for a, article in enumerate(objects(data["data"], "data")):
+        for p, paragraph in enumerate(objects(article.get("paragraphs", []), f"data[{a}].paragraphs")):
             context = paragraph.get("context")
-            for q, qa in enumerate(paragraph.get("qas", [])):
+            for q, qa in enumerate(objects(paragraph.get("qas", []), f"data[{a}].paragraphs[{p}].qas")):
                 qid = str(qa.get("id", f"{a}.{p}.{q}"))
                 where = f"{path} (data[{a}].paragraphs[{p}].qas[{q}], id {qid})"
                 answers = [] if qa.get("is_impossible") else qa.get("answers", [])

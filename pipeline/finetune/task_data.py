@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.size_limits import MAX_LINE_BYTES
 from pipeline.finetune.tasks import GLUE_FOLDERS, TaskSpec
-from pipeline.finetune.text_files import jsonl_records
+from pipeline.finetune.text_files import jsonl_records, text_lines
 
-csv.field_size_limit(2**31 - 1)
+csv.field_size_limit(MAX_LINE_BYTES)  # a quoted field may span lines, but never past one line's bound
 
 
 @dataclass
@@ -46,8 +47,9 @@ def _rows(path: Path, headerless: tuple[str, ...] | None):
     if not path.is_file():
         raise PipelineError(f"{path}: file not found")
     tsv = path.suffix.lower() == ".tsv"
-    with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig drops MRPC's byte-order mark
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(f)
+    lines = (line for _, line in text_lines(path, keep_ends=True))  # strict UTF-8, bounded lines, BOM dropped
+    reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(lines)
+    try:
         header = list(headerless) if headerless else next(reader, None)
         if header is None:
             raise PipelineError(f"{path}: the file is empty")
@@ -58,6 +60,8 @@ def _rows(path: Path, headerless: tuple[str, ...] | None):
                 raise PipelineError(f"{path}:{number}: {len(row)} columns, the header has {len(header)} "
                                     f"({', '.join(header)})")
             yield number, dict(zip(header, row, strict=False)), header
+    except csv.Error as err:
+        raise PipelineError(f"{path}:{reader.line_num}: not valid {'TSV' if tsv else 'CSV'}: {err}") from None
 
 
 def _jsonl_rows(path: Path):

@@ -28,8 +28,9 @@ from pipeline.finetune.task_family import TaskFamily
 from pipeline.finetune.tasks import task_spec
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.model import parameter_groups
-from pipeline.tracking.metrics import MetricsSink, open_metrics
+from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.model_store import record_in_model_store, task_datasets
+from pipeline.tracking.sinks import open_metrics
 
 
 def load_task(config: FinetuneConfig) -> TaskData:

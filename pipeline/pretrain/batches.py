@@ -16,19 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.data.token_cache import TokenCache
+from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
 from pipeline.pretrain.packed_attention import document_layout
-
-if TYPE_CHECKING:
-    from pipeline.pretrain.mixture import ConcatenatedCaches
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,13 @@ Layout: `<output_dir>/checkpoints/step_00001000/` (under `PretrainLayout.checkpo
 DeepSpeed's files and, written last and atomically by rank 0 after a barrier, `complete.json`. A
 folder without it (a run killed while saving) is never resumed from, so the previous checkpoint
 stays the newest usable one. The last `checkpoint.keep_last` complete checkpoints are kept.
+
+The marker records the size and sha256 of every file of the checkpoint, so a file a failing disk
+truncated or flipped a bit in is found before it is loaded: resume then falls back to the previous
+complete checkpoint (moving the damaged one aside to `damaged-step_…`), and export refuses it, both
+with the same message naming the file. Checkpoints saved before checksums were recorded still load,
+with one warning that they cannot be verified. A full disk while saving is a `PipelineError` naming
+the folder; the previous complete checkpoint is untouched.
 """
 
 from __future__ import annotations
@@ -11,10 +18,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.atomic_files import reporting_disk_full, sha256_file, write_json_atomic
+from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
 
 COMPLETE_MARKER = "complete.json"
@@ -39,13 +49,86 @@ def newest_complete(root: Path) -> Path | None:
 
 
 def read_marker(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / COMPLETE_MARKER).read_text())
+    path = folder / COMPLETE_MARKER
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PipelineError(f"checkpoint {folder}: {COMPLETE_MARKER} is damaged ({err}); "
+                            "it cannot be used") from None
+    if not isinstance(marker, dict):
+        raise PipelineError(f"checkpoint {folder}: {COMPLETE_MARKER} is damaged (not a JSON object)")
+    return marker
+
+
+def file_checksums(folder: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {"bytes", "sha256"}} of every file under a checkpoint folder except its marker."""
+    return {path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != COMPLETE_MARKER}
+
+
+def damage(folder: Path) -> str | None:
+    """What is wrong with a complete checkpoint's files against the checksums in its marker; None if
+    nothing is (or if it predates checksums: see `unverifiable`)."""
+    try:
+        files = read_marker(folder).get("files")
+    except PipelineError as err:
+        return str(err)
+    if not isinstance(files, dict):
+        return None
+    for name, record in sorted(files.items()):
+        path = folder / name
+        where = f"checkpoint {folder}: file {name} is damaged"
+        if not path.is_file():
+            return f"{where} (missing)"
+        size = path.stat().st_size
+        if size != record.get("bytes"):
+            return f"{where} (truncated or changed: {size} bytes, {record.get('bytes')} when saved)"
+        if sha256_file(path) != record.get("sha256"):
+            return f"{where} (its sha256 differs from the one recorded when it was saved: a flipped bit?)"
+    return None
+
+
+def unverifiable(folder: Path) -> bool:
+    """True for a checkpoint saved before checksums were recorded in its marker."""
+    try:
+        return not isinstance(read_marker(folder).get("files"), dict)
+    except PipelineError:
+        return False
+
+
+def check_intact(folder: Path) -> None:
+    """Raise the damage message for a damaged checkpoint; warn once for one that cannot be verified."""
+    if problem := damage(folder):
+        raise PipelineError(problem)
+    if unverifiable(folder):
+        warnings.warn(f"checkpoint {folder} was saved without checksums and cannot be verified", stacklevel=2)
+
+
+def newest_intact(root: Path, warn: Callable[[str], None], *, set_aside: bool = True) -> Path | None:
+    """The newest complete checkpoint whose files match their checksums, warning once per damaged one.
+
+    A damaged checkpoint is renamed `damaged-step_…` (with `set_aside`): it is kept for inspection,
+    but never resumed from again, and a later save of the same step does not write into it.
+    """
+    done = complete_checkpoints(root)
+    for i in range(len(done) - 1, -1, -1):
+        folder = done[i]
+        problem = damage(folder)
+        if problem is None:
+            if unverifiable(folder):
+                warn(f"checkpoint {folder} was saved without checksums and cannot be verified; resuming from it")
+            return folder
+        previous = f"the previous complete checkpoint {done[i - 1].name}" if i else "a fresh start (none earlier)"
+        aside = folder.with_name(f"damaged-{folder.name}")
+        if set_aside:
+            shutil.rmtree(aside, ignore_errors=True)
+            folder.rename(aside)
+        warn(f"{problem}; falling back to {previous}" + (f" (the damaged one is kept as {aside})" if set_aside else ""))
+    return None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder, or an output folder / checkpoints folder → its newest complete checkpoint."""
-    from pipeline.common.errors import PipelineError
-
     path = Path(path)
     if (path / COMPLETE_MARKER).exists():
         return path
@@ -66,11 +149,20 @@ def save_checkpoint(engine, root: Path, step: int, train_state: dict[str, Any], 
     import torch.distributed as dist
 
     tag = tag_for(step)
-    engine.save_checkpoint(str(root), tag=tag, client_state={"train_state": train_state}, save_latest=False)
-    dist.barrier()
     folder = root / tag
+    if dist.get_rank() == 0 and folder.exists() and not (folder / COMPLETE_MARKER).exists():
+        shutil.rmtree(folder)  # left by a save cut short (a kill, a full disk): never mix its files with ours
+    dist.barrier()
+    # DeepSpeed writes with torch.save; a full disk surfaces as OSError or RuntimeError. The folder
+    # then has no marker, so it is never resumed from, and the previous checkpoint stays the newest.
+    with reporting_disk_full(folder):
+        engine.save_checkpoint(str(root), tag=tag, client_state={"train_state": train_state}, save_latest=False)
+    dist.barrier()
     if dist.get_rank() == 0:
-        write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "train_state": train_state, **marker})
+        # Checksums of every rank's files, read back once by rank 0 after the barrier: a file damaged
+        # later (a failing disk, a cut copy) is then found before it is loaded.
+        write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "train_state": train_state, **marker,
+                                                     "files": file_checksums(folder)})
         prune(root, keep_last)
     dist.barrier()
     return folder

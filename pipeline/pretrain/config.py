@@ -1,18 +1,20 @@
 """The pretraining config: one dataclass per section, validated as a whole before any process group starts.
 
-`load_pretrain_config(path, overrides, world_size)` reads JSON, applies `--set` overrides, checks
-types and unknown keys (`config_tree`), then every cross-field rule below, and raises one
-ConfigError listing all problems. The `deepspeed` section is passed to DeepSpeed as given, except
-for the keys this pipeline derives (batch sizes, optimizer, scheduler), which it refuses there.
+`config_checks.load_pretrain_config(path, overrides, world_size)` reads JSON, applies `--set`
+overrides, checks types and unknown keys (`config_tree`), then every cross-field rule below and the
+checks that need other modules, and raises one ConfigError listing all problems. The `deepspeed`
+section is passed to DeepSpeed as given, except for the keys this pipeline derives (batch sizes,
+optimizer, scheduler), which it refuses there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.common.run_kernel import load_config
+from pipeline.common import size_limits as lim
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import batch_problem
 
@@ -228,31 +230,18 @@ DERIVED_DEEPSPEED_KEYS = {
 }
 
 
-def load_pretrain_config(
-    path: str | Path,
-    overrides: list[str] = (),
-    *,
-    world_size: int = 1,
-    cuda: bool = False,
-    check_files: bool = True,
-) -> PretrainConfig:
-    """Read, override and validate a pretraining config; all problems come in one ConfigError."""
-    return load_config(PretrainConfig, path, overrides, lambda config, typed: config_problems(
-        config, world_size=world_size, cuda=cuda, check_files=check_files and typed))
+def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
+    """Every cross-field problem of `config` as written, each naming its keys.
 
-
-def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, check_files: bool) -> list[str]:
-    """Every cross-field problem of `config`, each naming its keys."""
+    The checks that need another module (phases, `train.compile`, the files the config points at)
+    are in config_checks.py, whose `load_pretrain_config` runs them all; this module imports none of them.
+    """
     c = config
     problems: list[str] = []
     add = problems.append
-    if c.phases:
-        from pipeline.pretrain.phases import phase_problems
-
-        problems += phase_problems(c, world_size)
-    elif not c.data.shards:
+    if not c.phases and not c.data.shards:
         add("data.shards: required (the folder written by data_prep/shard.py, or a list of {path, weight})")
-    elif c.data.mixed:
+    elif not c.phases and c.data.mixed:
         problems += mix_problems(c.data, c.train.global_batch_size)
     if not c.data.tokenizer:
         add("data.tokenizer: required (the tokenizer folder or hub name the shards were made with)")
@@ -308,21 +297,32 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, chec
         add(f"train.eval_every: must be ≥ 0, got {t.eval_every}")
     if t.peak_tflops is not None and t.peak_tflops <= 0:
         add(f"train.peak_tflops: must be > 0 or null, got {t.peak_tflops}")
-    if t.compile:
-        from pipeline.pretrain.compilation import compile_problems
-
-        problems += compile_problems(c, cuda=cuda)
     if c.checkpoint.every < 1 or c.checkpoint.keep_last < 1:
         add(f"checkpoint.every and checkpoint.keep_last must be ≥ 1, got {c.checkpoint.every} and "
             f"{c.checkpoint.keep_last}")
     if not c.tracking.experiment:
         add("tracking.experiment: must not be empty")
     problems += deepspeed_problems(c, cuda=cuda)
-    if check_files and (c.data.shards or c.phases) and c.data.tokenizer:
-        from pipeline.pretrain.file_checks import data_problems  # reads index.json, the tokenizer, init_from
-
-        problems += data_problems(c)
+    problems += size_problems(c)
     return problems
+
+
+def size_problems(c: PretrainConfig) -> list[str]:
+    """Values that would allocate absurd memory (a typo's seq_len 10^9), against pipeline/common/size_limits.py."""
+    m, t = c.model, c.train
+    checks = [(f"model.{name}", getattr(m, name), lim.MAX_MODEL_WIDTH) for name in ("hidden_size", "intermediate_size")]
+    checks += [(f"model.{name}", getattr(m, name), lim.MAX_LAYERS) for name in ("num_hidden_layers",
+                                                                               "num_attention_heads")]
+    checks += [("model.type_vocab_size", m.type_vocab_size, lim.MAX_VOCAB),
+               ("train.global_batch_size", t.global_batch_size, lim.MAX_GLOBAL_BATCH),
+               ("train.micro_batch_size", t.micro_batch_size, lim.MAX_MICRO_BATCH),
+               ("train.eval_sequences", t.eval_sequences, lim.MAX_GLOBAL_BATCH)]
+    for i, p in enumerate(c.phases or ()):
+        checks += [(f"phases[{i}].seq_len", p.seq_len, lim.MAX_SEQ_LEN),
+                   (f"phases[{i}].global_batch_size", p.global_batch_size, lim.MAX_GLOBAL_BATCH),
+                   (f"phases[{i}].micro_batch_size", p.micro_batch_size, lim.MAX_MICRO_BATCH)]
+    # Below-minimum values are the other checks' to report; only the upper bounds are new here.
+    return lim.bound_problems(checks, minimum=-(1 << 62))
 
 
 def span_problems(k: MaskingConfig) -> list[str]:
@@ -364,14 +364,23 @@ def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
     return problems
 
 
+def corpus_shares(weights: list[float]) -> list[Fraction]:
+    """The weights normalised to sum exactly 1.
+
+    Each weight is read as the decimal the user wrote (`repr` of the float), not the binary float:
+    0.7 is 7/10, so a 0.7:0.3 mix gives exactly 2,688 of 3,840 sequences, not 2,687.
+    """
+    exact = [Fraction(repr(float(w))) for w in weights]
+    total = sum(exact)
+    return [w / total for w in exact]
+
+
 # MLflow accepts these in metric keys; '/' is kept out of names because it separates the key's parts.
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
 def mix_problems(data: DataConfig, global_batch_size: int) -> list[str]:
     """Checks of a weighted list of corpora that need no files: paths, weights, names."""
-    from pipeline.pretrain.mixture import corpus_shares
-
     problems = []
     add = problems.append
     corpora = data.corpora()

@@ -20,7 +20,7 @@ import torch
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoints import read_marker, resolve_checkpoint
+from pipeline.pretrain.checkpoints import check_intact, read_marker, resolve_checkpoint
 
 PROVENANCE_FILE = "pipeline_export.json"
 """Where an export records its checkpoint and pretraining MLflow run, for fine-tuning runs to link to."""
@@ -88,6 +88,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     from pipeline.pretrain.model import EXPORT_CLASSES, hf_config
 
     checkpoint = resolve_checkpoint(path).resolve()  # absolute: its name is the tag DeepSpeed loads by
+    check_intact(checkpoint)  # a damaged file is refused with the message resume warns with
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")

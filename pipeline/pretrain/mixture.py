@@ -33,61 +33,13 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader
 
-from pipeline.data.token_cache import TokenCache
+from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, MicroBatchKey, StepOrder, eval_keys, train_loader
-from pipeline.pretrain.config import DataConfig
+from pipeline.pretrain.config import DataConfig, corpus_shares
 from pipeline.pretrain.masking import Masker
 
 _ORDER, _MIX = 1, 2  # RNG salts: a corpus's epoch permutation, a step's shuffle
-
-
-def corpus_shares(weights: list[float]) -> list[Fraction]:
-    """The weights normalised to sum exactly 1.
-
-    Each weight is read as the decimal the user wrote (`repr` of the float), not the binary float:
-    0.7 is 7/10, so a 0.7:0.3 mix gives exactly 2,688 of 3,840 sequences, not 2,687.
-    """
-    exact = [Fraction(repr(float(w))) for w in weights]
-    total = sum(exact)
-    return [w / total for w in exact]
-
-
-class ConcatenatedCaches:
-    """Several corpora's token caches as one row space: row `offsets[c] + i` is corpus c's row i."""
-
-    def __init__(self, caches: list[TokenCache]):
-        self.caches = caches
-        self.offsets = np.cumsum([0] + [len(c) for c in caches])
-        self.fields = {name: _ConcatenatedField(self, name) for name in caches[0].fields}
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    @property
-    def seq_len(self) -> int:
-        return self.caches[0].seq_len
-
-    def corpus_of(self, rows: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.offsets, rows, side="right") - 1
-
-
-class _ConcatenatedField:
-    """`field[rows]` gathered from each corpus's memory map (rows keep their order)."""
-
-    def __init__(self, owner: ConcatenatedCaches, name: str):
-        self.owner, self.name = owner, name
-
-    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows)
-        owner = self.owner
-        first = owner.caches[0].fields[self.name]
-        out = np.empty((len(rows),) + first.shape[1:], dtype=first.dtype)
-        corpus = owner.corpus_of(rows)
-        for c in np.unique(corpus):
-            mine = corpus == c
-            out[mine] = owner.caches[c].fields[self.name][rows[mine] - owner.offsets[c]]
-        return out
 
 
 class MixedShuffle(StepOrder):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,9 @@ from pipeline.pretrain.phases import (
 )
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
-from pipeline.tracking.metrics import MetricsSink, open_metrics
+from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
+from pipeline.tracking.sinks import open_metrics
 
 
 @dataclass
@@ -76,7 +78,7 @@ class Pretrainer:
                                    config.train.seed)
         self.step = 0
         self.resumed_from: Path | None = None
-        self.resume_seconds = 0.0
+        self.resume_seconds = self.verify_seconds = 0.0
         resume = self._resume_source() if config.checkpoint.resume == "auto" else None
         start = int(checkpoints.read_marker(resume[0])["step"]) if resume else 0
 
@@ -131,7 +133,7 @@ class Pretrainer:
 
     def _resume_source(self) -> tuple[Path, Path, bool] | None:
         """(complete checkpoint, folder DeepSpeed loads it from, universal?) or None for a fresh start."""
-        newest = checkpoints.newest_complete(self.layout.checkpoints)
+        newest = self._newest_intact()
         if newest is None:
             return None
         marker = checkpoints.read_marker(newest)
@@ -152,6 +154,23 @@ class Pretrainer:
             convert_to_universal(newest)
         dist.barrier()
         return newest, newest / UNIVERSAL_DIR, True
+
+    def _newest_intact(self) -> Path | None:
+        """The newest complete checkpoint whose checksums hold: checked once, by rank 0, for every rank."""
+        root = self.layout.checkpoints
+        started = time.perf_counter()
+        found = [None]
+        if self.topology.is_main:
+            newest = checkpoints.newest_intact(root, self._warn)
+            found = [newest.name if newest else None]
+        if self.topology.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        self.verify_seconds = time.perf_counter() - started
+        return root / found[0] if found[0] else None
+
+    def _warn(self, message: str) -> None:
+        if self.topology.is_main:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
 
     def _load(self, checkpoint: Path, load_root: Path, universal: bool) -> None:
         started = time.perf_counter()
@@ -190,7 +209,8 @@ class Pretrainer:
         metrics.log_artifact(layout.config)
         if self.resumed_from is not None:
             metrics.event({"resumed_from": str(self.resumed_from),
-                           "resume_load_seconds": round(self.resume_seconds, 3)}, self.step)
+                           "resume_load_seconds": round(self.resume_seconds, 3),
+                           "checkpoint_verify_seconds": round(self.verify_seconds, 3)}, self.step)
         return metrics
 
     # --- the loop ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The metrics interface every stage logs through: `log(metrics, step)` and `close()`.
 
 A trainer holds one `MetricsSink` and never asks which rank it is on or whether MLflow is up:
-rank 0 gets the JSONL file and MLflow (`open_metrics`), other ranks a `MetricsSink` that does
-nothing. Keys are namespaced (`train/loss`, `eval/mlm_loss`, `best/accuracy`).
+rank 0 gets the JSONL file and MLflow, other ranks a `MetricsSink` that does nothing; the factory
+that chooses, `sinks.open_metrics`, stands outside this interface and its MLflow sink. Keys are
+namespaced (`train/loss`, `eval/mlm_loss`, `best/accuracy`).
 
 `event` records what is not a metric (a resume, a checkpoint, a stop) in the local log only.
 `log_params`, `set_tags` and `log_artifact` reach the tracking store; a sink that has none
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.atomic_files import write_text_atomic
+from pipeline.common.atomic_files import reporting_disk_full, write_text_atomic
 
 Number = float | int | None
 
@@ -75,8 +76,9 @@ class JsonlSink(MetricsSink):
         write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, record: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
-        self._file.flush()
+        with reporting_disk_full(self.path):  # a line cut short by a full disk is dropped on resume
+            self._file.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+            self._file.flush()
 
     def log(self, metrics: Mapping[str, Number], step: int) -> None:
         self._write({"step": step, **{k: v for k, v in metrics.items() if v is not None}})
@@ -126,27 +128,3 @@ class FanOut(MetricsSink):
     def close(self, status="FINISHED"):
         for s in self.sinks:
             s.close(status)
-
-
-def open_metrics(is_main: bool, *, jsonl: Path | None = None, resume_step: int = 0, tracking=None,
-                 run_name: str | None = None, state_file: Path | None = None,
-                 tags: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None) -> MetricsSink:
-    """The sink for this rank: nothing off rank 0; else `jsonl` and, when `tracking.enabled`, MLflow.
-
-    `tracking`: a `TrackingConfig`; `state_file`: where MLflow's run id is kept so a rerun logs
-    to the same run (None: a new run each time); `tags` are set on every start, `params` when the
-    MLflow run is created.
-    """
-    if not is_main:
-        return MetricsSink()
-    sinks: list[MetricsSink] = []
-    if jsonl is not None:
-        sinks.append(JsonlSink(jsonl, resume_step))
-    if tracking is not None and tracking.enabled:
-        from pipeline.tracking.mlflow_run import MlflowSink
-
-        sinks.append(MlflowSink(tracking.uri, tracking.experiment, run_name, state_file, tracking.flush_seconds,
-                                tags, params))
-    if len(sinks) < 2:
-        return sinks[0] if sinks else MetricsSink()
-    return FanOut(*sinks)

@@ -10,6 +10,10 @@ pairs), and the best filling of each text's `<mask>` for an export. A pyfunc aro
 rather than the `transformers` flavour: it loads offline from the logged folder, keeps the task's
 label names and truncation, and serves with `mlflow models serve -m runs:/<id>/model`.
 
+The model is logged from code, not pickled: MLflow stores `pipeline/hub/encoder_pyfunc.py` (the
+wrapper belongs to the interface it wraps) and the `pipeline` package, and rebuilds the model on
+load by running that file. This module names the file by its path and imports nothing from hub/.
+
 `log_dataset_inputs` records shard folders and task files as MLflow dataset inputs (name, digest
 of `index.json` or of the file, source path), which the UI shows in the Dataset column.
 """
@@ -23,6 +27,12 @@ from pathlib import Path
 
 from pipeline.common.atomic_files import sha256_file
 from pipeline.common.errors import PipelineError
+from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+"""The `pipeline` package, logged with every model so that `mlflow models serve` can import it."""
+ENCODER_PYFUNC_CODE = PACKAGE_DIR / "hub" / "encoder_pyfunc.py"
+"""The models-from-code file MLflow runs to rebuild a logged model (it calls `mlflow.models.set_model`)."""
 
 
 def _requirements() -> list[str]:
@@ -33,15 +43,14 @@ def _requirements() -> list[str]:
 
 
 def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str | None = None, name: str = "model",
-                      registered_model_name: str | None = None) -> str:
+                      registered_model_name: str | None = None, model_code: str | Path = ENCODER_PYFUNC_CODE) -> str:
     """Log the HF folder `model_dir` (fine-tuned or export) to run `run_id` as pyfunc model `name`; the model URI.
 
     `registered_model_name` also registers it in the model registry (a new version each call).
+    `model_code`: the models-from-code file that rebuilds the model on load (default: the hub's wrapper).
     """
     import mlflow
 
-    from pipeline.hub.sources import FINETUNE_INFO_FILE
-    from pipeline.tracking.encoder_pyfunc import EncoderModel
     from pipeline.tracking.mlflow_run import default_tracking_uri
 
     model_dir = Path(model_dir)
@@ -50,17 +59,16 @@ def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str |
                             "model/ folder or a pretraining export")
     config = json.loads((model_dir / "config.json").read_text())
     classifier = any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or [])
-    info_file = model_dir / FINETUNE_INFO_FILE
+    info_file = model_dir / FINETUNE_PROVENANCE_FILE
     metadata = {"kind": "classifier" if classifier else "masked-lm",
                 **({"task": json.loads(info_file.read_text()).get("task")} if info_file.is_file() else {})}
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri or default_tracking_uri())
     try:
-        with mlflow.start_run(run_id=run_id), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*[Pp]ickl.*")  # a plain class instance is what we log
+        with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
-                name=name, python_model=EncoderModel(), artifacts={"model": str(model_dir)},
-                code_paths=[str(Path(__file__).resolve().parents[1])],  # the `pipeline` package, for serving
+                name=name, python_model=str(model_code), artifacts={"model": str(model_dir)},
+                code_paths=[str(PACKAGE_DIR)],  # the `pipeline` package, for serving
                 pip_requirements=_requirements(), metadata=metadata,
                 # No signature: a schema would turn a plain list of texts into a one-column frame named 0;
                 # `EncoderModel` reads lists of texts or pairs and `text`/`text_b` frames itself.

@@ -22,6 +22,7 @@ NOISY = [
     "Loading weights: 100%|██████████| 103/103 [00:00<00:00, 2051.23it/s]",
     "Reconstructed fp32 state dict with 42 params 1462336 elements",
     "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 25.11it/s]",
+    "Downloading artifacts:  40%|████      | 2/5 [00:00<00:00, 11814.94it/s]",
 ]
 KEPT = [
     "== 5/8 pretrain (2 ranks)",
@@ -93,6 +94,7 @@ def restore_frameworks(monkeypatch):
     from transformers.utils import logging as hf_logging
 
     monkeypatch.delenv("MLFLOW_LOGGING_LEVEL", raising=False)
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
     deepspeed_logger = logging.getLogger("DeepSpeed")
     level = deepspeed_logger.level
     with warnings.catch_warnings():
@@ -118,6 +120,7 @@ def test_quiet_frameworks_silences_only_the_known_warnings_and_lowers_deepspeed(
     assert logging.getLogger("DeepSpeed").level == logging.WARNING
     assert not hf_logging.is_progress_bar_enabled()
     assert os.environ["MLFLOW_LOGGING_LEVEL"] == "WARNING"
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
 
 
 def test_verbose_leaves_every_framework_alone(restore_frameworks):

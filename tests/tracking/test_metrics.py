@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from pipeline.tracking.metrics import FanOut, JsonlSink, MetricsSink, open_metrics
+from pipeline.tracking.metrics import FanOut, JsonlSink, MetricsSink
+from pipeline.tracking.sinks import open_metrics
 
 
 def tracking(uri: str) -> SimpleNamespace:

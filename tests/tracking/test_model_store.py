@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import WORDS
@@ -68,6 +69,81 @@ def test_a_logged_export_fills_masks_like_the_hub_interface(store, bpe_tokenizer
     assert predicted == [encoder.fill_mask(t, topk=1)[0][0] for t in texts]
     with pytest.raises(PipelineError, match="no config.json"):
         log_encoder_model(store["root"], run, tracking_uri=store["uri"])
+
+
+def is_pickle(path) -> bool:
+    """A .pkl/.pickle file, a file that parses whole as a pickle of protocol 2 to 5, or a zip holding one."""
+    import pickletools
+    import zipfile
+
+    if path.suffix in (".pkl", ".pickle"):
+        return True
+    data = path.read_bytes()
+    if zipfile.is_zipfile(path):  # torch's .bin checkpoints are zips around data.pkl
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith((".pkl", ".pickle")) or archive.read(name)[:1] == b"\x80"
+                       for name in archive.namelist())
+    if len(data) < 2 or data[0] != 0x80 or not 2 <= data[1] <= 5:  # PROTO opcode and its protocol
+        return False
+    try:  # a safetensors header length can begin with the same two bytes: a pickle parses to STOP at the end
+        ops = list(pickletools.genops(data))
+    except Exception:  # noqa: BLE001 - anything that does not parse is not a pickle
+        return False
+    return ops[-1][0].name == "STOP" and ops[-1][2] == len(data) - 1
+
+
+def test_a_logged_model_is_stored_as_code_and_loads_without_unpickling(store, bpe_tokenizer_dir, tmp_path,
+                                                                      monkeypatch):
+    import pickle
+
+    import cloudpickle
+    import mlflow.artifacts
+    import mlflow.pyfunc
+    import yaml
+
+    (tmp_path / "object.pkl").write_bytes(pickle.dumps({"a": 1}))
+    (tmp_path / "object.bin").write_bytes(cloudpickle.dumps(LABELS))
+    assert is_pickle(tmp_path / "object.pkl") and is_pickle(tmp_path / "object.bin")  # the detector finds them
+
+    export = save_export(bpe_tokenizer_dir, store["root"] / "export-from-code")
+    run = store["client"].create_run(store["experiment"], run_name="from-code").info.run_id
+    uri = log_encoder_model(export, run, tracking_uri=store["uri"])
+    mlflow.set_tracking_uri(store["uri"])
+    files = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "logged"))
+    stored = [p for p in Path(files).rglob("*") if p.is_file()]
+    assert [p.name for p in stored if p.name == "model.safetensors"]  # the weights are there
+    assert [p for p in stored if is_pickle(p)] == []
+    flavor = yaml.safe_load((Path(files) / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavor["model_code_path"].endswith("encoder_pyfunc.py") and "python_model" not in flavor
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loading the model unpickled something")
+
+    for module in (pickle, cloudpickle):
+        monkeypatch.setattr(module, "load", refuse)
+        monkeypatch.setattr(module, "loads", refuse)
+    texts = ["the <mask> encoder"]
+    encoder = Encoder.from_pretrained(export)
+    assert mlflow.pyfunc.load_model(uri).predict(texts) == [encoder.fill_mask(t, topk=1)[0][0] for t in texts]
+
+
+@pytest.mark.slow  # a fresh Python importing torch, transformers and MLflow (59 s here at load 11)
+def test_logging_a_model_prints_no_pickle_or_type_hint_warning(store, bpe_tokenizer_dir):
+    """In a fresh process, as a trainer logs it: MLflow says nothing about CloudPickle or `predict`'s type hints."""
+    import os
+    import subprocess
+    import sys
+
+    export = save_export(bpe_tokenizer_dir, store["root"] / "export-quiet")
+    run = store["client"].create_run(store["experiment"], run_name="quiet").info.run_id
+    code = ("import sys; from pipeline.tracking.model_store import log_encoder_model; "
+            "print(log_encoder_model(sys.argv[1], sys.argv[2], tracking_uri=sys.argv[3]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYTHONWARNINGS"))}
+    done = subprocess.run([sys.executable, "-c", code, str(export), run, store["uri"]], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("models:/")
+    assert "CloudPickle" not in done.stderr and "type hints" not in done.stderr
 
 
 def test_shards_and_task_files_become_dataset_inputs(store, roberta_shards, tmp_path):

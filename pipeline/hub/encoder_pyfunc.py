@@ -1,19 +1,24 @@
 """The pyfunc model that MLflow stores: the hub interface (`pipeline.hub.Encoder`) behind `predict`.
 
-Kept apart from `model_store.py` so that only logging and loading a model import `mlflow.pyfunc`;
-MLflow pickles a reference to this class, so its module path is part of every logged model.
+Logged with MLflow's models-from-code (`tracking/model_store.py` hands MLflow this file's path):
+MLflow copies the file into the model and runs it wherever the model is loaded; its last line hands
+MLflow the model. Nothing is pickled, so loading a logged model unpickles nothing and runs only
+this reviewed file and the `pipeline` package logged beside it. Running the file imports no more
+than `mlflow.pyfunc`; the Encoder (torch, transformers) loads in `load_context`.
 """
 
 from __future__ import annotations
 
 import warnings
 
+from mlflow.models import set_model
 from mlflow.pyfunc import PythonModel
 
-with warnings.catch_warnings():
+with warnings.catch_warnings(record=True):
     # MLflow asks for type hints on `predict` to validate inputs; the rows here are free-form
     # (a DataFrame from `mlflow models serve`, or lists of strings and pairs), checked below.
-    warnings.simplefilter("ignore")
+    # Recorded and dropped rather than ignored: MLflow's check sets its own "once" filter, which
+    # an "ignore" filter here would not outrank.
 
     class EncoderModel(PythonModel):
         """The pyfunc wrapper: `predict` classifies with the model's task head, or fills masks for an export."""
@@ -40,3 +45,6 @@ def _examples(model_input) -> list[tuple[str, ...]]:
     if isinstance(model_input, str):
         return [(model_input,)]
     return [(x,) if isinstance(x, str) else tuple(x) for x in model_input]
+
+
+set_model(EncoderModel())

@@ -1,0 +1,48 @@
+"""Load a pretraining config and check it as a whole: the one place that runs every check.
+
+config.py holds the sections and the cross-field rules that need nothing but the config. The
+checks that need another module import the config, never the reverse, and are collected here:
+
+- `phases`: each phase's steps, batch, LR and warmup (phases.py);
+- `train.compile`: a C++ compiler on CPU, Triton on GPU, not ZeRO-3 (compilation.py);
+- the files the config points at: shard indexes, the tokenizer, `model.init_from` (file_checks.py),
+  only when `check_files` is on, so a config can be checked where its data does not exist.
+
+Every problem comes back in one ConfigError, naming its keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.common.run_kernel import load_config
+from pipeline.pretrain.compilation import compile_problems
+from pipeline.pretrain.config import PretrainConfig, config_problems
+from pipeline.pretrain.file_checks import data_problems
+from pipeline.pretrain.phases import phase_problems
+
+
+def load_pretrain_config(
+    path: str | Path,
+    overrides: list[str] = (),
+    *,
+    world_size: int = 1,
+    cuda: bool = False,
+    check_files: bool = True,
+) -> PretrainConfig:
+    """Read, override and validate a pretraining config; all problems come in one ConfigError."""
+    return load_config(PretrainConfig, path, overrides, lambda config, typed: pretrain_config_problems(
+        config, world_size=world_size, cuda=cuda, check_files=check_files and typed))
+
+
+def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: bool, check_files: bool) -> list[str]:
+    """Every problem of `config`: its cross-field rules, then the checks that need phases, compile or files."""
+    problems = []
+    if config.phases:
+        problems += phase_problems(config, world_size)
+    problems += config_problems(config, world_size=world_size, cuda=cuda)
+    if config.train.compile:
+        problems += compile_problems(config, cuda=cuda)
+    if check_files and (config.data.shards or config.phases) and config.data.tokenizer:
+        problems += data_problems(config)
+    return problems

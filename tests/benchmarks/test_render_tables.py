@@ -1,0 +1,190 @@
+"""Benchmark results: recorded with their conditions, rendered beside them, and the committed page kept in step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other as top-level modules, as when run
+
+import render_tables  # noqa: E402
+from result_record import BenchmarkRecord  # noqa: E402
+
+HELPERS = {"bench_corpus.py", "result_record.py", "render_tables.py"}  # modules, not benchmarks
+
+
+def synthetic_result(out: Path, name: str = "toy_bench") -> dict:
+    with BenchmarkRecord(name, argv=["benchmarks/toy_bench.py", "--steps", "3"], out_dir=out) as rec:
+        rec.table("toy rows", [{"method": "ours", "tokens/s": 5162}, {"method": "HF", "tokens/s": 1820}])
+        rec.headline("ours vs HF", "2.84×", target="≥ 2×", met=True)
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def page_with_region(name: str) -> str:
+    return (f"# Page\n\nHand-written prose.\n\n{render_tables.START.format(name=name)}\n"
+            f"{render_tables.END}\n\nMore prose.\n")
+
+
+def test_a_record_holds_the_command_date_machine_load_and_commit(tmp_path, monkeypatch):
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    data = synthetic_result(tmp_path)
+    assert data["command"] == "OMP_NUM_THREADS=1 python benchmarks/toy_bench.py --steps 3"
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", data["date"])
+    assert data["machine"]["cores"] >= 1 and data["machine"]["cpu_model"]
+    assert len(data["load_start"]) == 3 and len(data["load_end"]) == 3
+    assert re.fullmatch(r"[0-9a-f]{40}", data["git_commit"]) and isinstance(data["git_dirty"], bool)
+    assert data["results"]["tables"][0]["columns"] == ["method", "tokens/s"]
+    assert data["results"]["headline"]["ours vs HF"] == {"value": "2.84×", "target": "≥ 2×", "met": True}
+
+
+def test_a_benchmark_that_fails_writes_no_result(tmp_path):
+    with pytest.raises(RuntimeError), BenchmarkRecord("broken", argv=["x"], out_dir=tmp_path) as rec:
+        rec.table("half", [{"a": 1}])
+        raise RuntimeError("the run died")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_variant_name_is_its_own_file_and_a_bad_name_is_refused(tmp_path):
+    synthetic_result(tmp_path, "toy_bench.budget-tiny")
+    assert (tmp_path / "toy_bench.budget-tiny.json").is_file()
+    with pytest.raises(ValueError, match="benchmark name"):
+        BenchmarkRecord("../escape", argv=["x"], out_dir=tmp_path)
+
+
+def test_the_conditions_are_rendered_right_under_the_table(tmp_path, monkeypatch):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    results = tmp_path / "results"
+    data = synthetic_result(results)
+    page = render_tables.render_page(page_with_region("toy_bench"), render_tables.load_results(results))
+    region = page.split(render_tables.START.format(name="toy_bench"))[1].split(render_tables.END)[0]
+    table_end = region.index("| HF | 1820 |")
+    after = region[table_end:]
+    for fact in ("ours vs HF: **2.84×** (target ≥ 2×: **met**)", "command: `python benchmarks/toy_bench.py --steps 3`",
+                 f"date: {data['date']}", f"{data['machine']['cores']} cores", data["machine"]["cpu_model"],
+                 "at the start", "at the end", f"git commit: `{data['git_commit'][:7]}`"):
+        assert fact in after, fact
+    assert page.startswith("# Page\n\nHand-written prose.") and page.endswith("More prose.\n")
+    assert "Transcribed" not in region
+
+
+def test_a_transcribed_result_says_so_and_how_to_regenerate_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    data = synthetic_result(tmp_path)
+    data.update(provenance="transcribed", transcribed_from={"file": "README.md", "commit": "abc1234" + "0" * 33},
+                load_start=None, load_end=None, load_note="about 20")
+    text = render_tables.render_result(data)
+    assert "*Transcribed* from README.md at commit `abc1234`" in text
+    assert "rerun `python benchmarks/toy_bench.py --steps 3` to regenerate" in text
+    assert "load average: about 20" in text
+
+
+def test_a_result_written_without_result_record_still_shows_every_figure():
+    """The shape other scripts write by hand: a dict of tables, loose figures, a single load number."""
+    data = {"benchmark": "by_hand", "command": "python benchmarks/by_hand.py", "date": "2026-11-23",
+            "machine": {"cores": 2, "cpu_model": "AMD EPYC"}, "load_start": 3.5, "load_end": 4.0,
+            "git_commit": "f" * 40,
+            "results": {"tables": {"speed": [{"arm": "a", "s": 1.5}]}, "peak_gflops": 92.0}}
+    text = render_tables.render_result(data)
+    assert "**speed**" in text and "| a | 1.5 |" in text
+    assert '"peak_gflops": 92.0' in text
+    assert "load average: 3.5 at the start, 4.0 at the end" in text
+
+
+def test_check_fails_on_a_stale_page_and_passes_once_rendered(tmp_path, capsys):
+    results = tmp_path / "results"
+    synthetic_result(results)
+    page = tmp_path / "page.md"
+    page.write_text(page_with_region("toy_bench"))
+    args = ["--page", str(page), "--results", str(results)]
+    assert render_tables.main([*args, "--check"]) == 1
+    assert render_tables.main(args) == 0
+    assert render_tables.main([*args, "--check"]) == 0
+    data = json.loads((results / "toy_bench.json").read_text())
+    data["results"]["tables"][0]["rows"][0]["tokens/s"] = 9999  # a figure changed, the page not rerendered
+    (results / "toy_bench.json").write_text(json.dumps(data))
+    assert render_tables.main([*args, "--check"]) == 1
+    assert "toy_bench" in capsys.readouterr().err
+
+
+def test_a_result_without_a_region_is_appended_so_it_cannot_go_unseen(tmp_path):
+    results = tmp_path / "results"
+    synthetic_result(results, "new_bench")
+    page = render_tables.render_page("# Page\n", render_tables.load_results(results))
+    assert render_tables.OTHER_HEADING in page and render_tables.START.format(name="new_bench") in page
+
+
+def test_a_region_without_its_result_is_an_error_naming_the_file(tmp_path):
+    with pytest.raises(render_tables.PipelineError, match=r"benchmarks/results/gone\.json"):
+        render_tables.render_page(page_with_region("gone"), {})
+
+
+def test_the_committed_page_matches_the_committed_results():
+    assert render_tables.main(["--check"]) == 0, "run: python benchmarks/render_tables.py"
+
+
+def test_every_benchmark_writes_its_result_through_result_record():
+    scripts = [p for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS]
+    assert scripts
+    missing = [p.name for p in scripts if "BenchmarkRecord(" not in p.read_text()]
+    assert not missing, f"benchmarks that write no result file: {missing}"
+
+
+def commands_in_page(page: Path) -> list[list[str]]:
+    """Every `python benchmarks/X.py ...` line of the page's fenced code blocks, continuations joined."""
+    text = re.sub(r"^> ?", "", page.read_text(), flags=re.M)  # blocks quoted in the maintainers' note too
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, re.S)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line.split(" #")[0]) if "benchmarks/" in line else []
+            while words and re.match(r"^[A-Z_]+=", words[0]):  # OMP_NUM_THREADS=1 python ...
+                words = words[1:]
+            if words[:1] == ["python"] and words[1].startswith("benchmarks/"):
+                commands.append(words[1:])
+    return commands
+
+
+def commands_of_results() -> list[list[str]]:
+    """The command each committed result names (its "rerun ... to regenerate")."""
+    commands = []
+    for path in sorted(render_tables.RESULTS.glob("*.json")):
+        words = shlex.split(json.loads(path.read_text())["command"])
+        while words and re.match(r"^[A-Z_]+=", words[0]):
+            words = words[1:]
+        assert words[:1] == ["python"], f"{path.name}: {words}"
+        commands.append(words[1:])
+    return commands
+
+
+class Parsed(Exception):
+    pass
+
+
+def test_every_command_on_the_page_and_in_the_results_parses(monkeypatch):
+    commands = commands_in_page(render_tables.PAGE) + commands_of_results()
+    assert len(commands) >= 20
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        original(self, args, namespace)  # unknown flags and bad values exit 2 here
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    for script, *args in commands:
+        # As `python script` does: the script's folder first (the scripts prepend the repository too).
+        monkeypatch.setattr(sys, "path", [str((ROOT / script).parent), *sys.path])
+        monkeypatch.setattr(sys, "argv", [script, *args])
+        with pytest.raises(Parsed):
+            runpy.run_path(str(ROOT / script), run_name="__main__")
