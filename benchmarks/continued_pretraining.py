@@ -92,8 +92,9 @@ def pretrain_config(model: str, shards: Path, out: Path, steps: int, lr: float) 
 
 def cloze(model: str, texts: list[str]) -> float | None:
     """Top-1 cloze accuracy through the hub interface; None for a model without a trained MLM head."""
-    from pipeline.hub import Encoder
     from pipeline.hub.cloze import cloze_accuracy  # owned by the plateau work (issue 20 §2)
+
+    from pipeline.hub import Encoder
 
     encoder = Encoder.from_pretrained(model)
     if encoder.lm_head is None:
@@ -138,8 +139,9 @@ def main() -> None:
         config.write_text(json.dumps(pretrain_config(model, shards, out / "pretrain", a.steps, a.lr), indent=2))
         seconds = pretrain([sys.executable, "launchers/pretrain.py", "--config", config], min(a.minutes, 30.0))
 
-        from pipeline.data.tokenizer import load_tokenizer
         from pipeline.pretrain.plateau import validation_unigram_entropy  # owned by the plateau work
+
+        from pipeline.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(model)
         entropy = validation_unigram_entropy(shards, tokenizer.all_special_ids)
