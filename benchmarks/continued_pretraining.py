@@ -35,11 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from released_encoder_finetune import capped_glue, pipeline_run
+from released_encoder_finetune import SHARED, capped_glue, pipeline_run
 from result_record import BenchmarkRecord
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 
 
 def run(*cmd) -> None:

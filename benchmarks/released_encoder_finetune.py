@@ -32,7 +32,8 @@ from pathlib import Path
 from result_record import BenchmarkRecord
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = Path(os.environ.get("PIPELINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+"""../shared/data (README: real data for benchmarks); PIPELINE_SHARED_DATA points elsewhere."""
 TASKS = {"sst2": ("SST-2", 1.0), "rte": ("RTE", 2.0)}  # GLUE folder, target gap in points
 
 
@@ -49,13 +50,14 @@ def capped_glue(glue: Path, out: Path, max_train: dict[str, int | None], max_eva
 def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out: Path, scratch: bool) -> dict:
     """One `launchers/finetune.py` launch; the seed's best and last dev accuracy and seconds per epoch."""
     folder = out / f"seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
     sets = {"data.glue_dir": glue, "data.max_seq_len": recipe["max_seq_len"], "train.output_dir": folder,
             "train.learning_rate": recipe["lr"], "train.batch_size": recipe["batch"], "train.epochs": recipe["epochs"],
             "train.warmup_ratio": recipe["warmup_ratio"], "train.weight_decay": recipe["weight_decay"],
             "train.adam_betas": json.dumps(list(recipe["betas"])), "train.adam_eps": recipe["eps"],
             "train.max_grad_norm": recipe["max_grad_norm"],
-            # tracking on (a local store) for metrics.jsonl: its per-epoch time stamps give the seconds per epoch
-            "tracking.uri": f"sqlite:///{out / 'mlflow.db'}", "tracking.experiment": "released-encoder"}
+            # tracking on, one local store per launch: the per-epoch metric time stamps give the seconds per epoch
+            "tracking.uri": f"sqlite:///{folder / 'mlflow.db'}", "tracking.experiment": "released-encoder"}
     cmd = [sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model", model,
            "--seeds", str(seed), *(["--from-scratch"] if scratch else []),
            *[x for key, value in sets.items() for x in ("--set", f"{key}={value}")]]
@@ -66,11 +68,21 @@ def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out
     history = json.loads((folder / f"seed_{seed}" / "history.json").read_text())
     history = history.get("history", history) if isinstance(history, dict) else history
     accuracies = [epoch["accuracy"] for epoch in history]
-    stamps = [json.loads(x)["time"] for x in (folder / "metrics.jsonl").read_text().splitlines()
-              if "eval/accuracy" in json.loads(x)]
-    # Between the first and last epoch's log lines: each epoch's training and evaluation, no start-up.
+    stamps = epoch_times(f"sqlite:///{folder / 'mlflow.db'}")
+    # Between the first and last epoch's evaluations: each epoch's training and evaluation, no start-up.
     per_epoch = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else wall / recipe["epochs"]
     return {"best": max(accuracies), "last": accuracies[-1], "seconds_per_epoch": per_epoch, "launch_seconds": wall}
+
+
+def epoch_times(uri: str) -> list[float]:
+    """Seconds since the epoch at which the one run in this MLflow store logged each epoch's dev accuracy."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("released-encoder")
+    (run,) = client.search_runs([experiment.experiment_id])
+    history = sorted(client.get_metric_history(run.info.run_id, "eval/accuracy"), key=lambda m: m.step)
+    return [m.timestamp / 1000 for m in history]
 
 
 def hf_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out: Path) -> dict:
