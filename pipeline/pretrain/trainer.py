@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -354,7 +355,9 @@ class Pretrainer:
                                  "world_size": plan.world_size, "accumulation": plan.accumulation},
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
                   "zero_stage": self.config.zero_stage, "precision": self.config.precision,
-                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {})}
+                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {}),
+                  # the model's own shape: with model.init_from it is the folder's, not the model section's
+                  "hf_config": json.loads(self.model_config.to_json_string())}
         start = time.perf_counter()
         folder = checkpoints.save_checkpoint(self.engine, self.layout.checkpoints, self.step, state, marker,
                                              self.config.checkpoint.keep_last)

@@ -103,7 +103,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for stage in (0, 2):
         config = parity_config(topology.world_size, stage)
-        problems = config_problems(config, world_size=topology.world_size, cuda=topology.cuda, check_files=False)
+        problems = config_problems(config, world_size=topology.world_size, cuda=topology.cuda)
         assert not problems, problems
         plan = resolve_phases(config)[0].plan(topology.world_size)
         assert plan.accumulation == ACCUMULATION

@@ -16,7 +16,8 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 from model_folders import save_export, save_headless_bert
 
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.config import ModelConfig, load_pretrain_config
+from pipeline.pretrain.config import ModelConfig
+from pipeline.pretrain.config_checks import load_pretrain_config
 from pipeline.pretrain.model import build_model
 
 
@@ -107,8 +108,15 @@ def test_bert_without_nsp_trains_on_doc_packed_rows(tmp_path_factory, corpus_jso
 @pytest.mark.slow
 def test_continued_pretraining_from_a_headless_bert_on_full_shards_exports_a_masked_lm(tmp_path, full_shards, released,
                                                                                     wordpiece_tokenizer_dir):
-    """The launcher as a user runs it: the log names the created head; the export is a complete masked LM."""
+    """The launcher as a user runs it: the log names the created head; the export is a complete masked LM.
+
+    The released model is shaped unlike the config's model section (hidden 32, 96 positions): with
+    init_from the folder's shape is the model's, through training and export.
+    """
     from transformers import AutoModelForMaskedLM, BertModel
+
+    released = save_headless_bert(wordpiece_tokenizer_dir, tmp_path / "released-32", max_positions=96,
+                                  hidden_size=32, intermediate_size=64)
 
     data = tiny_pretrain_config(full_shards, wordpiece_tokenizer_dir, tmp_path / "run",
                                 model={"architecture": "bert", "init_from": str(released),
@@ -123,6 +131,7 @@ def test_continued_pretraining_from_a_headless_bert_on_full_shards_exports_a_mas
     export = tmp_path / "run" / "export"
     mlm, loading = AutoModelForMaskedLM.from_pretrained(export, output_loading_info=True)
     assert not loading["missing_keys"]  # the created head was trained and saved
+    assert (mlm.config.hidden_size, mlm.config.max_position_embeddings) == (32, 96)
     assert mlm.cls.predictions.decoder.weight is mlm.bert.embeddings.word_embeddings.weight
     start = BertModel.from_pretrained(released).embeddings.word_embeddings.weight
     moved = (mlm.bert.embeddings.word_embeddings.weight - start).abs().max().item()
