@@ -75,14 +75,18 @@ def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out
 
 
 def epoch_times(uri: str) -> list[float]:
-    """Seconds since the epoch at which the one run in this MLflow store logged each epoch's dev accuracy."""
+    """When (seconds since the epoch) this launch's seed run logged each epoch's dev accuracy.
+
+    The store holds this launch only: a parent run and its seed's run; the seed's run has the history.
+    """
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("released-encoder")
-    (run,) = client.search_runs([experiment.experiment_id])
-    history = sorted(client.get_metric_history(run.info.run_id, "eval/accuracy"), key=lambda m: m.step)
-    return [m.timestamp / 1000 for m in history]
+    histories = [client.get_metric_history(run.info.run_id, "eval/accuracy")
+                 for run in client.search_runs([experiment.experiment_id])]
+    (history,) = [h for h in histories if h]
+    return [m.timestamp / 1000 for m in sorted(history, key=lambda m: m.step)]
 
 
 def hf_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out: Path) -> dict:
