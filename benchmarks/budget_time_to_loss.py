@@ -219,8 +219,13 @@ def run_one(recipe: str, seed: int, a, tokenizer: Path, shards: Path, overrides:
             "curve": [vars(p) for p in curve]}
 
 
-def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> tuple[dict, str, list[dict]]:
-    """Medians over seeds per recipe and threshold (an unreached one counts as infinitely late), the table, its rows."""
+def summarise(runs: list[dict], thresholds: list[float], max_minutes: float,
+              entropy: float | None = None) -> tuple[dict, str, list[dict]]:
+    """Medians over seeds per recipe and threshold (an unreached one counts as infinitely late), the table, its rows.
+
+    `entropy`: the validation tokens' unigram entropy (the plateau's level), printed beside each final loss.
+    """
+    from pipeline.pretrain.plateau import beside_plateau
     from pipeline.tracking.loss_curve import EvalPoint, first_crossing
 
     summary: dict = {}
@@ -250,10 +255,11 @@ def summarise(runs: list[dict], thresholds: list[float], max_minutes: float) -> 
                          else f"{step:,.0f}, {seconds / 60:.2f} ({reached}/{len(hits)})")
         finals = [x for x in row["final_loss"] if x is not None]
         lines.append(f"| {name} | {row['batch']} | {','.join(map(str, row['seeds']))} | " + " | ".join(cells)
-                     + f" | {statistics.median(finals):.3f} | {statistics.median(row['steps']):,.0f} |")
+                     + f" | {beside_plateau(statistics.median(finals), entropy)} | "
+                     f"{statistics.median(row['steps']):,.0f} |")
         rows.append({"recipe": name, "batch": row["batch"], "seeds": ",".join(map(str, row["seeds"])),
                      **{f"to {t} nats: steps, min (reached)": c for t, c in zip(thresholds, cells, strict=True)},
-                     "final val loss (median)": f"{statistics.median(finals):.3f}",
+                     "final val loss (median)": beside_plateau(statistics.median(finals), entropy),
                      "steps run (median)": f"{statistics.median(row['steps']):,.0f}"})
     last = str(thresholds[-1])
     if "hf" in summary and "budget" in summary and summary["budget"].get(f"median_{last}"):
@@ -310,6 +316,11 @@ def measure(a: argparse.Namespace, recipes: list[str], seeds: list[int], baselin
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     tokenizer, shards = prepare_data(a.out, {**os.environ, "PYTHONPATH": str(ROOT)})
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.pretrain.plateau import validation_unigram_entropy
+
+    entropy = validation_unigram_entropy(shards, load_tokenizer(tokenizer).all_special_ids)
+    print(f"unigram entropy of the validation tokens (the plateau's level): {entropy:.3f} nats", flush=True)
     runs = []
     for recipe in recipes:  # seeds inside recipes: the budget's seeds finish first if time runs short
         overrides = [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == recipe]
@@ -318,7 +329,8 @@ def measure(a: argparse.Namespace, recipes: list[str], seeds: list[int], baselin
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}
                              | {"last_eval": runs[-1]["curve"][-1:] or None}), flush=True)
             (a.out / "results.json").write_text(json.dumps({"runs": runs}, indent=1))
-    summary, table, rows = summarise(runs, thresholds, a.max_minutes)
+    summary, table, rows = summarise(runs, thresholds, a.max_minutes, entropy)
+    summary["unigram_entropy"] = entropy
     loads = [r["load_before"][0] for r in runs] + [r["load_after"][0] for r in runs]
     table += (f"\n\n{len(runs)} runs, cap {a.max_minutes:g} min each, {a.threads} threads; 1-min load average "
               f"{min(loads):.2f}–{max(loads):.2f} around the runs")

@@ -119,18 +119,20 @@ def measure(a: argparse.Namespace, imdb: Path, wiki: Path, rec: BenchmarkRecord)
           f"| eval loss imdb | eval loss wikitext | eval loss overall | first eval (step {rows[0][3]['step']}) "
           "imdb / wikitext | run |")
     print("|---|---|---|---|---|---|---|---|")
+    from pipeline.pretrain.plateau import metrics_beside_plateau as plateau  # each loss beside its unigram entropy
+
     table = []
     for mix, counted, logged, first, last, seconds in rows:
         shares = " / ".join(f"{100 * s:.2f}%" for s in counted) + "; " + " / ".join(f"{100 * s:.2f}%" for s in logged)
         print(f"| {mix} | {shares} | {last['data/imdb/epoch']:.3f} / {last['data/wikitext/epoch']:.3f} "
-              f"| {last['eval/imdb/mlm_loss']:.3f} | {last['eval/wikitext/mlm_loss']:.3f} "
-              f"| {last['eval/mlm_loss']:.3f} | {first['eval/imdb/mlm_loss']:.3f} / "
+              f"| {plateau(last, 'eval/imdb/')} | {plateau(last, 'eval/wikitext/')} "
+              f"| {plateau(last)} | {first['eval/imdb/mlm_loss']:.3f} / "
               f"{first['eval/wikitext/mlm_loss']:.3f} | {seconds / 60:.1f} min |")
         table.append({"weights imdb:wikitext": mix, "realised share imdb / wikitext (counted; logged)": shares,
                       "epochs imdb / wikitext": f"{last['data/imdb/epoch']:.3f} / {last['data/wikitext/epoch']:.3f}",
-                      "eval loss imdb": f"{last['eval/imdb/mlm_loss']:.3f}",
-                      "eval loss wikitext": f"{last['eval/wikitext/mlm_loss']:.3f}",
-                      "`eval/mlm_loss`": f"{last['eval/mlm_loss']:.3f}", "run": f"{seconds / 60:.1f} min"})
+                      "eval loss imdb": plateau(last, "eval/imdb/"),
+                      "eval loss wikitext": plateau(last, "eval/wikitext/"),
+                      "`eval/mlm_loss`": plateau(last), "run": f"{seconds / 60:.1f} min"})
     rec.table(f"{a.reviews:,} IMDB reviews + WikiText-2 (valid + test), 8k BPE, 128-token shards ({sizes[0]:,} and "
               f"{sizes[1]:,} train sequences), configs/tiny.json, {a.steps} steps × 32 sequences, one process", table)
 

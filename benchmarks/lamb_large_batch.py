@@ -50,6 +50,7 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
     from pipeline.pretrain.engine import client_optimizer, lr_multiplier, optimizer_groups
     from pipeline.pretrain.masking import EVAL_STREAM, build_masker
     from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.plateau import unigram_entropy_nats
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,6 +67,8 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
         val = np.asarray(TokenCache(tmp / "shards", "val", tmp / "cache").fields["input_ids"][:256]).astype(np.int64)
 
     masker = build_masker(MaskingConfig(), tokenizer, info.vocab_size, info.mask_id, seed=0)
+    # The plateau's level on these validation tokens (pipeline/pretrain/plateau.py): the loss of frequencies alone.
+    entropy = unigram_entropy_nats(np.bincount(val[~np.isin(val, tokenizer.all_special_ids)]))
     val_ids, val_labels = (torch.from_numpy(a) for a in masker(val, 0, np.arange(len(val)), EVAL_STREAM))
     model_config = ModelConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=512,
                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -110,7 +113,8 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
 
     results = {(name, lr): run(name, lr) for lr in args.lr for name in ("adamw", "lamb")}
     print(f"global batch {args.batch} × {args.seq_len} tokens, {args.steps} steps (warmup {schedule.warmup_steps}, "
-          f"then linear decay), {len(train)} train sequences, validation MLM loss on 256 fixed sequences\n")
+          f"then linear decay), {len(train)} train sequences, validation MLM loss on 256 fixed sequences; their "
+          f"unigram entropy (the plateau's level) is {entropy:.3f} nats\n")
     print("| optimizer | peak LR | start | highest | lowest | end | end − start |")
     print("|---|---|---|---|---|---|---|")
     rows = []
@@ -122,7 +126,8 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
                      "highest": f"{max(losses):.3f} (step {losses.index(max(losses))})", "lowest": f"{min(finite):.3f}",
                      "end": f"{losses[-1]:.3f}", "end − start": f"{losses[-1] - losses[0]:+.3f}"})
     rec.table(f"validation MLM loss, global batch {args.batch} × {args.seq_len} tokens, {args.steps} steps "
-              f"(warmup {schedule.warmup_steps}, then linear decay), {len(train)} train sequences", rows)
+              f"(warmup {schedule.warmup_steps}, then linear decay), {len(train)} train sequences; unigram entropy of "
+              f"the validation tokens {entropy:.3f} nats", rows)
 
 
 if __name__ == "__main__":

@@ -119,13 +119,15 @@ def measure(a: argparse.Namespace, corpus: Path, glue: Path, rec: BenchmarkRecor
                 "--set", "train.batch_size=32", "--set", f"train.output_dir={folder}",
                 "--set", f"tracking.uri={uri}", "--set", "tracking.experiment=pretraining-gain", env=env)
             results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
+    from pipeline.pretrain.plateau import metrics_beside_plateau  # the loss beside the plateau's level
+
     losses = [json.loads(x) for x in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in losses if "eval/mlm_loss" in r]
     done = max(r["step"] for r in losses if "train/loss" in r)
     batch = json.loads((out / "pretrain" / "config.json").read_text())["train"]["global_batch_size"]
     print(f"\npretraining: {a.config}, {done} of {steps} steps × {batch} sequences × 128 tokens on {a.ranks} CPU "
           f"rank(s) in {pretrain_seconds / 60:.1f} min; validation MLM loss "
-          + (f"{evals[0]['eval/mlm_loss']:.3f} (step {evals[0]['step']}) → {evals[-1]['eval/mlm_loss']:.3f} "
+          + (f"{evals[0]['eval/mlm_loss']:.3f} (step {evals[0]['step']}) → {metrics_beside_plateau(evals[-1])} "
              f"(step {evals[-1]['step']})" if evals else "not evaluated"))
     print(f"fine-tuning: {a.train_examples:,} training examples, {a.epochs} epochs, LR {a.lr}, seeds {a.seeds}\n")
     print("| task | metric | pretrained (median) | from scratch (median) | gain | pretrained mean ± sd "
@@ -149,7 +151,7 @@ def measure(a: argparse.Namespace, corpus: Path, glue: Path, rec: BenchmarkRecor
               f"{pretrain_seconds / 60:.1f} min", rows)
     if evals:
         rec.headline("validation MLM loss over pretraining",
-                     f"{evals[0]['eval/mlm_loss']:.3f} (step {evals[0]['step']}) → {evals[-1]['eval/mlm_loss']:.3f} "
+                     f"{evals[0]['eval/mlm_loss']:.3f} (step {evals[0]['step']}) → {metrics_beside_plateau(evals[-1])} "
                      f"(step {evals[-1]['step']})")
     rec.headline("total time", f"{(time.monotonic() - started) / 60:.1f} min")
 

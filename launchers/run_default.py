@@ -7,12 +7,14 @@ Runs each stage as its own command, exactly as a user would type it:
   2. data_prep/train_tokenizer.py       byte-level BPE (RoBERTa) → tokenizer/
   3. data_prep/shard.py                 packed zstd shards with a validation split → shards/
   4. data_prep/verify_shards.py         every checksum and count
-  5. launchers/pretrain.py              configs/tiny.json on 2 ranks (`deepspeed --num_gpus 2`,
+  5. launchers/pretrain.py              configs/main-job.json on 2 ranks (`deepspeed --num_gpus 2`,
                                         DeepSpeed ZeRO-2 on CPU/gloo), checkpoints, MLflow, export/
-  6. data_prep/make_embedded_task.py    a GLUE-style task from the same corpus: which standard-library
+  6. launchers/cloze.py                 the export fills blanks in the validation text: top-1 accuracy
+                                        and three examples → cloze.json
+  7. data_prep/make_embedded_task.py    a GLUE-style task from the same corpus: which standard-library
                                         package a docstring comes from (6 classes)
-  7. launchers/finetune.py              the export and a from-scratch baseline, 3 seeds each
-  8. launchers/compare.py               the table of both, joined to the pretraining run, and plots
+  8. launchers/finetune.py              the export and a from-scratch baseline, 3 seeds each
+  9. launchers/compare.py               the table of both, joined to the pretraining run, and plots
 Reruns reuse what is complete (the shard stage verifies and skips its finished shards;
 pretraining resumes from its newest checkpoint); --fresh starts over.
 
@@ -40,7 +42,7 @@ from pipeline.common.topology import free_port, use_environment_extensions_dir  
 from pipeline.tracking.job_summary import render_summary  # noqa: E402
 
 SEQ_LEN = 128
-VOCAB_SIZE = 8000
+VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (NOTES-plateau.md)
 
 
 class MainJob:
@@ -85,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
     parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
-                        help="stop after this step (default: run all eight)")
+                        help="stop after this step (default: run all nine)")
     parser.add_argument("--verbose", action="store_true",
                         help="show every stage's full output on screen (it is always in <out>/logs/)")
     return parser
@@ -105,14 +107,14 @@ def main(argv: list[str] | None = None) -> None:
     layout = MainJobLayout(out)
     corpus, tokenizer, shards = layout.corpus, layout.tokenizer, layout.shards
     if not corpus.exists():
-        job.run("1/8 embedded corpus", "corpus", "data_prep/make_default_corpus.py", "--out", corpus)
+        job.run("1/9 embedded corpus", "corpus", "data_prep/make_default_corpus.py", "--out", corpus)
     if not (tokenizer / "tokenizer.json").exists():
-        job.run("2/8 tokenizer", "tokenizer", "data_prep/train_tokenizer.py", "--input", corpus, "--type", "bpe",
+        job.run("2/9 tokenizer", "tokenizer", "data_prep/train_tokenizer.py", "--input", corpus, "--type", "bpe",
                 "--vocab-size", VOCAB_SIZE, "--model-max-length", SEQ_LEN, "--out", tokenizer)
-    job.run("3/8 shards", "shards", "data_prep/shard.py", "--input", corpus, "--tokenizer", tokenizer,
+    job.run("3/9 shards", "shards", "data_prep/shard.py", "--input", corpus, "--tokenizer", tokenizer,
             "--seq-len", SEQ_LEN, "--val-fraction", "0.05", "--shard-size", "1024", "--workers", args.workers,
             "--out", shards)
-    job.run("4/8 verify", "verify", "data_prep/verify_shards.py", shards)
+    job.run("4/9 verify", "verify", "data_prep/verify_shards.py", shards)
     if args.stop_after == "verify":
         print(f"\nmain job stopped after the data stage in {job.elapsed():.0f} s; outputs in {out}")
         return
@@ -124,26 +126,28 @@ def main(argv: list[str] | None = None) -> None:
     if not any(extensions.glob("**/deepspeed_shm_comm*.so")):
         print(f"\n(first pretraining in this environment: on CPU, DeepSpeed compiles its shared-memory comm op "
               f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
-    job.run("5/8 pretrain (2 ranks)", "pretrain", "launchers/pretrain.py", "--config", "configs/tiny.json",
+    job.run("5/9 pretrain (2 ranks)", "pretrain", "launchers/pretrain.py", "--config", "configs/main-job.json",
             "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
             "--set", f"train.output_dir={pretrain.root}", "--set", f"tracking.uri={layout.tracking_uri}",
             *full, launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())],
             env=env)
+    job.run("6/9 cloze check", "cloze", "launchers/cloze.py", "--model", pretrain.export, "--shards", shards,
+            "--json", layout.cloze, env=env)
     if args.stop_after == "pretrain":
         print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
         return
     task = layout.task
-    job.run("6/8 fine-tuning task", "task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
+    job.run("7/9 fine-tuning task", "task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
     tracking = ["--set", f"tracking.uri={layout.tracking_uri}"]
     for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
         folder = name.replace(" ", "-")
-        job.run(f"7/8 fine-tune ({name})", f"finetune-{folder}", "launchers/finetune.py",
+        job.run(f"8/9 fine-tune ({name})", f"finetune-{folder}", "launchers/finetune.py",
                 "--config", "configs/glue/embedded-docs.json", "--model", pretrain.export,
                 "--seeds", "1,2,3", *extra, "--set", f"data.train_file={task / 'train.jsonl'}",
                 "--set", f"data.validation_file={task / 'dev.jsonl'}",
                 "--set", f"train.output_dir={layout.finetune(folder).root}",
                 *tracking, *full, env=env)
-    job.run("8/8 compare", "compare", "launchers/compare.py", "--uri", layout.tracking_uri,
+    job.run("9/9 compare", "compare", "launchers/compare.py", "--uri", layout.tracking_uri,
             "--out", layout.compare, *full)
     print("\n" + render_summary(out, job.elapsed(), predict_cli=(ROOT / "launchers" / "predict.py").exists()))
 

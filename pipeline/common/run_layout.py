@@ -185,6 +185,11 @@ class MainJobLayout:
         """The fine-tuning task made from the corpus: train.jsonl, dev.jsonl."""
         return self.root / "task"
 
+    @property
+    def cloze(self) -> Path:
+        """The export's cloze check on the validation text (launchers/cloze.py --json)."""
+        return self.root / "cloze.json"
+
     def finetune(self, run: str) -> FinetuneLayout:
         """`run` is `pretrained` or `from-scratch`."""
         return FinetuneLayout(self.root / "finetune" / run)

@@ -90,8 +90,11 @@ def prepare_environment() -> Topology:
     return topology
 
 
-def init_process_group(topology: Topology) -> None:
+def init_process_group(topology: Topology, timeout_s: float) -> None:
+    """The default process group; every collective on it gives up after `timeout_s` (see common/lost_rank.py)."""
+    from datetime import timedelta
+
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="nccl" if topology.cuda else "gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if topology.cuda else "gloo", timeout=timedelta(seconds=timeout_s))
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.common import size_limits as lim
+from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import FinetuneLayout
 from pipeline.finetune.tasks import GLUE_TASKS, task_spec
@@ -69,6 +70,9 @@ class FinetuneTrainConfig:
     seed: int = 1
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     eval_batch_size: int = 64
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """Seconds a process waits on the others (one collective, or one micro batch after the first) before it
+    decides one is dead or stuck and exits with an error (see pipeline/common/lost_rank.py)."""
 
 
 @dataclass
@@ -143,6 +147,8 @@ def finetune_problems(c: FinetuneConfig, world_size: int = 1, *, check_files: bo
         micro = t.micro_batch_size or max(1, t.batch_size // world_size)
         if problem := batch_problem(t.batch_size, micro, world_size, keys=BATCH_KEYS):
             add(problem)
+    if not t.collective_timeout_s > 0:
+        add(f"train.collective_timeout_s: must be > 0 seconds, got {t.collective_timeout_s}")
     # Upper bounds only (the lower ones are checked above): a typo must not allocate absurd memory.
     problems += lim.bound_problems([("data.max_seq_len", d.max_seq_len, lim.MAX_SEQ_LEN),
                                     ("data.doc_stride", d.doc_stride, lim.MAX_SEQ_LEN),

@@ -9,7 +9,9 @@ and metrics, and writes the prediction files.
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -17,6 +19,7 @@ import torch
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
+from pipeline.common.lost_rank import RankWatchdog, is_lost_peer, lost_rank_error, lost_rank_message
 from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneConfig
@@ -58,11 +61,21 @@ def load_task(config: FinetuneConfig) -> TaskData:
 
 def build_accelerator(config: FinetuneConfig, plan: BatchPlan):
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
+    cpu = not torch.cuda.is_available()
     # Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each
-    # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU).
-    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=config.train.mixed_precision,
-                       gradient_accumulation_steps=plan.accumulation)
+    # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU). The timeout
+    # bounds every collective (accelerate's own default is torch's 30 minutes on gloo).
+    # One process has no group: a backend named there would make accelerate look for one.
+    group = [InitProcessGroupKwargs(backend="gloo" if cpu else "nccl",
+                                    timeout=timedelta(seconds=config.train.collective_timeout_s))]
+    return Accelerator(cpu=cpu, mixed_precision=config.train.mixed_precision,
+                       gradient_accumulation_steps=plan.accumulation,
+                       kwargs_handlers=group if plan.world_size > 1 else [])
+
+
+RERUN_HINT = "Rerun the same command: seeds with a complete.json are skipped, the others start again from epoch 1."
 
 
 @dataclass
@@ -92,6 +105,12 @@ class FineTuner:
         self.accelerator, self.plan, self.seed, self.from_scratch = accelerator, plan, seed, from_scratch
         self.parent_run_id = parent_run_id
         self.out: SeedLayout = config.layout.seed(seed)
+        self.watchdog: RankWatchdog | None = None
+        if plan.world_size > 1:  # see pipeline/common/lost_rank.py
+            timeout = config.train.collective_timeout_s
+            self.watchdog = RankWatchdog(timeout, lambda where: lost_rank_message(
+                accelerator.process_index, plan.world_size, f"in {self.label}, {where}", timeout, RERUN_HINT,
+                f"a micro batch has waited {timeout:g} s"))
         self.label = f"{data.spec.name} seed {seed}{' (scratch)' if from_scratch else ''}"
 
     def setup(self) -> None:
@@ -168,8 +187,11 @@ class FineTuner:
         acc, t = self.accelerator, self.config.train
         self.model.train()
         losses = []
-        for batch in self.train_loader:
-            with acc.accumulate(self.model):
+        for index, batch in enumerate(self.train_loader):
+            # The first micro batch of an epoch starts the loader (and the first of a seed, the model): not guarded.
+            guard: AbstractContextManager = (self.watchdog.guard(f"at micro batch {index + 1} of an epoch")
+                                             if self.watchdog and index else nullcontext())
+            with guard, acc.accumulate(self.model):
                 loss = self.model(**batch).loss
                 acc.backward(loss)
                 if acc.sync_gradients and t.max_grad_norm:
@@ -238,6 +260,8 @@ class FineTuner:
         self.metrics.close()
         acc.wait_for_everyone()
         acc.free_memory()  # drop the prepared model and optimizer before the next seed
+        if self.watchdog:
+            self.watchdog.close()
 
     def completion_key(self) -> dict:
         """What a finished seed must match to be skipped by a rerun."""
@@ -251,7 +275,23 @@ class FineTuner:
 
 
 def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool) -> dict:
-    """Fine-tune every seed not finished yet; write `metrics.json` (medians over seeds) and `best_model.json`."""
+    """Fine-tune every seed not finished yet; write `metrics.json` (medians over seeds) and `best_model.json`.
+
+    A process that loses the others (a dead or stuck process) ends with a `PipelineError` saying so.
+    """
+    from pipeline.common.topology import current_topology
+
+    topology = current_topology()
+    try:
+        return _run_finetuning(config, model, seeds, from_scratch)
+    except Exception as err:
+        if topology.world_size == 1 or not is_lost_peer(err):
+            raise
+        raise lost_rank_error(err, topology.rank, topology.world_size, "while fine-tuning",
+                              config.train.collective_timeout_s, RERUN_HINT) from None
+
+
+def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool) -> dict:
     from pipeline.common.topology import current_topology
 
     layout = config.layout

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.common import size_limits as lim
+from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import batch_problem
 
@@ -135,6 +136,9 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model through DeepSpeed's `engine.compile()` (inductor): a one-off compile at the
     first steps, then faster steps; needs a C++ compiler on CPU and Triton on GPU."""
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
+    decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""
 
 
 @dataclass
@@ -295,6 +299,8 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> l
             add(f"train.{name}: must be ≥ 1, got {getattr(t, name)}")
     if t.eval_every < 0:
         add(f"train.eval_every: must be ≥ 0, got {t.eval_every}")
+    if not t.collective_timeout_s > 0:
+        add(f"train.collective_timeout_s: must be > 0 seconds, got {t.collective_timeout_s}")
     if t.peak_tflops is not None and t.peak_tflops <= 0:
         add(f"train.peak_tflops: must be > 0 or null, got {t.peak_tflops}")
     if c.checkpoint.every < 1 or c.checkpoint.keep_last < 1:

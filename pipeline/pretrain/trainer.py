@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
+from pipeline.common.lost_rank import RankWatchdog, is_lost_peer, lost_rank_error, lost_rank_message
 from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
@@ -37,6 +39,7 @@ from pipeline.pretrain.phases import (
     samples_consumed,
     stream_start,
 )
+from pipeline.pretrain.plateau import metrics_beside_plateau, validation_unigram_entropy
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink
@@ -71,13 +74,15 @@ class Pretrainer:
         self.phases = resolve_phases(config)
         for phase in self.phases:  # every phase's batch arithmetic, before any process group starts
             phase.plan(topology.world_size)
-        init_process_group(topology)
+        init_process_group(topology, config.train.collective_timeout_s)
         self.tokenizer = load_tokenizer(config.data.tokenizer)
         self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
         m = config.masking
         self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
                                    config.train.seed)
         self.step = 0
+        self._entropies: dict[str, float] = {}
+        """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
         self.resumed_from: Path | None = None
         self.resume_seconds = self.verify_seconds = 0.0
         resume = self._resume_source() if config.checkpoint.resume == "auto" else None
@@ -227,6 +232,8 @@ class Pretrainer:
         window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
         sync = StepSync(self.plan.world_size)
         stopped_by = None
+        watchdog = self._watchdog()
+        first_step = self.step
         self.engine.train()
         while self.step < c.train.max_steps:
             if self.step >= self.phase.end:
@@ -238,21 +245,25 @@ class Pretrainer:
             plan = self.plan
             micro_losses, extra, step_tokens = [], {}, 0
             lr = self.engine.get_lr()[0]  # the LR this step uses; the scheduler moves on inside engine.step()
-            for micro_step in range(plan.accumulation):
-                batch = next(loader)
-                step_tokens += real_tokens(batch)
-                seed_micro_batch(c.train.seed, self.step, plan.micro_batch_index(topo.rank, micro_step))
-                out = self.engine(**{k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()})
-                self.engine.backward(out["loss"])
-                self.engine.step()
-                micro_losses.append(out["loss"].detach().float())
-                for key in ("mlm_loss", "nsp_loss"):
-                    if key in out:
-                        extra.setdefault(key, []).append(out[key].detach().float())
+            # The first step of a process carries one-off costs (workers starting, compilation): not guarded.
+            guard: AbstractContextManager = (watchdog.guard(f"at step {self.step + 1}")
+                                             if watchdog and self.step > first_step else nullcontext())
+            with guard:
+                for micro_step in range(plan.accumulation):
+                    batch = next(loader)
+                    step_tokens += real_tokens(batch)
+                    seed_micro_batch(c.train.seed, self.step, plan.micro_batch_index(topo.rank, micro_step))
+                    out = self.engine(**{k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()})
+                    self.engine.backward(out["loss"])
+                    self.engine.step()
+                    micro_losses.append(out["loss"].detach().float())
+                    for key in ("mlm_loss", "nsp_loss"):
+                        if key in out:
+                            extra.setdefault(key, []).append(out[key].detach().float())
+                sync.record(self.step + 1, micro_losses, extra, step_tokens)
+                stop_now = sync.stop_requested(stop.requested)
             self.step += 1
-            sync.record(self.step, micro_losses, extra, step_tokens)
             window_samples += plan.global_batch_size  # phases may change the batch
-            stop_now = sync.stop_requested(stop.requested)
             last = self.step == c.train.max_steps
             log_now = self.step % c.train.log_every == 0 or last
             eval_now = bool(c.train.eval_every) and self.step % c.train.eval_every == 0 and not last
@@ -276,7 +287,26 @@ class Pretrainer:
                 self._checkpoint()
         if progress is not None:
             progress.close()
+        if watchdog:
+            watchdog.close()
         return self._finish(stop, stopped_by)
+
+    def _watchdog(self) -> RankWatchdog | None:
+        """With several ranks: a thread that ends this rank when a step outlasts train.collective_timeout_s."""
+        if self.topology.world_size == 1:
+            return None
+        t = self.config.train
+        return RankWatchdog(t.collective_timeout_s, lambda where: lost_rank_message(
+            self.topology.rank, self.topology.world_size, where, t.collective_timeout_s, self.resume_hint(),
+            f"the step has waited {t.collective_timeout_s:g} s"))
+
+    def resume_hint(self) -> str:
+        """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
+        newest = checkpoints.newest_complete(self.layout.checkpoints)
+        if newest is None:
+            return "No checkpoint is complete yet: a rerun starts from step 0."
+        return (f"Rerun the same command to resume from the last complete checkpoint, {newest} "
+                f"(step {checkpoints.read_marker(newest)['step']}).")
 
     def _finish(self, stop: StopRequest, stopped_by: str | None, already_done: bool = False) -> RunResult:
         c = self.config
@@ -337,13 +367,36 @@ class Pretrainer:
         self.engine.train()
         dist.all_reduce(totals)
         metrics = self.data.eval_metrics(totals.numpy())
+        if self.topology.is_main:
+            metrics.update(self._plateau_metrics(metrics))
         self.metrics.log(metrics, self.step)
         self.metrics.flush()
-        per_corpus = "".join(f", {s.name} {metrics[f'eval/{s.name}/mlm_loss']:.4f}"
+        per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
                              for s in self.data.corpora if self.data.mixed)
-        self._print(f"step {self.step}: eval MLM loss {metrics['eval/mlm_loss']:.4f}{per_corpus}, "
+        self._print(f"step {self.step}: eval MLM loss {metrics_beside_plateau(metrics)}{per_corpus}, "
                     f"perplexity {metrics['eval/perplexity']:.2f}")
         return metrics
+
+    def _plateau_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The unigram plateau's level beside the loss: the validation tokens' unigram entropy, and the margin below.
+
+        A loss means little on its own: a model that knows only token frequencies reaches the entropy
+        (plateau.py says why). A mix's level weighs each corpus's entropy by its share, as its loss does.
+        """
+        specials = self.tokenizer.all_special_ids
+        entropies = []
+        for source in self.data.corpora:
+            key = str(source.path)
+            if key not in self._entropies:  # once per folder: a bincount over its validation shards
+                self._entropies[key] = validation_unigram_entropy(source.path, specials)
+            entropies.append(self._entropies[key])
+        entropy = float(np.dot(self.data.shares, entropies)) if self.data.mixed else entropies[0]
+        out = {"eval/unigram_entropy": entropy, "eval/margin_below_unigram": entropy - metrics["eval/mlm_loss"]}
+        if self.data.mixed:
+            for source, value in zip(self.data.corpora, entropies, strict=True):
+                out[f"eval/{source.name}/unigram_entropy"] = value
+                out[f"eval/{source.name}/margin_below_unigram"] = value - metrics[f"eval/{source.name}/mlm_loss"]
+        return out
 
     def _checkpoint(self) -> None:
         plan = self.plan
@@ -402,7 +455,18 @@ class Pretrainer:
 
 
 def run_pretraining(config: PretrainConfig, topology: Topology) -> RunResult:
-    trainer = Pretrainer(config, topology)
-    if trainer.resumed_from is not None:
-        trainer._print(f"resumed from {trainer.resumed_from} (step {trainer.step})")
-    return trainer.train()
+    trainer = None
+    try:
+        trainer = Pretrainer(config, topology)
+        if trainer.resumed_from is not None:
+            trainer._print(f"resumed from {trainer.resumed_from} (step {trainer.step})")
+        return trainer.train()
+    except Exception as err:
+        if topology.world_size == 1 or not is_lost_peer(err):
+            raise
+        where = "while starting" if trainer is None else f"after step {trainer.step}"
+        hint = trainer.resume_hint() if trainer is not None else "Rerun the same command."
+        if trainer is not None and hasattr(trainer, "metrics"):
+            trainer.metrics.close("FAILED")
+        raise lost_rank_error(err, topology.rank, topology.world_size, where, config.train.collective_timeout_s,
+                              hint) from None

@@ -8,7 +8,10 @@ from pathlib import Path
 
 from pipeline.common.errors import PipelineError
 
-PRETRAIN_METRICS = ("train/loss", "eval/mlm_loss", "eval/perplexity", "train/tokens_per_s")
+PRETRAIN_METRICS = ("train/loss", "eval/mlm_loss", "eval/unigram_entropy", "eval/margin_below_unigram",
+                    "eval/perplexity", "train/tokens_per_s")
+PLATEAU_KEY = "eval/unigram_entropy"
+"""The validation tokens' unigram entropy, logged by the pretraining trainer beside each validation loss."""
 
 
 @dataclass
@@ -99,7 +102,13 @@ def plot_curves(client, runs, out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for r in chosen:
             history = sorted(client.get_metric_history(r.info.run_id, key), key=lambda m: m.step)
-            ax.plot([m.step for m in history], [m.value for m in history], label=r.info.run_name or r.info.run_id[:8])
+            name = r.info.run_name or r.info.run_id[:8]
+            line, = ax.plot([m.step for m in history], [m.value for m in history], marker="." if len(history) <= 60
+                            else None, label=name)
+            if key == "eval/mlm_loss" and PLATEAU_KEY in r.data.metrics:
+                # The plateau's level (pipeline/pretrain/plateau.py): only a loss below it shows the model uses context.
+                ax.axhline(r.data.metrics[PLATEAU_KEY], color=line.get_color(), linestyle="--", linewidth=1,
+                           label=f"{name}: unigram entropy {r.data.metrics[PLATEAU_KEY]:.2f} (the plateau)")
         ax.set(title=title, xlabel=xlabel, ylabel=key)
         if len(chosen) <= 12:
             ax.legend(fontsize=7)

@@ -69,6 +69,27 @@ def _shards_line(index_json: Path) -> str | None:
         return None
 
 
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _token(text: str) -> str:
+    """A filling as the summary shows it: quoted, its leading space dropped, but a newline kept visible."""
+    return repr(text.strip() or text)
+
+
+def _around_mask(text: str, width: int = 60) -> str:
+    """One line of at most about `width` characters around the `<mask>`, cut with '…'."""
+    text = " ".join(text.split())
+    at = text.find("<mask>")
+    start = max(0, min(at - width // 2, len(text) - width))
+    end = start + width
+    return ("…" if start > 0 else "") + text[start:end] + ("…" if end < len(text) else "")
+
+
 def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True) -> str:
     """The closing screen for the main job's run folder `out`.
 
@@ -96,8 +117,17 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
     if evaluation:
         figures.append(("validation MLM loss", f"{evaluation['eval/mlm_loss']:.3f} at step {evaluation['step']} "
                                                f"(perplexity {evaluation.get('eval/perplexity', float('nan')):.1f})"))
+        if "eval/unigram_entropy" in evaluation:
+            margin = evaluation["eval/unigram_entropy"] - evaluation["eval/mlm_loss"]
+            figures.append(("unigram entropy", f"{evaluation['eval/unigram_entropy']:.3f} (the plateau of a model "
+                                               f"that knows only word frequencies): the loss is {margin:.3f} nats "
+                                               f"{'below' if margin >= 0 else 'ABOVE'} it"))
     else:
         figures.append(("validation MLM loss", f"not found in {layout.pretrain.metrics}"))
+    cloze = _read_json(layout.cloze)
+    if cloze:
+        figures.append(("cloze accuracy", f"{cloze['accuracy']:.3f} top-1 at {cloze['masked']:,} masked validation "
+                                          f"tokens (always the most frequent token: {cloze['constant_accuracy']:.3f})"))
     pretrained, scratch = runs["pretrained"], runs["from scratch"]
     if pretrained and scratch:
         figures.append((f"{pretrained.metric} ({pretrained.task} task)",
@@ -121,5 +151,10 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
     for title, rows in (("built", built), ("figures", figures)):
         width = max(len(k) for k, _ in rows)
         lines += [title] + [f"  {k:<{width}}  {v}" for k, v in rows]
+    if cloze and cloze.get("examples"):
+        lines += ["fill-mask on validation text (answer; the model's top 3)"]
+        lines += [f"  {_around_mask(e['masked_text'])}  ({_token(e['answer'])}; "
+                  + ", ".join(f"{_token(t['token'])} {t['probability']:.2f}" for t in e["top"]) + ")"
+                  for e in cloze["examples"]]
     lines += ["next"] + [f"  # {what}\n  {command}" for what, command in next_commands]
     return "\n".join(lines)

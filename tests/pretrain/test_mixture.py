@@ -238,10 +238,23 @@ def test_a_mixed_run_logs_each_corpus_and_resumes_to_the_same_losses(tmp_path, r
         per_corpus = full[step]["eval/roberta/mlm_loss"], full[step]["eval/books/mlm_loss"]
         assert full[step]["eval/mlm_loss"] == pytest.approx(0.25 * per_corpus[0] + 0.75 * per_corpus[1])
     assert full[8]["eval/mlm_loss"] < full[4]["eval/mlm_loss"]
+    # The plateau's level beside every loss: each corpus's validation unigram entropy, the mix's by share.
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.pretrain.plateau import validation_unigram_entropy
+
+    specials = load_tokenizer(bpe_tokenizer_dir).all_special_ids
+    levels = validation_unigram_entropy(roberta_shards, specials), validation_unigram_entropy(books, specials)
+    for step in (4, 8):
+        assert full[step]["eval/roberta/unigram_entropy"] == pytest.approx(levels[0])
+        assert full[step]["eval/books/unigram_entropy"] == pytest.approx(levels[1])
+        assert full[step]["eval/unigram_entropy"] == pytest.approx(0.25 * levels[0] + 0.75 * levels[1])
+        assert full[step]["eval/margin_below_unigram"] == pytest.approx(
+            full[step]["eval/unigram_entropy"] - full[step]["eval/mlm_loss"])
 
     client = MlflowClient(uri)
     run_id = json.loads((tmp_path / "full" / "tracking.json").read_text())["run_id"]
-    for key in ("data/books/tokens", "data/roberta/epoch", "eval/roberta/mlm_loss", "eval/mlm_loss"):
+    for key in ("data/books/tokens", "data/roberta/epoch", "eval/roberta/mlm_loss", "eval/mlm_loss",
+                "eval/unigram_entropy", "eval/margin_below_unigram"):
         assert client.get_metric_history(run_id, key), key
 
     shutil.copytree(tmp_path / "full", tmp_path / "resumed")

@@ -30,12 +30,20 @@ def run_folder(tmp_path) -> Path:
     (out / "pretrain" / "export").mkdir(parents=True)
     records = [{"step": 100, "eval/mlm_loss": 6.5, "eval/perplexity": 665.1},
                {"step": 199, "train/loss": 5.9},
-               {"step": 200, "eval/mlm_loss": 5.25, "eval/perplexity": 190.6},
+               {"step": 200, "eval/mlm_loss": 5.25, "eval/perplexity": 190.6, "eval/unigram_entropy": 6.42},
                {"step": 200, "train/loss": 5.8}]
     (out / "pretrain" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 2')
     for folder, accuracies in (("pretrained", [0.61, 0.64, 0.62]), ("from-scratch", [0.40, 0.45, 0.41])):
         (out / "finetune" / folder).mkdir(parents=True)
         (out / "finetune" / folder / "metrics.json").write_text(json.dumps(_finetune_report(accuracies)))
+    (out / "cloze.json").write_text(json.dumps({
+        "accuracy": 0.3125, "masked": 2400, "constant_accuracy": 0.061, "examples": [
+            {"masked_text": "Return the <mask> of the list.", "answer": " length",
+             "top": [{"token": " length", "probability": 0.41}, {"token": " number", "probability": 0.2},
+                     {"token": " size", "probability": 0.1}]},
+            {"masked_text": "x" * 80 + " <mask> " + "y" * 80, "answer": " z",
+             "top": [{"token": "\n", "probability": 0.3}, {"token": " b", "probability": 0.2},
+                     {"token": " c", "probability": 0.1}]}]}))
     (out / "compare").mkdir()
     for name in ("train_loss.png", "eval_mlm_loss.png"):
         (out / "compare" / name).write_bytes(b"png")
@@ -61,19 +69,28 @@ def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_fold
     assert "pretrain/export/" in text and "200 steps" in text
     assert "(2 plots)" in text
     assert "validation MLM loss                5.250 at step 200 (perplexity 190.6)" in text
+    assert "unigram entropy                    6.420 (the plateau" in text and "loss is 1.170 nats below it" in text
+    assert ("cloze accuracy                     0.312 top-1 at 2,400 masked validation tokens (always the most "
+            "frequent token: 0.061)") in text
+    assert "  Return the <mask> of the list.  ('length'; 'length' 0.41, 'number' 0.20, 'size' 0.10)" in text
+    long_example = next(line for line in text.splitlines() if "'z'" in line)
+    assert long_example.startswith("  …x") and "x <mask> y" in long_example and len(long_example) < 120
+    assert "('z'; '\\n' 0.30, 'b' 0.20, 'c' 0.10)" in long_example  # a newline filling stays visible
     assert ("accuracy (docstring-package task)  pretrained 0.620 vs from scratch 0.410 (+0.210; medians of 3 seeds)"
             in text)
     assert f"mlflow ui --backend-store-uri sqlite:///{run_folder / 'mlflow.db'} --host 127.0.0.1" in text
     assert f"python launchers/compare.py --uri sqlite:///{run_folder / 'mlflow.db'}" in text
     assert f"python launchers/predict.py --model {run_folder / 'finetune' / 'pretrained'} --task docstring-package '" \
         in text
-    assert len(text.splitlines()) <= 20  # fits a screen with the stages above it
+    assert len(text.splitlines()) <= 26  # fits a screen with the stages above it
 
 
 def test_missing_results_are_named_not_invented(run_folder):
     (run_folder / "finetune" / "from-scratch" / "metrics.json").unlink()
     (run_folder / "pretrain" / "metrics.jsonl").unlink()
+    (run_folder / "cloze.json").unlink()
     text = render_summary(run_folder, predict_cli=False)
+    assert "unigram entropy" not in text and "cloze" not in text and "fill-mask" not in text
     assert "validation MLM loss  not found in" in text
     assert f"no result for from scratch in {run_folder / 'finetune'}" in text
     assert "launchers/predict.py is coming" in text
