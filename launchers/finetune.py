@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
@@ -58,6 +59,12 @@ def main(argv=None) -> None:
     config = load_finetune_config(args.config, args.set, world_size=topology.world_size)
     seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
     from pipeline.common.console import quiet_frameworks
+    from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
+
+    slow_bf16 = bf16_cpu_warning(config.train.mixed_precision == "bf16", topology.cuda,
+                                 topology.cuda or native_bf16(), "--set train.mixed_precision=no")
+    if slow_bf16 and topology.rank == 0:
+        print(slow_bf16, file=sys.stderr)
 
     quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.finetune.trainer import run_finetuning

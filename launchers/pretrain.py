@@ -54,6 +54,12 @@ def main(argv=None) -> None:
         if topology.rank != 0:  # every rank finds the same problems; one copy is enough
             raise SystemExit(2) from None
         raise
+    from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
+
+    slow_bf16 = bf16_cpu_warning(config.precision == "bf16", topology.cuda, topology.cuda or native_bf16(),
+                                 "--set deepspeed.bf16.enabled=false")
+    if slow_bf16 and topology.is_main:
+        print(slow_bf16, file=sys.stderr)
     if args.print_config:
         phases = resolve_phases(config)
         plans = [phase.plan(topology.world_size) for phase in phases]

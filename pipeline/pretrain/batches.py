@@ -105,7 +105,7 @@ class MaskedBatches(torch.utils.data.Dataset):
             lengths = fields["length"].astype(np.int64)
             if (lengths < ids.shape[1]).any():
                 batch["attention_mask"] = torch.from_numpy((positions[None, :] < lengths[:, None]).astype(np.int64))
-            if self.with_segments:
+            if self.with_segments and "segment_b_start" in fields:  # pairs; BERT without NSP reads full rows too
                 b_start = fields["segment_b_start"].astype(np.int64)
                 segment_b = (positions[None, :] >= b_start[:, None]) & (positions[None, :] < lengths[:, None])
                 batch["token_type_ids"] = torch.from_numpy(segment_b.astype(np.int64))

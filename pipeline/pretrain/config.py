@@ -402,7 +402,7 @@ def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
         problems.append("deepspeed.bf16.enabled and deepspeed.fp16.enabled: choose one precision")
     if ds.get("fp16", {}).get("enabled") and not cuda:
         problems.append("deepspeed.fp16.enabled: fp16 needs a GPU (DeepSpeed does not support it on CPU); "
-                        "use deepspeed.bf16.enabled=true on CPU")
+                        "use deepspeed.bf16.enabled=true on a CPU with native bf16, fp32 elsewhere")
     stage = ds.get("zero_optimization", {}).get("stage", 0)
     offload = (ds.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
     if config.optimizer.name == "lamb" and offload not in ("none", None):

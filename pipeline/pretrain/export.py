@@ -98,9 +98,13 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     run_folder = PretrainLayout.of_checkpoint(checkpoint)
     own_copy = run_folder.tokenizer if run_folder and run_folder.tokenizer.is_dir() else None
     tokenizer = AutoTokenizer.from_pretrained(own_copy or config["data"]["tokenizer"])
-    model_config, _ = build_config(ModelConfig, config["model"])
-    hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
-    model = EXPORT_CLASSES[marker["architecture"]](hf)
+    cls = EXPORT_CLASSES[marker["architecture"]]
+    if "hf_config" in marker:  # the trained model's config as built (an init_from folder's own shape)
+        hf = cls.config_class.from_dict(marker["hf_config"])
+    else:  # checkpoints written before the marker held it
+        model_config, _ = build_config(ModelConfig, config["model"])
+        hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
+    model = cls(hf)
     state = consolidated_state_dict(checkpoint, marker["zero_stage"])
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or {})

@@ -58,9 +58,11 @@ def data_problems(config: PretrainConfig) -> list[str]:
         if info.fingerprint != index["tokenizer"]["fingerprint"]:
             problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
                             f"{folder} was made with ({index['tokenizer']['name']})")
-        if config.model.architecture == "bert" and index["pack"] != "pairs":
-            problems.append(f"model.architecture is bert (MLM + next-sentence prediction), which needs shards "
-                            f"packed with --pack pairs; {folder} holds {index['pack']!r} sequences")
+        if config.model.architecture == "bert" and config.model.next_sentence_loss and index["pack"] != "pairs":
+            problems.append(f"model.architecture is bert with model.next_sentence_loss true (MLM + next-sentence "
+                            f"prediction), which needs shards packed with --pack pairs; {folder} holds "
+                            f"{index['pack']!r} sequences: re-shard with --pack pairs, or set "
+                            "model.next_sentence_loss false to train MLM alone on them")
         if index["splits"]["val"]["sequences"] == 0:
             held_out = index["totals"].get("val_documents", 0)
             problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "

@@ -159,17 +159,18 @@ class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
 class SparseBertForPreTraining(BertForPreTraining):
     """BertForPreTraining (MLM + next-sentence prediction) with the sparse MLM head; returns the losses.
 
-    `next_sentence_loss = False` trains MLM alone on the same segment pairs (the NSP ablation):
-    the next-sentence head and the pooler then get no gradient and stay as initialised.
+    `next_sentence_loss = False` trains MLM alone, on segment pairs (the NSP ablation) or on full,
+    doc or doc-packed rows: the next-sentence head and the pooler then get no gradient and stay as
+    initialised.
     """
 
     next_sentence_loss = True
 
-    def forward(self, input_ids, labels, next_sentence_label, attention_mask=None, token_type_ids=None,
+    def forward(self, input_ids, labels, next_sentence_label=None, attention_mask=None, token_type_ids=None,
                 document_ids=None, position_ids=None, **_):
         out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
         mlm = _masked_lm_loss(out.last_hidden_state, labels, self.cls.predictions)
-        if not self.next_sentence_loss:
+        if not self.next_sentence_loss:  # full, doc or doc-packed rows carry no next-sentence label
             return {"loss": mlm, "mlm_loss": mlm}
         nsp = F.cross_entropy(self.cls.seq_relationship(out.pooler_output).float(), next_sentence_label)
         return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp}
@@ -183,16 +184,54 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": Roberta
 
 
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
-    """A freshly initialised training model, or one loaded from `model.init_from`."""
+    """A freshly initialised training model, or one loaded from `model.init_from`.
+
+    A released encoder often ships without its MLM head (a sentence-embedding model is saved as
+    `BertModel`): transformers then initialises the head, the decoder tied to the word embeddings
+    (as in BERT), and `built.init_note` says so for the run's log. Otherwise `init_note` is None.
+    """
     cls = SPARSE_CLASSES[model.architecture]
+    note = None
     if model.init_from:  # checked against the tokenizer and seq_len when the config was loaded
-        built = cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
-                                    attn_implementation=model.attn_implementation)
+        built, info = cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
+                                          attn_implementation=model.attn_implementation, output_loading_info=True)
+        note = created_head_note(built, info["missing_keys"], model.init_from)
     else:
         built = cls(hf_config(model, tokenizer, seq_len))
     if model.architecture == "bert":
         built.next_sentence_loss = model.next_sentence_loss  # a training switch, not saved in the export's config
+    built.init_note = note
     return built
+
+
+def mlm_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The MLM head of one of our training classes: `lm_head` (RoBERTa) or `cls.predictions` (BERT)."""
+    return model.lm_head if hasattr(model, "lm_head") else model.cls.predictions
+
+
+def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str | None:
+    """After `from_pretrained`: tie a newly created MLM head's decoder to the word embeddings and say so.
+
+    None when the checkpoint had its MLM head. Missing next-sentence weights alone (a released
+    BERT trained without NSP) are named too, since that head starts untrained.
+    """
+    missing = sorted(missing_keys)
+    head_prefix = "lm_head." if hasattr(model, "lm_head") else "cls.predictions."
+    head = [k for k in missing if k.startswith(head_prefix)]
+    nsp = [k for k in missing if k.startswith("cls.seq_relationship.")]
+    if not head and not nsp:
+        return None
+    parts = []
+    if head:
+        decoder, embeddings = mlm_head(model).decoder, model.get_input_embeddings()
+        if decoder.weight is not embeddings.weight:  # a config with tie_word_embeddings false
+            decoder.weight = embeddings.weight
+            model.config.tie_word_embeddings = True  # so the export reloads it tied
+        parts.append(f"it has no masked-LM head: created {head_prefix[:-1]} (transform and bias newly "
+                     f"initialised, decoder tied to the word embeddings)")
+    if nsp:
+        parts.append("no next-sentence head: cls.seq_relationship newly initialised")
+    return f"model.init_from {source}: " + "; ".join(parts)
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -90,6 +91,8 @@ class Pretrainer:
         seed_everything(config.train.seed)  # the same initial weights on every rank
         # Positions are sized for the longest phase from the start, so a hand-over changes no shape.
         model = build_model(config.model, self.tokenizer_info, longest_seq_len(self.phases))
+        if model.init_note and not resume:  # a resumed run loads the head it trained
+            self._print(model.init_note)
         self.model_config = model.config
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self._use_phase(phase_at(self.phases, start))
@@ -111,7 +114,7 @@ class Pretrainer:
         self.plan = phase.plan(self.topology.world_size)
         self.data = PretrainData(phase.data, self.plan, self.masker, seed=c.train.seed, cache_dir=c.cache_dir,
                                  tokenizer_fingerprint=info.fingerprint,
-                                 with_segments=c.model.architecture == "bert",
+                                 with_segments=c.model.architecture == "bert",  # where the shards hold pairs
                                  # doc-packed rows restart positions per document from the first position id
                                  position_offset=first_position_id(c.model.architecture, info.pad_id))
         if phase.index:
@@ -402,7 +405,9 @@ class Pretrainer:
                                  "world_size": plan.world_size, "accumulation": plan.accumulation},
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
                   "zero_stage": self.config.zero_stage, "precision": self.config.precision,
-                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {})}
+                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {}),
+                  # the model's own shape: with model.init_from it is the folder's, not the model section's
+                  "hf_config": json.loads(self.model_config.to_json_string())}
         start = time.perf_counter()
         folder = checkpoints.save_checkpoint(self.engine, self.layout.checkpoints, self.step, state, marker,
                                              self.config.checkpoint.keep_last)

@@ -90,10 +90,16 @@ def test_shards_made_with_another_tokenizer_are_refused(tmp_path, roberta_shards
         load_pretrain_config(path)
 
 
-def test_bert_needs_pairs_shards(tmp_path, roberta_shards, bpe_tokenizer_dir):
+def test_bert_with_next_sentence_prediction_needs_pairs_shards(tmp_path, roberta_shards, bpe_tokenizer_dir):
     data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", model={"architecture": "bert"})
-    with pytest.raises(ConfigError, match="--pack pairs"):
+    with pytest.raises(ConfigError, match="--pack pairs.*or set model.next_sentence_loss false"):
         load_pretrain_config(write(tmp_path, data))
+
+
+def test_bert_without_next_sentence_prediction_accepts_full_shards(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
+                                model={"architecture": "bert", "next_sentence_loss": False})
+    assert load_pretrain_config(write(tmp_path, data)).model.next_sentence_loss is False
 
 
 def test_next_sentence_loss_off_is_for_bert_only(tmp_path, roberta_shards, bpe_tokenizer_dir):

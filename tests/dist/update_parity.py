@@ -1,0 +1,138 @@
+"""Test harness: the pipeline's DeepSpeed engine for 50 steps under ZeRO 0, then ZeRO 2, in one launch.
+
+    torchrun --nproc_per_node 2 tests/dist/update_parity.py OUT
+    python tests/dist/update_parity.py OUT
+
+The engine is the one `Pretrainer` trains with: `initialize_engine` on a `PretrainConfig` (AdamW groups
+without decay on biases and LayerNorms, warmup then linear decay, clipping, accumulation 2), stepped
+as the trainer steps it. Rank 0 writes, per stage, every micro batch's loss and the LR of every step
+(`zero{stage}.json`) and the final weights (`zero{stage}.pt`), plus the initial weights (`initial.pt`).
+tests/pretrain/test_update_parity.py replays the same micro batches through a plain
+`torch.optim.AdamW` loop over transformers' `RobertaForMaskedLM` and compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+STEPS, MICRO, ACCUMULATION, SEQ_LEN, VOCAB = 50, 4, 2, 32, 200
+MASK_ID, PAD_ID = 4, 1
+LR, BETAS, EPS, WEIGHT_DECAY, WARMUP, CLIP = 2e-3, (0.9, 0.98), 1e-6, 0.1, 10, 1.0
+TINY = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def parity_config(world_size: int, stage: int):
+    """The run as a pipeline config: global batch = micro × accumulation × world size."""
+    from pipeline.pretrain.config import (
+        DataConfig,
+        ModelConfig,
+        OptimizerConfig,
+        PretrainConfig,
+        ScheduleConfig,
+        TrainConfig,
+    )
+
+    return PretrainConfig(
+        model=ModelConfig(**TINY),
+        data=DataConfig(shards="unused", tokenizer="unused"),
+        optimizer=OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY),
+        schedule=ScheduleConfig(warmup_steps=WARMUP, decay="linear", end_lr_ratio=0.0),
+        train=TrainConfig(max_steps=STEPS, global_batch_size=MICRO * ACCUMULATION * world_size,
+                          micro_batch_size=MICRO, gradient_clipping=CLIP),
+        deepspeed={"zero_optimization": {"stage": stage}})
+
+
+def tokenizer_info():
+    from pipeline.data.tokenizer import TokenizerInfo
+
+    return TokenizerInfo("parity", "sha256:0", VOCAB, cls_id=0, sep_id=2, pad_id=PAD_ID, mask_id=MASK_ID,
+                         backend_json="{}")
+
+
+def build_hf_config():
+    """The transformers config of the run's model (RoBERTa, 2 layers, hidden 64, no dropout)."""
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.model import hf_config
+
+    return hf_config(ModelConfig(**TINY), tokenizer_info(), SEQ_LEN)
+
+
+def micro_batch(step: int, index: int) -> dict[str, torch.Tensor]:
+    """Micro batch `index` of the global batch of optimizer step `step`: padded rows, 15% masked.
+
+    Tokens follow a Zipf law, so there is something to learn (the unigram frequencies) and the
+    gradients carry signal rather than noise that Adam would blow up.
+    """
+    g = torch.Generator().manual_seed(1000 * step + index)
+    zipf = 1.0 / torch.arange(1, VOCAB - 4, dtype=torch.float64)
+    ids = 5 + torch.multinomial(zipf, MICRO * SEQ_LEN, replacement=True, generator=g).reshape(MICRO, SEQ_LEN)
+    lengths = torch.randint(SEQ_LEN // 2, SEQ_LEN + 1, (MICRO,), generator=g)
+    attention = (torch.arange(SEQ_LEN)[None, :] < lengths[:, None]).long()
+    ids[attention == 0] = PAD_ID
+    chosen = (torch.rand(ids.shape, generator=g) < 0.15) & (attention == 1)
+    chosen[:, 1] = True  # at least one masked token per row
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    return {"input_ids": torch.where(chosen, torch.full_like(ids, MASK_ID), ids), "labels": labels,
+            "attention_mask": attention}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--local_rank", type=int, default=None)
+    args = p.parse_args()
+    from pipeline.common.topology import prepare_environment
+
+    topology = prepare_environment()
+    import torch.distributed as dist
+
+    from pipeline.pretrain.config import config_problems
+    from pipeline.pretrain.engine import initialize_engine
+    from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.phases import resolve_phases
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stage in (0, 2):
+        config = parity_config(topology.world_size, stage)
+        problems = config_problems(config, world_size=topology.world_size, cuda=topology.cuda)
+        assert not problems, problems
+        plan = resolve_phases(config)[0].plan(topology.world_size)
+        assert plan.accumulation == ACCUMULATION
+        torch.manual_seed(0)
+        model = build_model(config.model, tokenizer_info(), SEQ_LEN)
+        if stage == 0 and topology.is_main:
+            torch.save(model.state_dict(), out / "initial.pt")
+        engine = initialize_engine(model, config, plan)
+        engine.train()
+        losses, lrs = [], []
+        for step in range(STEPS):
+            lrs.append(engine.get_lr()[0])
+            mine = {}
+            for micro in range(plan.accumulation):  # as Pretrainer.train steps the engine
+                index = plan.micro_batch_index(topology.rank, micro)
+                loss = engine(**micro_batch(step, index))["loss"]
+                engine.backward(loss)
+                engine.step()
+                mine[index] = loss.item()
+            gathered = [None] * topology.world_size
+            dist.all_gather_object(gathered, mine)
+            losses.append([merged for _, merged in sorted({k: v for d in gathered for k, v in d.items()}.items())])
+        if topology.is_main:
+            (out / f"zero{stage}.json").write_text(json.dumps({"losses": losses, "lr": lrs,
+                                                               "world_size": topology.world_size}))
+            torch.save({k: v.detach().clone() for k, v in engine.module.state_dict().items()}, out / f"zero{stage}.pt")
+        dist.barrier()
+        del engine
+
+
+if __name__ == "__main__":
+    main()
