@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from budget_time_to_loss import run_capped  # noqa: E402  (the one capped launch: SIGTERM at the deadline)
+
 from benchmarks.result_record import BenchmarkRecord  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
@@ -107,24 +108,6 @@ def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, flo
     probability = config.masking.probability
     return (sum(p.numel() for p in model.parameters()), model_flops_per_token(model.config, 128, probability),
             probability)
-
-
-def run_capped(cmd: list[str], env: dict, deadline: float, log: Path) -> None:
-    """Run `cmd` until it ends or `deadline` passes, then SIGTERM it (the trainer stops after the step)."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            return
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])}… failed ({proc.returncode}); see {log}")
 
 
 def run_arm(arm: str, seed: int, a, tokenizer: Path, shards: Path, overrides: list[str]) -> dict:

@@ -28,13 +28,12 @@ import argparse
 import io
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from pretraining_gain import pretrain  # the one budgeted pretraining launch
 from released_encoder_finetune import SHARED, capped_glue, model_name, pipeline_run
 from result_record import BenchmarkRecord
 
@@ -55,23 +54,6 @@ def zst_lines(path: Path, limit: int | None):
             if limit is not None and i >= limit:
                 return
             yield line
-
-
-def pretrain(cmd: list, minutes: float) -> float:
-    """The pretraining launch; SIGTERM at `minutes` (it finishes the step and checkpoints). Returns seconds."""
-    print("$", " ".join(map(str, cmd)), flush=True)
-    started = time.monotonic()
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT)
-    try:
-        proc.wait(timeout=60 * minutes)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
-        print(f"pretraining stopped at the {minutes:g}-minute budget", flush=True)
-        return time.monotonic() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"pretraining failed ({proc.returncode})")
-    return time.monotonic() - started
 
 
 def pretrain_config(model: str, shards: Path, out: Path, steps: int, lr: float) -> dict:
@@ -135,7 +117,7 @@ def main() -> None:
             "--val-fraction", "0.01", "--out", shards, "--overwrite", "--quiet")
         config = out / "pretrain.json"
         config.write_text(json.dumps(pretrain_config(model, shards, out / "pretrain", a.steps, a.lr), indent=2))
-        seconds = pretrain([sys.executable, "launchers/pretrain.py", "--config", config], min(a.minutes, 30.0))
+        seconds = pretrain([sys.executable, "launchers/pretrain.py", "--config", config], None, min(a.minutes, 30.0))
 
         from pipeline.data.tokenizer import load_tokenizer
         from pipeline.pretrain.plateau import validation_unigram_entropy  # owned by the plateau work
