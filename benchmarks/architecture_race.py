@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from budget_time_to_loss import run_capped  # noqa: E402  (the one capped launch: SIGTERM at the deadline)
+from main_job_time import BUILD_OP  # noqa: E402  (DeepSpeed's CPU comm op, built or loaded once)
 
 from benchmarks.result_record import BenchmarkRecord  # noqa: E402
 
@@ -110,6 +111,20 @@ def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, flo
             probability)
 
 
+def arm_environment() -> dict:
+    """Each rank's environment: 1 thread, this repository on the path, and this venv's tools first on PATH.
+
+    The venv's `ninja` must come first: a system ninja and the venv's keep different build logs, and
+    take turns rebuilding DeepSpeed's comm op (~1-2 min) inside whichever arm's clock is running.
+    """
+    from pipeline.common.topology import use_environment_extensions_dir
+
+    use_environment_extensions_dir()  # the venv's own op folder, as launchers/setup_env.sh exports it
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+            "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
+
+
 def run_arm(arm: str, seed: int, a, tokenizer: Path, shards: Path, overrides: list[str]) -> dict:
     """One capped pretraining run of `arm`: its evaluation curve and logged tokens/s."""
     from pipeline.tracking.loss_curve import curve_from_metrics
@@ -122,7 +137,7 @@ def run_arm(arm: str, seed: int, a, tokenizer: Path, shards: Path, overrides: li
             f"train.output_dir={folder}", f"train.seed={seed}", "train.log_every=5", "train.export=false",
             f"train.eval_every={max(1, a.eval_every_sequences // batch)}", f"train.eval_sequences={a.eval_sequences}",
             "checkpoint.every=1000000000", "checkpoint.resume=never", "tracking.enabled=false", *overrides]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = arm_environment()
     load_before, launched = os.getloadavg(), time.time()
     run_capped([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "launchers/pretrain.py",
                 "--config", BASE, *(x for s in sets for x in ("--set", s))], env, launched + 60 * a.max_minutes,
@@ -183,6 +198,8 @@ def main() -> None:
         target = plateau - MARGIN
         overrides = {arm: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == arm] for arm in arms}
         shapes = {arm: arm_shape(arm, overrides[arm], tokenizer) for arm in arms}
+        # Build (or load) the comm op before any clock starts, so no arm's time includes a compile.
+        subprocess.run([sys.executable, "-c", BUILD_OP], env=arm_environment(), cwd=ROOT, check=True)
         peak = peak_flops(RANKS)  # 2 ranks × 1 thread: the peak of the same 2 cores
         runs = [run_arm(arm, seed, a, tokenizer, shards, overrides[arm]) for seed in seeds for arm in arms]
         rows = summarise(runs, shapes, target, plateau, peak, a.max_minutes)
