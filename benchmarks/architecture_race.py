@@ -29,55 +29,23 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from budget_time_to_loss import run_capped  # noqa: E402  (the one capped launch: SIGTERM at the deadline)
+# The one capped launch (SIGTERM at the deadline) and the one way these races make their data.
+from budget_time_to_loss import CORPUS, prepare_data, run_capped  # noqa: E402
 
 from benchmarks.result_record import BenchmarkRecord  # noqa: E402
 
-CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 BASE = "configs/budget-tiny.json"
 ARMS = {"roberta-prelayernorm": ["model.architecture=roberta-prelayernorm"],
         "modernbert": ["model.architecture=modernbert", "model.intermediate_size=341"]}
 MARGIN = 1.0
 """Nats below the unigram entropy that count as off the plateau."""
 RANKS = 2
-
-
-def prepare_data(out: Path, documents: int, vocab: int, env: dict) -> tuple[Path, Path]:
-    """Tokenizer and shards in `out`, made once; `documents` > 0 takes the first reviews only."""
-    corpus = CORPUS
-    if documents:
-        import zstandard
-
-        corpus = out / f"imdb-first-{documents}.jsonl"
-        if not corpus.exists():
-            with zstandard.open(CORPUS, "rt") as f:
-                corpus.write_text("".join(line for _, line in zip(range(documents), f, strict=False)))
-    py, tokenizer, shards = sys.executable, out / "tokenizer", out / "shards"
-    if not (tokenizer / "tokenizer.json").exists():
-        subprocess.run([py, "data_prep/train_tokenizer.py", "--input", str(corpus), "--type", "bpe", "--vocab-size",
-                        str(vocab), "--model-max-length", "128", "--out", str(tokenizer)], cwd=ROOT, env=env,
-                       check=True)
-    if not (shards / "index.json").exists():
-        subprocess.run([py, "data_prep/shard.py", "--input", str(corpus), "--tokenizer", str(tokenizer), "--seq-len",
-                        "128", "--val-fraction", "0.01" if not documents else "0.05", "--out", str(shards),
-                        "--quiet"], cwd=ROOT, env=env, check=True)
-    return tokenizer, shards
-
-
-def plateau_nats(shards: Path, tokenizer: Path) -> float:
-    """The unigram entropy of the validation tokens (helper `plateau` owns it; merged into main separately)."""
-    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer  # noqa: I001 (plateau.py not on main yet)
-    from pipeline.pretrain.plateau import validation_unigram_entropy
-
-    info = describe_tokenizer(load_tokenizer(str(tokenizer)))
-    return validation_unigram_entropy(shards, (info.cls_id, info.sep_id, info.pad_id, info.mask_id))
 
 
 def peak_flops(threads: int, n: int = 2048, repeats: int = 5) -> float:
@@ -177,9 +145,11 @@ def main() -> None:
         raise SystemExit(f"unknown arms or --set prefixes {bad}, or no corpus at {CORPUS}")
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
+    from pipeline.pretrain.plateau import plateau_level
+
     with BenchmarkRecord("architecture_race", sys.argv) as rec:
-        tokenizer, shards = prepare_data(a.out, a.documents, a.vocab_size, {**os.environ, "PYTHONPATH": str(ROOT)})
-        plateau = plateau_nats(shards, tokenizer)
+        tokenizer, shards = prepare_data(a.out, {**os.environ, "PYTHONPATH": str(ROOT)}, a.documents, a.vocab_size)
+        plateau = plateau_level(shards, tokenizer)
         target = plateau - MARGIN
         overrides = {arm: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == arm] for arm in arms}
         shapes = {arm: arm_shape(arm, overrides[arm], tokenizer) for arm in arms}
