@@ -389,7 +389,7 @@ def measure(a: argparse.Namespace, recipes: list[str], seeds: list[int], baselin
             (a.out / "results.json").write_text(json.dumps({"unigram_entropy": entropy, "runs": runs}, indent=1))
     summary, table, rows = summarise(runs, entropy, margins, a.max_minutes)
     loads = [r["load_before"][0] for r in runs] + [r["load_after"][0] for r in runs]
-    conditions = (f"{len(runs)} runs, cap {a.max_minutes:g} min each, {a.threads} threads; budget config "
+    conditions = (f"{len(runs)} runs, cap {a.max_minutes:g} min each, threads per run {a.threads}; budget config "
                   f"{a.budget_config}; {a.documents or 75_000} IMDB reviews; 1-min load average "
                   f"{min(loads):.2f}–{max(loads):.2f} around the runs")
     table += f"\n\n{conditions}"
@@ -406,7 +406,7 @@ def measure(a: argparse.Namespace, recipes: list[str], seeds: list[int], baselin
     if differences:
         rec.results["hf_recipe_differences"] = differences
     for name, verdict in summary["target_2"].items():
-        rec.headline(f"{name} ÷ budget, wall time to {margin_label(TARGET_MARGIN)}", summary["ratios"][name]["text"],
+        rec.headline(f"{name} ÷ budget, time to {margin_label(TARGET_MARGIN)}", summary["ratios"][name]["text"],
                      target=f"≥ {verdict['goal']:g}×", met=verdict["met"])
 
 

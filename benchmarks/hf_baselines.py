@@ -220,6 +220,7 @@ def worker(spec: dict) -> None:
             return decay_parameter_names(model)
 
     args = TrainingArguments(output_dir=spec["out"], logging_steps=10**9, save_strategy="no", report_to="none",
+                             disable_tqdm=True,
                              use_cpu=True, seed=seed, data_seed=seed, **arguments)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability, **corruption)
     trainer = (SameDecayTrainer if recipe == "hf-same" else Trainer)(
