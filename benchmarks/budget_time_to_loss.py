@@ -1,8 +1,8 @@
 """Time to 1.0 nat below the unigram plateau: the budget recipe against HF Trainer on the same model.
 
     python benchmarks/budget_time_to_loss.py [--recipes budget,hf-same,hf-run_mlm] [--seeds 1,2,3]
-        [--max-minutes 8] [--margins 1.0,1.5] [--budget-config configs/budget-modernbert.json]
-        [--documents 0] [--set RECIPE:KEY=VALUE ...] [--out DIR]
+        [--baseline-seeds 1] [--max-minutes 7] [--margins 1.0,1.5]
+        [--budget-config configs/budget-modernbert.json] [--documents 0] [--set RECIPE:KEY=VALUE ...] [--out DIR]
 
 Issue 20 §2, target 2: the pipeline with the budget recipe reaches a validation MLM loss 1.0 nat
 below the unigram entropy ≥ 2× sooner than HF `Trainer` with the same model and recipe (the
