@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.common.errors import PipelineError
 from pipeline.hub.encoder import MASK
 
 
@@ -62,6 +63,8 @@ def cloze_score(encoder, texts: Iterable[str], mask_rate: float = 0.15, seed: in
     """Top-1 fill-mask hits over the first `max_texts` texts (all when None); see the module docstring."""
     if not 0 < mask_rate <= 1:
         raise ValueError(f"mask_rate must be in (0, 1], got {mask_rate}")
+    if encoder.lm_head is None:  # before tokenizing anything: the same message fill_mask gives
+        raise PipelineError(f"cloze needs a masked-LM head, and this model has none: {encoder.no_lm_head_reason}")
     tokenizer = encoder.tokenizer
     special = set(tokenizer.all_special_ids)
     mask_id = tokenizer.mask_token_id

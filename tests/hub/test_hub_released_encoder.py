@@ -43,6 +43,13 @@ def test_fill_mask_without_a_trained_mlm_head_is_a_clear_error_not_random_words(
         encoder.fill_mask("the river is <mask> .")
 
 
+def test_cloze_on_a_model_without_a_trained_mlm_head_is_the_same_clear_error(released):
+    from pipeline.hub.cloze import cloze_score
+
+    with pytest.raises(PipelineError, match="cloze needs a masked-LM head.*without a trained MLM head"):
+        cloze_score(Encoder.from_pretrained(released), ["the river is wide ."])
+
+
 def test_a_masked_lm_folder_missing_its_head_weights_is_treated_as_headless(tmp_path, released):
     """A BertForMaskedLM config whose head transformers would have to initialise: no head, not noise."""
     import json
