@@ -29,56 +29,23 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from budget_time_to_loss import run_capped  # noqa: E402  (the one capped launch: SIGTERM at the deadline)
-from main_job_time import BUILD_OP  # noqa: E402  (DeepSpeed's CPU comm op, built or loaded once)
+# The one capped launch (SIGTERM at the deadline) and the one way these races make their data.
+from budget_time_to_loss import CORPUS, build_comm_op, launch_environment, prepare_data, run_capped  # noqa: E402
 
 from benchmarks.result_record import BenchmarkRecord  # noqa: E402
 
-CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 BASE = "configs/budget-tiny.json"
 ARMS = {"roberta-prelayernorm": ["model.architecture=roberta-prelayernorm"],
         "modernbert": ["model.architecture=modernbert", "model.intermediate_size=341"]}
 MARGIN = 1.0
 """Nats below the unigram entropy that count as off the plateau."""
 RANKS = 2
-
-
-def prepare_data(out: Path, documents: int, vocab: int, env: dict) -> tuple[Path, Path]:
-    """Tokenizer and shards in `out`, made once; `documents` > 0 takes the first reviews only."""
-    corpus = CORPUS
-    if documents:
-        import zstandard
-
-        corpus = out / f"imdb-first-{documents}.jsonl"
-        if not corpus.exists():
-            with zstandard.open(CORPUS, "rt") as f:
-                corpus.write_text("".join(line for _, line in zip(range(documents), f, strict=False)))
-    py, tokenizer, shards = sys.executable, out / "tokenizer", out / "shards"
-    if not (tokenizer / "tokenizer.json").exists():
-        subprocess.run([py, "data_prep/train_tokenizer.py", "--input", str(corpus), "--type", "bpe", "--vocab-size",
-                        str(vocab), "--model-max-length", "128", "--out", str(tokenizer)], cwd=ROOT, env=env,
-                       check=True)
-    if not (shards / "index.json").exists():
-        subprocess.run([py, "data_prep/shard.py", "--input", str(corpus), "--tokenizer", str(tokenizer), "--seq-len",
-                        "128", "--val-fraction", "0.01" if not documents else "0.05", "--out", str(shards),
-                        "--quiet"], cwd=ROOT, env=env, check=True)
-    return tokenizer, shards
-
-
-def plateau_nats(shards: Path, tokenizer: Path) -> float:
-    """The unigram entropy of the validation tokens (helper `plateau` owns it; merged into main separately)."""
-    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer  # noqa: I001 (plateau.py not on main yet)
-    from pipeline.pretrain.plateau import validation_unigram_entropy
-
-    info = describe_tokenizer(load_tokenizer(str(tokenizer)))
-    return validation_unigram_entropy(shards, (info.cls_id, info.sep_id, info.pad_id, info.mask_id))
 
 
 def peak_flops(threads: int, n: int = 2048, repeats: int = 5) -> float:
@@ -111,20 +78,6 @@ def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, flo
             probability)
 
 
-def arm_environment() -> dict:
-    """Each rank's environment: 1 thread, this repository on the path, and this venv's tools first on PATH.
-
-    The venv's `ninja` must come first: a system ninja and the venv's keep different build logs, and
-    take turns rebuilding DeepSpeed's comm op (~1-2 min) inside whichever arm's clock is running.
-    """
-    from pipeline.common.topology import use_environment_extensions_dir
-
-    use_environment_extensions_dir()  # the venv's own op folder, as launchers/setup_env.sh exports it
-    bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-            "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
-
-
 def run_arm(arm: str, seed: int, a, tokenizer: Path, shards: Path, overrides: list[str]) -> dict:
     """One capped pretraining run of `arm`: its evaluation curve and logged tokens/s."""
     from pipeline.tracking.loss_curve import curve_from_metrics
@@ -137,7 +90,7 @@ def run_arm(arm: str, seed: int, a, tokenizer: Path, shards: Path, overrides: li
             f"train.output_dir={folder}", f"train.seed={seed}", "train.log_every=5", "train.export=false",
             f"train.eval_every={max(1, a.eval_every_sequences // batch)}", f"train.eval_sequences={a.eval_sequences}",
             "checkpoint.every=1000000000", "checkpoint.resume=never", "tracking.enabled=false", *overrides]
-    env = arm_environment()
+    env = {**launch_environment(), "OMP_NUM_THREADS": "1"}
     load_before, launched = os.getloadavg(), time.time()
     run_capped([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "launchers/pretrain.py",
                 "--config", BASE, *(x for s in sets for x in ("--set", s))], env, launched + 60 * a.max_minutes,
@@ -192,14 +145,15 @@ def main() -> None:
         raise SystemExit(f"unknown arms or --set prefixes {bad}, or no corpus at {CORPUS}")
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
+    from pipeline.pretrain.plateau import plateau_level
+
     with BenchmarkRecord("architecture_race", sys.argv) as rec:
-        tokenizer, shards = prepare_data(a.out, a.documents, a.vocab_size, {**os.environ, "PYTHONPATH": str(ROOT)})
-        plateau = plateau_nats(shards, tokenizer)
+        tokenizer, shards = prepare_data(a.out, {**os.environ, "PYTHONPATH": str(ROOT)}, a.documents, a.vocab_size)
+        plateau = plateau_level(shards, tokenizer)
         target = plateau - MARGIN
         overrides = {arm: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == arm] for arm in arms}
         shapes = {arm: arm_shape(arm, overrides[arm], tokenizer) for arm in arms}
-        # Build (or load) the comm op before any clock starts, so no arm's time includes a compile.
-        subprocess.run([sys.executable, "-c", BUILD_OP], env=arm_environment(), cwd=ROOT, check=True)
+        build_comm_op()  # before any clock starts, so no arm's time includes a compile
         peak = peak_flops(RANKS)  # 2 ranks × 1 thread: the peak of the same 2 cores
         runs = [run_arm(arm, seed, a, tokenizer, shards, overrides[arm]) for seed in seeds for arm in arms]
         rows = summarise(runs, shapes, target, plateau, peak, a.max_minutes)

@@ -119,11 +119,9 @@ def main() -> None:
         config.write_text(json.dumps(pretrain_config(model, shards, out / "pretrain", a.steps, a.lr), indent=2))
         seconds = pretrain([sys.executable, "launchers/pretrain.py", "--config", config], None, min(a.minutes, 30.0))
 
-        from pipeline.data.tokenizer import load_tokenizer
-        from pipeline.pretrain.plateau import validation_unigram_entropy  # owned by the plateau work
+        from pipeline.pretrain.plateau import plateau_level
 
-        tokenizer = load_tokenizer(model)
-        entropy = validation_unigram_entropy(shards, tokenizer.all_special_ids)
+        entropy = plateau_level(shards, model)  # the tokenizer the shards were made with
         records = [json.loads(x) for x in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
         evals = [r for r in records if "eval/mlm_loss" in r]
         steps_done = max((r["step"] for r in records if "train/loss" in r), default=0)

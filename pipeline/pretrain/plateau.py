@@ -66,6 +66,19 @@ def validation_unigram_entropy(shards: str | Path, special_ids: Iterable[int]) -
     return unigram_entropy_nats(token_counts(shards, special_ids, "val"))
 
 
+def plateau_level(shards: str | Path, tokenizer) -> float:
+    """`validation_unigram_entropy` with the special ids the masker skips: `tokenizer.all_special_ids`.
+
+    `tokenizer`: a loaded transformers tokenizer, or its folder or hub name. The one place that says
+    which ids are left out of the plateau, for the trainer's `eval/unigram_entropy` and the benchmarks.
+    """
+    if isinstance(tokenizer, str | Path):
+        from pipeline.data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(str(tokenizer))
+    return validation_unigram_entropy(shards, tokenizer.all_special_ids)
+
+
 def copy_floor_nats(counts: np.ndarray, ordinary_ids: int, mask_token_fraction: float = 0.8,
                     random_token_fraction: float = 0.1) -> float:
     """The best loss without context when the model may copy the visible token: frequencies plus copying.

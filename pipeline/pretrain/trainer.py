@@ -39,7 +39,7 @@ from pipeline.pretrain.phases import (
     samples_consumed,
     stream_start,
 )
-from pipeline.pretrain.plateau import metrics_beside_plateau, validation_unigram_entropy
+from pipeline.pretrain.plateau import metrics_beside_plateau, plateau_level
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink
@@ -380,12 +380,11 @@ class Pretrainer:
         A loss means little on its own: a model that knows only token frequencies reaches the entropy
         (plateau.py says why). A mix's level weighs each corpus's entropy by its share, as its loss does.
         """
-        specials = self.tokenizer.all_special_ids
         entropies = []
         for source in self.data.corpora:
             key = str(source.path)
             if key not in self._entropies:  # once per folder: a bincount over its validation shards
-                self._entropies[key] = validation_unigram_entropy(source.path, specials)
+                self._entropies[key] = plateau_level(source.path, self.tokenizer)
             entropies.append(self._entropies[key])
         entropy = float(np.dot(self.data.shares, entropies)) if self.data.mixed else entropies[0]
         out = {"eval/unigram_entropy": entropy, "eval/margin_below_unigram": entropy - metrics["eval/mlm_loss"]}

@@ -10,6 +10,7 @@ import pytest
 from pipeline.data.shard_reader import ShardedDataset
 from pipeline.pretrain.plateau import (
     copy_floor_nats,
+    plateau_level,
     token_counts,
     unigram_entropy_nats,
     validation_unigram_entropy,
@@ -48,6 +49,15 @@ def test_the_validation_entropy_counts_every_ordinary_validation_token_and_no_sp
     assert validation_unigram_entropy(roberta_shards, special) == pytest.approx(unigram_entropy_nats(expected))
     # Counting the specials too would give another level: the exclusion is what is measured.
     assert unigram_entropy_nats(np.bincount(ids)) != pytest.approx(unigram_entropy_nats(expected))
+
+
+def test_the_plateau_level_leaves_out_the_ids_the_masker_never_chooses(roberta_shards, bpe_tokenizer_dir):
+    from pipeline.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(bpe_tokenizer_dir)
+    expected = validation_unigram_entropy(roberta_shards, tokenizer.all_special_ids)
+    assert plateau_level(roberta_shards, bpe_tokenizer_dir) == pytest.approx(expected)  # a folder
+    assert plateau_level(roberta_shards, tokenizer) == pytest.approx(expected)  # or a loaded tokenizer
 
 
 def test_copying_the_visible_token_lowers_the_floor_only_when_some_targets_stay_visible():

@@ -1,0 +1,231 @@
+"""The HF `Trainer` baselines of benchmarks/budget_time_to_loss.py, evaluated on the pipeline's fixed masked batches.
+
+Two recipes, each one process (`OMP_NUM_THREADS` threads) on transformers' own masked-LM class for
+the budget config's `model.architecture` (RobertaForMaskedLM, RobertaPreLayerNormForMaskedLM,
+ModernBertForMaskedLM, BertForMaskedLM), its config built by the pipeline's own
+`pipeline.pretrain.model.hf_config`, so the shapes are the budget recipe's:
+
+- `hf-same`: the budget config's recipe, as far as `TrainingArguments` can say it (`same_recipe`):
+  LR, AdamW betas and eps, weight decay on the same parameters, warmup then decay to the config's
+  end at `train.max_steps`, the global batch, gradient clipping, masking probability and 80/10/10
+  split, dropout, seed. What is left is the pipeline's own efficiency (its sparse MLM head, data
+  path, ranks); `same_recipe` lists the few differences in the recipe itself, and they go into the
+  results.
+- `hf-run_mlm`: HF `run_mlm.py`'s defaults (`RUN_MLM`): LR 5e-5, AdamW (0.9, 0.999), eps 1e-8, no
+  weight decay, no warmup, linear decay over 3 epochs, batch 8, masking 0.15, dropout the HF config
+  class's default (0.1 for RoBERTa and BERT, 0.0 for ModernBERT).
+
+Both are evaluated from a callback every `eval_every_sequences` training sequences on the first
+`eval_sequences` validation sequences masked by the pipeline's hashed masker under the budget
+config's masking section and the run's seed: the batches the budget recipe's trainer evaluates on.
+HF's own evaluation would draw new random masks each time. Evaluation time is left out of the
+curve's time (pipeline/tracking/loss_curve.py's convention).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from pipeline.pretrain.config import PretrainConfig
+
+RECIPES = ("hf-same", "hf-run_mlm")
+ALIASES = {"hf": "hf-run_mlm"}
+"""Earlier name of `hf-run_mlm` (the recipe was on tiny.json's model then)."""
+
+RUN_MLM = {  # run_mlm.py's TrainingArguments defaults (the optimizer too: TrainingArguments' default `optim`)
+    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_train_epochs": 3,
+    "learning_rate": 5e-5, "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
+    "lr_scheduler_type": "linear", "warmup_steps": 0, "max_grad_norm": 1.0, "dataloader_num_workers": 0,
+}
+RUN_MLM_PROBABILITY = 0.15
+DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "embedding_dropout", "mlp_dropout",
+                  "attention_dropout")
+"""Dropout settings of the HF config classes (RoBERTa/BERT names, then ModernBERT's)."""
+
+
+def same_recipe(config: PretrainConfig, ranks: int) -> tuple[dict, list[str]]:
+    """`TrainingArguments` keywords for the budget config's recipe on one process, and what still differs.
+
+    The per-device batch is what the `ranks` pipeline ranks process in one micro step together
+    (micro_batch_size × ranks), so the accumulation steps are the pipeline's.
+    """
+    o, s, t = config.optimizer, config.schedule, config.train
+    refused = []
+    if o.name != "adamw":
+        refused.append(f"optimizer.name {o.name}: Trainer has no {o.name}")
+    if config.phases:
+        refused.append("phases: Trainer trains in one phase")
+    if config.data.mixed:
+        refused.append("data.shards as a mix of corpora: the benchmark feeds one folder")
+    if refused:
+        raise ValueError("hf-same cannot follow this config: " + "; ".join(refused))
+    per_device = t.micro_batch_size * ranks
+    if t.global_batch_size % per_device:
+        raise ValueError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
+                         f"train.micro_batch_size × {ranks} ranks = {per_device}")
+    if s.decay == "constant":
+        scheduler, scheduler_kwargs = "constant_with_warmup", {}
+    elif s.decay == "linear" and s.end_lr_ratio == 0:
+        scheduler, scheduler_kwargs = "linear", {}
+    else:  # transformers' polynomial schedule ends at an absolute LR
+        scheduler = "polynomial"
+        scheduler_kwargs = {"lr_end": o.lr * s.end_lr_ratio, "power": 1.0 if s.decay == "linear" else s.power}
+    arguments = {
+        "per_device_train_batch_size": per_device, "gradient_accumulation_steps": t.global_batch_size // per_device,
+        "max_steps": t.max_steps, "learning_rate": o.lr, "adam_beta1": o.betas[0], "adam_beta2": o.betas[1],
+        "adam_epsilon": o.eps, "weight_decay": o.weight_decay,
+        # The pipeline's AdamW is torch's (fused only with optimizer.fused); TrainingArguments' default is fused.
+        "optim": "adamw_torch_fused" if o.fused else "adamw_torch",
+        "lr_scheduler_type": scheduler, "lr_scheduler_kwargs": scheduler_kwargs, "warmup_steps": s.warmup_steps,
+        "max_grad_norm": t.gradient_clipping,  # 0 turns clipping off in both
+        "bf16": config.precision == "bf16", "torch_compile": t.compile,
+        # Each pipeline rank reads with data.num_workers loader processes; Trainer gets as many.
+        "dataloader_num_workers": config.data.num_workers,
+    }
+    differences = [
+        "data order and masks: Trainer's seeded RandomSampler and DataCollatorForLanguageModeling's random masks, "
+        "not the pipeline's step-keyed shuffle and hashed masks (same probability and corruption split)",
+    ]
+    if s.warmup_steps:
+        differences.append("warmup: Trainer's starts at LR 0 on the first step, the pipeline's at 1/(warmup+1) "
+                           "of the peak (one step apart)")
+    if config.masking.unit != "token" or config.masking.mode != "dynamic":
+        differences.append(f"masking.unit {config.masking.unit}, mode {config.masking.mode}: the collator "
+                           "masks single tokens, drawn anew each time")
+    if config.model.architecture == "bert" and config.model.next_sentence_loss:
+        differences.append("BertForMaskedLM: masked LM only, without the next-sentence task")
+    return arguments, differences
+
+
+def masked_lm_class(architecture: str):
+    """transformers' own masked-LM class for a `model.architecture` (what an export loads as)."""
+    from transformers import (
+        BertForMaskedLM,
+        ModernBertForMaskedLM,
+        RobertaForMaskedLM,
+        RobertaPreLayerNormForMaskedLM,
+    )
+
+    return {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": RobertaPreLayerNormForMaskedLM,
+            "modernbert": ModernBertForMaskedLM, "bert": BertForMaskedLM}[architecture]
+
+
+def hf_model_config(recipe: str, config: PretrainConfig, tokenizer_info, seq_len: int):
+    """The HF config of a recipe's model: the pipeline's own (`hf_config`); for run_mlm, with the class's dropout."""
+    from pipeline.pretrain.model import hf_config
+
+    built = hf_config(config.model, tokenizer_info, seq_len)
+    if recipe == "hf-run_mlm":
+        defaults = type(built)()
+        for name in DROPOUT_FIELDS:
+            if hasattr(defaults, name):
+                setattr(built, name, getattr(defaults, name))
+    return built
+
+
+def decay_parameter_names(model) -> list[str]:
+    """The parameters the pipeline decays (`parameter_groups`), by name, for `Trainer.get_decay_parameter_names`.
+
+    Trainer's own rule skips every name containing "layernorm", which in the pre-LN RoBERTa is every
+    encoder parameter (all sit under `roberta_prelayernorm.`): it would decay the MLM head alone.
+    """
+    from pipeline.pretrain.model import parameter_groups
+
+    decay = {id(p) for p in parameter_groups(model, 0.0)[0]["params"]}
+    return [name for name, p in model.named_parameters() if id(p) in decay]
+
+
+def worker(spec: dict) -> None:
+    """Train one HF recipe until its schedule ends or the cap passes; write its curve to `spec["result"]`."""
+    import torch
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments, set_seed
+
+    from pipeline.data.token_cache import TokenCache
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.batches import MaskedBatches, eval_keys
+    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.masking import build_masker
+    from pipeline.pretrain.model import first_position_id
+
+    recipe, seed, launched, cap = spec["recipe"], spec["seed"], spec["launched_at"], 60 * spec["max_minutes"]
+    config = load_pretrain_config(spec["config"], [*spec["overrides"], f"data.shards={spec['shards']}",
+                                                   f"data.tokenizer={spec['tokenizer']}", f"train.seed={seed}"],
+                                  world_size=spec["ranks"], check_files=False)
+    tokenizer = load_tokenizer(spec["tokenizer"])
+    info = describe_tokenizer(tokenizer)
+    train = TokenCache(spec["shards"], "train", spec["cache_dir"])
+    val = TokenCache(spec["shards"], "val", spec["cache_dir"])
+    ids, lengths = train.fields["input_ids"], train.fields.get("length")
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(ids)
+
+        def __getitem__(self, i):
+            row = {"input_ids": torch.from_numpy(ids[i].astype("int64"))}
+            if lengths is not None:  # a padded row attends to its text only
+                row["attention_mask"] = (torch.arange(ids.shape[1]) < int(lengths[i])).long()
+            return row
+
+    # The budget recipe's evaluation: its masking section, the run's seed, the same first sequences.
+    masker = build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, seed)
+    val_batches = MaskedBatches(val, masker, with_segments=False,
+                                position_offset=first_position_id(config.model.architecture, info.pad_id))
+    fixed = [val_batches[k] for k in eval_keys(len(val), spec["eval_sequences"], 32, 0, 1)]
+    set_seed(seed)
+    model = masked_lm_class(config.model.architecture)(hf_model_config(recipe, config, info, train.seq_len))
+    if recipe == "hf-same":
+        arguments, differences = same_recipe(config, spec["ranks"])
+        probability = config.masking.probability
+        corruption = {"mask_replace_prob": config.masking.mask_token_fraction,
+                      "random_replace_prob": config.masking.random_token_fraction}
+    else:
+        arguments, differences, probability, corruption = dict(RUN_MLM), [], RUN_MLM_PROBABILITY, {}
+    batch = arguments["per_device_train_batch_size"] * arguments["gradient_accumulation_steps"]
+    eval_every = max(1, spec["eval_every_sequences"] // batch)
+    curve, eval_seconds = [], 0.0
+
+    def evaluate(step: int) -> None:
+        nonlocal eval_seconds
+        started = time.time()
+        model.eval()
+        total = count = 0.0
+        with torch.no_grad():
+            for b in fixed:
+                if "document_ids" in b:
+                    raise SystemExit("hf baselines need full or doc shards, not doc-packed ones")
+                masked = int((b["labels"] != -100).sum())
+                inputs = {k: b[k] for k in ("input_ids", "attention_mask", "labels") if k in b}
+                total += model(**inputs).loss.item() * masked
+                count += masked
+        model.train()
+        curve.append({"step": step, "seconds": started - launched - eval_seconds, "loss": total / count})
+        eval_seconds += time.time() - started
+
+    class EvalAndCap(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % eval_every == 0:
+                evaluate(state.global_step)
+            if time.time() - launched > cap:
+                control.should_training_stop = True
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if not curve or curve[-1]["step"] != state.global_step:
+                evaluate(state.global_step)
+
+    class SameDecayTrainer(Trainer):
+        def get_decay_parameter_names(self, model):
+            return decay_parameter_names(model)
+
+    args = TrainingArguments(output_dir=spec["out"], logging_steps=10**9, save_strategy="no", report_to="none",
+                             disable_tqdm=True,
+                             use_cpu=True, seed=seed, data_seed=seed, **arguments)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability, **corruption)
+    trainer = (SameDecayTrainer if recipe == "hf-same" else Trainer)(
+        model=model, args=args, train_dataset=Rows(), data_collator=collator, callbacks=[EvalAndCap()])
+    trainer.train()
+    Path(spec["result"]).write_text(json.dumps({
+        "curve": curve, "steps": trainer.state.global_step, "batch": batch, "model_class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()), "differences": differences}))
