@@ -149,7 +149,7 @@ def render_result(data: dict[str, Any]) -> str:
         lines += ["Headline:", ""] + render_headline(results["headline"])
     rest = {k: v for k, v in results.items() if k not in ("tables", "headline")}
     if rest:  # figures a benchmark recorded outside tables: shown as written, so none is left out
-        lines += ["Other figures:", "", "```json", json.dumps(rest, indent=1, ensure_ascii=False), "```", ""]
+        lines += ["Other figures:", "", "```text", json.dumps(rest, indent=1, ensure_ascii=False), "```", ""]
     for note in data.get("notes") or []:
         lines += [f"Note: {note}", ""]
     lines += render_conditions(data)

@@ -212,7 +212,8 @@ def overrides_of(command: Command, namespace: argparse.Namespace) -> list[tuple[
     plain = {"launchers/pretrain.py": ["pretraining"], "launchers/finetune.py": ["fine-tuning"]}.get(command.script)
     if command.script == "launchers/submit.py":
         plain = {"pretrain": ["pretraining"], "finetune": ["fine-tuning"]}.get(getattr(namespace, "job", None))
-    found = [(o, plain or either) for o in getattr(namespace, "set", None) or []]
+    # The benchmarks address one arm or recipe as `--set ARM:KEY=VALUE`: the key after the prefix is checked.
+    found = [(re.sub(r"^[\w-]+:(?=[\w.]+=)", "", o), plain or either) for o in getattr(namespace, "set", None) or []]
     found += [(o, ["pretraining"]) for o in getattr(namespace, "pretrain_set", None) or []]
     found += [(o, ["fine-tuning"]) for o in getattr(namespace, "finetune_set", None) or []]
     return found
