@@ -144,7 +144,8 @@ def test_every_benchmark_writes_its_result_through_result_record():
 def commands_in_page(page: Path) -> list[list[str]]:
     """Every `python benchmarks/X.py ...` line of the page's fenced code blocks, continuations joined."""
     text = re.sub(r"^> ?", "", page.read_text(), flags=re.M)  # blocks quoted in the maintainers' note too
-    blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, re.S)
+    # Fences pair in order; only shell blocks (```bash or bare) hold commands, not ```text or ```json.
+    blocks = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S) if lang in ("", "bash")]
     commands = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
