@@ -46,11 +46,12 @@ def save_export(tokenizer_dir: Path, out: Path, architecture: str = "roberta", s
 
 def save_finetune_output(tokenizer_dir: Path, out: Path, task: str, labels: tuple[str, ...],
                          dev: list[tuple[tuple[str, ...], str]], architecture: str = "roberta", seed: int = 1,
-                         max_seq_len: int = 64) -> dict:
+                         max_seq_len: int = 64, **config_extra) -> dict:
     """A fine-tuning output folder in the layout the fine-tuning trainer writes, with an untrained head.
 
     `dev_predictions.tsv` and the accuracy in `metrics.json` are computed the way the trainer does:
     `AutoModelForSequenceClassification` on padded batches of the tokenizer's own encodings.
+    `config_extra` goes to the model's config (e.g. ModernBERT's `classifier_pooling`).
     """
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
@@ -59,7 +60,7 @@ def save_finetune_output(tokenizer_dir: Path, out: Path, task: str, labels: tupl
     torch.manual_seed(seed)
     config = tiny_config(tokenizer, architecture, num_labels=len(labels), id2label=dict(enumerate(labels)),
                          label2id={name: i for i, name in enumerate(labels)},
-                         problem_type="single_label_classification")
+                         problem_type="single_label_classification", **config_extra)
     model = AutoModelForSequenceClassification.from_config(config).eval()
     texts = [t for t, _ in dev]
     pairs = len(texts[0]) == 2

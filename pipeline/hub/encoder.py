@@ -231,7 +231,8 @@ class Encoder(nn.Module):
         if not isinstance(tokens, torch.Tensor):
             raise PipelineError(f"head {head!r} classifies token tensors (from encode); for texts use "
                                 "classify(head, texts)")
-        logits = module(self.extract_features(tokens))
+        tokens = tokens.unsqueeze(0) if tokens.dim() == 1 else tokens
+        logits = module(self.extract_features(tokens), (tokens != self.pad_id).to(self.device))
         if return_logits or module.regression:
             return logits
         return F.log_softmax(logits, dim=-1)

@@ -4,6 +4,8 @@ Heads are transformers' own modules. A RoBERTa head is `RobertaClassificationHea
 feature → dense → tanh → projection, as in fairseq); a fine-tuned BERT head is BERT's pooler
 followed by its dropout and linear classifier, exactly the computation of
 `BertForSequenceClassification`, so a loaded fine-tuned model predicts what it predicted in training.
+A ModernBERT head pools the first token (`cls`) or the mean of the non-padding tokens (`mean`), as
+`ModernBertForSequenceClassification` does; the mean needs the padding mask, which `forward` takes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ class ClassificationHead(nn.Module):
     def regression(self) -> bool:
         return self.labels is None
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits from features B×T×C; `mask` (B×T, 1 at real tokens) is used by heads that pool over tokens."""
+        if isinstance(self.net, MeanTokenHead):
+            return self.net(features, mask)
         return self.net(features)
 
 
@@ -54,6 +59,22 @@ class FirstTokenHead(nn.Module):
         return self.classifier(self.dropout(self.head(features[:, 0])))
 
 
+class MeanTokenHead(nn.Module):
+    """ModernBERT's sequence-classification head with `mean` pooling: the mean of the non-padding features →
+    head → dropout → linear."""
+
+    def __init__(self, head: nn.Module, dropout: nn.Module, classifier: nn.Linear):
+        super().__init__()
+        self.head, self.dropout, self.classifier = head, dropout, classifier
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is None:
+            mask = torch.ones(features.shape[:2], dtype=features.dtype, device=features.device)
+        mask = mask.to(features.dtype).unsqueeze(-1)
+        pooled = (features * mask).sum(dim=1) / mask.sum(dim=1)
+        return self.classifier(self.dropout(self.head(pooled)))
+
+
 def new_head(config, num_classes: int, init_weights) -> nn.Module:
     """A freshly initialised fairseq-style head (`RobertaClassificationHead`) for any BERT-family config."""
     from transformers.models.roberta.modeling_roberta import RobertaClassificationHead
@@ -73,13 +94,14 @@ def head_of(model: nn.Module) -> nn.Module:
         return PooledHead(pooler, model.dropout, classifier)  # BERT: logits from the pooled [CLS]
     if classifier is not None and hasattr(classifier, "out_proj"):
         return classifier  # RoBERTa and its relatives: the head reads features[:, 0] itself
-    if isinstance(classifier, nn.Linear) and hasattr(model, "head") and hasattr(model, "drop"):
-        if getattr(model.config, "classifier_pooling", "cls") != "cls":
+    if isinstance(classifier, nn.Linear) and hasattr(model, "head") and hasattr(model, "drop"):  # ModernBERT
+        pooling = getattr(model.config, "classifier_pooling", "cls")
+        if pooling not in ("cls", "mean"):
             from pipeline.common.errors import PipelineError
 
-            raise PipelineError(f"{type(model).__name__}: classifier_pooling {model.config.classifier_pooling!r} "
-                                "needs the padding mask; the hub interface supports ModernBERT's 'cls' pooling")
-        return FirstTokenHead(model.head, model.drop, classifier)  # ModernBERT
+            raise PipelineError(f"{type(model).__name__}: classifier_pooling {pooling!r}: the hub interface knows "
+                                "ModernBERT's 'cls' and 'mean'")
+        return (FirstTokenHead if pooling == "cls" else MeanTokenHead)(model.head, model.drop, classifier)
     from pipeline.common.errors import PipelineError
 
     raise PipelineError(f"{type(model).__name__}: unsupported classification head; the hub interface knows "

@@ -24,7 +24,7 @@ Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 # ModernBERT's own shape keys and their defaults (ModernBERT-base, Warner et al. 2024); other architectures
 # have no such setting and refuse a value other than these.
 MODERNBERT_DEFAULTS = {"local_attention": 128, "global_attn_every_n_layers": 3, "global_rope_theta": 160_000.0,
-                       "local_rope_theta": 10_000.0}
+                       "local_rope_theta": 10_000.0, "classifier_pooling": "mean"}
 
 
 @dataclass
@@ -61,6 +61,11 @@ class ModelConfig:
     """modernbert only: the rotary base of the global layers."""
     local_rope_theta: float = 10_000.0
     """modernbert only: the rotary base of the local (sliding-window) layers."""
+    classifier_pooling: Literal["cls", "mean"] = "mean"
+    """modernbert only: what a sequence classifier fine-tuned from the export pools, the first token or the mean of
+    the real tokens. Saved in the export's config, so fine-tuning and the hub follow it. `mean`: MLM never trains
+    the first token's output, and a small, briefly pretrained model's `cls` feature then barely depends on the
+    input (docs/benchmarks.md, pretraining gain)."""
 
 
 @dataclass

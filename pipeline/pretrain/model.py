@@ -68,7 +68,8 @@ def modernbert_config(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int
         embedding_dropout=model.hidden_dropout_prob, mlp_dropout=model.hidden_dropout_prob,
         attention_dropout=model.attention_probs_dropout_prob, local_attention=model.local_attention,
         global_attn_every_n_layers=model.global_attn_every_n_layers, global_rope_theta=model.global_rope_theta,
-        local_rope_theta=model.local_rope_theta, pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.cls_id,
+        local_rope_theta=model.local_rope_theta, classifier_pooling=model.classifier_pooling,
+        pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.cls_id,
         cls_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id, sep_token_id=tokenizer.sep_id,
         attn_implementation=model.attn_implementation)
 

@@ -59,11 +59,13 @@ def test_a_registered_head_predicts_the_same_padded_or_alone(modernbert):
     assert torch.allclose(modernbert.predict("toy", modernbert.encode("the river"))[0], log_probs[0], atol=1e-5)
 
 
-def test_a_sentence_output_predicts_what_the_hf_model_predicts(tmp_path, bpe_tokenizer_dir, rte_dev):
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_sentence_output_predicts_what_the_hf_model_predicts(tmp_path, bpe_tokenizer_dir, rte_dev, pooling):
+    # With `mean` pooling a padded batch must average only the real tokens: classify() pads, predict() does not.
     from transformers import AutoModelForSequenceClassification
 
     saved = save_finetune_output(bpe_tokenizer_dir, tmp_path / "ft", "rte", RTE_LABELS, rte_dev,
-                                 architecture="modernbert")
+                                 architecture="modernbert", classifier_pooling=pooling)
     enc = Encoder.from_pretrained(tmp_path / "ft")
     hf = AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft" / "seed_1" / "model").eval()
     (a, b), _ = rte_dev[0]

@@ -159,6 +159,12 @@ def test_modernbert_takes_its_own_shape_keys_and_has_no_biases():
     assert (c.pad_token_id, c.cls_token_id, c.sep_token_id, c.vocab_size) == (1, 0, 2, 500)
 
 
+def test_a_modernbert_export_tells_its_sequence_classifiers_to_pool_the_mean_unless_asked_for_cls():
+    assert build_model(ModelConfig(**MODERNBERT), TOKENIZER, seq_len=64).config.classifier_pooling == "mean"
+    cls = build_model(ModelConfig(**{**MODERNBERT, "classifier_pooling": "cls"}), TOKENIZER, seq_len=64)
+    assert cls.config.classifier_pooling == "cls"
+
+
 def test_modernbert_decays_weight_matrices_only():
     model = build_model(ModelConfig(**MODERNBERT), TOKENIZER, seq_len=64)
     decay, no_decay = parameter_groups(model, 0.01)

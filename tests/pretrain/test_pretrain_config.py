@@ -207,9 +207,11 @@ def test_modernbert_keys_are_checked_and_refused_for_the_other_architectures(tmp
     assert "model.local_rope_theta: a rotary base must be > 1" in message
     assert "model.type_vocab_size: modernbert has no segment embeddings" in message
     data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
-                                model={"architecture": "roberta", "local_attention": 64})
-    with pytest.raises(ConfigError, match="model.local_attention: applies to model.architecture modernbert only"):
+                                model={"architecture": "roberta", "local_attention": 64, "classifier_pooling": "cls"})
+    with pytest.raises(ConfigError) as err:
         load_pretrain_config(write(tmp_path, data), check_files=False)
+    assert "model.local_attention: applies to model.architecture modernbert only" in str(err.value)
+    assert "model.classifier_pooling: applies to model.architecture modernbert only" in str(err.value)
 
 
 def test_modernbert_presets_have_the_published_shape_and_30_percent_masking():
