@@ -218,9 +218,11 @@ def main() -> None:
                 gap = 100 * (median(runs["pipeline"], "best") - median(runs["hf"], "best"))
                 headlines.append((f"{task}: pipeline − HF, median dev accuracy", f"{gap:+.2f} points",
                                   f"within ±{target:g}", abs(gap) <= target))
-        rec.table(f"{model_name(model)}: GLUE dev accuracy ({', '.join(tasks)}); SST-2 first {a.max_train} training "
-                  f"examples, RTE {'all' if a.max_train_rte is None else a.max_train_rte}; LR {a.lr}, {a.epochs} epochs, "
-                  f"batch {a.batch}, max_seq_len {a.max_seq_len}, warmup 6%, weight decay 0.01"
+        subject = model_name(model) if not a.no_parity else ", ".join(
+            [*([] if a.no_scratch else [f"{model_name(model)} from scratch"]), *extras])
+        rec.table(f"{subject}: GLUE dev accuracy ({', '.join(tasks)}); SST-2 first {a.max_train} training "
+                  f"examples, RTE {'all' if a.max_train_rte is None else a.max_train_rte}; LR {a.lr}, "
+                  f"{a.epochs} epochs, batch {a.batch}, max_seq_len {a.max_seq_len}, warmup 6%, weight decay 0.01"
                   + (f"; dev capped at {a.max_eval} (smoke run)" if a.max_eval else ""), rows)
         for name, value, target, met in headlines:
             rec.headline(name, value, target=target, met=met)
