@@ -144,6 +144,13 @@ def model_name(model: str) -> str:
     return path.parent.name if path.name == "model" else path.name
 
 
+def record_name(tasks: list[str], no_parity: bool) -> str:
+    """The whole benchmark is released_encoder_finetune; a part (some tasks, or no parity rows) is its own variant."""
+    if tasks == list(TASKS) and not no_parity:
+        return "released_encoder_finetune"
+    return "released_encoder_finetune." + "-".join(tasks) + ("-extra-rows" if no_parity else "")
+
+
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -187,19 +194,17 @@ def main() -> None:
     seeds = {"sst2": [int(s) for s in a.seeds.split(",")], "rte": [int(s) for s in a.rte_seeds.split(",")]}
     out = a.out.resolve()
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
-    # The whole benchmark is released_encoder_finetune; a part of it (some tasks, or no parity rows) is a variant.
-    variant = "" if (tasks == list(TASKS) and not a.no_parity) else \
-        "." + "-".join(tasks) + ("-extra-rows" if a.no_parity else "")
-    with BenchmarkRecord(f"released_encoder_finetune{variant}", argv=sys.argv) as rec:
+    with BenchmarkRecord(record_name(tasks, a.no_parity), argv=sys.argv) as rec:
         glue = capped_glue(a.glue, out / "glue", {"sst2": a.max_train, "rte": a.max_train_rte}, a.max_eval)
         rows, headlines = [], []
         for task, (_, target) in TASKS.items():
             if task not in tasks:
                 continue
-            runs: dict[str, list[dict]] = {} if a.no_parity else {"pipeline": [], "hf": []}
-            for seed in seeds[task] if not a.no_parity else []:
-                runs["pipeline"].append(pipeline_run(model, task, glue, seed, recipe, out / task / "pipeline", False))
-                runs["hf"].append(hf_run(model, task, glue, seed, recipe, out / task))
+            runs: dict[str, list[dict]] = {}
+            if not a.no_parity:  # each seed's pipeline and HF runs back to back, under the same load
+                pairs = [(pipeline_run(model, task, glue, seed, recipe, out / task / "pipeline", False),
+                          hf_run(model, task, glue, seed, recipe, out / task)) for seed in seeds[task]]
+                runs["pipeline"], runs["hf"] = [p for p, _ in pairs], [h for _, h in pairs]
             others = {**({} if a.no_scratch else {"from scratch": (model, True)}),
                       **{name: (folder, False) for name, folder in extras.items()}}
             for name, (source, scratch) in others.items():

@@ -32,7 +32,7 @@ class ClassificationHead(nn.Module):
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits from features B×T×C; `mask` (B×T, 1 at real tokens) is used by heads that pool over tokens."""
-        if isinstance(self.net, MeanTokenHead):
+        if isinstance(self.net, ModernBertHead):
             return self.net(features, mask)
         return self.net(features)
 
@@ -48,30 +48,21 @@ class PooledHead(nn.Module):
         return self.classifier(self.dropout(self.pooler(features)))
 
 
-class FirstTokenHead(nn.Module):
-    """ModernBERT's sequence-classification head with `cls` pooling: features[:, 0] → head → dropout → linear."""
+class ModernBertHead(nn.Module):
+    """ModernBERT's sequence-classification head: pool (`cls`: features[:, 0]; `mean`: the mean of the real
+    tokens, as `ModernBertForSequenceClassification` does) → head → dropout → linear."""
 
-    def __init__(self, head: nn.Module, dropout: nn.Module, classifier: nn.Linear):
+    def __init__(self, pooling: str, head: nn.Module, dropout: nn.Module, classifier: nn.Linear):
         super().__init__()
-        self.head, self.dropout, self.classifier = head, dropout, classifier
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(self.head(features[:, 0])))
-
-
-class MeanTokenHead(nn.Module):
-    """ModernBERT's sequence-classification head with `mean` pooling: the mean of the non-padding features →
-    head → dropout → linear."""
-
-    def __init__(self, head: nn.Module, dropout: nn.Module, classifier: nn.Linear):
-        super().__init__()
-        self.head, self.dropout, self.classifier = head, dropout, classifier
+        self.pooling, self.head, self.dropout, self.classifier = pooling, head, dropout, classifier
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        if mask is None:
-            mask = torch.ones(features.shape[:2], dtype=features.dtype, device=features.device)
-        mask = mask.to(features.dtype).unsqueeze(-1)
-        pooled = (features * mask).sum(dim=1) / mask.sum(dim=1)
+        if self.pooling == "cls":
+            pooled = features[:, 0]
+        else:
+            mask = torch.ones(features.shape[:2], device=features.device) if mask is None else mask
+            mask = mask.to(features.dtype).unsqueeze(-1)
+            pooled = (features * mask).sum(dim=1) / mask.sum(dim=1)
         return self.classifier(self.dropout(self.head(pooled)))
 
 
@@ -101,7 +92,7 @@ def head_of(model: nn.Module) -> nn.Module:
 
             raise PipelineError(f"{type(model).__name__}: classifier_pooling {pooling!r}: the hub interface knows "
                                 "ModernBERT's 'cls' and 'mean'")
-        return (FirstTokenHead if pooling == "cls" else MeanTokenHead)(model.head, model.drop, classifier)
+        return ModernBertHead(pooling, model.head, model.drop, classifier)
     from pipeline.common.errors import PipelineError
 
     raise PipelineError(f"{type(model).__name__}: unsupported classification head; the hub interface knows "

@@ -72,6 +72,9 @@ def test_a_sentence_output_predicts_what_the_hf_model_predicts(tmp_path, bpe_tok
     with torch.no_grad():
         expected = hf(**enc.tokenizer(a, b, return_tensors="pt")).logits.log_softmax(-1)
     assert torch.allclose(enc.predict("rte", enc.encode(a, b)), expected, atol=1e-5)
+    short, long = enc.encode("the river"), enc.encode(a, b)
+    padded = enc.predict("rte", enc.pad([short, long]))
+    assert torch.allclose(padded[0], enc.predict("rte", short)[0], atol=1e-5)  # the padding is not averaged in
     assert enc.classify("rte", [pair for pair, _ in rte_dev], batch_size=7) == saved["predictions"]
 
 
