@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoints import COMPLETE_MARKER, resolve_checkpoint
+from pipeline.pretrain.checkpoints import COMPLETE_MARKER, read_marker, resolve_checkpoint
 from pipeline.pretrain.export import PROVENANCE_FILE
 
 
@@ -38,12 +39,12 @@ def resolve_model(model: str, export_to: Path, *, is_main: bool, barrier: Callab
     """`model` as an HF folder or hub name; a checkpoint is exported to `export_to` by the main process.
 
     Every process must call this (it holds a barrier). A folder already exported from the same
-    checkpoint is reused.
+    checkpoint (same path and same files: a run retrained into the same folder is another one) is reused.
     """
     path = Path(local_or_hub(model, "--model"))
     if is_pretraining_output(path):
         checkpoint = resolve_checkpoint(path).resolve()
-        if is_main and _exported_from(export_to) != str(checkpoint):
+        if is_main and _exported_from(export_to) != exported_identity(checkpoint):
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidating weights needs no GPU
             from pipeline.pretrain.export import export_checkpoint
 
@@ -61,9 +62,15 @@ def resolve_model(model: str, export_to: Path, *, is_main: bool, barrier: Callab
     return ModelSource(str(path))
 
 
-def _exported_from(folder: Path) -> str | None:
-    """The checkpoint an existing export was made from, or None."""
+def exported_identity(checkpoint: Path) -> tuple[str, str]:
+    """What an export of `checkpoint` records of it: its path and its fingerprint."""
+    return str(checkpoint), checkpoint_fingerprint(read_marker(checkpoint))
+
+
+def _exported_from(folder: Path) -> tuple[str, str] | None:
+    """The checkpoint (path, fingerprint) an existing export was made from, or None."""
     try:
-        return json.loads((folder / PROVENANCE_FILE).read_text()).get("checkpoint")
+        info = json.loads((folder / PROVENANCE_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    return info.get("checkpoint"), info.get("checkpoint_fingerprint")

@@ -35,8 +35,8 @@ def mark_complete(seed: SeedLayout, record: dict) -> None:
 def finished_seed(seed: SeedLayout, expected: dict) -> dict | None:
     """The completion record of a finished seed, None if it has to be (re)done.
 
-    A seed whose record says it was trained differently (another task, model or from-scratch
-    setting) is an error rather than a skip or an overwrite: its results would be mixed with
+    A seed whose record says it was trained differently (another task, model content, recipe or
+    from-scratch setting) is an error rather than a skip or an overwrite: its results would be mixed with
     this run's, or lost.
     """
     try:
@@ -45,7 +45,14 @@ def finished_seed(seed: SeedLayout, expected: dict) -> dict | None:
         return None  # never finished (or killed while writing the marker, which is atomic anyway)
     if record.get("seed") != seed.seed or not isinstance(record.get("metrics"), dict) or not seed.model.is_dir():
         return None
-    differs = {k: (record.get(k), v) for k, v in expected.items() if record.get(k) != v}
+    differs = {}
+    for key, now in expected.items():
+        there = record.get(key)
+        if isinstance(now, dict) and isinstance(there, dict):  # name the settings that differ, not the whole set
+            differs.update({f"{key} {k}": (there.get(k), now.get(k)) for k in sorted(set(there) | set(now))
+                            if there.get(k) != now.get(k)})
+        elif there != now:
+            differs[key] = (there, now)
     if differs:
         what = ", ".join(f"{k} {a!r} there, {b!r} now" for k, (a, b) in differs.items())
         raise PipelineError(f"{seed.root} holds a finished seed trained differently ({what}); choose another "

@@ -8,6 +8,7 @@ and metrics, and writes the prediction files.
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import torch
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
+from pipeline.common.fingerprints import model_fingerprint
 from pipeline.common.lost_rank import RankWatchdog, is_lost_peer, lost_rank_error, lost_rank_message
 from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.run_layout import SeedLayout
@@ -34,6 +36,10 @@ from pipeline.pretrain.model import parameter_groups
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.model_store import record_in_model_store, task_datasets
 from pipeline.tracking.sinks import open_metrics
+
+# Settings that change where or how fast a run reports, not what it trains: a rerun may differ in them
+# and still skip finished seeds. (`train.seed` is the default seed; each seed's own is in its record.)
+RESULT_NEUTRAL_SETTINGS = ("train.output_dir", "train.eval_batch_size", "train.collective_timeout_s", "train.seed")
 
 
 def load_task(config: FinetuneConfig) -> TaskData:
@@ -264,8 +270,14 @@ class FineTuner:
             self.watchdog.close()
 
     def completion_key(self) -> dict:
-        """What a finished seed must match to be skipped by a rerun."""
-        return {"task": self.data.spec.name, "from_scratch": self.from_scratch, "model": self.source.path}
+        """What a finished seed must match to be skipped by a rerun: the task, the model's content (its
+        config and tokenizer alone from scratch) and every setting that changes what is trained."""
+        recipe = flatten(to_dict(self.config))
+        for key in [k for k in recipe if k.startswith("tracking.")] + list(RESULT_NEUTRAL_SETTINGS):
+            recipe.pop(key, None)
+        return {"task": self.data.spec.name, "from_scratch": self.from_scratch, "model": self.source.path,
+                "model_fingerprint": model_fingerprint(self.source.path, weights=not self.from_scratch),
+                "recipe": json.loads(json.dumps(recipe))}  # as the record reads back (tuples as lists)
 
     def run(self) -> SeedResult:
         self.setup()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import FinetuneLayout, PretrainLayout
 from pipeline.finetune.outputs import PROVENANCE_FILE as FINETUNE_INFO_FILE
@@ -92,12 +93,13 @@ def _export_cached(path: Path, cache_dir: Path) -> Path:
     from pipeline.pretrain.export import PROVENANCE_FILE, export_checkpoint
 
     checkpoint = resolve_checkpoint(path).resolve()
+    fingerprint = checkpoint_fingerprint(read_marker(checkpoint))  # a retrained run's same-named step is another
     run = PretrainLayout.of_checkpoint(checkpoint)
     if run and (run.export / PROVENANCE_FILE).is_file():
-        if _read_json(run.export / PROVENANCE_FILE).get("checkpoint") == str(checkpoint):
+        made_from = _read_json(run.export / PROVENANCE_FILE)
+        if (made_from.get("checkpoint"), made_from.get("checkpoint_fingerprint")) == (str(checkpoint), fingerprint):
             return run.export  # the run's own export is of this very checkpoint
-    step = read_marker(checkpoint).get("step")
-    key = hashlib.sha256(f"{checkpoint}:{step}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{checkpoint}:{fingerprint}".encode()).hexdigest()[:16]
     out = cache_dir / "exports" / f"{checkpoint.name}-{key}"
     if not (out / "config.json").is_file():
         export_checkpoint(checkpoint, out, overwrite=True)

@@ -19,6 +19,7 @@ import torch
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.checkpoints import check_intact, read_marker, resolve_checkpoint
 
@@ -31,6 +32,7 @@ def provenance(checkpoint: Path, marker: dict) -> dict:
     tracking = run_folder.tracking if run_folder else None
     run = json.loads(tracking.read_text()) if tracking and tracking.exists() else {}
     return {"checkpoint": str(checkpoint.resolve()), "step": marker.get("step"),
+            "checkpoint_fingerprint": checkpoint_fingerprint(marker),
             "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
 
 

@@ -112,6 +112,45 @@ def test_a_rerun_skips_finished_seeds_and_still_summarizes_them(finetuned, small
         run_finetuning(finetuned["config"], small_task["model"], [1], from_scratch=True)
 
 
+def test_a_rerun_with_another_recipe_is_refused_naming_the_setting(finetuned, small_task):
+    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.trainer import run_finetuning
+
+    out = finetuned["out"]
+    path = out.parent / "other_lr.json"
+    path.write_text(json.dumps({**small_task["config"], "train": {**small_task["config"]["train"],
+                                                                   "output_dir": str(out), "learning_rate": 5e-4}}))
+    before = (out / "seed_1" / "complete.json").read_text()
+    with pytest.raises(PipelineError, match=r"recipe train.learning_rate 0.001 there, 0.0005 now"):
+        run_finetuning(load_finetune_config(path, []), small_task["model"], [1], from_scratch=False)
+    assert (out / "seed_1" / "complete.json").read_text() == before
+
+
+def test_a_model_retrained_in_place_is_not_mistaken_for_the_old_one(small_task, tmp_path):
+    """Same folder, other weights: the pretrained seed is refused, the from-scratch one (which reads only the
+    config and tokenizer) is still skipped."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    from pipeline.finetune.trainer import run_finetuning
+
+    model = tmp_path / "model"
+    shutil.copytree(small_task["model"], model)
+    pretrained = load(small_task, tmp_path, f"train.output_dir={tmp_path / 'ft'}", "train.epochs=1")
+    scratch = load(small_task, tmp_path, f"train.output_dir={tmp_path / 'scratch'}", "train.epochs=1")
+    run_finetuning(pretrained, str(model), [1], from_scratch=False)
+    run_finetuning(scratch, str(model), [1], from_scratch=True)
+    retrained = AutoModelForMaskedLM.from_pretrained(model)
+    with torch.no_grad():
+        retrained.get_input_embeddings().weight.add_(0.1)
+    retrained.save_pretrained(model)
+    with pytest.raises(PipelineError, match="model_fingerprint '[0-9a-f]+' there, '[0-9a-f]+' now"):
+        run_finetuning(pretrained, str(model), [1], from_scratch=False)
+    assert run_finetuning(scratch, str(model), [1], from_scratch=True)["seeds"] == [1]
+
+
 def test_batch_size_is_global_and_split_by_the_batch_plan(small_task, tmp_path):
     from pipeline.common.config_tree import ConfigError
 

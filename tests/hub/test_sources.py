@@ -56,6 +56,33 @@ def test_a_pretraining_output_folder_is_exported_once_into_the_cache(pretrain_ou
     assert enc.fill_mask("the <mask> model", topk=2)[0][1] > 0
 
 
+def test_a_run_retrained_into_the_same_folder_is_exported_anew(pretrain_output, tmp_path):
+    """Same checkpoint path and step, other weights: neither the hub's cached export nor fine-tuning's
+    `source_model` of the old run is reused."""
+    import shutil
+
+    from pipeline.finetune.model_source import resolve_model
+    from pipeline.pretrain.checkpoints import file_checksums
+
+    run = tmp_path / "run"
+    shutil.copytree(pretrain_output["dir"], run)
+    before = Encoder.from_pretrained(run, cache_dir=tmp_path / "cache")
+    finetune_source = resolve_model(str(run), tmp_path / "source_model", is_main=True, barrier=lambda: None)
+    old_weights = (tmp_path / "source_model" / "model.safetensors").read_bytes()
+    checkpoint = run / "checkpoints" / "step_00000004"
+    states = torch.load(checkpoint / "mp_rank_00_model_states.pt", weights_only=True)
+    torch.save({"module": {k: v + 0.5 if v.is_floating_point() else v for k, v in states["module"].items()}},
+               checkpoint / "mp_rank_00_model_states.pt")  # the retrained run's step 4
+    marker = json.loads((checkpoint / "complete.json").read_text())
+    (checkpoint / "complete.json").write_text(json.dumps({**marker, "files": file_checksums(checkpoint)}))
+    after = Encoder.from_pretrained(run, cache_dir=tmp_path / "cache")
+    assert resolve_model(str(run), tmp_path / "source_model", is_main=True, barrier=lambda: None) == finetune_source
+    assert (tmp_path / "source_model" / "model.safetensors").read_bytes() != old_weights  # fine-tuning's too
+    assert after.source.path != before.source.path
+    tokens = before.encode("the river model")
+    assert not torch.allclose(after.extract_features(tokens), before.extract_features(tokens))
+
+
 def test_an_incomplete_checkpoint_is_refused(tmp_path):
     (tmp_path / "checkpoints" / "step_00000002").mkdir(parents=True)
     with pytest.raises(PipelineError, match="no complete checkpoint"):

@@ -1,0 +1,41 @@
+"""What identifies a model's content, so that reuse (of an export, of a finished fine-tuning seed) is
+decided by what a folder holds rather than by its name.
+
+A run retrained into the same output folder reaches the same checkpoint path and step with other
+weights; a path alone would then hand back the old export, or skip seeds trained on the old model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pipeline.common.atomic_files import sha256_file
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack")
+PROVENANCE_PREFIX = "pipeline_"  # our own provenance files say where a folder came from, not what it holds
+
+
+def checkpoint_fingerprint(marker: dict) -> str:
+    """A checkpoint's identity from its completion marker: the sha256 of every file, its step and config."""
+    what = {"files": marker.get("files"), "step": marker.get("step"), "config": marker.get("config")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model: str, *, weights: bool = True) -> str | None:
+    """A digest of an HF model folder's files (None for a hub name, which names a fixed revision).
+
+    With `weights=False` only the config and tokenizer count: what a from-scratch run builds from.
+    """
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.name.startswith(PROVENANCE_PREFIX):
+            continue
+        if not weights and path.name.endswith(WEIGHT_SUFFIXES):
+            continue
+        digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()[:16]
