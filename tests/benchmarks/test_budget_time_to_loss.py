@@ -29,6 +29,11 @@ def curve(*losses: float, minutes_per_eval: float = 1.0) -> list[EvalPoint]:
     return [EvalPoint(10 * i, 60 * minutes_per_eval * i, loss) for i, loss in enumerate(losses)]
 
 
+def test_all_three_recipes_write_the_main_record_and_a_subset_its_own_variant():
+    assert bench.record_name(["hf-run_mlm", "budget", "hf-same"]) == "budget_time_to_loss"
+    assert bench.record_name(["hf-run_mlm", "budget"]) == "budget_time_to_loss.hf-run_mlm-vs-budget"
+
+
 def test_the_targets_are_the_unigram_entropy_less_each_margin():
     assert bench.margin_targets(7.0, [1.0, 1.5]) == {"1.0": 6.0, "1.5": 5.5}
     with pytest.raises(ValueError, match="positive"):
