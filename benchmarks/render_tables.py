@@ -179,6 +179,8 @@ def render_page(text: str, results: dict[str, dict[str, Any]]) -> str:
         if name not in results:
             raise PipelineError(f"docs/benchmarks.md has a region for benchmarks/results/{name}.json, which does "
                                 f"not exist: run the benchmark, or remove the region")
+        if name in placed:  # e.g. appended under "Other results", then placed in a section as well
+            raise PipelineError(f"docs/benchmarks.md has two regions for benchmarks/results/{name}.json: keep one")
         placed.add(name)
         return region(name, render_result(results[name]))
 

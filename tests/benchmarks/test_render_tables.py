@@ -130,6 +130,14 @@ def test_a_region_without_its_result_is_an_error_naming_the_file(tmp_path):
         render_tables.render_page(page_with_region("gone"), {})
 
 
+def test_a_result_rendered_in_two_places_is_an_error(tmp_path):
+    results = tmp_path / "results"
+    synthetic_result(results, "twice")
+    with pytest.raises(render_tables.PipelineError, match=r"two regions for benchmarks/results/twice\.json"):
+        render_tables.render_page(page_with_region("twice") + page_with_region("twice"),
+                                  render_tables.load_results(results))
+
+
 def test_the_committed_page_matches_the_committed_results():
     assert render_tables.main(["--check"]) == 0, "run: python benchmarks/render_tables.py"
 
