@@ -35,16 +35,25 @@ def is_pretraining_output(path: Path) -> bool:
     return path.is_dir() and ((path / COMPLETE_MARKER).exists() or PretrainLayout(path).checkpoints.is_dir())
 
 
-def resolve_model(model: str, export_to: Path, *, is_main: bool, barrier: Callable[[], None]) -> ModelSource:
+def resolve_model(model: str, export_to: Path, *, is_main: bool, barrier: Callable[[], None],
+                  keep_export: bool = False) -> ModelSource:
     """`model` as an HF folder or hub name; a checkpoint is exported to `export_to` by the main process.
 
     Every process must call this (it holds a barrier). A folder already exported from the same
     checkpoint (same path and same files: a run retrained into the same folder is another one) is reused.
+    With `keep_export` (finished seeds were fine-tuned from its weights) an export of another
+    checkpoint is refused, on every process, rather than replaced.
     """
     path = Path(local_or_hub(model, "--model"))
     if is_pretraining_output(path):
         checkpoint = resolve_checkpoint(path).resolve()
-        if is_main and _exported_from(export_to) != exported_identity(checkpoint):
+        made_from, identity = _exported_from(export_to), exported_identity(checkpoint)
+        if keep_export and made_from is not None and made_from != identity:
+            raise PipelineError(f"{export_to} is the export of {made_from[0]} (fingerprint {made_from[1]}) that "
+                                f"the finished seeds beside it were fine-tuned from; --model {model} now holds "
+                                f"another checkpoint (fingerprint {identity[1]}). Choose another "
+                                "train.output_dir, or delete the folder to redo it")
+        if is_main and made_from != identity:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidating weights needs no GPU
             from pipeline.pretrain.export import export_checkpoint
 

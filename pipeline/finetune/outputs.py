@@ -32,6 +32,17 @@ def mark_complete(seed: SeedLayout, record: dict) -> None:
     write_json_atomic(seed.complete, {"seed": seed.seed, **record})
 
 
+def holds_pretrained_seeds(root: Path) -> bool:
+    """Whether a fine-tuning output folder holds a finished seed trained from its model's weights (not from scratch)."""
+    for marker in root.glob("seed_*/complete.json"):
+        try:
+            if json.loads(marker.read_text()).get("from_scratch") is False:
+                return True
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue  # unreadable: not finished (see finished_seed)
+    return False
+
+
 def finished_seed(seed: SeedLayout, expected: dict) -> dict | None:
     """The completion record of a finished seed, None if it has to be (re)done.
 

@@ -151,6 +151,18 @@ def test_a_model_retrained_in_place_is_not_mistaken_for_the_old_one(small_task, 
     assert run_finetuning(scratch, str(model), [1], from_scratch=True)["seeds"] == [1]
 
 
+def test_only_a_seed_finished_from_the_models_weights_pins_its_export(tmp_path):
+    from pipeline.finetune.outputs import holds_pretrained_seeds
+
+    for seed, record in (("seed_1", '{"from_scratch": true}'), ("seed_2", "{damaged")):
+        (tmp_path / seed).mkdir()
+        (tmp_path / seed / "complete.json").write_text(record)
+    assert not holds_pretrained_seeds(tmp_path)
+    (tmp_path / "seed_3").mkdir()
+    (tmp_path / "seed_3" / "complete.json").write_text('{"from_scratch": false}')
+    assert holds_pretrained_seeds(tmp_path)
+
+
 def test_batch_size_is_global_and_split_by_the_batch_plan(small_task, tmp_path):
     from pipeline.common.config_tree import ConfigError
 

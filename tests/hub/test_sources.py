@@ -58,7 +58,7 @@ def test_a_pretraining_output_folder_is_exported_once_into_the_cache(pretrain_ou
 
 def test_a_run_retrained_into_the_same_folder_is_exported_anew(pretrain_output, tmp_path):
     """Same checkpoint path and step, other weights: neither the hub's cached export nor fine-tuning's
-    `source_model` of the old run is reused."""
+    `source_model` of the old run is reused, and the latter is not replaced while seeds fine-tuned from it remain."""
     import shutil
 
     from pipeline.finetune.model_source import resolve_model
@@ -76,6 +76,9 @@ def test_a_run_retrained_into_the_same_folder_is_exported_anew(pretrain_output, 
     marker = json.loads((checkpoint / "complete.json").read_text())
     (checkpoint / "complete.json").write_text(json.dumps({**marker, "files": file_checksums(checkpoint)}))
     after = Encoder.from_pretrained(run, cache_dir=tmp_path / "cache")
+    with pytest.raises(PipelineError, match="the finished seeds beside it were fine-tuned from"):
+        resolve_model(str(run), tmp_path / "source_model", is_main=True, barrier=lambda: None, keep_export=True)
+    assert (tmp_path / "source_model" / "model.safetensors").read_bytes() == old_weights  # kept, not replaced
     assert resolve_model(str(run), tmp_path / "source_model", is_main=True, barrier=lambda: None) == finetune_source
     assert (tmp_path / "source_model" / "model.safetensors").read_bytes() != old_weights  # fine-tuning's too
     assert after.source.path != before.source.path
