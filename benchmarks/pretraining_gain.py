@@ -139,10 +139,10 @@ def measure(a: argparse.Namespace, corpus: Path, glue: Path, rec: BenchmarkRecor
         for name in [k for k in pre if f"{k}_mean" in pre]:
             rows.append({"task": task, "metric": name, "pretrained (median)": f"{pre[name]:.4f}",
                          "from scratch (median)": f"{scr[name]:.4f}",
-                         "gain": f"{100 * (pre[name] - scr[name]):+.1f} points",
+                         "gain": f"{100 * (pre[name] - scr[name]):+.2f} points",
                          "pretrained mean ± sd": f"{pre[name + '_mean']:.4f} ± {pre[name + '_std']:.4f}",
                          "scratch mean ± sd": f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f}"})
-            print(f"| {task} | {name} | {pre[name]:.4f} | {scr[name]:.4f} | **{100 * (pre[name] - scr[name]):+.1f} "
+            print(f"| {task} | {name} | {pre[name]:.4f} | {scr[name]:.4f} | **{100 * (pre[name] - scr[name]):+.2f} "
                   f"points** | {pre[name + '_mean']:.4f} ± {pre[name + '_std']:.4f} | "
                   f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f} |")
     print(f"\ntotal {(time.monotonic() - started) / 60:.1f} min; python launchers/compare.py --uri {uri}")
