@@ -47,7 +47,7 @@ def resolve_model(model: str, export_to: Path, *, is_main: bool, barrier: Callab
     path = Path(local_or_hub(model, "--model"))
     if is_pretraining_output(path):
         checkpoint = resolve_checkpoint(path).resolve()
-        made_from, identity = _exported_from(export_to), exported_identity(checkpoint)
+        made_from, identity = exported_from(export_to), exported_identity(checkpoint)
         if keep_export and made_from is not None and made_from != identity:
             raise PipelineError(f"{export_to} is the export of {made_from[0]} (fingerprint {made_from[1]}) that "
                                 f"the finished seeds beside it were fine-tuned from; --model {model} now holds "
@@ -76,7 +76,7 @@ def exported_identity(checkpoint: Path) -> tuple[str, str]:
     return str(checkpoint), checkpoint_fingerprint(read_marker(checkpoint))
 
 
-def _exported_from(folder: Path) -> tuple[str, str] | None:
+def exported_from(folder: Path) -> tuple[str, str] | None:
     """The checkpoint (path, fingerprint) an existing export was made from, or None."""
     try:
         info = json.loads((folder / PROVENANCE_FILE).read_text())

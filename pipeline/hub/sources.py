@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import FinetuneLayout, PretrainLayout
 from pipeline.finetune.outputs import PROVENANCE_FILE as FINETUNE_INFO_FILE
@@ -89,17 +88,16 @@ def _finetuned_folder(folder: Path) -> ModelSource:
 
 def _export_cached(path: Path, cache_dir: Path) -> Path:
     """Export the newest complete checkpoint under `path` once; later loads reuse the folder."""
-    from pipeline.pretrain.checkpoints import read_marker, resolve_checkpoint
-    from pipeline.pretrain.export import PROVENANCE_FILE, export_checkpoint
+    from pipeline.finetune.model_source import exported_from, exported_identity
+    from pipeline.pretrain.checkpoints import resolve_checkpoint
+    from pipeline.pretrain.export import export_checkpoint
 
     checkpoint = resolve_checkpoint(path).resolve()
-    fingerprint = checkpoint_fingerprint(read_marker(checkpoint))  # a retrained run's same-named step is another
+    identity = exported_identity(checkpoint)  # path and fingerprint: a retrained run's same-named step is another
     run = PretrainLayout.of_checkpoint(checkpoint)
-    if run and (run.export / PROVENANCE_FILE).is_file():
-        made_from = _read_json(run.export / PROVENANCE_FILE)
-        if (made_from.get("checkpoint"), made_from.get("checkpoint_fingerprint")) == (str(checkpoint), fingerprint):
-            return run.export  # the run's own export is of this very checkpoint
-    key = hashlib.sha256(f"{checkpoint}:{fingerprint}".encode()).hexdigest()[:16]
+    if run and exported_from(run.export) == identity:
+        return run.export  # the run's own export is of this very checkpoint
+    key = hashlib.sha256(":".join(identity).encode()).hexdigest()[:16]
     out = cache_dir / "exports" / f"{checkpoint.name}-{key}"
     if not (out / "config.json").is_file():
         export_checkpoint(checkpoint, out, overwrite=True)
