@@ -18,6 +18,11 @@ random weights) and for each `--extra-model NAME=DIR` (e.g. the budget recipe's 
 `--tasks rte` runs a part (its own record, released_encoder_finetune.rte); `--no-parity` skips the
 pipeline-vs-HF rows, e.g. to add an `--extra-model` row later. `--max-eval` caps the dev sets, for a
 smoke run only.
+
+Each finished seed keeps its result (`result.json` beside its outputs) with what made it: the model's
+content, task, seed, scratch or not, recipe and data caps. A rerun into the same --out reuses the
+seeds made the same way (so a stopped run, or more seeds, costs only what is missing) and refuses a
+folder made otherwise, naming what differs.
 """
 
 from __future__ import annotations
@@ -29,11 +34,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from result_record import BenchmarkRecord
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
+from pipeline.common.fingerprints import model_fingerprint  # noqa: E402
+
 SHARED = Path(os.environ.get("PIPELINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 """../shared/data (README: real data for benchmarks); PIPELINE_SHARED_DATA points elsewhere."""
 TASKS = {"sst2": ("SST-2", 1.0), "rte": ("RTE", 2.0)}  # GLUE folder, target gap in points
@@ -47,6 +58,37 @@ def capped_glue(glue: Path, out: Path, max_train: dict[str, int | None], max_eva
             lines = (glue / folder / f"{split}.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
             (out / folder / f"{split}.tsv").write_text("".join(lines[: 1 + cap] if cap else lines), encoding="utf-8")
     return out
+
+
+def seed_identity(side: str, model: str, task: str, seed: int, recipe: dict, caps: dict, scratch: bool) -> dict:
+    """What decides a seed's result: the model's content (for from-scratch, its config and tokenizer only), the
+    task, seed, recipe and data caps. A path alone is not enough: the same folder may hold other weights later."""
+    settings = {f"recipe.{key}": list(value) if isinstance(value, tuple) else value  # lists, as JSON reads them back
+                for key, value in recipe.items()}
+    return {"side": side, "model": model_name(model),
+            "model_fingerprint": model_fingerprint(model, weights=not scratch), "task": task,
+            "seed": seed, "scratch": scratch, **settings, **{f"caps.{k}": v for k, v in caps.items()}}
+
+
+def reuse_or_run(result_file: Path, identity: dict, run: Callable[[], dict]) -> dict:
+    """A finished seed's result when `result_file` holds one made the same way; else run it and keep its result.
+
+    A result made otherwise is refused, naming what differs, rather than overwritten: it may be the only copy.
+    """
+    if result_file.exists():
+        saved = json.loads(result_file.read_text())
+        before = saved["identity"]
+        differs = [f"{key} {before.get(key)!r} there, {identity.get(key)!r} now"
+                   for key in sorted(identity.keys() | before.keys()) if identity.get(key) != before.get(key)]
+        if differs:
+            raise SystemExit(f"{result_file}: made otherwise ({'; '.join(differs)}); "
+                             "move it aside or pass another --out")
+        print(f"reusing {result_file} (same model, task, seed and recipe)", flush=True)
+        return saved["result"]
+    result = run()
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(result_file, {"identity": identity, "result": result})
+    return result
 
 
 def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out: Path, scratch: bool) -> dict:
@@ -185,7 +227,6 @@ def main() -> None:
     extras = dict(item.split("=", 1) for item in a.extra_model)
     if a.no_parity and a.no_scratch and not extras:
         p.error("--no-parity with --no-scratch and no --extra-model leaves nothing to run")
-    sys.path.insert(0, str(ROOT))
     from pipeline.common.reference_model import reference_encoder_folder
 
     model = a.model or str(reference_encoder_folder())
@@ -196,20 +237,31 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
     with BenchmarkRecord(record_name(tasks, a.no_parity), argv=sys.argv) as rec:
         glue = capped_glue(a.glue, out / "glue", {"sst2": a.max_train, "rte": a.max_train_rte}, a.max_eval)
+        caps = {task: {"max_train": {"sst2": a.max_train, "rte": a.max_train_rte}[task], "max_eval": a.max_eval}
+                for task in TASKS}
         rows, headlines = [], []
         for task, (_, target) in TASKS.items():
             if task not in tasks:
                 continue
             runs: dict[str, list[dict]] = {}
             if not a.no_parity:  # each seed's pipeline and HF runs back to back, under the same load
-                pairs = [(pipeline_run(model, task, glue, seed, recipe, out / task / "pipeline", False),
-                          hf_run(model, task, glue, seed, recipe, out / task)) for seed in seeds[task]]
+                pairs = [(reuse_or_run(out / task / "pipeline" / f"seed-{seed}" / "result.json",
+                                       seed_identity("pipeline", model, task, seed, recipe, caps[task], False),
+                                       partial(pipeline_run, model, task, glue, seed, recipe, out / task / "pipeline",
+                                               False)),
+                          reuse_or_run(out / task / f"hf-seed-{seed}" / "result.json",
+                                       seed_identity("hf", model, task, seed, recipe, caps[task], False),
+                                       partial(hf_run, model, task, glue, seed, recipe, out / task)))
+                         for seed in seeds[task]]
                 runs["pipeline"], runs["hf"] = [p for p, _ in pairs], [h for _, h in pairs]
             others = {**({} if a.no_scratch else {"from scratch": (model, True)}),
                       **{name: (folder, False) for name, folder in extras.items()}}
             for name, (source, scratch) in others.items():
-                runs[name] = [pipeline_run(source, task, glue, seed, recipe, out / task / name.replace(" ", "-"),
-                                           scratch) for seed in seeds[task]]
+                folder = out / task / name.replace(" ", "-")
+                runs[name] = [reuse_or_run(folder / f"seed-{seed}" / "result.json",
+                                           seed_identity("pipeline", source, task, seed, recipe, caps[task], scratch),
+                                           partial(pipeline_run, source, task, glue, seed, recipe, folder, scratch))
+                              for seed in seeds[task]]
             parity = [] if a.no_parity else [("pipeline", "pipeline (launchers/finetune.py)"),
                                              ("hf", "HF Trainer (run_glue)")]
             for name, label in [*parity, *[(n, f"pipeline, {n}") for n in others]]:
