@@ -43,7 +43,7 @@ from result_record import BenchmarkRecord
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
-from pipeline.common.fingerprints import model_fingerprint  # noqa: E402
+from pipeline.common.fingerprints import describe_differences, model_fingerprint  # noqa: E402
 
 SHARED = Path(os.environ.get("PIPELINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 """../shared/data (README: real data for benchmarks); PIPELINE_SHARED_DATA points elsewhere."""
@@ -77,9 +77,7 @@ def reuse_or_run(result_file: Path, identity: dict, run: Callable[[], dict]) -> 
     """
     if result_file.exists():
         saved = json.loads(result_file.read_text())
-        before = saved["identity"]
-        differs = [f"{key} {before.get(key)!r} there, {identity.get(key)!r} now"
-                   for key in sorted(identity.keys() | before.keys()) if identity.get(key) != before.get(key)]
+        differs = describe_differences(saved["identity"], identity)
         if differs:
             raise SystemExit(f"{result_file}: made otherwise ({'; '.join(differs)}); "
                              "move it aside or pass another --out")
@@ -236,9 +234,9 @@ def main() -> None:
     out = a.out.resolve()
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
     with BenchmarkRecord(record_name(tasks, a.no_parity), argv=sys.argv) as rec:
-        glue = capped_glue(a.glue, out / "glue", {"sst2": a.max_train, "rte": a.max_train_rte}, a.max_eval)
-        caps = {task: {"max_train": {"sst2": a.max_train, "rte": a.max_train_rte}[task], "max_eval": a.max_eval}
-                for task in TASKS}
+        max_train = {"sst2": a.max_train, "rte": a.max_train_rte}
+        glue = capped_glue(a.glue, out / "glue", max_train, a.max_eval)
+        caps = {task: {"max_train": max_train[task], "max_eval": a.max_eval} for task in TASKS}
         rows, headlines = [], []
         for task, (_, target) in TASKS.items():
             if task not in tasks:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from pipeline.common.atomic_files import sha256_file
@@ -39,3 +40,16 @@ def model_fingerprint(model: str, *, weights: bool = True) -> str | None:
             continue
         digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def describe_differences(there: dict, now: dict, keys: Iterable[str] | None = None) -> list[str]:
+    """`key A there, B now` for each key (`keys`, else every key of either) whose value differs, so that a
+    refused reuse names what changed; inside nested dicts, each differing setting by both keys (`recipe lr ...`)."""
+    found = []
+    for key in sorted(there.keys() | now.keys()) if keys is None else keys:
+        before, after = there.get(key), now.get(key)
+        if isinstance(before, dict) and isinstance(after, dict):
+            found += [f"{key} {inner}" for inner in describe_differences(before, after)]
+        elif before != after:
+            found.append(f"{key} {before!r} there, {after!r} now")
+    return found

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.fingerprints import describe_differences
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE as PROVENANCE_FILE
 from pipeline.common.run_layout import FinetuneLayout, SeedLayout
 
@@ -56,18 +57,10 @@ def finished_seed(seed: SeedLayout, expected: dict) -> dict | None:
         return None  # never finished (or killed while writing the marker, which is atomic anyway)
     if record.get("seed") != seed.seed or not isinstance(record.get("metrics"), dict) or not seed.model.is_dir():
         return None
-    differs = {}
-    for key, now in expected.items():
-        there = record.get(key)
-        if isinstance(now, dict) and isinstance(there, dict):  # name the settings that differ, not the whole set
-            differs.update({f"{key} {k}": (there.get(k), now.get(k)) for k in sorted(set(there) | set(now))
-                            if there.get(k) != now.get(k)})
-        elif there != now:
-            differs[key] = (there, now)
+    differs = describe_differences(record, expected, keys=expected)  # the record's own keys (metrics, …) aside
     if differs:
-        what = ", ".join(f"{k} {a!r} there, {b!r} now" for k, (a, b) in differs.items())
-        raise PipelineError(f"{seed.root} holds a finished seed trained differently ({what}); choose another "
-                            "train.output_dir, or delete the folder to redo it")
+        raise PipelineError(f"{seed.root} holds a finished seed trained differently ({', '.join(differs)}); "
+                            "choose another train.output_dir, or delete the folder to redo it")
     return record
 
 
