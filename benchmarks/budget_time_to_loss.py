@@ -351,11 +351,15 @@ def summarise(runs: list[dict], entropy: float, margins: list[float],
     return summary, "\n".join(lines), rows
 
 
-def record_name(recipes: list[str]) -> str:
-    """All three recipes are budget_time_to_loss; a subset is its own variant, so it cannot overwrite that record."""
-    if sorted(recipes) == sorted(DEFAULT_RECIPES):
-        return "budget_time_to_loss"
-    return "budget_time_to_loss." + "-vs-".join(recipes)
+def record_name(recipes: list[str], budget_config: str = BUDGET_CONFIG) -> str:
+    """All three recipes on the default budget config are budget_time_to_loss; a subset of them, or another
+    budget config, is its own variant, so it cannot overwrite that record."""
+    name = "budget_time_to_loss"
+    if sorted(recipes) != sorted(DEFAULT_RECIPES):
+        name += "." + "-vs-".join(recipes)
+    if (ROOT / budget_config).resolve() != (ROOT / BUDGET_CONFIG).resolve():
+        name += "." + Path(budget_config).stem
+    return name
 
 
 def main() -> None:
@@ -395,7 +399,7 @@ def main() -> None:
     if unknown or bad_sets or any(m <= 0 for m in margins):
         raise SystemExit(f"unknown recipes {unknown}, --set without a pipeline recipe prefix {bad_sets}, or a "
                          f"margin ≤ 0 in {margins}")
-    with BenchmarkRecord(record_name(recipes), argv=sys.argv) as rec:
+    with BenchmarkRecord(record_name(recipes, a.budget_config), argv=sys.argv) as rec:
         measure(a, recipes, seeds, baseline_seeds, margins, rec)
 
 

@@ -29,9 +29,13 @@ def curve(*losses: float, minutes_per_eval: float = 1.0) -> list[EvalPoint]:
     return [EvalPoint(10 * i, 60 * minutes_per_eval * i, loss) for i, loss in enumerate(losses)]
 
 
-def test_all_three_recipes_write_the_main_record_and_a_subset_its_own_variant():
+def test_all_three_recipes_write_the_main_record_and_a_subset_or_another_budget_config_its_own_variant():
     assert bench.record_name(["hf-run_mlm", "budget", "hf-same"]) == "budget_time_to_loss"
     assert bench.record_name(["hf-run_mlm", "budget"]) == "budget_time_to_loss.hf-run_mlm-vs-budget"
+    assert bench.record_name(["budget"], "configs/budget-modernbert-wide.json") == \
+        "budget_time_to_loss.budget.budget-modernbert-wide"
+    assert bench.record_name(["hf-run_mlm", "budget", "hf-same"], "configs/budget-tiny.json") == \
+        "budget_time_to_loss.budget-tiny"
 
 
 def test_the_targets_are_the_unigram_entropy_less_each_margin():
