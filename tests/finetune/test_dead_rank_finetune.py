@@ -23,9 +23,15 @@ from pipeline.common.topology import free_port
 pytestmark = pytest.mark.slow  # two accelerate launches of 2 processes
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-ACCELERATE = [str(Path(PYTHON).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 TIMEOUT_S = 20  # train.collective_timeout_s for this run; the default is 300
+# The launcher's agent polls its children every 0.1 s by default and SIGTERMs the survivor as soon as it sees
+# the dead one, which sometimes beats the survivor's own report (a race lost once in CI-like runs). Polling
+# every 30 s gives the survivor time to name the fault, as it must when the dead rank is on another node,
+# whose agent this one cannot see; the job still ends within TIMEOUT_S + 30.
+MONITOR_INTERVAL_S = 30
+ACCELERATE = [str(Path(PYTHON).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--monitor_interval", str(MONITOR_INTERVAL_S)]
 
 
 def keyword_rows(n: int, seed: int) -> list[dict]:
