@@ -26,7 +26,7 @@ from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.families import task_family
-from pipeline.finetune.model_source import ModelSource, resolve_model
+from pipeline.finetune.model_source import ModelSource, resolve_model_source
 from pipeline.finetune.outputs import (
     finished_seed,
     holds_pretrained_seeds,
@@ -322,8 +322,9 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
         raise PipelineError(f"the launcher started {plan.world_size} processes (WORLD_SIZE) but accelerate sees "
                             f"{accelerator.num_processes}; check `accelerate config` (on CPU: --multi_gpu with gloo)")
     is_main = accelerator.is_main_process
-    source = resolve_model(model, layout.source_model, is_main=is_main, barrier=accelerator.wait_for_everyone,
-                           keep_export=holds_pretrained_seeds(layout.root))
+    source = resolve_model_source(model, export_to=layout.source_model, is_main=is_main,
+                                  barrier=accelerator.wait_for_everyone,
+                                  keep_export=holds_pretrained_seeds(layout.root), what="--model")
     kind = "scratch" if from_scratch else "pretrained"
     parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{data.spec.name}-{kind}",
                           tags=run_tags("finetune-summary", plan.world_size, task=config.task, seeds=",".join(

@@ -27,9 +27,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.common.errors import PipelineError
+from pipeline.finetune.model_source import ModelSource, resolve_model_source
 from pipeline.hub import span_heads
 from pipeline.hub.heads import ClassificationHead, head_of, label_names, new_head
-from pipeline.hub.sources import ModelSource, resolve_source
 
 # Architectures whose positions start after the padding index (RoBERTa's offset of pad_id + 1).
 _OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm"}
@@ -91,7 +91,7 @@ class Encoder(nn.Module):
 
         from pipeline.data.tokenizer import load_tokenizer
 
-        source = resolve_source(path_or_name, cache_dir)
+        source = resolve_model_source(path_or_name, cache_dir=cache_dir)
         tokenizer = load_tokenizer(source.path)
         config = AutoConfig.from_pretrained(source.path)
         architecture = (config.architectures or [""])[0]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.hub import Encoder, resolve_source
+from pipeline.hub import Encoder, resolve_model_source
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def pretrain_output(tmp_path_factory, bpe_tokenizer_dir):
 
 def test_a_pretraining_output_folder_is_exported_once_into_the_cache(pretrain_output, tmp_path):
     enc = Encoder.from_pretrained(pretrain_output["dir"], cache_dir=tmp_path)
-    exported = resolve_source(pretrain_output["dir"], tmp_path).path
+    exported = resolve_model_source(pretrain_output["dir"], cache_dir=tmp_path).path
     assert exported.startswith(str(tmp_path)) and enc.source.path == exported
     tokens = enc.encode("the river model", "a corpus")
     with torch.no_grad():
@@ -61,13 +61,13 @@ def test_a_run_retrained_into_the_same_folder_is_exported_anew(pretrain_output, 
     `source_model` of the old run is reused, and the latter is not replaced while seeds fine-tuned from it remain."""
     import shutil
 
-    from pipeline.finetune.model_source import resolve_model
+    from pipeline.finetune.model_source import resolve_model_source
     from pipeline.pretrain.checkpoints import file_checksums
 
     run = tmp_path / "run"
     shutil.copytree(pretrain_output["dir"], run)
     before = Encoder.from_pretrained(run, cache_dir=tmp_path / "cache")
-    finetune_source = resolve_model(str(run), tmp_path / "source_model", is_main=True, barrier=lambda: None)
+    finetune_source = resolve_model_source(str(run), export_to=tmp_path / "source_model")
     old_weights = (tmp_path / "source_model" / "model.safetensors").read_bytes()
     checkpoint = run / "checkpoints" / "step_00000004"
     states = torch.load(checkpoint / "mp_rank_00_model_states.pt", weights_only=True)
@@ -77,9 +77,9 @@ def test_a_run_retrained_into_the_same_folder_is_exported_anew(pretrain_output, 
     (checkpoint / "complete.json").write_text(json.dumps({**marker, "files": file_checksums(checkpoint)}))
     after = Encoder.from_pretrained(run, cache_dir=tmp_path / "cache")
     with pytest.raises(PipelineError, match="the finished seeds beside it were fine-tuned from"):
-        resolve_model(str(run), tmp_path / "source_model", is_main=True, barrier=lambda: None, keep_export=True)
+        resolve_model_source(str(run), export_to=tmp_path / "source_model", keep_export=True)
     assert (tmp_path / "source_model" / "model.safetensors").read_bytes() == old_weights  # kept, not replaced
-    assert resolve_model(str(run), tmp_path / "source_model", is_main=True, barrier=lambda: None) == finetune_source
+    assert resolve_model_source(str(run), export_to=tmp_path / "source_model") == finetune_source
     assert (tmp_path / "source_model" / "model.safetensors").read_bytes() != old_weights  # fine-tuning's too
     assert after.source.path != before.source.path
     tokens = before.encode("the river model")
@@ -99,6 +99,6 @@ def test_a_hub_name_that_cannot_be_fetched_is_a_clear_error(monkeypatch, tmp_pat
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    assert resolve_source("FacebookAI/roberta-base").path == "FacebookAI/roberta-base"
+    assert resolve_model_source("FacebookAI/roberta-base").path == "FacebookAI/roberta-base"
     with pytest.raises(PipelineError, match="roberta-base"):
         Encoder.from_pretrained("FacebookAI/roberta-base")
