@@ -61,8 +61,8 @@ def main(argv=None) -> None:
     from pipeline.common.console import quiet_frameworks
     from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
 
-    slow_bf16 = bf16_cpu_warning(config.train.mixed_precision == "bf16", topology.cuda,
-                                 topology.cuda or native_bf16(), "--set train.mixed_precision=no")
+    slow_bf16 = bf16_cpu_warning(config.train.precision == "bf16", topology.cuda,
+                                 topology.cuda or native_bf16(), "--set train.precision=fp32")
     if slow_bf16 and topology.rank == 0:
         print(slow_bf16, file=sys.stderr)
 

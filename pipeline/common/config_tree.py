@@ -74,6 +74,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def build_config(cls: type[T], data: dict[str, Any]) -> tuple[T, list[str]]:
     """Build dataclass `cls` from `data`, with every unknown key and wrong type listed as a problem.
 
+    A section may name the keys of an older spelling in a `RENAMED_KEYS` class variable
+    (`{old key: what to write now}`); such a key is refused with that advice.
+
     A value of the wrong type is replaced by its default, so that the caller's cross-field checks
     can still run and all problems reach the user together.
     """
@@ -89,8 +92,11 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
         return cls()
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    renamed = getattr(cls, "RENAMED_KEYS", {})
     for key in data:
-        if key not in names:
+        if key in renamed:
+            problems.append(f"{prefix}{key}: this spelling is no longer read; {renamed[key]}")
+        elif key not in names:
             problems.append(f"{prefix}{key}: unknown key (known in {where}: {', '.join(sorted(names))})")
     values = {}
     for name in names & data.keys():

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pipeline.common import size_limits as lim
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
+from pipeline.common.precision import Precision
 from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import FinetuneLayout
 from pipeline.finetune.tasks import GLUE_TASKS, task_spec
@@ -53,6 +54,9 @@ class FinetuneDataConfig:
 
 @dataclass
 class FinetuneTrainConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "mixed_precision": 'write train.precision: "fp32" (was "no"), "bf16" or "fp16"'}
+
     output_dir: str = "runs/finetune"
     learning_rate: float = 2e-5
     batch_size: int = 32
@@ -68,7 +72,8 @@ class FinetuneTrainConfig:
     """AdamW ε (RoBERTa's GLUE recipe)."""
     max_grad_norm: float = 1.0
     seed: int = 1
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    precision: Precision = "fp32"
+    """Training precision: `fp32`, or `bf16` / `fp16` autocast (fp16 with a gradient scaler, GPU only)."""
     eval_batch_size: int = 64
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a process waits on the others (one collective, or one micro batch after the first) before it

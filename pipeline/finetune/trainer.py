@@ -12,7 +12,6 @@ import json
 import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -73,19 +72,10 @@ def load_task(config: FinetuneConfig) -> TaskData:
 
 
 def build_accelerator(config: FinetuneConfig, plan: BatchPlan):
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
+    from pipeline.finetune.accelerator import build_accelerator as accelerator_for
 
-    cpu = not torch.cuda.is_available()
-    # Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each
-    # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU). The timeout
-    # bounds every collective (accelerate's own default is torch's 30 minutes on gloo).
-    # One process has no group: a backend named there would make accelerate look for one.
-    group = [InitProcessGroupKwargs(backend="gloo" if cpu else "nccl",
-                                    timeout=timedelta(seconds=config.train.collective_timeout_s))]
-    return Accelerator(cpu=cpu, mixed_precision=config.train.mixed_precision,
-                       gradient_accumulation_steps=plan.accumulation,
-                       kwargs_handlers=group if plan.world_size > 1 else [])
+    return accelerator_for(config.train.precision, accumulation=plan.accumulation, world_size=plan.world_size,
+                           collective_timeout_s=config.train.collective_timeout_s)
 
 
 RERUN_HINT = "Rerun the same command: seeds with a complete.json are skipped, the others start again from epoch 1."

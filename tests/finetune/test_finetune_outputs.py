@@ -174,6 +174,18 @@ def test_batch_size_is_global_and_split_by_the_batch_plan(small_task, tmp_path):
     assert "train.batch_size 10 is not divisible by train.micro_batch_size 4 × world size 2" in str(err.value)
 
 
+def test_precision_has_the_pipelines_one_spelling_and_the_old_key_says_the_new_one(small_task, tmp_path):
+    from pipeline.common.config_tree import ConfigError
+
+    assert load(small_task, tmp_path).train.precision == "fp32"
+    assert load(small_task, tmp_path, "train.precision=bf16").train.precision == "bf16"
+    with pytest.raises(ConfigError) as err:
+        load(small_task, tmp_path, "train.mixed_precision=no")
+    assert 'train.mixed_precision: this spelling is no longer read; write train.precision: "fp32"' in str(err.value)
+    with pytest.raises(ConfigError, match="train.precision"):
+        load(small_task, tmp_path, "train.precision=no")
+
+
 def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
     from pipeline.finetune.families import task_family
     from pipeline.finetune.model_source import ModelSource

@@ -74,10 +74,22 @@ def test_fp16_on_gpu_scales_the_loss():
     model = Regressor()
     trainer = AMPTrainer(model, torch.optim.AdamW(model.parameters(), lr=0.05), precision="fp16", device="cuda")
     trainer.train_epoch(batches(10, 16))
-    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() > 1
+    assert trainer.scaler is not None and trainer.scaler.get_scale() > 1
+
+
+def test_fp32_after_bf16_in_one_process_gets_its_own_precision():
+    """accelerate keeps one precision per process; a second Kit trainer with another is not refused."""
+    model = Regressor()
+    AMPTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), precision="bf16", device="cpu")
+    trainer = AMPTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), precision="fp32", device="cpu")
+    assert trainer.accelerator.mixed_precision == "no"
+    with trainer.autocast():
+        assert trainer.model.linear(torch.randn(2, 8)).dtype == torch.float32
 
 
 def test_bad_settings_are_clear_errors():
+    with pytest.raises(PipelineError, match="fp16 needs a GPU"):
+        AMPTrainer(Regressor(), None, precision="fp16", device="cpu")
     with pytest.raises(PipelineError, match="precision must be"):
         AMPTrainer(Regressor(), None, precision="int8")
     with pytest.raises(PipelineError, match="accumulation_steps"):

@@ -1,0 +1,43 @@
+"""The one training engine under fine-tuning and the Kit: an accelerate `Accelerator` for a precision.
+
+`precision` is the pipeline's one spelling (`pipeline.common.precision`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+
+from pipeline.common.precision import Precision, accelerate_precision
+
+
+def build_accelerator(precision: Precision, *, accumulation: int = 1, world_size: int = 1, cpu: bool | None = None,
+                      collective_timeout_s: float | None = None):
+    """An `Accelerator` for this process: gloo on CPU, NCCL on GPUs, one process without a group.
+
+    accelerate keeps one mixed-precision setting per process and refuses a second `Accelerator` with
+    another ("AcceleratorState has already been initialized and cannot be changed"). In one process
+    (a notebook building a bf16 Kit trainer, then an fp32 one) that state is reset first, as
+    accelerate's own tests do between cases; the process group of a multi-process run is never reset.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import InitProcessGroupKwargs
+
+    cpu = not torch.cuda.is_available() if cpu is None else cpu
+    wanted = accelerate_precision(precision)
+    if world_size == 1 and AcceleratorState._shared_state:
+        state = AcceleratorState()
+        if state.mixed_precision != wanted or (state.device.type == "cpu") != cpu:
+            AcceleratorState._reset_state(reset_partial_state=True)
+    # Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each
+    # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU). The timeout
+    # bounds every collective (accelerate's own default is torch's 30 minutes on gloo).
+    # One process has no group: a backend named there would make accelerate look for one.
+    handlers = []
+    if world_size > 1:
+        timeout = {"timeout": timedelta(seconds=collective_timeout_s)} if collective_timeout_s else {}
+        handlers = [InitProcessGroupKwargs(backend="gloo" if cpu else "nccl", **timeout)]
+    return Accelerator(cpu=cpu, mixed_precision=wanted, gradient_accumulation_steps=accumulation,
+                       kwargs_handlers=handlers)
