@@ -67,7 +67,6 @@ def pretrain_config(model: str, shards: Path, out: Path, steps: int, lr: float) 
                   "eval_every": max(1, steps // 6), "eval_sequences": 256, "log_every": 10},
         "checkpoint": {"every": max(1, steps // 6), "keep_last": 1},
         "tracking": {"enabled": False},
-        "deepspeed": {"zero_optimization": {"stage": 0}, "bf16": {"enabled": False}},
     }
 
 

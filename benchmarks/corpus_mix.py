@@ -104,7 +104,7 @@ def measure(a: argparse.Namespace, imdb: Path, wiki: Path, rec: BenchmarkRecord)
             "--set", f"train.max_steps={a.steps}", "--set", f"train.eval_every={max(1, a.steps // 3)}",
             "--set", "train.log_every=10", "--set", f"checkpoint.every={a.steps}", "--set", "train.export=false",
             "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "--set", "tracking.experiment=corpus-mix",
-            "--set", "deepspeed.zero_optimization.stage=0", env=env)
+            "--set", "train.zero_stage=0", env=env)
         seconds = time.monotonic() - started
         records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         last = {k: v for r in records if r.get("step") == a.steps for k, v in r.items()}

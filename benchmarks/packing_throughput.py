@@ -42,7 +42,6 @@ def train_run(shards: Path, tokenizer: Path, out: Path, steps: int, batch: int, 
         "train": {"output_dir": str(out), "max_steps": steps, "global_batch_size": batch, "micro_batch_size": batch,
                   "eval_sequences": batch, "export": False},
         "checkpoint": {"every": 10**6}, "tracking": {"enabled": False},
-        "deepspeed": {"zero_optimization": {"stage": 0}},
     }
     path = out.with_suffix(".json")
     path.write_text(json.dumps(config))

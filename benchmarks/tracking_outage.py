@@ -94,8 +94,7 @@ def run_arm(work: Path, name: str, shards: Path, tok: Path, a: argparse.Namespac
               "optimizer": {"lr": 2e-3}, "schedule": {"warmup_steps": 2},
               "train": {"output_dir": str(out), "max_steps": a.steps, "global_batch_size": 16, "micro_batch_size": 16,
                         "eval_sequences": 32, "log_every": 1, "export": False},
-              "checkpoint": {"every": 10**6}, "tracking": {"enabled": True, "uri": uri, "experiment": "outage"},
-              "deepspeed": {"zero_optimization": {"stage": 0}}}
+              "checkpoint": {"every": 10**6}, "tracking": {"enabled": True, "uri": uri, "experiment": "outage"}}
     (root / "config.json").write_text(json.dumps(config))
     run = subprocess.Popen([PYTHON, "launchers/pretrain.py", "--config", str(root / "config.json")], cwd=ROOT,
                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,

@@ -131,7 +131,6 @@ def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, skip: int, o
         "train": {"output_dir": str(out), "max_steps": steps, "global_batch_size": batch, "micro_batch_size": batch,
                   "eval_sequences": batch, "export": False, "log_every": 1},
         "checkpoint": {"every": 10**6}, "tracking": {"enabled": False},
-        "deepspeed": {"zero_optimization": {"stage": 0}},
     }
     for section, values in updates.items():
         config[section] = {**config[section], **values}

@@ -5,7 +5,7 @@
     python launchers/pretrain.py --config FILE          (one process)
 
 `--set section.key=value` overrides a config key (the value is read as JSON when it parses, else
-as a string), e.g. `--set train.max_steps=100 --set deepspeed.zero_optimization.stage=3`.
+as a string), e.g. `--set train.max_steps=100 --set train.zero_stage=3`.
 The run resumes by itself from the newest complete checkpoint in train.output_dir; SIGTERM or
 SIGUSR1 makes it finish the step, checkpoint and exit 0.
 """
@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
 
     slow_bf16 = bf16_cpu_warning(config.precision == "bf16", topology.cuda, topology.cuda or native_bf16(),
-                                 "--set deepspeed.bf16.enabled=false")
+                                 "--set train.precision=fp32")
     if slow_bf16 and topology.is_main:
         print(slow_bf16, file=sys.stderr)
     if args.print_config:

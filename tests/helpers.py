@@ -47,10 +47,9 @@ def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sect
         "optimizer": {"lr": 2e-3},
         "schedule": {"warmup_steps": 2},
         "train": {"output_dir": str(output_dir), "max_steps": 8, "global_batch_size": 16, "micro_batch_size": 4,
-                  "eval_sequences": 32, "log_every": 1},
+                  "eval_sequences": 32, "log_every": 1, "zero_stage": 0},
         "checkpoint": {"every": 4, "keep_last": 2},
         "tracking": {"enabled": False},
-        "deepspeed": {"zero_optimization": {"stage": 0}},
     }
     for section, values in sections.items():
         config.setdefault(section, {}).update(values)

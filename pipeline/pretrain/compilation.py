@@ -21,7 +21,7 @@ def compile_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
     if config.zero_stage == 3:
         # ZeRO-3 gathers each parameter in forward hooks; plain torch.compile does not trace those
         # (DeepSpeed's own answer is DeepCompile), and this pipeline has not tested the pairing.
-        problems.append("train.compile with deepspeed.zero_optimization.stage 3: not supported by this pipeline "
+        problems.append("train.compile with train.zero_stage 3: not supported by this pipeline "
                         "(ZeRO-3 gathers parameters in hooks that torch.compile does not trace); use stage 0-2 "
                         "or train.compile=false")
     if cuda:

@@ -3,8 +3,8 @@
 `config_checks.load_pretrain_config(path, overrides, world_size)` reads JSON, applies `--set`
 overrides, checks types and unknown keys (`config_tree`), then every cross-field rule below and the
 checks that need other modules, and raises one ConfigError listing all problems. The `deepspeed`
-section is passed to DeepSpeed as given, except for the keys this pipeline derives (batch sizes,
-optimizer, scheduler), which it refuses there.
+section holds only DeepSpeed's own further keys, checked against DeepSpeed's config models
+(pipeline/pretrain/deepspeed_section.py); precision and the ZeRO stage are typed keys of `train`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from typing import Any, Literal
 
 from pipeline.common import size_limits as lim
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
+from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import batch_problem
+from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, owned_key_problems
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
+ZeroStage = Literal[0, 1, 2, 3]
 
 # ModernBERT's own shape keys and their defaults (ModernBERT-base, Warner et al. 2024); other architectures
 # have no such setting and refuse a value other than these.
@@ -162,6 +165,10 @@ class TrainConfig:
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""
+    precision: Precision = "fp32"
+    """Training precision: `fp32`, `bf16` (CPU with native bf16, or GPU) or `fp16` (GPU only, dynamic loss scaling)."""
+    zero_stage: ZeroStage = 0
+    """DeepSpeed ZeRO stage: 0 (data parallel), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters)."""
 
 
 @dataclass
@@ -235,26 +242,12 @@ class PretrainConfig:
         return Path(self.data.cache_dir) if self.data.cache_dir else self.layout.token_cache
 
     @property
-    def precision(self) -> str:
-        for name in ("bf16", "fp16"):
-            if self.deepspeed.get(name, {}).get("enabled"):
-                return name
-        return "fp32"
+    def precision(self) -> Precision:
+        return self.train.precision
 
     @property
     def zero_stage(self) -> int:
-        return int(self.deepspeed.get("zero_optimization", {}).get("stage", 0))
-
-
-# Keys of the deepspeed section that the pipeline derives itself, and where to set them instead.
-DERIVED_DEEPSPEED_KEYS = {
-    "train_batch_size": "train.global_batch_size",
-    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
-    "gradient_accumulation_steps": "train.global_batch_size and train.micro_batch_size (it is derived)",
-    "optimizer": "the optimizer section",
-    "scheduler": "the schedule section",
-    "gradient_clipping": "train.gradient_clipping",
-}
+        return self.train.zero_stage
 
 
 def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
@@ -396,26 +389,18 @@ def span_problems(k: MaskingConfig) -> list[str]:
 
 
 def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
-    ds = config.deepspeed
-    problems = [f"deepspeed.{key}: derived by the pipeline; set {where}"
-                for key, where in DERIVED_DEEPSPEED_KEYS.items() if key in ds]
-    malformed = [f"deepspeed.{name}: expected an object, got {ds[name]!r}"
-                 for name in ("bf16", "fp16", "zero_optimization") if name in ds and not isinstance(ds[name], dict)]
-    if malformed:
-        return problems + malformed
-    if ds.get("bf16", {}).get("enabled") and ds.get("fp16", {}).get("enabled"):
-        problems.append("deepspeed.bf16.enabled and deepspeed.fp16.enabled: choose one precision")
-    if ds.get("fp16", {}).get("enabled") and not cuda:
-        problems.append("deepspeed.fp16.enabled: fp16 needs a GPU (DeepSpeed does not support it on CPU); "
-                        "use deepspeed.bf16.enabled=true on a CPU with native bf16, fp32 elsewhere")
-    stage = ds.get("zero_optimization", {}).get("stage", 0)
-    offload = (ds.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
-    if config.optimizer.name == "lamb" and offload not in ("none", None):
+    """Precision and ZeRO against this machine, and the `deepspeed` section (pipeline/pretrain/deepspeed_section.py)."""
+    ds, t = config.deepspeed, config.train
+    problems = owned_key_problems(ds)
+    if t.precision == "fp16" and not cuda:
+        problems.append("train.precision: fp16 needs a GPU (DeepSpeed does not support it on CPU); use bf16 on a CPU "
+                        "with native bf16, fp32 elsewhere")
+    offload = ds.get("zero_optimization", {}).get("offload_optimizer") if isinstance(
+        ds.get("zero_optimization"), dict) else None
+    if config.optimizer.name == "lamb" and (offload or {}).get("device", "none") not in ("none", None):
         problems.append("optimizer.name lamb with deepspeed.zero_optimization.offload_optimizer: DeepSpeed has no "
                         "CPU Lamb for offloaded optimizer states; drop the offload or use optimizer.name adamw")
-    if stage not in (0, 1, 2, 3):
-        problems.append(f"deepspeed.zero_optimization.stage: expected 0, 1, 2 or 3, got {stage!r}")
-    return problems
+    return problems + deepspeed_key_problems(ds)
 
 
 def corpus_shares(weights: list[float]) -> list[Fraction]:

@@ -37,6 +37,9 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     Without an `optimizer` entry (LAMB on CPU) DeepSpeed takes the client optimizer instead.
     """
     ds = copy.deepcopy(config.deepspeed)
+    ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": config.zero_stage}
+    for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
+        ds[name] = {**ds.get(name, {}), "enabled": config.precision == name}
     if load_universal:  # resuming on another world size (pipeline/pretrain/universal_resume.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") not in ("none", None)
@@ -58,7 +61,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
     if o.name == "lamb" and config.zero_stage > 0:
         ds.setdefault("zero_allow_untested_optimizer", True)
-    if ds.get("fp16", {}).get("enabled"):
+    if config.precision == "fp16":
         ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
     ds.setdefault("steps_per_print", 10**9)  # the pipeline logs itself
     ds.setdefault("wall_clock_breakdown", False)

@@ -33,7 +33,7 @@ def work(tmp_path_factory) -> dict:
     config = {"model": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128},
               "data": {"shards": "set by the study", "tokenizer": "set by the study", "num_workers": 0},
               "optimizer": {"lr": 2e-3}, "train": {"global_batch_size": 4, "micro_batch_size": 4, "eval_sequences": 16},
-              "checkpoint": {"every": 1000}, "deepspeed": {"zero_optimization": {"stage": 0}}}
+              "checkpoint": {"every": 1000}, "deepspeed": {}}
     (root / "tiny.json").write_text(json.dumps(config))
     return {"root": root, "corpus": corpus, "out": root / "out"}
 

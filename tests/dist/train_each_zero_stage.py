@@ -28,7 +28,7 @@ def main() -> None:
     from pipeline.pretrain.trainer import run_pretraining
 
     for stage in (0, 1, 2, 3):
-        overrides = [f"deepspeed.zero_optimization.stage={stage}", f"train.output_dir={args.out_root}/zero{stage}"]
+        overrides = [f"train.zero_stage={stage}", f"train.output_dir={args.out_root}/zero{stage}"]
         config = load_pretrain_config(args.config, overrides, world_size=topology.world_size, cuda=topology.cuda)
         run_pretraining(config, topology)
 

@@ -27,10 +27,10 @@ VARIANTS = {
     "word": ["masking.unit=word"],
     "span_static_30": ["masking.unit=span", "masking.mode=static", "masking.probability=0.3"],
     "lamb": ["optimizer.name=lamb", "optimizer.lr=0.01"],
-    "lamb_zero2": ["optimizer.name=lamb", "optimizer.lr=0.01", "deepspeed.zero_optimization.stage=2"],
+    "lamb_zero2": ["optimizer.name=lamb", "optimizer.lr=0.01", "train.zero_stage=2"],
     "prelayernorm": ["model.architecture=roberta-prelayernorm", "masking.unit=word", "train.export=true"],
     "modernbert": ["model.architecture=modernbert", "model.num_hidden_layers=3", "model.intermediate_size=96",
-                   "model.local_attention=16", "masking.probability=0.3", "deepspeed.zero_optimization.stage=2",
+                   "model.local_attention=16", "masking.probability=0.3", "train.zero_stage=2",
                    "train.export=true"],
 }
 

@@ -46,8 +46,7 @@ def parity_config(world_size: int, stage: int):
         optimizer=OptimizerConfig(lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY),
         schedule=ScheduleConfig(warmup_steps=WARMUP, decay="linear", end_lr_ratio=0.0),
         train=TrainConfig(max_steps=STEPS, global_batch_size=MICRO * ACCUMULATION * world_size,
-                          micro_batch_size=MICRO, gradient_clipping=CLIP),
-        deepspeed={"zero_optimization": {"stage": stage}})
+                          micro_batch_size=MICRO, gradient_clipping=CLIP, zero_stage=stage))
 
 
 def tokenizer_info():

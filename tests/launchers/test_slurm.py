@@ -168,10 +168,10 @@ def preempted_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     configs = {}
     for name in ("reference", "preempted"):
-        data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, root / name, train={"max_steps": 40},
+        data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, root / name,
+                                    train={"max_steps": 40, "zero_stage": 2},
                                     checkpoint={"every": 100}, data={"cache_dir": str(root / "cache")},
-                                    tracking={"enabled": True, "uri": uri, "experiment": "slurm"},
-                                    deepspeed={"zero_optimization": {"stage": 2}})
+                                    tracking={"enabled": True, "uri": uri, "experiment": "slurm"})
         configs[name] = root / f"{name}.json"
         configs[name].write_text(json.dumps(data))
     reference = subprocess.run([PYTHON, "launchers/pretrain.py", "--config", str(configs["reference"])], cwd=ROOT,

@@ -130,9 +130,9 @@ def test_elastic_resume_keeps_the_global_batch_and_data_order(tmp_path, roberta_
                                                               then):
     """ZeRO-2, killed after step 7 (checkpoint at 6), resumed on the other number of ranks."""
     def config(name: str) -> Path:
-        data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / name, train={"max_steps": 10},
-                                    checkpoint={"every": 6}, data={"cache_dir": str(tmp_path / "cache")},
-                                    deepspeed={"zero_optimization": {"stage": 2}})
+        data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / name,
+                                    train={"max_steps": 10, "zero_stage": 2},
+                                    checkpoint={"every": 6}, data={"cache_dir": str(tmp_path / "cache")})
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(data))
         return path

@@ -49,8 +49,8 @@ def test_set_overrides_parse_json_values_else_strings():
     assert parse_override("train.max_steps=100") == (["train", "max_steps"], 100)
     assert parse_override("optimizer.betas=[0.9,0.95]") == (["optimizer", "betas"], [0.9, 0.95])
     assert parse_override("data.shards=/data/shards") == (["data", "shards"], "/data/shards")
-    data = apply_overrides({"deepspeed": {}}, ["deepspeed.zero_optimization.stage=3", "deepspeed.bf16.enabled=true"])
-    assert data["deepspeed"] == {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    data = apply_overrides({"train": {}}, ["train.zero_stage=3", "deepspeed.bf16.immediate_grad_update=true"])
+    assert data == {"train": {"zero_stage": 3}, "deepspeed": {"bf16": {"immediate_grad_update": True}}}
     with pytest.raises(PipelineError, match="section.key=value"):
         parse_override("no-equals-sign")
 
@@ -68,8 +68,8 @@ def test_unknown_keys_wrong_types_and_cross_field_problems_come_in_one_error(tmp
     data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out")
     data["model"]["num_attention_heads"] = 5                # 64 is not divisible by 5
     data["train"]["global_batch_size"] = 18                 # not divisible by 4 × 2 ranks
-    data["deepspeed"]["train_batch_size"] = 18              # owned by the pipeline
-    data["deepspeed"]["fp16"] = {"enabled": True}           # no GPU
+    data["deepspeed"] = {"train_batch_size": 18}            # owned by the pipeline
+    data["train"]["precision"] = "fp16"                     # no GPU
     data["masking"] = {"probability": 1.5}
     with pytest.raises(ConfigError) as err:
         load_pretrain_config(write(tmp_path, data), world_size=2, cuda=False)
@@ -82,6 +82,37 @@ def test_unknown_keys_wrong_types_and_cross_field_problems_come_in_one_error(tmp
     assert any("masking.probability" in p for p in problems)
     assert any("data.shards" in p for p in problems)
     assert len(problems) >= 6
+
+
+def test_precision_and_zero_stage_are_typed_keys_and_old_spellings_say_the_new_ones(tmp_path):
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                deepspeed={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), check_files=False)
+    message = str(err.value)
+    assert 'deepspeed.bf16.enabled: precision is a typed key now; write train.precision: "bf16"' in message
+    assert "deepspeed.zero_optimization.stage: the ZeRO stage is a typed key now; write train.zero_stage: 2" in message
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                train={"precision": "bf16 ", "zero_stage": 4})
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), check_files=False)
+    assert 'train.precision: expected one of "fp32", "bf16", "fp16"' in str(err.value)
+    assert "train.zero_stage: expected one of 0, 1, 2, 3" in str(err.value)
+
+
+def test_the_deepspeed_section_is_checked_against_deepspeeds_own_config_models(tmp_path):
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                deepspeed={"zero_optimisation": {"overlap_comm": True},  # a typo DeepSpeed ignores
+                                           "zero_optimization": {"offload_optimiser": {"device": "cpu"}},
+                                           "activation_checkpointing": {"partition_activations": False}})
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), check_files=False)
+    problems = err.value.problems
+    assert any(p.startswith("deepspeed.zero_optimisation: not a DeepSpeed config key (did you mean zero_optimization?)")
+               for p in problems)
+    assert any(p.startswith("deepspeed.zero_optimization.offload_optimiser: Extra inputs are not permitted")
+               for p in problems)
+    assert not any("activation_checkpointing" in p for p in problems)  # a real DeepSpeed key passes
 
 
 def test_shards_made_with_another_tokenizer_are_refused(tmp_path, roberta_shards, wordpiece_tokenizer_dir):
@@ -130,12 +161,14 @@ def test_gradient_accumulation_is_derived_from_the_world_size():
 
 def test_deepspeed_receives_the_derived_sizes_and_the_users_own_keys(tmp_path, roberta_shards, bpe_tokenizer_dir):
     data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
-                                deepspeed={"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}})
+                                train={"zero_stage": 3, "precision": "bf16"},
+                                deepspeed={"zero_optimization": {"overlap_comm": True}})
     config = load_pretrain_config(write(tmp_path, data), world_size=2)
     ds = deepspeed_config(config, BatchPlan.derive(16, 4, 2))
     sizes = ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
     assert sizes == (16, 4, 2)
-    assert ds["zero_optimization"] == {"stage": 3} and ds["bf16"] == {"enabled": True}
+    assert ds["zero_optimization"] == {"overlap_comm": True, "stage": 3}
+    assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
     assert ds["optimizer"]["params"]["betas"] == [0.9, 0.98]
 
 
@@ -153,7 +186,7 @@ def test_lamb_is_deepspeeds_fused_lamb_on_gpu_and_ours_on_cpu(tmp_path, roberta_
     from pipeline.pretrain.model import build_model
 
     data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", optimizer={"name": "lamb"},
-                                deepspeed={"zero_optimization": {"stage": 2}})
+                                train={"zero_stage": 2})
     config = load_pretrain_config(write(tmp_path, data), world_size=2)
     plan = BatchPlan.derive(16, 4, 2)
     gpu = deepspeed_config(config, plan, cuda=True)
@@ -173,7 +206,7 @@ def test_lamb_is_deepspeeds_fused_lamb_on_gpu_and_ours_on_cpu(tmp_path, roberta_
     assert isinstance(ours, Lamb) and ours.defaults["bias_correction"] is True
     assert [g["weight_decay"] for g in ours.param_groups] == [0.01, 0.0]
 
-    zero0 = load_pretrain_config(write(tmp_path, {**data, "deepspeed": {}}), world_size=2)
+    zero0 = load_pretrain_config(write(tmp_path, {**data, "train": {**data["train"], "zero_stage": 0}}), world_size=2)
     assert "zero_allow_untested_optimizer" not in deepspeed_config(zero0, plan, cuda=True)
     adamw = load_pretrain_config(write(tmp_path, {**data, "optimizer": {}}), world_size=2)
     assert deepspeed_config(adamw, plan, cuda=True)["optimizer"]["type"] == "AdamW"
@@ -183,7 +216,8 @@ def test_span_and_lamb_settings_are_checked_up_front(tmp_path):
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
                                 masking={"unit": "span", "probability": 0.85, "span_p": 0.2},
                                 optimizer={"name": "lamb"},
-                                deepspeed={"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})
+                                train={"zero_stage": 2},
+                                deepspeed={"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})
     with pytest.raises(ConfigError) as err:
         load_pretrain_config(write(tmp_path, data), cuda=True)
     message = str(err.value)

@@ -97,10 +97,9 @@ def tracked_runs(tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
         return write_config(root / f"{name}.json", tiny_pretrain_config(
             roberta_shards, bpe_tokenizer_dir, root / name,
             data={"num_workers": 1, "cache_dir": str(root / "cache")},
-            train={"max_steps": 40, "eval_every": 10},
+            train={"max_steps": 40, "eval_every": 10, "zero_stage": 2, "precision": "bf16"},
             checkpoint={"every": 10, "keep_last": 2},
-            tracking={"enabled": True, "uri": uri, "experiment": "tests", "flush_seconds": 0.5},
-            deepspeed={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}))
+            tracking={"enabled": True, "uri": uri, "experiment": "tests", "flush_seconds": 0.5}))
 
     full_log = launch(DEEPSPEED, "launchers/pretrain.py", "--config", config("full"))
 
@@ -154,7 +153,7 @@ def test_mlflow_holds_params_tags_per_step_loss_and_the_export(tracked_runs):
     client = MlflowClient(tracked_runs["uri"])
     run = client.get_run(json.loads(PretrainLayout(root / "full").tracking.read_text())["run_id"])
     assert run.data.params["train.global_batch_size"] == "16" and run.data.params["model.hidden_size"] == "64"
-    assert run.data.params["deepspeed.zero_optimization.stage"] == "2"
+    assert run.data.params["train.zero_stage"] == "2"
     tags = run.data.tags
     assert tags["world_size"] == "2" and tags["deepspeed_version"] and tags["torch_version"] == torch.__version__
     history = client.get_metric_history(run.info.run_id, "train/loss")

@@ -73,7 +73,7 @@ def test_the_pre_ln_export_loads_for_masked_lm_and_for_fine_tuning(variant_runs)
 def test_modernbert_trained_on_doc_packed_rows_under_zero_2(variant_runs):
     """ModernBERT's variant: doc-packed shards, ZeRO-2, 30% masking (its resume and rank checks are above)."""
     config = json.loads((variant_runs / "two_ranks" / "modernbert" / "full" / "config.json").read_text())
-    assert config["model"]["architecture"] == "modernbert" and config["deepspeed"]["zero_optimization"]["stage"] == 2
+    assert config["model"]["architecture"] == "modernbert" and config["train"]["zero_stage"] == 2
     assert json.loads((Path(config["data"]["shards"]) / "index.json").read_text())["pack"] == "doc-packed"
     assert config["masking"]["probability"] == 0.3
 

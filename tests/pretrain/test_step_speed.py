@@ -28,13 +28,12 @@ def write(path: Path, data: dict) -> Path:
 
 def test_compile_and_fused_are_checked_up_front(tmp_path, monkeypatch):
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
-                                train={"compile": True}, optimizer={"name": "lamb", "fused": True},
-                                deepspeed={"zero_optimization": {"stage": 3}})
+                                train={"compile": True, "zero_stage": 3}, optimizer={"name": "lamb", "fused": True})
     monkeypatch.setattr("torch._inductor.config.cpp.cxx", ("no-such-c++-compiler",))
     with pytest.raises(ConfigError) as err:
         load_pretrain_config(write(tmp_path / "c.json", data), cuda=False)
     message = str(err.value)
-    assert "train.compile with deepspeed.zero_optimization.stage 3: not supported" in message
+    assert "train.compile with train.zero_stage 3: not supported" in message
     assert "torch.compile on CPU needs a C++ compiler" in message
     assert "optimizer.fused: only for optimizer.name adamw, got lamb" in message
 
@@ -45,7 +44,8 @@ def test_fused_adamw_reaches_torch_through_deepspeeds_optimizer_params(tmp_path,
     params = deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
     assert params["fused"] is True and params["torch_adam"] is True
     # Offloaded optimizer states use DeepSpeed's CPU Adam, which takes no `fused`.
-    data["deepspeed"] = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    data["train"]["zero_stage"] = 2
+    data["deepspeed"] = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
     config = load_pretrain_config(write(tmp_path / "c.json", data))
     assert "fused" not in deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
 

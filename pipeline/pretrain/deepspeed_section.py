@@ -1,0 +1,108 @@
+"""The config's `deepspeed` section: DeepSpeed's own further keys, checked against DeepSpeed's own config models.
+
+The pipeline owns precision (`train.precision`), the ZeRO stage (`train.zero_stage`), batch sizes,
+optimizer, schedule and clipping; the section may not set them, and an old spelling is refused with
+the new one. Everything else passes to DeepSpeed as given, after two checks DeepSpeed itself does not
+make: a top-level key DeepSpeed never reads (a typo such as `zero_optimisation`) is an error naming
+it, since DeepSpeed would ignore it silently; and the sections DeepSpeed models with pydantic
+(`zero_optimization`, `bf16`, `fp16`) are validated by those models, which forbid unknown keys.
+DeepSpeed is imported only when the section holds something to check (`import deepspeed` takes seconds).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from functools import cache
+from typing import Any
+
+# Keys of the deepspeed section that the pipeline derives itself, and where to set them instead.
+DERIVED_DEEPSPEED_KEYS = {
+    "train_batch_size": "train.global_batch_size",
+    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.global_batch_size and train.micro_batch_size (it is derived)",
+    "optimizer": "the optimizer section",
+    "scheduler": "the schedule section",
+    "gradient_clipping": "train.gradient_clipping",
+}
+
+# Modules whose upper-case string constants name DeepSpeed's config keys (those a version lacks are skipped).
+_KEY_MODULES = ("deepspeed.runtime.constants", "deepspeed.runtime.zero.config",
+                "deepspeed.runtime.activation_checkpointing.config", "deepspeed.profiling.constants",
+                "deepspeed.comm.constants", "deepspeed.runtime.data_pipeline.constants",
+                "deepspeed.runtime.swap_tensor.constants", "deepspeed.autotuning.constants")
+# Top-level keys DeepSpeedConfig reads under a literal rather than a constant of those modules.
+_LITERAL_KEYS = frozenset({"tensorboard", "wandb", "csv_monitor", "comet", "hybrid_engine", "compile", "timers",
+                           "weight_quantization", "torch_autocast", "pipeline"})
+
+
+@cache
+def deepspeed_top_level_keys() -> frozenset[str]:
+    """The key names DeepSpeed's config knows (a superset of its top-level keys)."""
+    keys = set(_LITERAL_KEYS)
+    for name in _KEY_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a module this DeepSpeed version lacks
+            continue
+        keys |= {value for key, value in vars(module).items()
+                 if key.isupper() and isinstance(value, str) and value.islower() and value.replace("_", "").isalnum()}
+    return frozenset(keys)
+
+
+def owned_key_problems(ds: dict[str, Any]) -> list[str]:
+    """Keys of the section that the pipeline owns, each with where to set it now."""
+    problems = [f"deepspeed.{key}: derived by the pipeline; set {where}"
+                for key, where in DERIVED_DEEPSPEED_KEYS.items() if key in ds]
+    for name in ("bf16", "fp16"):
+        section = ds.get(name)
+        if isinstance(section, dict) and "enabled" in section:
+            problems.append(f"deepspeed.{name}.enabled: precision is a typed key now; write train.precision: "
+                            f"\"{name}\" (or \"fp32\") and leave deepspeed.{name} for DeepSpeed's further {name} keys")
+    zero = ds.get("zero_optimization")
+    if isinstance(zero, dict) and "stage" in zero:
+        problems.append(f"deepspeed.zero_optimization.stage: the ZeRO stage is a typed key now; write "
+                        f"train.zero_stage: {zero['stage']!r} and leave deepspeed.zero_optimization for "
+                        "DeepSpeed's further ZeRO keys")
+    return problems
+
+
+def deepspeed_key_problems(ds: dict[str, Any]) -> list[str]:
+    """Unknown top-level keys and sections that DeepSpeed's own pydantic models refuse."""
+    if not ds:
+        return []
+    known = deepspeed_top_level_keys()
+    problems = []
+    for key in ds:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            problems.append(f"deepspeed.{key}: not a DeepSpeed config key{hint}; DeepSpeed would ignore it")
+    for name, model in _section_models().items():
+        section = ds.get(name)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            problems.append(f"deepspeed.{name}: expected an object, got {section!r}")
+            continue
+        problems += _model_problems(model, f"deepspeed.{name}", section)
+    return problems
+
+
+def _section_models() -> dict[str, type]:
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    return {"zero_optimization": DeepSpeedZeroConfig, "bf16": DeepSpeedBF16Config, "fp16": DeepSpeedFP16Config}
+
+
+def _model_problems(model: type, where: str, section: dict[str, Any]) -> list[str]:
+    import pydantic
+
+    try:
+        model(**section)
+    except pydantic.ValidationError as err:
+        return [f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
+    except (TypeError, ValueError) as err:
+        return [f"{where}: {err}"]
+    return []
