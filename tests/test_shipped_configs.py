@@ -38,7 +38,8 @@ def load_shard(path: Path) -> None:
     assert options.problems() == []
 
 
-LOADERS = {".": load_pretrain, "glue": load_finetune, "tasks": load_finetune, "shard": load_shard}
+LOADERS = {".": load_pretrain, "recipes": load_pretrain, "glue": load_finetune, "tasks": load_finetune,
+           "shard": load_shard}
 SHIPPED = sorted(CONFIGS.rglob("*.json"))
 
 
