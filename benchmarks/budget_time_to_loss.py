@@ -343,11 +343,11 @@ def summarise(runs: list[dict], entropy: float, margins: list[float],
         lines.append(f"\n{name} ÷ budget, time to {margin_label(TARGET_MARGIN)}: **{ratios[name]['text']}** "
                      f"(target ≥ {verdict['goal']:g}×: {met})")
     if "budget" in recipes and headline_margin != str(TARGET_MARGIN):
-        lines.append(f"\nTarget 2 is timed at {margin_label(TARGET_MARGIN)}, which --margins left out: not judged")
+        lines.append(f"\nHF ratios are timed at {margin_label(TARGET_MARGIN)}, which --margins left out: not judged")
     summary = {"unigram_entropy": entropy, "targets": targets, "ratio_margin": headline_margin,
                "recipes": {name: {k: v for k, v in row.items() if k != "hits"} | {"runs_to": row["hits"]}
                            for name, row in recipes.items()},
-               "ratios": ratios, "target_2": verdicts}
+               "ratios": ratios, "goals": verdicts}
     return summary, "\n".join(lines), rows
 
 
@@ -441,7 +441,7 @@ def measure(a: argparse.Namespace, recipes: list[str], seeds: list[int], baselin
     differences = {r["recipe"]: r["differences"] for r in runs if r.get("differences")}
     if differences:
         rec.results["hf_recipe_differences"] = differences
-    for name, verdict in summary["target_2"].items():
+    for name, verdict in summary["goals"].items():
         rec.headline(f"{name} ÷ budget, time to {margin_label(TARGET_MARGIN)}", summary["ratios"][name]["text"],
                      target=f"≥ {verdict['goal']:g}×", met=verdict["met"])
 

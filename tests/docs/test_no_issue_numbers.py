@@ -25,6 +25,7 @@ CITED_WORK = re.compile(r"RoBERTa|RFC\s*\d+|et al\.|paper", re.I)  # a § of a p
 
 
 def citations(line: str) -> list[str]:
+    line = line.replace("\\n", " ").replace("\\t", " ")  # "\nTarget 2" in a string literal has no word boundary
     found = [m.group(0) for pattern in (ISSUE, NUMBERED_TARGET) for m in pattern.finditer(line)]
     if SECTION.search(line) and not CITED_WORK.search(line):
         found.append(SECTION.search(line).group(0))
@@ -49,6 +50,7 @@ def scanned_files() -> list[Path]:
     ("see #12 and issue #7", ["issue #7"]),
     ("Made for target 3 (SST-2)", ["target 3"]),
     ("the plateau work (§2)", ["§2"]),
+    ('lines.append(f"\\nTarget 2 is timed")', ["Target 2"]),
     ("FULL-SENTENCES (Liu et al. 2019, §4.2)", []),
     ("RoBERTa §4.2: removing NSP", []),
     ("unigram entropy 7.068 nats, target 6.068", []),
