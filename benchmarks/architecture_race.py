@@ -47,6 +47,7 @@ from budget_time_to_loss import (  # noqa: E402
     time_to,
 )
 
+from benchmarks.matmul_peak import peak_flops  # noqa: E402
 from benchmarks.result_record import BenchmarkRecord  # noqa: E402
 
 BASE = "configs/budget-tiny.json"
@@ -55,21 +56,6 @@ ARMS = {"roberta-prelayernorm": ["model.architecture=roberta-prelayernorm"],
 MARGIN = 1.0
 """Nats below the unigram entropy that count as off the plateau."""
 RANKS = 2
-
-
-def peak_flops(threads: int, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of the best of `repeats` n × n fp32 matrix products on `threads` threads."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
 
 
 def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, float, float]:
@@ -198,7 +184,7 @@ def main() -> None:
         overrides = {arm: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == arm] for arm in arms}
         shapes = {arm: arm_shape(arm, overrides[arm], tokenizer) for arm in arms}
         build_comm_op()  # before any clock starts, so no arm's time includes a compile
-        peak = peak_flops(RANKS)  # 2 ranks × 1 thread: the peak of the same 2 cores
+        peak = peak_flops(RANKS, n=2048)  # 2 ranks × 1 thread: the peak of the same 2 cores
         runs = [run_arm(arm, seed, a, tokenizer, shards, overrides[arm]) for seed in seeds for arm in arms]
         rows = summarise(runs, shapes, target, plateau, peak, a.max_minutes)
         loads = [x for r in runs for x in (r["load_before"][0], r["load_after"][0])]

@@ -1,4 +1,4 @@
-"""Domain-adaptive continued pretraining of a released encoder on IMDB (Gururangan et al. 2020; issue 20 §1b).
+"""Domain-adaptive continued pretraining of a released encoder on IMDB (Gururangan et al. 2020).
 
     pip install -e .[reference]         # MiniLM-L6-H384-uncased, the default --model
     python benchmarks/continued_pretraining.py [--model DIR] [--minutes 30] [--steps 1500] [--seeds 1,2,3]
@@ -73,7 +73,7 @@ def pretrain_config(model: str, shards: Path, out: Path, steps: int, lr: float) 
 def cloze(model: str, texts: list[str]) -> float | None:
     """Top-1 cloze accuracy through the hub interface; None for a model without a trained MLM head."""
     from pipeline.hub import Encoder
-    from pipeline.hub.cloze import cloze_accuracy  # owned by the plateau work (issue 20 §2)
+    from pipeline.hub.cloze import cloze_accuracy
 
     encoder = Encoder.from_pretrained(model)
     if encoder.lm_head is None:

@@ -32,7 +32,7 @@ from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
 from pipeline.common.topology import environment_extensions_dir  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from result_record import BenchmarkRecord  # noqa: E402
+from result_record import BenchmarkRecord, cpu_model  # noqa: E402
 
 BUILD_OP = ("import time; from deepspeed.accelerator import get_accelerator; "
             "builder = get_accelerator().create_op_builder('ShareMemCommBuilder'); "
@@ -40,15 +40,8 @@ BUILD_OP = ("import time; from deepspeed.accelerator import get_accelerator; "
 
 
 def machine() -> dict:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+    """The machine as printed at the start and kept in `<out>/main_job_time.json`."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
             "load_average_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
             "platform": platform.platform()}
 

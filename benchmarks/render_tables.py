@@ -10,8 +10,8 @@ The page's prose is written by hand. Each result is shown in a region between tw
     <!-- end generated -->
 
 whose content is the result's tables, its headline (with each target and whether it was met), and
-right under them its conditions: command, date, machine, load average at the start and the end,
-and git commit. A result transcribed from an older README says so and gives the command that
+right under them its conditions on one line: command, date, machine, load average at the start and
+the end, and git commit. A result transcribed from an older README says so and gives the command that
 regenerates it. A result with no region yet is appended under "Other results", so a new
 benchmark's figure shows up (and `--check` fails) until someone places it in the page.
 """
@@ -123,37 +123,32 @@ def render_conditions(data: dict[str, Any]) -> list[str]:
         load = f"{load_text(data.get('load_start'))} at the start, {load_text(data.get('load_end'))} at the end"
         if data.get("load_note"):
             load += f"; {data['load_note']}"
-    return [
-        f"Conditions of `{data.get('benchmark', '?')}`:",
-        "",
-        f"- command: `{data.get('command', 'not recorded')}`",
-        f"- date: {data.get('date', 'not recorded')}",
-        f"- machine: {machine_text(data.get('machine') or {})}",
-        f"- load average: {load}",
-        f"- git commit: {commit}",
-    ]
+    # One line, so that a page of many results stays readable; the facts are the same.
+    return [f"*Conditions of `{data.get('benchmark', '?')}`:* command: `{data.get('command', 'not recorded')}`; "
+            f"date: {data.get('date', 'not recorded')}; machine: {machine_text(data.get('machine') or {})}; "
+            f"load average: {load}; git commit: {commit}."]
 
 
 def render_result(data: dict[str, Any]) -> str:
-    """A result's markdown: provenance, tables, headline, notes, then its conditions."""
+    """A result's markdown: tables, headline, notes, then its conditions (and provenance) on one line."""
     lines: list[str] = []
-    if data.get("provenance") == "transcribed":
-        source = data.get("transcribed_from") or {}
-        lines += [f"*Transcribed* from {source.get('file', 'README.md')} at commit "
-                  f"`{(source.get('commit') or '?')[:7]}` (measured before results were recorded as JSON); rerun "
-                  f"`{data.get('command')}` to regenerate.", ""]
     results = data.get("results") or {}
     for table in tables_of(results.get("tables")):
         lines += render_table(table)
     if results.get("headline"):
-        lines += ["Headline:", ""] + render_headline(results["headline"])
+        lines += render_headline(results["headline"])
     rest = {k: v for k, v in results.items() if k not in ("tables", "headline")}
     if rest:  # figures a benchmark recorded outside tables: shown as written, so none is left out
-        lines += ["Other figures:", "", "```text", json.dumps(rest, indent=1, ensure_ascii=False), "```", ""]
+        lines += ["Other figures: `" + json.dumps(rest, ensure_ascii=False) + "`", ""]
     for note in data.get("notes") or []:
         lines += [f"Note: {note}", ""]
-    lines += render_conditions(data)
-    return "\n".join(lines) + "\n"
+    conditions = render_conditions(data)
+    if data.get("provenance") == "transcribed":  # said on the conditions line, which a reader checks for provenance
+        source = data.get("transcribed_from") or {}
+        conditions[0] = (f"*Transcribed* from {source.get('file', 'README.md')} at commit "
+                         f"`{(source.get('commit') or '?')[:7]}` (measured before results were recorded as JSON); "
+                         f"rerun `{data.get('command')}` to regenerate. " + conditions[0])
+    return "\n".join(lines + conditions) + "\n"
 
 
 def load_results(folder: Path) -> dict[str, dict[str, Any]]:
@@ -167,7 +162,7 @@ def load_results(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def region(name: str, body: str) -> str:
-    return f"{START.format(name=name)}\n\n{body}\n{END}"
+    return f"{START.format(name=name)}\n{body}{END}"  # an HTML comment line needs no blank line around it
 
 
 def render_page(text: str, results: dict[str, dict[str, Any]]) -> str:

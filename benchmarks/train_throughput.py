@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from matmul_peak import peak_flops  # noqa: E402
 from result_record import BenchmarkRecord  # noqa: E402
 
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
@@ -102,23 +103,6 @@ VARIANTS = {  # name: (what changes, config updates by section)
     "all": ("all of the above", {"optimizer": {"fused": True}, "train": {"compile": True, "log_every": 5},
                                  "data": {"num_workers": 1}}),
 }
-
-
-def peak_flops(threads: int, n: int = 4096, repeats: int = 5) -> float:
-    """FLOP/s of the best of `repeats` n × n fp32 matrix products on `threads` threads."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    torch.set_num_threads(before)
-    return 2 * n**3 / best
 
 
 def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, skip: int, out: Path, env: dict,

@@ -86,7 +86,7 @@ def run(recipe: str, seed: int, losses: tuple[float, ...], minutes_per_eval: flo
             "batch": 32, "curve": [vars(p) for p in curve(*losses, minutes_per_eval=minutes_per_eval)]}
 
 
-def test_the_summary_shows_the_plateau_every_final_loss_beside_it_and_target_2_per_hf_recipe():
+def test_the_summary_shows_the_plateau_every_final_loss_beside_it_and_whether_each_hf_goal_is_met():
     runs = [run("budget", 1, (7.5, 6.8, 6.2, 5.9)),  # H − 1.0 = 6.0 at 2.67 min
             run("hf-same", 1, (7.5, 7.0, 6.6, 6.3, 6.1, 5.9)),  # at 4.5 min: 1.7×
             run("hf-run_mlm", 1, (7.5, 7.4, 7.3, 7.2, 7.1, 7.0, 6.9, 6.8))]  # not in 7 min: ≥ 7/2.67 = 2.6×
@@ -97,7 +97,7 @@ def test_the_summary_shows_the_plateau_every_final_loss_beside_it_and_target_2_p
     assert rows[2]["final val loss (median)"] == "6.800 (unigram entropy 7.000: 0.200 nats below it)"
     ratios = {r["recipe"]: r["time to H − 1.0 ÷ budget"] for r in rows}
     assert ratios == {"budget": "—", "hf-same": "1.7×", "hf-run_mlm": "≥ 2.6×"}
-    assert summary["target_2"] == {"hf-same": {"goal": 2.0, "met": False}, "hf-run_mlm": {"goal": 5.0, "met": None}}
+    assert summary["goals"] == {"hf-same": {"goal": 2.0, "met": False}, "hf-run_mlm": {"goal": 5.0, "met": None}}
     assert rows[2]["to H − 1.0 = 6.000 nats: steps, min (reached)"] == "not reached in 7 min (0/1): > 7.00 min"
 
 

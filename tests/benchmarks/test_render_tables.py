@@ -19,7 +19,8 @@ sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other as top-l
 import render_tables  # noqa: E402
 from result_record import BenchmarkRecord  # noqa: E402
 
-HELPERS = {"bench_corpus.py", "result_record.py", "render_tables.py", "hf_baselines.py"}  # modules, not benchmarks
+# modules, not benchmarks
+HELPERS = {"bench_corpus.py", "result_record.py", "render_tables.py", "hf_baselines.py", "matmul_peak.py"}
 
 
 def synthetic_result(out: Path, name: str = "toy_bench") -> dict:
