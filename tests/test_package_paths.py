@@ -31,7 +31,8 @@ def _docstrings(tree: ast.AST) -> set[int]:
         # An attribute docstring (a string statement after an assignment) is prose too.
         body = getattr(node, "body", None)
         for stmt in body if isinstance(body, list) else []:
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+                    and isinstance(stmt.value.value, str):
                 ids.add(id(stmt.value))
     return ids
 
