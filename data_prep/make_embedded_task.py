@@ -1,34 +1,13 @@
 """Make the main job's fine-tuning task from the embedded corpus: which package a docstring comes from.
 
-    python data_prep/make_embedded_task.py --corpus runs/default/corpus.jsonl --out runs/default/task
+Kept so that `python data_prep/make_embedded_task.py ...` works in a checkout, installed or not; the command is
+`pipeline.commands.make_embedded_task` (`python -m pipeline.commands.make_embedded_task`)
+(its help and options live there).
 """
 
-from __future__ import annotations
+import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-import argparse
-from pathlib import Path
-
-import _bootstrap  # noqa: F401
-
-from pipeline.common.errors import exit_on_pipeline_error
-from pipeline.finetune.docstring_task import write_package_task
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (tests/docs parse the documented commands with it)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, required=True, help="the embedded corpus (.jsonl)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for train.jsonl and dev.jsonl")
-    parser.add_argument("--classes", type=int, default=6, help="the N packages with the most docstrings")
-    return parser
-
-
-@exit_on_pipeline_error
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    info = write_package_task(args.corpus, args.out, args.classes)
-    print(f"wrote {args.out}: {info['train']} train / {info['dev']} dev docstrings, labels {', '.join(info['labels'])}")
-
+from pipeline.commands.make_embedded_task import build_parser, main  # noqa: F401  (build_parser: tests/docs parse commands)
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

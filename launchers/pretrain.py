@@ -1,84 +1,13 @@
 """Pretrain an encoder with DeepSpeed from the shards made by data_prep/shard.py.
 
-    deepspeed --num_gpus N launchers/pretrain.py --config configs/large.json [--set key=value ...]
-    torchrun --nproc_per_node N launchers/pretrain.py --config FILE
-    python launchers/pretrain.py --config FILE          (one process)
-
-`--set section.key=value` overrides a config key (the value is read as JSON when it parses, else
-as a string), e.g. `--set train.max_steps=100 --set train.zero_stage=3`.
-The run resumes by itself from the newest complete checkpoint in train.output_dir; SIGTERM or
-SIGUSR1 makes it finish the step, checkpoint and exit 0.
+Kept so that `python launchers/pretrain.py ...` works in a checkout, installed or not; the command is
+`pipeline.commands.pretrain` (`python -m pipeline.commands.pretrain`)
+(its help and options live there).
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-import sys
 
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-from pipeline.common.errors import PipelineError, exit_on_pipeline_error
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (tests/docs parse the documented commands with it)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="JSON config, e.g. configs/tiny.json")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    p.add_argument("--print-config", action="store_true",
-                   help="validate, print the resolved config and batch arithmetic, and exit")
-    p.add_argument("--verbose", action="store_true",
-                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
-    return p
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
-@exit_on_pipeline_error
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    from pipeline.common.topology import prepare_environment
-
-    topology = prepare_environment()
-    from pipeline.common.config_tree import to_dict
-    from pipeline.pretrain.config_checks import load_pretrain_config
-    from pipeline.pretrain.phases import resolve_phases
-
-    try:
-        config = load_pretrain_config(args.config, args.set, world_size=topology.world_size, cuda=topology.cuda)
-    except PipelineError:
-        if topology.rank != 0:  # every rank finds the same problems; one copy is enough
-            raise SystemExit(2) from None
-        raise
-    from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
-
-    slow_bf16 = bf16_cpu_warning(config.precision == "bf16", topology.cuda, topology.cuda or native_bf16(),
-                                 "--set train.precision=fp32")
-    if slow_bf16 and topology.is_main:
-        print(slow_bf16, file=sys.stderr)
-    if args.print_config:
-        phases = resolve_phases(config)
-        plans = [phase.plan(topology.world_size) for phase in phases]
-        report = {"config": to_dict(config), "world_size": topology.world_size,
-                  "gradient_accumulation": plans[0].accumulation}
-        if config.phases:  # each phase's steps and accumulation
-            report["phases"] = [{"name": p.name, "steps": [p.start, p.end], "gradient_accumulation": plan.accumulation}
-                                for p, plan in zip(phases, plans, strict=True)]
-        print(json.dumps(report, indent=2))
-        return
-    from pipeline.common.console import quiet_frameworks
-
-    quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
-    from pipeline.pretrain.trainer import run_pretraining
-
-    result = run_pretraining(config, topology)
-    if topology.is_main and result.export_dir:
-        print(f"done: {result.last_step} steps; model exported to {result.export_dir}", file=sys.stderr)
-
+from pipeline.commands.pretrain import build_parser, main  # noqa: F401  (build_parser: tests/docs parse commands)
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Run a study: shared tokenizer and shards, then per arm pretraining + export and fine-tuning, then the table.
 
-Every stage is its own command, as a user would type it (`data_prep/train_tokenizer.py`,
-`data_prep/shard.py`, `launchers/pretrain.py`, `launchers/finetune.py`), its full output in
+Every stage is its own command, as a user would type it, started by module (`python -m
+pipeline.commands.train_tokenizer`, `… shard`, `… pretrain`, `… finetune`), its full output in
 `<study>/logs/`. Each is skipped when its output is complete: the tokenizer and each packing
 mode's shards once for every study in `--out`; an arm's pretraining when its export exists at the
 planned step; a task when every requested seed has `complete.json`. A stage that was cut short
@@ -35,9 +35,9 @@ from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.console import run_logged
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import AblationLayout, ArmLayout, StudyLayout
+from pipeline.common.shipped_configs import find_config
+from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.pretrain import checkpoints
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class StudyStopped(Exception):
@@ -50,7 +50,7 @@ class StudyOptions:
     out: Path
     budget_tokens: int
     tasks: list[str]
-    """Fine-tuning configs: names in configs/glue/ (sst2, rte, …) or paths to fine-tuning config files."""
+    """Fine-tuning configs: shipped names (sst2, rte, …) or paths to fine-tuning config files."""
     seeds: list[int]
     config: str
     """The base pretraining config every arm starts from."""
@@ -69,8 +69,8 @@ class StudyOptions:
 
 
 def task_config(task: str) -> Path:
-    """`sst2` → configs/glue/sst2.json; a path to a fine-tuning config is taken as is."""
-    return Path(task) if task.endswith(".json") else ROOT / "configs" / "glue" / f"{task}.json"
+    """`sst2` → the shipped fine-tuning config of that name; a path to a fine-tuning config is taken as is."""
+    return find_config(task, "finetune")
 
 
 def task_name(task: str) -> str:
@@ -104,12 +104,14 @@ class Stages:
         # The launched process only: a signal to its DataLoader workers would crash the rank.
         self._running.send_signal(signal.SIGTERM)
 
-    def run(self, title: str, log: Path, *cmd: str | Path, launcher: list[str] | None = None) -> None:
-        args = [*(launcher or [sys.executable]), *map(str, cmd)]
+    def run(self, title: str, log: Path, stage: str, *cmd: str | Path, launcher: list[str] | None = None) -> None:
+        """Run `stage` (a module of pipeline.commands) with `cmd` as its arguments, under `launcher` if given."""
+        args = [*stage_command(stage, launcher), *map(str, cmd)]
         print(f"\n== {title}\n$ {shlex.join(['python', *args[1:]] if launcher is None else args)}", flush=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = stage_env({**os.environ, "PYTHONUNBUFFERED": "1",
+                         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         started = time.monotonic()
-        code = run_logged(args, log, verbose=self.verbose, cwd=ROOT, env=env, start_new_session=True,
+        code = run_logged(args, log, verbose=self.verbose, env=env, start_new_session=True,
                           on_start=lambda proc: setattr(self, "_running", proc))
         self._running = None
         if self.stop_requested:
@@ -171,7 +173,7 @@ class StudyRunner:
         shared, o = self.shared, self.o
         if o.tokenizer is None and not (shared.tokenizer / "tokenizer.json").exists():
             self.stages.run("tokenizer (shared by every study here)", shared.logs / "tokenizer.log",
-                            "data_prep/train_tokenizer.py", "--input", o.corpus, "--type", "bpe",
+                            "train_tokenizer", "--input", o.corpus, "--type", "bpe",
                             "--vocab-size", o.vocab_size, "--model-max-length", o.seq_len, "--out", shared.tokenizer)
         for pack in dict.fromkeys(p.pack for p in self.plans):
             folder = shared.shards(pack)
@@ -179,7 +181,7 @@ class StudyRunner:
                 print(f"\n== shards --pack {pack}: complete in {folder}, reused", flush=True)
                 continue
             self.stages.run(f"shards --pack {pack} (shared by every arm that packs this way)",
-                            shared.logs / f"shards-{pack}.log", "data_prep/shard.py", "--input", o.corpus,
+                            shared.logs / f"shards-{pack}.log", "shard", "--input", o.corpus,
                             "--tokenizer", self.tokenizer, "--seq-len", o.seq_len, "--pack", pack,
                             "--val-fraction", "0.05", "--workers", o.workers, "--out", folder)
 
@@ -242,7 +244,7 @@ class StudyRunner:
             launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(o.ranks),
                         "--master_port", str(free_port())]
         self.stages.run(f"{plan.name}: pretrain {plan.steps} steps + export", self.layout.logs /
-                        f"{plan.name}-pretrain.log", "launchers/pretrain.py", "--config", o.config,
+                        f"{plan.name}-pretrain.log", "pretrain", "--config", o.config,
                         *(a for s in sets for a in ("--set", s)), "--verbose", launcher=launcher)
 
     def finetune(self, plan: ArmPlan, arm: ArmLayout, task: str) -> None:
@@ -256,7 +258,7 @@ class StudyRunner:
                 f"train.output_dir={layout.root}", f"tracking.enabled={json.dumps(o.tracking)}",
                 f"tracking.uri={self.uri}", f"tracking.experiment={tracking.experiment_name(self.study.name)}"]
         self.stages.run(f"{plan.name}: fine-tune {name}, seeds {','.join(map(str, o.seeds))}",
-                        self.layout.logs / f"{plan.name}-finetune-{name}.log", "launchers/finetune.py",
+                        self.layout.logs / f"{plan.name}-finetune-{name}.log", "finetune",
                         "--config", task_config(task), "--model", arm.pretrain.export,
                         "--seeds", ",".join(map(str, o.seeds)), *(a for s in sets for a in ("--set", s)), "--verbose")
 

@@ -12,7 +12,8 @@ label names and truncation, and serves with `mlflow models serve -m runs:/<id>/m
 
 The model is logged from code, not pickled: MLflow stores `pipeline/hub/encoder_pyfunc.py` (the
 wrapper belongs to the interface it wraps) and the `pipeline` package, and rebuilds the model on
-load by running that file. This module names the file by its path and imports nothing from hub/.
+load by running that file. This module finds the file by its module name (through the import
+system, so it is the installed copy wherever the package lives) and imports nothing from hub/.
 
 `log_dataset_inputs` records shard folders and task files as MLflow dataset inputs (name, digest
 of `index.json` or of the file, source path), which the UI shows in the Dataset column.
@@ -20,6 +21,8 @@ of `index.json` or of the file, source path), which the UI shows in the Dataset 
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import warnings
 from dataclasses import dataclass
@@ -29,10 +32,23 @@ from pipeline.common.atomic_files import sha256_file
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-"""The `pipeline` package, logged with every model so that `mlflow models serve` can import it."""
-ENCODER_PYFUNC_CODE = PACKAGE_DIR / "hub" / "encoder_pyfunc.py"
-"""The models-from-code file MLflow runs to rebuild a logged model (it calls `mlflow.models.set_model`)."""
+ENCODER_PYFUNC_MODULE = "pipeline.hub.encoder_pyfunc"
+"""The models-from-code module MLflow runs to rebuild a logged model (it calls `mlflow.models.set_model`)."""
+
+
+def module_file(name: str) -> Path:
+    """The source file of module `name`, found by the import system without running it or its package."""
+    parent, _, leaf = name.rpartition(".")
+    package = importlib.util.find_spec(parent)
+    spec = importlib.machinery.PathFinder.find_spec(leaf, package.submodule_search_locations) if package else None
+    if spec is None or spec.origin is None:
+        raise PipelineError(f"module {name} not found: is the pipeline package installed completely?")
+    return Path(spec.origin)
+
+
+def package_dir() -> Path:
+    """The `pipeline` package's folder, logged with every model so that `mlflow models serve` can import it."""
+    return Path(importlib.util.find_spec("pipeline").origin).parent
 
 
 def _requirements() -> list[str]:
@@ -43,7 +59,7 @@ def _requirements() -> list[str]:
 
 
 def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str | None = None, name: str = "model",
-                      registered_model_name: str | None = None, model_code: str | Path = ENCODER_PYFUNC_CODE) -> str:
+                      registered_model_name: str | None = None, model_code: str | Path | None = None) -> str:
     """Log the HF folder `model_dir` (fine-tuned or export) to run `run_id` as pyfunc model `name`; the model URI.
 
     `registered_model_name` also registers it in the model registry (a new version each call).
@@ -54,6 +70,7 @@ def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str |
     from pipeline.tracking.mlflow_run import default_tracking_uri
 
     model_dir = Path(model_dir)
+    model_code = model_code or module_file(ENCODER_PYFUNC_MODULE)
     if not (model_dir / "config.json").is_file():
         raise PipelineError(f"{model_dir}: not a saved model folder (no config.json); log a fine-tuned seed's "
                             "model/ folder or a pretraining export")
@@ -68,7 +85,7 @@ def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str |
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name=name, python_model=str(model_code), artifacts={"model": str(model_dir)},
-                code_paths=[str(PACKAGE_DIR)],  # the `pipeline` package, for serving
+                code_paths=[str(package_dir())],  # the `pipeline` package, for serving
                 pip_requirements=_requirements(), metadata=metadata,
                 # No signature: a schema would turn a plain list of texts into a one-column frame named 0;
                 # `EncoderModel` reads lists of texts or pairs and `text`/`text_b` frames itself.

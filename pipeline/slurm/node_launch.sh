@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One per node, started by srun: torchrun for this node's PROCS training processes.
 # SIGUSR1/SIGTERM reaching this wrapper go to the trainers (torchrun's children), which finish the
-# step, checkpoint and exit 0. Usage: node_launch.sh PROCS SCRIPT [ARGS...]
+# step, checkpoint and exit 0. Usage: node_launch.sh PROCS (SCRIPT | --module MODULE) [ARGS...]
 set -uo pipefail
 procs=$1; shift
 log_dir="${PIPELINE_LOG_DIR:-logs}/job${SLURM_JOB_ID}-restart${SLURM_RESTART_COUNT:-0}-node${SLURM_NODEID:-0}"
