@@ -1,80 +1,17 @@
 """Fine-tune a pretrained encoder on a GLUE, token-tagging or extractive-QA task, and log it to MLflow.
 
-    python launchers/finetune.py --config configs/glue/sst2.json --model runs/default/pretrain/export \\
-        [--set key=value ...] [--seeds 1,2,3] [--from-scratch]
-    python launchers/finetune.py --config configs/tasks/ner.json --model ...  (ner pos squad token-custom qa-custom)
-    accelerate launch --num_processes 2 launchers/finetune.py --config ...     (several processes)
+A thin shim: the command is `pipeline/commands/finetune.py` (also installed as `roberta-finetune`).
 
---model is an HF model folder or hub name (e.g. `roberta-base` when online), or a pretraining
-checkpoint / output folder (exported first). --from-scratch trains the same architecture from
-random weights: the baseline that shows what pretraining bought. Each seed writes
-`<train.output_dir>/seed_N/` (the best epoch's model as an HF folder, metrics.json, history.json,
-dev and test predictions — CoNLL files for token tasks, predictions.json for QA — confusion matrix,
-and complete.json last: a rerun skips finished seeds);
-`<train.output_dir>/metrics.json` holds the median, mean and standard deviation over seeds, and
-`best_model.json` points at the best seed's model.
+    python launchers/finetune.py --config configs/glue/sst2.json --model runs/default/pretrain/export \\
+        [--set key=value ...] [--seeds 1,2,3] [--from-scratch] [--sweep KEY=V1,V2,...] [--select-fraction 0.1]
+    accelerate launch --num_processes 2 launchers/finetune.py --config ...     (several processes)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-
 import _bootstrap  # noqa: F401  (makes `import pipeline` work from a checkout)
 
-from pipeline.common.errors import PipelineError, exit_on_pipeline_error
-
-
-def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise PipelineError(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
-    if not seeds:
-        raise PipelineError("--seeds: give at least one seed")
-    return seeds
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (tests/docs parse the documented commands with it)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="e.g. configs/glue/sst2.json")
-    p.add_argument("--model", required=True, help="HF model folder, hub name, or pretraining checkpoint/output folder")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: train.seed)")
-    p.add_argument("--from-scratch", action="store_true", help="random initial weights (the no-pretraining baseline)")
-    p.add_argument("--verbose", action="store_true",
-                   help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
-    return p
-
-
-@exit_on_pipeline_error
-def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
-    from pipeline.common.topology import current_topology
-    from pipeline.finetune.config import load_finetune_config
-
-    topology = current_topology()
-    config = load_finetune_config(args.config, args.set, world_size=topology.world_size)
-    seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
-    from pipeline.common.console import quiet_frameworks
-    from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
-
-    slow_bf16 = bf16_cpu_warning(config.train.mixed_precision == "bf16", topology.cuda,
-                                 topology.cuda or native_bf16(), "--set train.mixed_precision=no")
-    if slow_bf16 and topology.rank == 0:
-        print(slow_bf16, file=sys.stderr)
-
-    quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
-    from pipeline.finetune.trainer import run_finetuning
-
-    report = run_finetuning(config, args.model, seeds, args.from_scratch)
-    if not topology.is_main:
-        return
-    headline = {k: round(v, 4) for k, v in report.items() if isinstance(v, float)}
-    print(json.dumps({"task": report["task"], "seeds": seeds, "from_scratch": args.from_scratch, **headline}))
-
+from pipeline.commands.finetune import build_parser, main, parse_seeds  # noqa: F401  (build_parser: tests/docs)
 
 if __name__ == "__main__":
     main()
