@@ -12,7 +12,8 @@ Runs each stage as its own command, exactly as a user would type it:
   6. launchers/cloze.py                 the export fills blanks in the validation text: top-1 accuracy
                                         and three examples → cloze.json
   7. data_prep/make_embedded_task.py    a GLUE-style task from the same corpus: which standard-library
-                                        package a docstring comes from (6 classes)
+                                        package a docstring comes from (6 classes), and
+     launchers/token_baseline.py        its token-count baseline (bag of words → logistic regression)
   8. launchers/finetune.py              the export and a from-scratch baseline, 3 seeds each
   9. launchers/compare.py               the table of both, joined to the pretraining run, and plots
 Reruns reuse what is complete (the shard stage verifies and skips its finished shards;
@@ -138,6 +139,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     task = layout.task
     job.run("7/9 fine-tuning task", "task", "data_prep/make_embedded_task.py", "--corpus", corpus, "--out", task)
+    # The task's token-count baseline (seconds): beside the arms, it shows whether the task needs pretraining at all.
+    job.run("7/9 token-count baseline", "token-baseline", "launchers/token_baseline.py",
+            "--config", "configs/glue/embedded-docs.json", "--set", f"data.train_file={task / 'train.jsonl'}",
+            "--set", f"data.validation_file={task / 'dev.jsonl'}", "--json", layout.token_baseline)
     tracking = ["--set", f"tracking.uri={layout.tracking_uri}"]
     for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
         folder = name.replace(" ", "-")

@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     from pipeline.common.atomic_files import write_json_atomic
     from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.task_loading import load_task
     from pipeline.finetune.token_baseline import token_count_baseline
-    from pipeline.finetune.trainer import load_task
 
     data = load_task(load_finetune_config(args.config, args.set))
     result = {"task": data.spec.name, "baseline": "token counts", "train": len(data.train),

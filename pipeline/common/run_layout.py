@@ -204,6 +204,11 @@ class MainJobLayout:
         """The export's cloze check on the validation text (launchers/cloze.py --json)."""
         return self.root / "cloze.json"
 
+    @property
+    def token_baseline(self) -> Path:
+        """The task's token-count baseline on dev (launchers/token_baseline.py --json)."""
+        return self.root / "token-baseline.json"
+
     def finetune(self, run: str) -> FinetuneLayout:
         """`run` is `pretrained` or `from-scratch`."""
         return FinetuneLayout(self.root / "finetune" / run)

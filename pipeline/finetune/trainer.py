@@ -38,9 +38,9 @@ from pipeline.finetune.outputs import (
 )
 from pipeline.finetune.select_split import SELECT
 from pipeline.finetune.sweep import Sweep
-from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
+from pipeline.finetune.task_data import Split, TaskData
 from pipeline.finetune.task_family import TaskFamily
-from pipeline.finetune.tasks import task_spec
+from pipeline.finetune.task_loading import load_task
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.model import parameter_groups
 from pipeline.tracking.metrics import MetricsSink
@@ -50,29 +50,6 @@ from pipeline.tracking.sinks import open_metrics
 # Settings that change where or how fast a run reports, not what it trains: a rerun may differ in them
 # and still skip finished seeds. (`train.seed` is the default seed; each seed's own is in its record.)
 RESULT_NEUTRAL_SETTINGS = ("train.output_dir", "train.eval_batch_size", "train.collective_timeout_s", "train.seed")
-
-
-def load_task(config: FinetuneConfig) -> TaskData:
-    from pipeline.finetune.qa_family import QA_TASKS, load_qa_task
-    from pipeline.finetune.token_family import TOKEN_TASKS, load_token_task
-
-    d = config.data
-    if config.task in TOKEN_TASKS:
-        return load_token_task(config.task, d)
-    if config.task in QA_TASKS:
-        return load_qa_task(config.task, d)
-    if config.task == "custom":
-        data = load_custom(d.train_file, d.validation_file, d.test_file, d.text_fields, d.label_field, d.task_type,
-                           d.labels)
-    elif d.use_datasets and not d.glue_dir:
-        data = load_hf_glue(task_spec(config.task))
-    else:
-        data = load_glue_folder(task_spec(config.task), d.glue_dir)
-    if d.max_train_examples:
-        t = data.train
-        n = d.max_train_examples
-        data.train = Split(t.source, t.texts[:n], t.labels[:n] if t.labels is not None else None, t.ids[:n])
-    return data
 
 
 def build_accelerator(config: FinetuneConfig, plan: BatchPlan):

@@ -85,6 +85,16 @@ def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_fold
     assert len(text.splitlines()) <= 26  # fits a screen with the stages above it
 
 
+def test_the_token_count_baseline_stands_beside_the_arms_and_says_when_counting_is_enough(run_folder):
+    (run_folder / "token-baseline.json").write_text(json.dumps({"task": "custom", "accuracy": 0.5, "f1_macro": 0.4}))
+    line = next(x for x in render_summary(run_folder).splitlines() if "token counts" in x)
+    assert line.split("token counts (no neural model)")[1].strip() == (
+        "0.500 on the same dev split (a bag of words and a logistic regression)")
+    (run_folder / "token-baseline.json").write_text(json.dumps({"task": "custom", "accuracy": 0.93}))
+    line = next(x for x in render_summary(run_folder).splitlines() if "token counts" in x)
+    assert "0.930" in line and "counting words does as well, so this task cannot show what pretraining buys" in line
+
+
 def test_missing_results_are_named_not_invented(run_folder):
     (run_folder / "finetune" / "from-scratch" / "metrics.json").unlink()
     (run_folder / "pretrain" / "metrics.jsonl").unlink()
