@@ -35,6 +35,11 @@ UNSWEEPABLE = ("task", "train.output_dir", "train.seed", "train.mixed_precision"
                "train.eval_batch_size")
 """Keys a sweep may not vary: they name the task or the run, are fixed per launch, or change no result."""
 
+SWEEPABLE_DATA = ("data.max_seq_len", "data.label_all_tokens", "data.doc_stride", "data.n_best",
+                  "data.max_answer_length", "data.version_2_with_negative", "data.null_score_diff_threshold")
+"""The `data.*` keys a sweep may vary: how examples are encoded and answers read. The others say which
+examples there are, and the task is read once, before the sweep."""
+
 
 def parse_sweep(specs: list[str]) -> list[tuple[str, ...]]:
     """`["train.learning_rate=1e-4,1e-3", "train.epochs=3,5"]` → every setting of the grid, as `--set` overrides
@@ -51,6 +56,9 @@ def parse_sweep(specs: list[str]) -> list[tuple[str, ...]]:
         if key in UNSWEEPABLE or key.startswith("tracking."):
             raise PipelineError(f"--sweep {key}: cannot be swept (it names the task or the run, or changes no "
                                 "result); set it with --set")
+        if key.startswith("data.") and key not in SWEEPABLE_DATA:
+            raise PipelineError(f"--sweep {key}: the task's data is read once, before the sweep; of the data keys "
+                                f"only {', '.join(SWEEPABLE_DATA)} can be swept")
         if len(set(options)) != len(options):
             raise PipelineError(f"--sweep {spec!r}: a value is listed twice")
         keys.append(key)

@@ -36,7 +36,8 @@ def test_the_grid_is_the_product_of_the_swept_keys_in_the_order_given():
 @pytest.mark.parametrize("spec, message", [
     (["train.learning_rate"], "expected KEY=V1,V2"), (["train.learning_rate=1e-4,"], "expected KEY=V1,V2"),
     (["train.epochs=2", "train.epochs=3"], "given twice"), (["train.seed=1,2"], "cannot be swept"),
-    (["train.output_dir=a,b"], "cannot be swept"), (["train.epochs=2,2"], "listed twice")])
+    (["train.output_dir=a,b"], "cannot be swept"), (["train.epochs=2,2"], "listed twice"),
+    (["data.max_train_examples=8,32"], "read once, before the sweep")])
 def test_a_bad_sweep_is_an_error_naming_it(spec, message):
     with pytest.raises(PipelineError, match=message):
         parse_sweep(spec)
