@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
     parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
                         help="stop after this step (default: run all nine)")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="fine-tune both arms through the sweep protocol (launchers/finetune.py --sweep): each "
+                             "arm's setting chosen on a held-out slice of the task's training split; off by default, "
+                             "as each setting adds one training run per arm")
     parser.add_argument("--verbose", action="store_true",
                         help="show every stage's full output on screen (it is always in <out>/logs/)")
     return parser
@@ -144,11 +148,12 @@ def main(argv: list[str] | None = None) -> None:
             "--config", "configs/glue/embedded-docs.json", "--set", f"data.train_file={task / 'train.jsonl'}",
             "--set", f"data.validation_file={task / 'dev.jsonl'}", "--json", layout.token_baseline)
     tracking = ["--set", f"tracking.uri={layout.tracking_uri}"]
+    sweep = [arg for spec in args.sweep for arg in ("--sweep", spec)]
     for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
         folder = name.replace(" ", "-")
         job.run(f"8/9 fine-tune ({name})", f"finetune-{folder}", "launchers/finetune.py",
                 "--config", "configs/glue/embedded-docs.json", "--model", pretrain.export,
-                "--seeds", "1,2,3", *extra, "--set", f"data.train_file={task / 'train.jsonl'}",
+                "--seeds", "1,2,3", *extra, *sweep, "--set", f"data.train_file={task / 'train.jsonl'}",
                 "--set", f"data.validation_file={task / 'dev.jsonl'}",
                 "--set", f"train.output_dir={layout.finetune(folder).root}",
                 *tracking, *full, env=env)

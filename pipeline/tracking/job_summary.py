@@ -144,6 +144,11 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
         figures.append((f"{pretrained.metric} ({pretrained.task} task)",
                         f"pretrained {pretrained.median:.3f} vs from scratch {scratch.median:.3f} "
                         f"({pretrained.median - scratch.median:+.3f}; medians of {pretrained.seeds} seeds)"))
+        chosen = {n: (_read_json(layout.finetune(f).metrics) or {}).get("chosen_setting")
+                  for n, f in (("pretrained", "pretrained"), ("from scratch", "from-scratch"))}
+        if any(chosen.values()):
+            figures.append(("chosen on held-out train", "; ".join(
+                f"{n} {', '.join(f'{k}={v}' for k, v in c.items())}" for n, c in chosen.items() if c)))
         if (line := _baseline_line(_read_json(layout.token_baseline), pretrained, scratch)) is not None:
             figures.append(("token counts (no neural model)", line))
     else:

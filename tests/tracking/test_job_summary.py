@@ -95,6 +95,15 @@ def test_the_token_count_baseline_stands_beside_the_arms_and_says_when_counting_
     assert "0.930" in line and "counting words does as well, so this task cannot show what pretraining buys" in line
 
 
+def test_the_settings_each_arm_chose_are_shown_when_the_arms_were_swept(run_folder):
+    assert "chosen on held-out train" not in render_summary(run_folder)
+    for folder, lr in (("pretrained", "1e-3"), ("from-scratch", "2e-4")):
+        path = run_folder / "finetune" / folder / "metrics.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "chosen_setting": {"train.learning_rate": lr}}))
+    line = next(x for x in render_summary(run_folder).splitlines() if "chosen on held-out train" in x)
+    assert line.endswith("pretrained train.learning_rate=1e-3; from scratch train.learning_rate=2e-4")
+
+
 def test_missing_results_are_named_not_invented(run_folder):
     (run_folder / "finetune" / "from-scratch" / "metrics.json").unlink()
     (run_folder / "pretrain" / "metrics.jsonl").unlink()
