@@ -154,7 +154,7 @@ def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int,
         else:
             result = tuner.run()
             best, epoch = result.best, result.best_epoch
-        score = best[family.main_metric]
+        score = best[f"select_{family.main_metric}"]
         scores.append(score)
         trials.append({"trial": setting.name, "setting": setting.values, "score": score, "best_epoch": epoch,
                        "metrics": best})

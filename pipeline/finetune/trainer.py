@@ -174,8 +174,12 @@ class FineTuner:
 
         acc, epochs = self.accelerator, self.config.train.epochs
         main_metric = self.family.main_metric
-        choose, prefix, log_prefix = ((self.select_loaders, "select_", "select/") if self.held_out is not None
-                                      else (self.dev_loaders, "", "eval/"))
+        if self.held_out is not None:
+            choose, prefix, log_prefix = self.select_loaders, "select_", "select/"
+        elif self.trial:  # a trial's only "dev" split is the slice: its scores are named as the slice's
+            choose, prefix, log_prefix = self.dev_loaders, "select_", "select/"
+        else:
+            choose, prefix, log_prefix = self.dev_loaders, "", "eval/"
         result, self.best_state = SeedResult(self.seed, {}, 0), None
         progress = tqdm(total=self.steps_per_epoch * epochs, desc=self.label, disable=not acc.is_main_process,
                         mininterval=1.0)

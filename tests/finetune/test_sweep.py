@@ -200,6 +200,10 @@ def test_selection_never_reads_dev_and_a_rerun_skips_every_finished_trial(poison
     children = [r for r in runs if r.data.tags["stage"] == "finetune-trial"]
     assert len(children) == 2 and all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
     assert parent.data.tags["chosen_setting"] == "train.learning_rate=1e-3"
+    assert all(r.data.metrics["best/select_accuracy"] == t["score"] for r, t in zip(
+        sorted(children, key=lambda r: r.data.tags["trial"]), sorted(selection["trials"], key=lambda t: t["trial"]),
+        strict=True))
+    assert all("eval/accuracy" not in r.data.metrics for r in children)
     assert parent.data.metrics["selection/score"] == report["selection_score"]
 
     capsys.readouterr()
