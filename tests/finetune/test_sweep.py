@@ -213,6 +213,13 @@ def test_selection_never_reads_dev_and_a_rerun_skips_every_finished_trial(poison
     assert spy.runs == [] and out.count("finished before") == 3
     assert json.loads((ft / "metrics.json").read_text())["selection"] == selection
 
+    # A grown grid trains only its new setting; the choice stands, so the finished seed is kept too.
+    finetune("--config", poisoned_task / "config.json", "--model", tiny_model, "--from-scratch", "--seeds", "1",
+             "--sweep", "train.learning_rate=1e-6,1e-3,1e-5")
+    assert [r["trial"] for r in spy.runs] == [trial for trial in {t["trial"] for t in json.loads(
+        (ft / "selection.json").read_text())["trials"]} - {t["trial"] for t in selection["trials"]}]
+    assert json.loads((ft / "metrics.json").read_text())["chosen_setting"] == {"train.learning_rate": "1e-3"}
+
 
 def test_a_sweep_of_a_token_task_chooses_on_its_slice(tmp_path, tiny_model):
     rng = random.Random(0)
