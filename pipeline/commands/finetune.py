@@ -2,6 +2,7 @@
 
     python launchers/finetune.py --config configs/glue/sst2.json --model runs/default/pretrain/export \\
         [--set key=value ...] [--seeds 1,2,3] [--from-scratch]
+        [--sweep train.learning_rate=1e-4,3e-4,1e-3 ...] [--select-fraction 0.1]
     python launchers/finetune.py --config configs/tasks/ner.json --model ...  (ner pos squad token-custom qa-custom)
     accelerate launch --num_processes 2 launchers/finetune.py --config ...     (several processes)
 
@@ -13,6 +14,11 @@ dev and test predictions — CoNLL files for token tasks, predictions.json for Q
 and complete.json last: a rerun skips finished seeds);
 `<train.output_dir>/metrics.json` holds the median, mean and standard deviation over seeds, and
 `best_model.json` points at the best seed's model.
+
+--sweep runs the fair protocol (pipeline/finetune/sweep.py): every setting of the grid is trained
+with the first seed on the training split minus a held-out slice (--select-fraction of it, chosen
+by a hash of each example) and scored on that slice; the best setting is then trained over every
+seed on the same data and reported on dev. Dev never takes part in the choice.
 """
 
 from __future__ import annotations
@@ -42,21 +48,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: train.seed)")
     p.add_argument("--from-scratch", action="store_true", help="random initial weights (the no-pretraining baseline)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="try each value of a config key (repeatable: the grid of all keys); the setting is chosen "
+                        "on a held-out slice of the training split, never on dev")
+    p.add_argument("--select-fraction", type=float, default=None,
+                   help="with --sweep: the share of the training split held out to choose the setting (default 0.1)")
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     return p
 
 
+def build_sweep(args: argparse.Namespace, world_size: int):
+    """The `Sweep` of `--sweep` / `--select-fraction` (None without --sweep); every setting's config checked now."""
+    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.sweep import DEFAULT_SELECT_FRACTION, Setting, Sweep, parse_sweep
+
+    if not args.sweep:
+        if args.select_fraction is not None:
+            raise PipelineError("--select-fraction: only with --sweep (it holds out the slice that scores settings)")
+        return None
+    settings = [Setting(overrides, load_finetune_config(args.config_path, [*args.set, *overrides],
+                                                        world_size=world_size))
+                for overrides in parse_sweep(args.sweep)]
+    fraction = DEFAULT_SELECT_FRACTION if args.select_fraction is None else args.select_fraction
+    return Sweep(settings, fraction)
+
+
 @exit_on_pipeline_error
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from pipeline.common.shipped_configs import find_config
     from pipeline.common.topology import current_topology
     from pipeline.finetune.config import load_finetune_config
 
     topology = current_topology()
-    config = load_finetune_config(find_config(args.config, "finetune"), args.set, world_size=topology.world_size)
+    args.config_path = find_config(args.config, "finetune")
+    config = load_finetune_config(args.config_path, args.set, world_size=topology.world_size)
     seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
+    sweep = build_sweep(args, topology.world_size)
     from pipeline.common.console import quiet_frameworks
     from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
 
@@ -68,11 +97,13 @@ def main(argv=None) -> None:
     quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.finetune.trainer import run_finetuning
 
-    report = run_finetuning(config, args.model, seeds, args.from_scratch)
+    report = run_finetuning(config, args.model, seeds, args.from_scratch, sweep)
     if not topology.is_main:
         return
     headline = {k: round(v, 4) for k, v in report.items() if isinstance(v, float)}
-    print(json.dumps({"task": report["task"], "seeds": seeds, "from_scratch": args.from_scratch, **headline}))
+    chosen = {"chosen_setting": report["chosen_setting"]} if sweep else {}
+    print(json.dumps({"task": report["task"], "seeds": seeds, "from_scratch": args.from_scratch, **headline,
+                      **chosen}))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ script named here), exactly as a user would type it:
   6. launchers/cloze.py                 the export fills blanks in the validation text: top-1 accuracy
                                         and three examples → cloze.json
   7. data_prep/make_embedded_task.py    a GLUE-style task from the same corpus: which standard-library
-                                        package a docstring comes from (6 classes)
+                                        package a docstring comes from (6 classes), and
+     launchers/token_baseline.py        its token-count baseline (bag of words → logistic regression)
   8. launchers/finetune.py              the export and a from-scratch baseline, 3 seeds each
   9. launchers/compare.py               the table of both, joined to the pretraining run, and plots
 Reruns reuse what is complete (the shard stage verifies and skips its finished shards;
@@ -89,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
     parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
                         help="stop after this step (default: run all nine)")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="fine-tune both arms through the sweep protocol (launchers/finetune.py --sweep): each "
+                             "arm's setting chosen on a held-out slice of the task's training split; off by default, "
+                             "as each setting adds one training run per arm")
     parser.add_argument("--verbose", action="store_true",
                         help="show every stage's full output on screen (it is always in <out>/logs/)")
     return parser
@@ -139,12 +144,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     task = layout.task
     job.run("7/9 fine-tuning task", "task", "make_embedded_task", "--corpus", corpus, "--out", task)
+    # The task's token-count baseline (seconds): beside the arms, it shows whether the task needs pretraining at all.
+    job.run("7/9 token-count baseline", "token-baseline", "token_baseline",
+            "--config", "embedded-docs", "--set", f"data.train_file={task / 'train.jsonl'}",
+            "--set", f"data.validation_file={task / 'dev.jsonl'}", "--json", layout.token_baseline)
     tracking = ["--set", f"tracking.uri={layout.tracking_uri}"]
+    sweep = [arg for spec in args.sweep for arg in ("--sweep", spec)]
     for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
         folder = name.replace(" ", "-")
         job.run(f"8/9 fine-tune ({name})", f"finetune-{folder}", "finetune",
                 "--config", "embedded-docs", "--model", pretrain.export,
-                "--seeds", "1,2,3", *extra, "--set", f"data.train_file={task / 'train.jsonl'}",
+                "--seeds", "1,2,3", *extra, *sweep, "--set", f"data.train_file={task / 'train.jsonl'}",
                 "--set", f"data.validation_file={task / 'dev.jsonl'}",
                 "--set", f"train.output_dir={layout.finetune(folder).root}",
                 *tracking, *full, env=env)

@@ -150,6 +150,20 @@ class FinetuneLayout:
     def seed(self, seed: int) -> SeedLayout:
         return SeedLayout(self.root / f"seed_{seed}", seed)
 
+    @property
+    def selection(self) -> Path:
+        """`--sweep`: the trials that chose the setting, and `selection.json` (every trial's score, the choice)."""
+        return self.root / "selection"
+
+    @property
+    def selection_record(self) -> Path:
+        """`--sweep`: every trial's setting and score on the selection slice, and the chosen setting."""
+        return self.root / "selection.json"
+
+    def trial(self, name: str) -> FinetuneLayout:
+        """One setting's trial: a fine-tuning folder of its own (`selection/trial_<name>/seed_N/`)."""
+        return FinetuneLayout(self.selection / f"trial_{name}")
+
     def relative(self, path: Path) -> str:
         """`path` relative to the output folder, as recorded in `best_model.json`."""
         return Path(path).relative_to(self.root).as_posix()
@@ -189,6 +203,11 @@ class MainJobLayout:
     def cloze(self) -> Path:
         """The export's cloze check on the validation text (launchers/cloze.py --json)."""
         return self.root / "cloze.json"
+
+    @property
+    def token_baseline(self) -> Path:
+        """The task's token-count baseline on dev (launchers/token_baseline.py --json)."""
+        return self.root / "token-baseline.json"
 
     def finetune(self, run: str) -> FinetuneLayout:
         """`run` is `pretrained` or `from-scratch`."""

@@ -5,6 +5,8 @@
     <output_dir>/seed_N/model/           HF folder: weights, config (id2label = the task's classes),
                                          tokenizer, pipeline_finetune.json (provenance)
     <output_dir>/seed_N/complete.json    written last: the seed is finished and a rerun skips it
+    <output_dir>/selection.json          with --sweep: every trial's setting and selection score, the choice
+    <output_dir>/selection/trial_<id>/seed_N/   a trial's reports and complete.json (no weights)
 """
 
 from __future__ import annotations
@@ -44,18 +46,19 @@ def holds_pretrained_seeds(root: Path) -> bool:
     return False
 
 
-def finished_seed(seed: SeedLayout, expected: dict) -> dict | None:
+def finished_seed(seed: SeedLayout, expected: dict, *, needs_model: bool = True) -> dict | None:
     """The completion record of a finished seed, None if it has to be (re)done.
 
     A seed whose record says it was trained differently (another task, model content, recipe or
     from-scratch setting) is an error rather than a skip or an overwrite: its results would be mixed with
-    this run's, or lost.
+    this run's, or lost. `needs_model=False`: a selection trial, which keeps no weights.
     """
     try:
         record = json.loads(seed.complete.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # never finished (or killed while writing the marker, which is atomic anyway)
-    if record.get("seed") != seed.seed or not isinstance(record.get("metrics"), dict) or not seed.model.is_dir():
+    if record.get("seed") != seed.seed or not isinstance(record.get("metrics"), dict) or (
+            needs_model and not seed.model.is_dir()):
         return None
     differs = describe_differences(record, expected, keys=expected)  # the record's own keys (metrics, …) aside
     if differs:

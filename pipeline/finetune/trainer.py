@@ -8,6 +8,7 @@ and metrics, and writes the prediction files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from contextlib import AbstractContextManager, nullcontext
@@ -34,9 +35,11 @@ from pipeline.finetune.outputs import (
     summarize,
     write_best_model,
 )
-from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
+from pipeline.finetune.select_split import SELECT
+from pipeline.finetune.sweep import Sweep
+from pipeline.finetune.task_data import Split, TaskData
 from pipeline.finetune.task_family import TaskFamily
-from pipeline.finetune.tasks import task_spec
+from pipeline.finetune.task_loading import load_task
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.model import parameter_groups
 from pipeline.tracking.metrics import MetricsSink
@@ -46,29 +49,6 @@ from pipeline.tracking.sinks import open_metrics
 # Settings that change where or how fast a run reports, not what it trains: a rerun may differ in them
 # and still skip finished seeds. (`train.seed` is the default seed; each seed's own is in its record.)
 RESULT_NEUTRAL_SETTINGS = ("train.output_dir", "train.eval_batch_size", "train.collective_timeout_s", "train.seed")
-
-
-def load_task(config: FinetuneConfig) -> TaskData:
-    from pipeline.finetune.qa_family import QA_TASKS, load_qa_task
-    from pipeline.finetune.token_family import TOKEN_TASKS, load_token_task
-
-    d = config.data
-    if config.task in TOKEN_TASKS:
-        return load_token_task(config.task, d)
-    if config.task in QA_TASKS:
-        return load_qa_task(config.task, d)
-    if config.task == "custom":
-        data = load_custom(d.train_file, d.validation_file, d.test_file, d.text_fields, d.label_field, d.task_type,
-                           d.labels)
-    elif d.use_datasets and not d.glue_dir:
-        data = load_hf_glue(task_spec(config.task))
-    else:
-        data = load_glue_folder(task_spec(config.task), d.glue_dir)
-    if d.max_train_examples:
-        t = data.train
-        n = d.max_train_examples
-        data.train = Split(t.source, t.texts[:n], t.labels[:n] if t.labels is not None else None, t.ids[:n])
-    return data
 
 
 def build_accelerator(config: FinetuneConfig, plan: BatchPlan):
@@ -103,10 +83,16 @@ class FineTuner:
     epoch; `validate()` scores the dev splits; `save()` writes the seed's folder, `complete.json` last."""
 
     def __init__(self, config: FinetuneConfig, data: TaskData, family: TaskFamily, source: ModelSource,
-                 accelerator, plan: BatchPlan, seed: int, from_scratch: bool, parent_run_id: str | None = None):
+                 accelerator, plan: BatchPlan, seed: int, from_scratch: bool, parent_run_id: str | None = None,
+                 *, held_out=None, protocol: dict | None = None, trial: str | None = None):
+        """`held_out`: a split of training data (the selection slice) that picks the best epoch; dev is then
+        scored once, on that epoch (the family must know the slice as `SELECT`). `protocol`: what the
+        completion record must also match (the selection slice, the trial's setting). `trial`: a selection
+        trial of that name: its own MLflow run name and tags, and no saved weights."""
         self.config, self.data, self.family, self.source = config, data, family, source
         self.accelerator, self.plan, self.seed, self.from_scratch = accelerator, plan, seed, from_scratch
         self.parent_run_id = parent_run_id
+        self.held_out, self.protocol, self.trial = held_out, protocol, trial
         self.out: SeedLayout = config.layout.seed(seed)
         self.watchdog: RankWatchdog | None = None
         if plan.world_size > 1:  # see pipeline/common/lost_rank.py
@@ -114,7 +100,8 @@ class FineTuner:
             self.watchdog = RankWatchdog(timeout, lambda where: lost_rank_message(
                 accelerator.process_index, plan.world_size, f"in {self.label}, {where}", timeout, RERUN_HINT,
                 f"a micro batch has waited {timeout:g} s"))
-        self.label = f"{data.spec.name} seed {seed}{' (scratch)' if from_scratch else ''}"
+        self.label = (f"{data.spec.name}{f' trial {trial}' if trial else ''} seed {seed}"
+                      f"{' (scratch)' if from_scratch else ''}")
 
     def setup(self) -> None:
         from transformers import AutoTokenizer, get_linear_schedule_with_warmup
@@ -131,6 +118,8 @@ class FineTuner:
                                                    collate_fn=collate,
                                                    generator=torch.Generator().manual_seed(self.seed))
         dev_loaders = [self.eval_loader(split) for split in self.data.dev.values()]
+        if self.held_out is not None:
+            dev_loaders.append(self.eval_loader(self.held_out))
         optimizer = torch.optim.AdamW(parameter_groups(model, t.weight_decay), lr=t.learning_rate,
                                       betas=tuple(t.adam_betas), eps=t.adam_eps)
         # Optimizer steps per epoch: accelerate hands each process every world_size-th micro batch
@@ -142,6 +131,8 @@ class FineTuner:
         self.scheduler = get_linear_schedule_with_warmup(optimizer, int(t.warmup_ratio * total), total)
         self.model, self.optimizer, self.train_loader, *loaders = acc.prepare(model, optimizer, train_loader,
                                                                              *dev_loaders)
+        if self.held_out is not None:
+            self.select_loaders = {SELECT: loaders.pop()}
         self.dev_loaders = dict(zip(self.data.dev, loaders, strict=True))
         self.metrics = self._open_metrics()
 
@@ -154,36 +145,52 @@ class FineTuner:
         c, spec = self.config, self.data.spec
         kind = "scratch" if self.from_scratch else "pretrained"
         source = self.source
-        tags = run_tags("finetune", self.plan.world_size, task=c.task, seed=self.seed,
+        stage, trial = ("finetune-trial", {"trial": self.trial}) if self.trial else ("finetune", {})
+        tags = run_tags(stage, self.plan.world_size, task=c.task, seed=self.seed, **trial,
                         from_scratch=str(self.from_scratch).lower(), model=source.path,
                         pretrain_run_id=source.pretrain_run_id, pretrain_checkpoint=source.pretrain_checkpoint)
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
         params = {**flatten(to_dict(c)), "model": self.source.path, "seed": self.seed,
                   "from_scratch": self.from_scratch, "gradient_accumulation": self.plan.accumulation}
-        return open_metrics(self.accelerator.is_main_process, tracking=c.tracking,
-                            run_name=f"{spec.name}-{kind}-seed{self.seed}", tags=tags, params=params)
+        name = f"{spec.name}-{kind}{f'-trial-{self.trial}' if self.trial else ''}-seed{self.seed}"
+        return open_metrics(self.accelerator.is_main_process, tracking=c.tracking, run_name=name, tags=tags,
+                            params=params)
 
     def fit(self) -> SeedResult:
+        """Train every epoch and keep the best one: best on dev, or with `held_out` best on the selection slice
+        (its metrics prefixed `select_`), and dev scored once, on that epoch's weights."""
         from tqdm.auto import tqdm
 
         acc, epochs = self.accelerator, self.config.train.epochs
         main_metric = self.family.main_metric
+        if self.held_out is not None:
+            choose, prefix, log_prefix = self.select_loaders, "select_", "select/"
+        elif self.trial:  # a trial's only "dev" split is the slice: its scores are named as the slice's
+            choose, prefix, log_prefix = self.dev_loaders, "select_", "select/"
+        else:
+            choose, prefix, log_prefix = self.dev_loaders, "", "eval/"
         result, self.best_state = SeedResult(self.seed, {}, 0), None
         progress = tqdm(total=self.steps_per_epoch * epochs, desc=self.label, disable=not acc.is_main_process,
                         mininterval=1.0)
         for epoch in range(1, epochs + 1):
             train_loss = self._train_epoch(progress)
-            evaluation = self.validate()
-            result.history.append({"epoch": epoch, "train_loss": train_loss, **evaluation.metrics})
-            self.metrics.log({"train/loss": train_loss, **{f"eval/{k}": v for k, v in evaluation.metrics.items()}},
-                             epoch)
+            evaluation = self.validate(choose)
+            scores = {f"{prefix}{k}": v for k, v in evaluation.metrics.items()}
+            result.history.append({"epoch": epoch, "train_loss": train_loss, **scores})
+            self.metrics.log({"train/loss": train_loss, **{f"{log_prefix}{k}": v
+                                                           for k, v in evaluation.metrics.items()}}, epoch)
             progress.set_postfix(loss=f"{train_loss:.3f}", **{main_metric: f"{evaluation.metrics[main_metric]:.4f}"})
-            if not result.best or evaluation.metrics[main_metric] > result.best[main_metric]:
-                result.best, result.best_epoch, self.best_evaluation = evaluation.metrics, epoch, evaluation
+            if not result.best or scores[prefix + main_metric] > result.best[prefix + main_metric]:
+                result.best, result.best_epoch, self.best_evaluation = scores, epoch, evaluation
                 self.best_state = {k: v.detach().to("cpu", copy=True)
                                    for k, v in acc.get_state_dict(self.model).items()}
         progress.close()
+        if self.held_out is not None:  # dev, read once: on the epoch the slice chose
+            acc.unwrap_model(self.model).load_state_dict(self.best_state)
+            self.best_evaluation = self.validate()
+            result.best = {**self.best_evaluation.metrics, **result.best}
+            self.metrics.log({f"eval/{k}": v for k, v in self.best_evaluation.metrics.items()}, result.best_epoch)
         return result
 
     def _train_epoch(self, progress) -> float:
@@ -209,9 +216,10 @@ class FineTuner:
         return acc.gather(torch.stack(losses).mean()[None]).mean().item()
 
     @torch.no_grad()
-    def validate(self) -> Evaluation:
+    def validate(self, loaders: dict | None = None) -> Evaluation:
+        """Score the dev splits (or the given `loaders`, by split name) with the task's metrics."""
         predictions, labels = {}, {}
-        for name, loader in self.dev_loaders.items():
+        for name, loader in (self.dev_loaders if loaders is None else loaders).items():
             predictions[name], labels[name] = self._predict(loader)
         return Evaluation(self.family.metrics(predictions, labels), predictions, labels)
 
@@ -246,18 +254,15 @@ class FineTuner:
             artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels)
             for name, values in test_predictions.items():
                 artifacts += self.family.write_test_predictions(out, name, self.data.test[name], values)
-            save_model(out.model, acc.unwrap_model(self.model), self.tokenizer, {
-                **self.family.provenance(), "seed": self.seed, "metrics": result.best,
-                "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
-                "from_scratch": self.from_scratch, "source_model": self.source.path,
-                "pretrain_run_id": self.source.pretrain_run_id,
-                "pretrain_checkpoint": self.source.pretrain_checkpoint})
+            if self.trial is None:  # a trial's weights are not kept: its setting is retrained over the seeds
+                self._save_model(result)
             self.metrics.log({f"best/{k}": v for k, v in result.best.items()} | {"best/epoch": result.best_epoch},
                              self.config.train.epochs)
             for path in artifacts:
                 self.metrics.log_artifact(path)
-            record_in_model_store(self.metrics, out.model, task_datasets(self.data),
-                                  self.config.tracking.registered_model)
+            if self.trial is None:
+                record_in_model_store(self.metrics, out.model, task_datasets(self.data),
+                                      self.config.tracking.registered_model)
             mark_complete(out, {**self.completion_key(), "metrics": result.best, "best_epoch": result.best_epoch,
                                 "processes": acc.num_processes})
         self.metrics.close()
@@ -266,15 +271,28 @@ class FineTuner:
         if self.watchdog:
             self.watchdog.close()
 
+    def _save_model(self, result: SeedResult) -> None:
+        acc, out = self.accelerator, self.out
+        save_model(out.model, acc.unwrap_model(self.model), self.tokenizer, {
+            **self.family.provenance(), "seed": self.seed, "metrics": result.best,
+            "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
+            "from_scratch": self.from_scratch, "source_model": self.source.path,
+            "pretrain_run_id": self.source.pretrain_run_id,
+            "pretrain_checkpoint": self.source.pretrain_checkpoint,
+            **({"selection": self.protocol} if self.protocol else {})})
+
     def completion_key(self) -> dict:
         """What a finished seed must match to be skipped by a rerun: the task, the model's content (its
         config and tokenizer alone from scratch) and every setting that changes what is trained."""
         recipe = flatten(to_dict(self.config))
         for key in [k for k in recipe if k.startswith("tracking.")] + list(RESULT_NEUTRAL_SETTINGS):
             recipe.pop(key, None)
-        return {"task": self.data.spec.name, "from_scratch": self.from_scratch, "model": self.source.path,
-                "model_fingerprint": model_fingerprint(self.source.path, weights=not self.from_scratch),
-                "recipe": json.loads(json.dumps(recipe))}  # as the record reads back (tuples as lists)
+        key = {"task": self.data.spec.name, "from_scratch": self.from_scratch, "model": self.source.path,
+               "model_fingerprint": model_fingerprint(self.source.path, weights=not self.from_scratch),
+               "recipe": recipe}
+        if self.protocol is not None:
+            key["protocol"] = self.protocol
+        return json.loads(json.dumps(key))  # as the record reads back (tuples as lists)
 
     def run(self) -> SeedResult:
         self.setup()
@@ -283,8 +301,12 @@ class FineTuner:
         return result
 
 
-def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool) -> dict:
+def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
+                   sweep: Sweep | None = None) -> dict:
     """Fine-tune every seed not finished yet; write `metrics.json` (medians over seeds) and `best_model.json`.
+
+    With a `sweep`, the setting is chosen first on the selection slice of the training split (see
+    `sweep.py`), and the seeds train the chosen setting on the rest of it.
 
     A process that loses the others (a dead or stuck process) ends with a `PipelineError` saying so.
     """
@@ -292,7 +314,7 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
 
     topology = current_topology()
     try:
-        return _run_finetuning(config, model, seeds, from_scratch)
+        return _run_finetuning(config, model, seeds, from_scratch, sweep)
     except Exception as err:
         if topology.world_size == 1 or not is_lost_peer(err):
             raise
@@ -300,7 +322,8 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
                               config.train.collective_timeout_s, RERUN_HINT) from None
 
 
-def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool) -> dict:
+def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
+                    sweep: Sweep | None) -> dict:
     from pipeline.common.topology import current_topology
 
     layout = config.layout
@@ -322,9 +345,24 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
                               pretrain_run_id=source.pretrain_run_id,
                               pretrain_checkpoint=source.pretrain_checkpoint),
                           params={**flatten(to_dict(config)), "model": source.path, "seeds": ",".join(map(str, seeds))})
+    selection, held_out, protocol, best_metric = None, None, None, family.main_metric
+    if sweep is not None:
+        from pipeline.finetune.sweep import select_setting
+
+        selection = select_setting(sweep, data, source, accelerator, seeds[0], from_scratch, parent.run_id, config)
+        config = dataclasses.replace(selection.chosen.config, train=dataclasses.replace(
+            selection.chosen.config.train, output_dir=config.train.output_dir))
+        plan = config.batch_plan(plan.world_size)
+        accelerator.gradient_accumulation_steps = plan.accumulation
+        cut = selection.cut
+        held_out, protocol, best_metric = cut.held_out, selection.protocol(), f"select_{family.main_metric}"
+        # The family knows the slice by name (token and QA metrics look their split up); the seeds' data does not.
+        family = task_family(TaskData(data.spec, cut.fit, {**data.dev, SELECT: cut.held_out}, data.test), config.data)
+        data = TaskData(data.spec, cut.fit, data.dev, data.test)
     results: dict[int, dict[str, float]] = {}
     for seed in seeds:
-        tuner = FineTuner(config, data, family, source, accelerator, plan, seed, from_scratch, parent.run_id)
+        tuner = FineTuner(config, data, family, source, accelerator, plan, seed, from_scratch, parent.run_id,
+                          held_out=held_out, protocol=protocol)
         done = finished_seed(layout.seed(seed), tuner.completion_key())
         if done is not None:
             if is_main:
@@ -336,11 +374,17 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
     report = {**summary, "task": data.spec.name, "seeds": seeds, "from_scratch": from_scratch, "model": source.path,
               "pretrain_run_id": source.pretrain_run_id,
               "per_seed": [{**results[s], "seed": s} for s in seeds]}
+    if selection is not None:
+        report.update(selection_score=selection.score, chosen_setting=selection.chosen.values,
+                      selection=selection.record())
     if is_main:
         layout.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(layout.metrics, report)
-        write_best_model(layout, results, data.spec.name, family.main_metric)
-        parent.log(summary, 0)
+        # With a sweep the best seed is the best on the slice too: dev only reports.
+        write_best_model(layout, results, data.spec.name, best_metric)
+        parent.log(summary | ({"selection/score": selection.score} if selection else {}), 0)
+        if selection is not None:
+            parent.set_tags({"chosen_setting": " ".join(selection.chosen.overrides)})
         parent.log_artifact(layout.metrics)
     parent.close()
     accelerator.wait_for_everyone()

@@ -90,6 +90,17 @@ def _around_mask(text: str, width: int = 60) -> str:
     return ("…" if start > 0 else "") + text[start:end] + ("…" if end < len(text) else "")
 
 
+def _baseline_line(baseline: dict | None, pretrained: FinetuneHeadline, scratch: FinetuneHeadline) -> str | None:
+    """The token-count baseline beside the arms, and in plain words when it matches or beats them."""
+    if not baseline or not isinstance(baseline.get(pretrained.metric), int | float):
+        return None
+    value = float(baseline[pretrained.metric])
+    line = f"{value:.3f} on the same dev split (a bag of words and a logistic regression)"
+    if value >= max(pretrained.median, scratch.median) - 0.01:
+        line += ": counting words does as well, so this task cannot show what pretraining buys"
+    return line
+
+
 def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True) -> str:
     """The closing screen for the main job's run folder `out`.
 
@@ -133,6 +144,13 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
         figures.append((f"{pretrained.metric} ({pretrained.task} task)",
                         f"pretrained {pretrained.median:.3f} vs from scratch {scratch.median:.3f} "
                         f"({pretrained.median - scratch.median:+.3f}; medians of {pretrained.seeds} seeds)"))
+        chosen = {n: (_read_json(layout.finetune(f).metrics) or {}).get("chosen_setting")
+                  for n, f in (("pretrained", "pretrained"), ("from scratch", "from-scratch"))}
+        if any(chosen.values()):
+            figures.append(("chosen on held-out train", "; ".join(
+                f"{n} {', '.join(f'{k}={v}' for k, v in c.items())}" for n, c in chosen.items() if c)))
+        if (line := _baseline_line(_read_json(layout.token_baseline), pretrained, scratch)) is not None:
+            figures.append(("token counts (no neural model)", line))
     else:
         missing = [n for n, r in runs.items() if r is None]
         figures.append(("fine-tuning", f"no result for {' and '.join(missing)} in {layout.root / 'finetune'}"))

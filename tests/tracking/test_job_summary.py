@@ -85,6 +85,25 @@ def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_fold
     assert len(text.splitlines()) <= 26  # fits a screen with the stages above it
 
 
+def test_the_token_count_baseline_stands_beside_the_arms_and_says_when_counting_is_enough(run_folder):
+    (run_folder / "token-baseline.json").write_text(json.dumps({"task": "custom", "accuracy": 0.5, "f1_macro": 0.4}))
+    line = next(x for x in render_summary(run_folder).splitlines() if "token counts" in x)
+    assert line.split("token counts (no neural model)")[1].strip() == (
+        "0.500 on the same dev split (a bag of words and a logistic regression)")
+    (run_folder / "token-baseline.json").write_text(json.dumps({"task": "custom", "accuracy": 0.93}))
+    line = next(x for x in render_summary(run_folder).splitlines() if "token counts" in x)
+    assert "0.930" in line and "counting words does as well, so this task cannot show what pretraining buys" in line
+
+
+def test_the_settings_each_arm_chose_are_shown_when_the_arms_were_swept(run_folder):
+    assert "chosen on held-out train" not in render_summary(run_folder)
+    for folder, lr in (("pretrained", "1e-3"), ("from-scratch", "2e-4")):
+        path = run_folder / "finetune" / folder / "metrics.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "chosen_setting": {"train.learning_rate": lr}}))
+    line = next(x for x in render_summary(run_folder).splitlines() if "chosen on held-out train" in x)
+    assert line.endswith("pretrained train.learning_rate=1e-3; from scratch train.learning_rate=2e-4")
+
+
 def test_missing_results_are_named_not_invented(run_folder):
     (run_folder / "finetune" / "from-scratch" / "metrics.json").unlink()
     (run_folder / "pretrain" / "metrics.jsonl").unlink()

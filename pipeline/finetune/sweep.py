@@ -1,0 +1,173 @@
+"""The fair fine-tuning protocol: a small sweep per arm, settings chosen on held-out TRAINING data.
+
+RoBERTa's GLUE protocol (Liu et al. 2019, section 5.1) sweeps a few learning rates and batch sizes
+per task and reports the median over seeds of the chosen setting. One recipe for both arms is not
+fair: a pretrained encoder and random weights want different learning rates. Here each setting of
+the grid (`--sweep KEY=V1,V2,...`, one product over the keys) is trained once, with the selection
+seed (the first of `--seeds`), on the training split minus the selection slice
+(`select_split.py`), and scored on that slice. The best score wins (the first setting in grid
+order on a tie). The chosen setting is then trained over every seed on the same data (the slice
+stays held out: it picks each seed's best epoch, so dev is scored once per seed, at the end) and
+reported on dev as the median. Dev never takes part in a choice.
+
+Each trial is a fine-tuning run of its own (`<output_dir>/selection/trial_<id>/seed_N/`, an MLflow
+child run under the task's run, tagged `stage=finetune-trial`); its `complete.json` makes a rerun
+skip it, as finished seeds are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+
+from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.errors import PipelineError
+from pipeline.finetune.config import FinetuneConfig
+from pipeline.finetune.select_split import SelectionSplit, selection_task, split_for_selection
+from pipeline.finetune.task_data import TaskData
+
+DEFAULT_SELECT_FRACTION = 0.1
+
+UNSWEEPABLE = ("task", "train.output_dir", "train.seed", "train.mixed_precision", "train.collective_timeout_s",
+               "train.eval_batch_size")
+"""Keys a sweep may not vary: they name the task or the run, are fixed per launch, or change no result."""
+
+SWEEPABLE_DATA = ("data.max_seq_len", "data.label_all_tokens", "data.doc_stride", "data.n_best",
+                  "data.max_answer_length", "data.version_2_with_negative", "data.null_score_diff_threshold")
+"""The `data.*` keys a sweep may vary: how examples are encoded and answers read. The others say which
+examples there are, and the task is read once, before the sweep."""
+
+
+def parse_sweep(specs: list[str]) -> list[tuple[str, ...]]:
+    """`["train.learning_rate=1e-4,1e-3", "train.epochs=3,5"]` → every setting of the grid, as `--set` overrides
+    (`("train.learning_rate=1e-4", "train.epochs=3")`, …), the last key varying fastest."""
+    keys, values = [], []
+    for spec in specs:
+        key, sep, text = spec.partition("=")
+        key = key.strip()
+        options = [v.strip() for v in text.split(",")]
+        if not sep or not key or not all(options):
+            raise PipelineError(f"--sweep {spec!r}: expected KEY=V1,V2,... (e.g. train.learning_rate=1e-4,3e-4,1e-3)")
+        if key in keys:
+            raise PipelineError(f"--sweep {key}: given twice; list all its values in one --sweep")
+        if key in UNSWEEPABLE or key.startswith("tracking."):
+            raise PipelineError(f"--sweep {key}: cannot be swept (it names the task or the run, or changes no "
+                                "result); set it with --set")
+        if key.startswith("data.") and key not in SWEEPABLE_DATA:
+            raise PipelineError(f"--sweep {key}: the task's data is read once, before the sweep; of the data keys "
+                                f"only {', '.join(SWEEPABLE_DATA)} can be swept")
+        if len(set(options)) != len(options):
+            raise PipelineError(f"--sweep {spec!r}: a value is listed twice")
+        keys.append(key)
+        values.append(options)
+    return [tuple(f"{k}={v}" for k, v in zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+@dataclass
+class Setting:
+    """One point of the grid: its `--set` overrides and the config they give (checked when loaded)."""
+
+    overrides: tuple[str, ...]
+    config: FinetuneConfig
+
+    @property
+    def name(self) -> str:
+        """A stable short id of the overrides: the trial's folder and MLflow run name."""
+        return hashlib.sha256(json.dumps(list(self.overrides)).encode()).hexdigest()[:8]
+
+    @property
+    def values(self) -> dict[str, str]:
+        return dict(o.split("=", 1) for o in self.overrides)
+
+
+@dataclass
+class Sweep:
+    """What `--sweep` and `--select-fraction` ask for."""
+
+    settings: list[Setting]
+    fraction: float = DEFAULT_SELECT_FRACTION
+
+    def __post_init__(self) -> None:
+        if not self.settings:
+            raise PipelineError("--sweep: no setting to try")
+        if not 0 < self.fraction < 1:
+            raise PipelineError(f"--select-fraction: must be between 0 and 1 (exclusive), got {self.fraction}")
+
+
+@dataclass
+class Selection:
+    """The outcome: the chosen setting, its score on the slice, every trial, and the cut of the training split."""
+
+    chosen: Setting
+    score: float
+    metric: str
+    seed: int
+    trials: list[dict]
+    cut: SelectionSplit
+
+    def protocol(self) -> dict:
+        """What the final seeds' completion records must match: the slice and the chosen setting."""
+        return {"slice": self.cut.record(), "setting": list(self.chosen.overrides)}
+
+    def record(self) -> dict:
+        """`metrics.json`'s `selection` entry."""
+        return {"chosen": self.chosen.values, "score": self.score, "metric": self.metric, "seed": self.seed,
+                **self.cut.record(), "trials": self.trials}
+
+
+def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int, from_scratch: bool,
+                   parent_run_id: str | None, root_config: FinetuneConfig) -> Selection:
+    """Train every setting on the training split minus the slice, score it on the slice; keep the best.
+
+    `data.dev` is not given to any trial: the trials see `selection_task(data, cut)` alone.
+    """
+    from pipeline.finetune.families import task_family
+    from pipeline.finetune.outputs import finished_seed
+    from pipeline.finetune.trainer import FineTuner
+
+    cut = split_for_selection(data.train, sweep.fraction)
+    task = selection_task(data, cut)
+    layout = root_config.layout
+    is_main = accelerator.is_main_process
+    if is_main:
+        print(f"selection: {len(sweep.settings)} setting(s), seed {seed}, trained on {len(cut.fit)} training "
+              f"examples, scored on {len(cut.held_out)} held out ({sweep.fraction:g} of train; dev unused)",
+              flush=True)
+    trials, scores = [], []
+    for setting in sweep.settings:
+        folder = layout.trial(setting.name)
+        config = dataclasses.replace(setting.config, train=dataclasses.replace(
+            setting.config.train, output_dir=str(folder.root)))
+        plan = config.batch_plan(accelerator.num_processes)
+        accelerator.gradient_accumulation_steps = plan.accumulation  # a swept batch size changes it
+        family = task_family(task, config.data)
+        tuner = FineTuner(config, task, family, source, accelerator, plan, seed, from_scratch, parent_run_id,
+                          protocol={"slice": cut.record(), "setting": list(setting.overrides)}, trial=setting.name)
+        done = finished_seed(folder.seed(seed), tuner.completion_key(), needs_model=False)
+        if done is not None:
+            if is_main:
+                print(f"{tuner.label}: finished before ({folder.seed(seed).complete}), skipped", flush=True)
+            best, epoch = done["metrics"], done["best_epoch"]
+        else:
+            result = tuner.run()
+            best, epoch = result.best, result.best_epoch
+        score = best[f"select_{family.main_metric}"]
+        scores.append(score)
+        trials.append({"trial": setting.name, "setting": setting.values, "score": score, "best_epoch": epoch,
+                       "metrics": best})
+        if is_main:
+            print(f"selection: {' '.join(setting.overrides)} → {family.main_metric} {score:.4f} on the slice",
+                  flush=True)
+    best_index = max(range(len(scores)), key=lambda i: (scores[i], -i))  # the first setting on a tie
+    chosen = sweep.settings[best_index]
+    selection = Selection(chosen, scores[best_index], family.main_metric, seed, trials, cut)
+    if is_main:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(layout.selection_record, selection.record())
+        print(f"selection: chose {' '.join(chosen.overrides)} ({family.main_metric} {selection.score:.4f} on the "
+              "slice)", flush=True)
+    accelerator.wait_for_everyone()
+    return selection

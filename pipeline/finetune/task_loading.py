@@ -1,0 +1,34 @@
+"""A fine-tuning config's task, read: GLUE (a folder or `datasets`), custom files, token tagging or QA.
+
+Kept apart from the trainer so that what needs only the data (the token-count baseline) loads no
+model library.
+"""
+
+from __future__ import annotations
+
+from pipeline.finetune.config import FinetuneConfig
+from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
+from pipeline.finetune.tasks import task_spec
+
+
+def load_task(config: FinetuneConfig) -> TaskData:
+    from pipeline.finetune.qa_family import QA_TASKS, load_qa_task
+    from pipeline.finetune.token_family import TOKEN_TASKS, load_token_task
+
+    d = config.data
+    if config.task in TOKEN_TASKS:
+        return load_token_task(config.task, d)
+    if config.task in QA_TASKS:
+        return load_qa_task(config.task, d)
+    if config.task == "custom":
+        data = load_custom(d.train_file, d.validation_file, d.test_file, d.text_fields, d.label_field, d.task_type,
+                           d.labels)
+    elif d.use_datasets and not d.glue_dir:
+        data = load_hf_glue(task_spec(config.task))
+    else:
+        data = load_glue_folder(task_spec(config.task), d.glue_dir)
+    if d.max_train_examples:
+        t = data.train
+        n = d.max_train_examples
+        data.train = Split(t.source, t.texts[:n], t.labels[:n] if t.labels is not None else None, t.ids[:n])
+    return data
