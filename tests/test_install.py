@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -39,8 +40,16 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) ->
 def installed(tmp_path_factory) -> dict:
     """A fresh environment holding the wheel: its bin folder and a clean environment for its commands."""
     base = tmp_path_factory.mktemp("install")
+    # Built from a copy of what the wheel is made of: a build in the checkout would leave build/ there,
+    # whose stale files a later build would ship.
+    source = base / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("pipeline", "configs"):
+        shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "--wheel-dir", str(base / "wheel"), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    "--wheel-dir", str(base / "wheel"), str(source)], check=True, capture_output=True, timeout=300)
     wheel = next((base / "wheel").glob("roberta_pipeline-*.whl"))
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)

@@ -132,7 +132,7 @@ def test_slurm_dry_run_of_a_shard_config_renders_its_flags_and_checks_them(tmp_p
     for line in ("#SBATCH --array=0-2", "--input a.jsonl 'b dir/' --tokenizer tok --seq-len 64",
                  "--val-fraction 0.1 --one-doc-per-line --shard-size 50",
                  '--rank "$SLURM_ARRAY_TASK_ID" --world-size 3', "--combine --world-size 3",
-                 "-m pipeline.commands.verify_shards"):
+                 "python -m pipeline.commands.verify_shards"):
         assert line in proc.stdout, line
     dedup = run_script("launchers/submit.py", "shard", "--config", config, "--parts", 3, "--dry-run",
                        "--set", "dedup=exact")
