@@ -32,8 +32,8 @@ from pipeline.pretrain.model import parameter_groups
 from pipeline.pretrain.phases import Phase, phase_at, resolve_phases
 from pipeline.pretrain.schedules import lr_multiplier
 
-__all__ = ["client_optimizer", "deepspeed_config", "initialize_engine", "lr_multiplier", "optimizer_groups",
-           "phase_lr_multiplier", "set_phase_batch"]
+__all__ = ["client_optimizer", "deepspeed_config", "initialize_engine", "lr_multiplier", "lr_scheduler",
+           "optimizer_groups", "phase_lr_multiplier", "set_phase_batch"]
 
 ZERO_STABLEADAMW_CAVEAT = (
     "optimizer.name stableadamw with {how}: DeepSpeed gives the optimizer flat partitions of the flattened "
@@ -49,7 +49,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
                      cuda: bool = False) -> dict[str, Any]:
     """The user's `deepspeed` section plus what the pipeline derives: batch sizes, optimizer, clipping.
 
-    Without an `optimizer` entry (LAMB on CPU) DeepSpeed takes the client optimizer instead.
+    Without an `optimizer` entry (LAMB on CPU, StableAdamW) DeepSpeed takes the client optimizer instead.
     """
     ds = copy.deepcopy(config.deepspeed)
     if load_universal:  # resuming on another world size (pipeline/pretrain/universal_resume.py)
@@ -68,7 +68,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
         # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included.
         fused = {"fused": True} if o.fused and not offload else {}
         ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload, **fused}}
-    elif cuda:
+    elif o.name == "lamb" and cuda:
         ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
     if o.name in ("lamb", "stableadamw") and config.zero_stage > 0:
@@ -90,6 +90,14 @@ def phase_lr_multiplier(step: int, phases: list[Phase], schedule: ScheduleConfig
     phase = phase_at(phases, step)
     own = replace(schedule, warmup_steps=phase.warmup_steps)
     return lr_multiplier(step - phase.start, own, phase.steps, phase.decay_steps) * (phase.lr / base_lr)
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig,
+                 phases: list[Phase] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """The run's LR schedule over `optimizer`'s groups: each group's base LR × `phase_lr_multiplier`."""
+    phases = resolve_phases(config) if phases is None else phases
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr))
 
 
 def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool) -> list[dict]:
@@ -129,10 +137,6 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 
     phases = resolve_phases(config)
 
-    def make_scheduler(optimizer):
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr))
-
     if config.optimizer.name == "lamb" and config.zero_stage > 0:
         warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
     if config.optimizer.name == "stableadamw" and (config.zero_stage > 0 or config.precision != "fp32"):
@@ -143,7 +147,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         model=model,
         model_parameters=groups,
         optimizer=client_optimizer(groups, config, cuda),
-        lr_scheduler=make_scheduler,
+        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, config, phases),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     if config.train.compile:
