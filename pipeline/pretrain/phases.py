@@ -147,7 +147,10 @@ def stream_start(phases: list[Phase], k: int, num_sequences: int) -> int:
 
 
 def phase_problems(config: PretrainConfig, world_size: int) -> list[str]:
-    """Checks of `phases` that need no files: names, fractions and the steps they give, batches, LR, warmup."""
+    """Checks of `phases` that need no files: names, fractions and the steps they give, batches, LR, warmup, decay,
+    RoPE theta."""
+    from pipeline.pretrain.schedules import wsd_decay_steps
+
     problems = []
     add = problems.append
     if config.data.shards:
@@ -191,9 +194,12 @@ def phase_problems(config: PretrainConfig, world_size: int) -> list[str]:
         if p.decay_steps is not None and config.schedule.kind != "wsd":
             add(f"{key}.decay_steps: only for schedule.kind wsd (kind {config.schedule.kind} decays over each whole "
                 "phase); leave it out")
-        elif p.decay_steps is not None and not 0 <= p.decay_steps <= max(end - start - warmup, 0):
-            add(f"{key}.decay_steps {p.decay_steps} must be between 0 and the {end - start - warmup} steps the "
-                "phase's warmup leaves")
+        elif config.schedule.kind == "wsd" and end > start:
+            decay, source = ((p.decay_steps, f"{key}.decay_steps") if p.decay_steps is not None else
+                             (wsd_decay_steps(config.schedule, end - start), "the schedule's decay"))
+            if not 0 <= decay <= max(end - start - warmup, 0):
+                add(f"{source} ({decay} steps) must be between 0 and the {end - start - warmup} steps that {key}'s "
+                    "warmup leaves")
         for theta in ("global_rope_theta", "local_rope_theta"):
             value = getattr(p, theta)
             if value is not None and config.model.architecture != "modernbert":

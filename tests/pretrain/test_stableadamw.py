@@ -41,7 +41,7 @@ def test_a_gradient_spike_divides_the_step_by_its_update_rms(tmp_path):
     after = two_steps(stableadamw(tmp_path, [p], weight_decay=0.1), p, [1.0, 4.0])
     # Step 1: m̂ = g = 1, v̂ = g² = 1, RMS = 1: lr_1 = 0.1; decay ×(1 − 0.1·0.1), then −0.1 · 1/(1 + ε).
     w = torch.tensor([1.0, -2.0]) * (1 - 0.1 * 0.1) - 0.1 * 1 / (1 + EPS)
-    # Step 2, g = 4: m̂ = (0.9·0.1 + 0.1·4)/(1 − 0.9²) = 0.49/0.19; v̂ = (0.99·0.01 + 0.01·16)/(1 − 0.99²) = 0.1699/0.0199.
+    # Step 2, g = 4: m̂ = (0.9·0.1 + 0.1·4)/(1 − 0.9²) = 0.49/0.19, v̂ = (0.99·0.01 + 0.01·16)/(1 − 0.99²).
     m_hat, v_hat = 0.49 / 0.19, 0.1699 / 0.0199
     rms = math.sqrt(16 / v_hat)  # = 1.369: the spike is clipped
     assert rms > 1
