@@ -77,7 +77,8 @@ def test_the_context_extension_phase_raises_the_theta_and_the_export_records_it(
     expected = 1.0 / (160_000.0 ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
     assert torch.allclose(model.model.rotary_emb.full_attention_inv_freq, expected)
     states = {name: torch.load(PretrainLayout(root / "phased" / name).checkpoints / "step_00000008" /
-                               "mp_rank_00_model_states.pt", weights_only=False)["module"] for name in ("full", "resumed")}
+                               "mp_rank_00_model_states.pt", weights_only=False)["module"]
+              for name in ("full", "resumed")}
     assert all(torch.equal(states["full"][k], v) for k, v in states["resumed"].items())
 
 
