@@ -438,10 +438,12 @@ def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
                         "use deepspeed.bf16.enabled=true on a CPU with native bf16, fp32 elsewhere")
     stage = ds.get("zero_optimization", {}).get("stage", 0)
     offload = (ds.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
-    if config.optimizer.name in ("lamb", "stableadamw") and offload not in ("none", None):
-        problems.append(f"optimizer.name {config.optimizer.name} with deepspeed.zero_optimization.offload_optimizer: "
-                        "DeepSpeed offloads only its own CPU Adam's states; drop the offload or use optimizer.name "
-                        "adamw")
+    if config.optimizer.name == "lamb" and offload not in ("none", None):
+        problems.append("optimizer.name lamb with deepspeed.zero_optimization.offload_optimizer: DeepSpeed has no "
+                        "CPU Lamb for offloaded optimizer states; drop the offload or use optimizer.name adamw")
+    if config.optimizer.name == "stableadamw" and offload not in ("none", None):
+        problems.append("optimizer.name stableadamw with deepspeed.zero_optimization.offload_optimizer: DeepSpeed "
+                        "offloads only its own CPU Adam's states; drop the offload or use optimizer.name adamw")
     if stage not in (0, 1, 2, 3):
         problems.append(f"deepspeed.zero_optimization.stage: expected 0, 1, 2 or 3, got {stage!r}")
     return problems
