@@ -58,8 +58,8 @@ def arms(a: argparse.Namespace, lr: float) -> list[tuple[str, str, list[str]]]:
     if "optimizers" in a.parts:
         for multiple in a.lr_multiples:
             for name in ("adamw", "stableadamw"):
-                out.append(("optimizers", f"{name}-lr×{multiple:g}", [f"optimizer.name={name}",
-                                                                      f"optimizer.lr={lr * multiple:g}"]))
+                out.append(("optimizers", f"{name}-lr-x{multiple:g}", [f"optimizer.name={name}",
+                                                                       f"optimizer.lr={lr * multiple:g}"]))
     return out
 
 
@@ -132,6 +132,15 @@ def optimizer_rows(runs: list[dict]) -> list[dict]:
             for r in runs if r["part"] == "optimizers"]
 
 
+def markdown(rows: list[dict]) -> str:
+    """Rows of named columns as a markdown table."""
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--budget-config", default=BUDGET_CONFIG)
@@ -187,13 +196,13 @@ def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
         rows = schedule_rows(runs)
         rec.table(f"WSD ({a.wsd_decay} over the last {a.wsd_decay_fraction:g} of the steps) against linear decay: "
                   f"final validation MLM loss at {100 * a.eval_mask_rate:g}% masking; {conditions}", rows)
-        lines.append(json.dumps(rows, ensure_ascii=False, indent=1))
+        lines.append(markdown(rows))
     if "optimizers" in a.parts:
         rows = optimizer_rows(runs)
         rec.table(f"StableAdamW against AdamW at {', '.join(f'{m:g}' for m in a.lr_multiples)} × LR "
                   f"{config.optimizer.lr:g}: final validation MLM loss at {100 * a.eval_mask_rate:g}% masking and "
                   f"loss spikes; {conditions}", rows)
-        lines.append(json.dumps(rows, ensure_ascii=False, indent=1))
+        lines.append(markdown(rows))
     rec.results["unigram_entropy_nats"] = entropy
     rec.results["eval_mask_rate"] = a.eval_mask_rate
     (a.out / "table.md").write_text("\n\n".join(lines) + "\n")
