@@ -169,8 +169,9 @@ def worker(spec: dict) -> None:
                 row["attention_mask"] = (torch.arange(ids.shape[1]) < int(lengths[i])).long()
             return row
 
-    # The budget recipe's evaluation: its masking section, the run's seed, the same first sequences.
-    masker = build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, seed)
+    # The budget recipe's evaluation: its masking section (at masking.eval_probability), the run's seed, the same
+    # first sequences.
+    masker = build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, seed, evaluation=True)
     val_batches = MaskedBatches(val, masker, with_segments=False,
                                 position_offset=first_position_id(config.model.architecture, info.pad_id))
     fixed = [val_batches[k] for k in eval_keys(len(val), spec["eval_sequences"], 32, 0, 1)]

@@ -110,6 +110,9 @@ class MaskingConfig:
     mode: Literal["dynamic", "static"] = "dynamic"
     probability: float = 0.15
     """Fraction of tokens (unit token), of words (unit word) or of words covered by spans (unit span)."""
+    eval_probability: float | None = None
+    """The same fraction for validation (None: `probability`). ModernBERT trains at 0.3 and reports at 0.15, so
+    losses compare across recipes; every validation loss is logged beside its rate (`eval/mask_rate`)."""
     mask_token_fraction: float = 0.8
     random_token_fraction: float = 0.1
     unit: Literal["token", "word", "span"] = "token"
@@ -122,24 +125,38 @@ class MaskingConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["adamw", "lamb"] = "adamw"
-    """adamw; or lamb (You et al. 2019) for very large batches: DeepSpeed's fused Lamb on GPU, ours on CPU."""
+    name: Literal["adamw", "lamb", "stableadamw"] = "adamw"
+    """adamw; lamb (You et al. 2019) for very large batches: DeepSpeed's fused Lamb on GPU, ours on CPU; or
+    stableadamw (Wortsman et al. 2023; ModernBERT): AdamW whose step size is divided by each tensor's update RMS
+    when it exceeds 1, from torch-optimi."""
     lr: float = 6e-4
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-6
     weight_decay: float = 0.01
     fused: bool = False
     """adamw: torch's fused AdamW kernel (one pass per parameter, CPU and CUDA) instead of its per-tensor loop."""
+    decouple_lr: bool = False
+    """stableadamw: fully decoupled weight decay, each step shrinking weights by weight_decay × LR / optimizer.lr
+    (ModernBERT's `decoupled_stableadamw`, weight_decay 1e-5) instead of AdamW's weight_decay × LR."""
 
 
 @dataclass
 class ScheduleConfig:
+    """Linear warmup, then a decay over the remaining steps or warmup–stable–decay (pipeline/pretrain/schedules.py)."""
+
+    kind: Literal["warmup-decay", "wsd"] = "warmup-decay"
+    """warmup-decay: decay over every step after the warmup; wsd: hold the peak, decay over the last steps only."""
     warmup_steps: int = 0
-    decay: Literal["linear", "polynomial", "constant"] = "linear"
+    decay: Literal["linear", "polynomial", "cosine", "constant", "1-sqrt"] = "linear"
+    """The decay's shape: linear, polynomial, cosine or constant (warmup-decay); linear, cosine or 1-sqrt (wsd)."""
     power: float = 1.0
     """Exponent of the polynomial decay (1.0 is linear)."""
     end_lr_ratio: float = 0.0
     """LR at `train.max_steps` as a fraction of the peak."""
+    decay_steps: int | None = None
+    """wsd: the decay's length in optimizer steps (per phase with phases); the stable part is what the warmup leaves."""
+    decay_fraction: float | None = None
+    """wsd: the decay's length as a share of train.max_steps (of each phase's steps), rounded down; or decay_steps."""
 
 
 @dataclass
@@ -212,6 +229,13 @@ class PhaseConfig:
     """The phase's peak LR (None: optimizer.lr)."""
     warmup_steps: int | None = None
     """Steps from the phase's start to its peak LR (None: schedule.warmup_steps; 0: no re-warmup)."""
+    decay_steps: int | None = None
+    """schedule.kind wsd: the phase's decay in steps (None: the schedule's; 0: the phase stays at its peak)."""
+    global_rope_theta: float | None = None
+    """modernbert: the global layers' rotary base from this phase on (None: the previous phase's, else the model's);
+    a context-extension phase raises it (ModernBERT: 10k → 160k at 1,024 → 8,192 tokens)."""
+    local_rope_theta: float | None = None
+    """modernbert: the local layers' rotary base from this phase on (None: the previous phase's, else the model's)."""
 
 
 @dataclass
@@ -285,6 +309,8 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> l
     k = c.masking
     if not 0 < k.probability < 1:
         add(f"masking.probability: must be in (0, 1), got {k.probability}")
+    if k.eval_probability is not None and not 0 < k.eval_probability < 1:
+        add(f"masking.eval_probability: must be in (0, 1) or null (the training rate), got {k.eval_probability}")
     if k.mask_token_fraction < 0 or k.random_token_fraction < 0 or k.mask_token_fraction + k.random_token_fraction > 1:
         add(f"masking.mask_token_fraction {k.mask_token_fraction} + masking.random_token_fraction "
             f"{k.random_token_fraction} must be non-negative and sum to at most 1")
@@ -297,6 +323,8 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> l
         add(f"optimizer.betas: each must be in [0, 1), got {list(o.betas)}")
     if o.fused and o.name != "adamw":
         add(f"optimizer.fused: only for optimizer.name adamw, got {o.name}")
+    if o.decouple_lr and o.name != "stableadamw":
+        add(f"optimizer.decouple_lr: only for optimizer.name stableadamw, got {o.name}")
     if o.eps <= 0 or o.weight_decay < 0:
         add(f"optimizer.eps must be > 0 and optimizer.weight_decay ≥ 0, got {o.eps} and {o.weight_decay}")
     s, t = c.schedule, c.train
@@ -400,6 +428,9 @@ def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
     if config.optimizer.name == "lamb" and (offload or {}).get("device", "none") not in ("none", None):
         problems.append("optimizer.name lamb with deepspeed.zero_optimization.offload_optimizer: DeepSpeed has no "
                         "CPU Lamb for offloaded optimizer states; drop the offload or use optimizer.name adamw")
+    if config.optimizer.name == "stableadamw" and (offload or {}).get("device", "none") not in ("none", None):
+        problems.append("optimizer.name stableadamw with deepspeed.zero_optimization.offload_optimizer: DeepSpeed "
+                        "offloads only its own CPU Adam's states; drop the offload or use optimizer.name adamw")
     return problems + deepspeed_key_problems(ds)
 
 

@@ -3,7 +3,8 @@
 config.py holds the sections and the cross-field rules that need nothing but the config. The
 checks that need another module import the config, never the reverse, and are collected here:
 
-- `phases`: each phase's steps, batch, LR and warmup (phases.py);
+- `schedule`: the decay's kind, shape and length (schedules.py);
+- `phases`: each phase's steps, batch, LR, warmup, decay and RoPE theta (phases.py);
 - `train.compile`: a C++ compiler on CPU, Triton on GPU, not ZeRO-3 (compilation.py);
 - the files the config points at: shard indexes, the tokenizer, `model.init_from` (file_checks.py),
   only when `check_files` is on, so a config can be checked where its data does not exist.
@@ -20,6 +21,7 @@ from pipeline.pretrain.compilation import compile_problems
 from pipeline.pretrain.config import PretrainConfig, config_problems
 from pipeline.pretrain.file_checks import data_problems
 from pipeline.pretrain.phases import phase_problems
+from pipeline.pretrain.schedules import schedule_problems
 
 
 def load_pretrain_config(
@@ -41,6 +43,7 @@ def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: b
     if config.phases:
         problems += phase_problems(config, world_size)
     problems += config_problems(config, world_size=world_size, cuda=cuda)
+    problems += schedule_problems(config.schedule, config.train.max_steps)
     if config.train.compile:
         problems += compile_problems(config, cuda=cuda)
     if check_files and (config.data.shards or config.phases) and config.data.tokenizer:

@@ -1,4 +1,4 @@
-"""The DeepSpeed engine: its config derived from ours, AdamW or LAMB groups, and the warmup-then-decay schedule.
+"""The DeepSpeed engine: its config derived from ours, AdamW, LAMB or StableAdamW groups, and the LR schedule.
 
 LAMB: on GPU, DeepSpeed's fused `Lamb` built from the config; on CPU (no CUDA build of it), ours
 (pipeline/pretrain/lamb.py) passed to `deepspeed.initialize` as a client optimizer. Both correct
@@ -6,6 +6,13 @@ the moments' bias, clamp the trust ratio to [0.01, 10] and skip it for the no-de
 notes the one difference in where the bias correction is applied). DeepSpeed's ZeRO
 refuses optimizers it has not tested unless `zero_allow_untested_optimizer` is set; the pipeline
 sets it for LAMB, and warns that under ZeRO the trust ratio is computed per flat partition.
+
+StableAdamW: torch-optimi's `StableAdamW` (by ModernBERT's author; the one ModernBERT trained with),
+on CPU and GPU, passed as a client optimizer. DeepSpeed accepts it under ZeRO 0–2 with
+`zero_allow_untested_optimizer`; its update clipping is per tensor it is given, which is each
+parameter only where DeepSpeed keeps the parameters apart (fp32, ZeRO 0). Under ZeRO 1–2, and with
+bf16 (DeepSpeed's bf16 optimizer flattens too), it gets flat partitions and clips per partition;
+the pipeline warns so.
 """
 
 from __future__ import annotations
@@ -23,7 +30,15 @@ from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
 from pipeline.pretrain.phases import Phase, phase_at, resolve_phases
+from pipeline.pretrain.schedules import lr_multiplier
 
+__all__ = ["client_optimizer", "deepspeed_config", "initialize_engine", "lr_multiplier", "lr_scheduler",
+           "optimizer_groups", "phase_lr_multiplier", "set_phase_batch"]
+
+ZERO_STABLEADAMW_CAVEAT = (
+    "optimizer.name stableadamw with {how}: DeepSpeed gives the optimizer flat partitions of the flattened "
+    "parameter groups, so StableAdamW's update clipping is computed per partition, not per tensor; use fp32 and "
+    "ZeRO stage 0 for the per-tensor clipping of the paper")
 ZERO_LAMB_CAVEAT = (
     "optimizer.name lamb with ZeRO stage {stage}: DeepSpeed gives the optimizer flat partitions of the "
     "flattened parameter groups, so LAMB's trust ratio is computed per partition, not per layer; use ZeRO "
@@ -34,7 +49,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
                      cuda: bool = False) -> dict[str, Any]:
     """The user's `deepspeed` section plus what the pipeline derives: batch sizes, optimizer, clipping.
 
-    Without an `optimizer` entry (LAMB on CPU) DeepSpeed takes the client optimizer instead.
+    Without an `optimizer` entry (LAMB on CPU, StableAdamW) DeepSpeed takes the client optimizer instead.
     """
     ds = copy.deepcopy(config.deepspeed)
     ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": config.zero_stage}
@@ -56,10 +71,10 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
         # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included.
         fused = {"fused": True} if o.fused and not offload else {}
         ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload, **fused}}
-    elif cuda:
+    elif o.name == "lamb" and cuda:
         ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
-    if o.name == "lamb" and config.zero_stage > 0:
+    if o.name in ("lamb", "stableadamw") and config.zero_stage > 0:
         ds.setdefault("zero_allow_untested_optimizer", True)
     if config.precision == "fp16":
         ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
@@ -68,31 +83,24 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     return ds
 
 
-def lr_multiplier(step: int, schedule: ScheduleConfig, max_steps: int) -> float:
-    """LR at optimizer step `step` (0-based) as a fraction of the peak: linear warmup, then decay.
-
-    Warmup starts at 1/(warmup+1) of the peak rather than 0 so no step is wasted at LR 0
-    (DeepSpeed's WarmupDecayLR spends its first two steps there).
-    """
-    if step < schedule.warmup_steps:
-        return (step + 1) / (schedule.warmup_steps + 1)
-    if schedule.decay == "constant":
-        return 1.0
-    remaining = max(0.0, 1.0 - (step - schedule.warmup_steps) / max(1, max_steps - schedule.warmup_steps))
-    power = 1.0 if schedule.decay == "linear" else schedule.power
-    return schedule.end_lr_ratio + (1.0 - schedule.end_lr_ratio) * remaining**power
-
-
 def phase_lr_multiplier(step: int, phases: list[Phase], schedule: ScheduleConfig, base_lr: float) -> float:
     """LR at global optimizer step `step` as a fraction of `base_lr` (optimizer.lr, the groups' base LR).
 
     Each phase runs `lr_multiplier` over its own steps: warmup from its start to its `lr`, then
-    `schedule.decay` to `schedule.end_lr_ratio` of that peak at its end. One phase of the whole run
-    gives `lr_multiplier(step, schedule, train.max_steps)` exactly.
+    `schedule.decay` to `schedule.end_lr_ratio` of that peak at its end (with WSD, over its own last
+    `decay_steps`). One phase of the whole run gives `lr_multiplier(step, schedule, train.max_steps)` exactly.
     """
     phase = phase_at(phases, step)
     own = replace(schedule, warmup_steps=phase.warmup_steps)
-    return lr_multiplier(step - phase.start, own, phase.steps) * (phase.lr / base_lr)
+    return lr_multiplier(step - phase.start, own, phase.steps, phase.decay_steps) * (phase.lr / base_lr)
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig,
+                 phases: list[Phase] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """The run's LR schedule over `optimizer`'s groups: each group's base LR × `phase_lr_multiplier`."""
+    phases = resolve_phases(config) if phases is None else phases
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr))
 
 
 def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool) -> list[dict]:
@@ -105,8 +113,16 @@ def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool)
 
 
 def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> torch.optim.Optimizer | None:
-    """Our LAMB on CPU; None where DeepSpeed builds the optimizer from its config."""
+    """Our LAMB on CPU, torch-optimi's StableAdamW anywhere; None where DeepSpeed builds it from its config."""
     o = config.optimizer
+    if o.name == "stableadamw":
+        from optimi import StableAdamW
+
+        # foreach off: DeepSpeed hands ZeRO's flat partitions over one by one anyway, and the for-loop is
+        # the reference path; kahan_sum off: DeepSpeed keeps fp32 master weights under bf16.
+        return StableAdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                           decouple_lr=o.decouple_lr, max_lr=o.lr if o.decouple_lr else None, kahan_sum=False,
+                           foreach=False, triton=False)
     if o.name != "lamb" or cuda:
         return None
     return Lamb(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, bias_correction=True)
@@ -124,18 +140,17 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 
     phases = resolve_phases(config)
 
-    def make_scheduler(optimizer):
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr))
-
     if config.optimizer.name == "lamb" and config.zero_stage > 0:
         warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
+    if config.optimizer.name == "stableadamw" and (config.zero_stage > 0 or config.precision != "fp32"):
+        how = f"ZeRO stage {config.zero_stage}" if config.zero_stage > 0 else config.precision
+        warnings.warn(ZERO_STABLEADAMW_CAVEAT.format(how=how), stacklevel=2)
     groups = optimizer_groups(model, config, cuda)
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=groups,
         optimizer=client_optimizer(groups, config, cuda),
-        lr_scheduler=make_scheduler,
+        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, config, phases),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     if config.train.compile:

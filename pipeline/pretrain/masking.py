@@ -218,11 +218,20 @@ class Masker:
         return chosen, token_slot.astype(np.uint64)
 
 
-def build_masker(masking, tokenizer, vocab_size: int, mask_id: int, seed: int) -> Masker:
-    """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary)."""
+def eval_probability(masking) -> float:
+    """The validation masking rate of a `MaskingConfig`: `eval_probability`, else the training `probability`."""
+    return masking.probability if masking.eval_probability is None else masking.eval_probability
+
+
+def build_masker(masking, tokenizer, vocab_size: int, mask_id: int, seed: int, *, evaluation: bool = False) -> Masker:
+    """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary).
+
+    `evaluation`: the validation masker, at `eval_probability`; with the training rate it is the training masker.
+    """
     from pipeline.pretrain.word_starts import word_start_table
 
-    spec = MaskingSpec(vocab_size, mask_id, tuple(sorted(set(tokenizer.all_special_ids))), masking.probability,
+    probability = eval_probability(masking) if evaluation else masking.probability
+    spec = MaskingSpec(vocab_size, mask_id, tuple(sorted(set(tokenizer.all_special_ids))), probability,
                        masking.mask_token_fraction, masking.random_token_fraction, static=masking.mode == "static",
                        unit=masking.unit, span_p=masking.span_p, span_max_words=masking.span_max_words)
     table = word_start_table(tokenizer, vocab_size) if masking.unit != "token" else None

@@ -102,7 +102,9 @@ class PretrainData:
     """
 
     def __init__(self, data: DataConfig, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
-                 tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0):
+                 tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0,
+                 eval_masker: Masker | None = None):
+        """`eval_masker` masks the validation batches (`masking.eval_probability`); None: `masker`."""
         self.step_shift = 0
         """Added to the run's step to give the step of this data's order (a later phase: see phases.py)."""
         self.corpora = data.corpora()
@@ -126,7 +128,7 @@ class PretrainData:
             self.order = GlobalShuffle(len(train[0]), plan, seed)
         self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments,
                                            position_offset=position_offset)
-        self.val_batches = MaskedBatches(val_rows, masker, with_segments=with_segments,
+        self.val_batches = MaskedBatches(val_rows, eval_masker or masker, with_segments=with_segments,
                                          position_offset=position_offset)
 
     @property

@@ -9,7 +9,12 @@ Phase k covers the optimizer steps [start, end), where end = ⌊F_k · train.max
 the sum of the first k + 1 `steps_fraction`s, read as the decimals the user wrote (0.9 + 0.1 is
 exactly 1), so the last phase ends at `train.max_steps`. The step counter runs on across phases;
 each phase warms up from its own start to its own peak and decays to `schedule.end_lr_ratio` at
-its own end (NVIDIA's `--phase2`, bing_bert's `--rewarmup`).
+its own end (NVIDIA's `--phase2`, bing_bert's `--rewarmup`). With `schedule.kind: wsd` each phase
+holds its peak and decays over its own last `decay_steps`; `phases[i].decay_steps: 0` keeps a phase
+at its peak, so ModernBERT's stable, context-extension and decay phases are three phases.
+
+A ModernBERT phase may change the rotary bases (`global_rope_theta`, `local_rope_theta`) with its
+longer shards; a phase that names none keeps the previous phase's (rope.py applies them).
 
 A phase that reads the same folder as an earlier one continues that folder's data stream: it
 starts at the epoch and position the earlier phase stopped at, rounded up to a whole batch of
@@ -46,6 +51,12 @@ class Phase:
     warmup_steps: int
     seq_len: int | None
     """The sequence length the config says the phase's shards hold (None: not stated)."""
+    decay_steps: int | None = None
+    """schedule.kind wsd: the phase's decay in steps (None for the other kinds)."""
+    global_rope_theta: float | None = None
+    """modernbert: the global layers' rotary base in this phase (None: other architectures)."""
+    local_rope_theta: float | None = None
+    """modernbert: the local layers' rotary base in this phase."""
 
     @property
     def steps(self) -> int:
@@ -68,19 +79,27 @@ def phase_ends(fractions: list[float], max_steps: int) -> list[int]:
 
 def resolve_phases(config: PretrainConfig) -> list[Phase]:
     """The run's phases; one phase of the whole run when the config lists none."""
-    t, o, s = config.train, config.optimizer, config.schedule
+    from pipeline.pretrain.schedules import wsd_decay_steps
+
+    t, o, s, m = config.train, config.optimizer, config.schedule, config.model
+    wsd = s.kind == "wsd"
+    theta = (m.global_rope_theta, m.local_rope_theta) if m.architecture == "modernbert" else (None, None)
     if not config.phases:
         return [Phase(0, "", 0, t.max_steps, config.data, t.global_batch_size, t.micro_batch_size, o.lr,
-                      s.warmup_steps, None)]
+                      s.warmup_steps, None, wsd_decay_steps(s, t.max_steps) if wsd else None, *theta)]
     phases, start = [], 0
     for i, (p, end) in enumerate(zip(config.phases, phase_ends([p.steps_fraction for p in config.phases],
                                                                t.max_steps), strict=True)):
+        decay = (wsd_decay_steps(s, end - start) if p.decay_steps is None else p.decay_steps) if wsd else None
+        if theta[0] is not None:  # a phase that names no base keeps the previous phase's
+            theta = (theta[0] if p.global_rope_theta is None else p.global_rope_theta,
+                     theta[1] if p.local_rope_theta is None else p.local_rope_theta)
         phases.append(Phase(
             i, p.name, start, end, replace(config.data, shards=p.shards),
             t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
             t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size,
             o.lr if p.lr is None else p.lr,
-            s.warmup_steps if p.warmup_steps is None else p.warmup_steps, p.seq_len))
+            s.warmup_steps if p.warmup_steps is None else p.warmup_steps, p.seq_len, decay, *theta))
         start = end
     return phases
 
@@ -128,7 +147,10 @@ def stream_start(phases: list[Phase], k: int, num_sequences: int) -> int:
 
 
 def phase_problems(config: PretrainConfig, world_size: int) -> list[str]:
-    """Checks of `phases` that need no files: names, fractions and the steps they give, batches, LR, warmup."""
+    """Checks of `phases` that need no files: names, fractions and the steps they give, batches, LR, warmup, decay,
+    RoPE theta."""
+    from pipeline.pretrain.schedules import wsd_decay_steps
+
     problems = []
     add = problems.append
     if config.data.shards:
@@ -169,4 +191,20 @@ def phase_problems(config: PretrainConfig, world_size: int) -> list[str]:
                           else (config.schedule.warmup_steps, f"schedule.warmup_steps (the default of {key})"))
         if not 0 <= warmup <= max(end - start, 0):
             add(f"{source} {warmup} must be between 0 and the phase's {end - start} steps")
+        if p.decay_steps is not None and config.schedule.kind != "wsd":
+            add(f"{key}.decay_steps: only for schedule.kind wsd (kind {config.schedule.kind} decays over each whole "
+                "phase); leave it out")
+        elif config.schedule.kind == "wsd" and end > start:
+            decay, source = ((p.decay_steps, f"{key}.decay_steps") if p.decay_steps is not None else
+                             (wsd_decay_steps(config.schedule, end - start), "the schedule's decay"))
+            if not 0 <= decay <= max(end - start - warmup, 0):
+                add(f"{source} ({decay} steps) must be between 0 and the {end - start - warmup} steps that {key}'s "
+                    "warmup leaves")
+        for theta in ("global_rope_theta", "local_rope_theta"):
+            value = getattr(p, theta)
+            if value is not None and config.model.architecture != "modernbert":
+                add(f"{key}.{theta}: applies to model.architecture modernbert only ({config.model.architecture} has "
+                    "no rotary positions); leave it out")
+            elif value is not None and value <= 1:
+                add(f"{key}.{theta}: a rotary base must be > 1, got {value}")
     return problems

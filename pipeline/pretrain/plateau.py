@@ -18,6 +18,11 @@ One caveat with BERT's 80/10/10 corruption. At the 10% of targets left unchanged
 is the answer, and a context-free model may learn to copy a visible token: `copy_floor_nats` gives
 the best loss of such a model (frequencies plus copying, still no context). It lies below H(p) by
 roughly 0.1 H(p) for 80/10/10 and equals H(p) when every target is replaced by `<mask>`.
+
+Neither level depends on the masking rate: a target is a uniform draw among ordinary tokens at
+any rate, and the corruption mix is per target. So the level is right for a validation loss at
+`masking.eval_probability` as at the training rate; the loss itself does depend on the rate (less
+context at 30%), which is why every validation loss is printed and logged with its rate.
 """
 
 from __future__ import annotations
@@ -122,3 +127,9 @@ def beside_plateau(loss: float, entropy: float | None) -> str:
 def metrics_beside_plateau(record: dict, prefix: str = "eval/") -> str:
     """`beside_plateau` for a metrics.jsonl record: `<prefix>mlm_loss` and `<prefix>unigram_entropy` (if logged)."""
     return beside_plateau(record[f"{prefix}mlm_loss"], record.get(f"{prefix}unigram_entropy"))
+
+
+def at_mask_rate(record: dict) -> str:
+    """` at 15% masking` for a metrics record holding `eval/mask_rate` (the validation masking rate); else ``."""
+    rate = record.get("eval/mask_rate")
+    return "" if rate is None else f" at {100 * rate:.3g}% masking"

@@ -28,7 +28,7 @@ from pipeline.pretrain.batches import real_tokens
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, phase_lr_multiplier, set_phase_batch
 from pipeline.pretrain.flops import mfu, model_flops_per_token
-from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, splitmix64
+from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, eval_probability, splitmix64
 from pipeline.pretrain.mixture import PretrainData
 from pipeline.pretrain.model import build_model, first_position_id
 from pipeline.pretrain.phases import (
@@ -39,7 +39,8 @@ from pipeline.pretrain.phases import (
     samples_consumed,
     stream_start,
 )
-from pipeline.pretrain.plateau import metrics_beside_plateau, plateau_level
+from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
+from pipeline.pretrain.rope import set_rope_theta
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink
@@ -80,6 +81,10 @@ class Pretrainer:
         m = config.masking
         self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
                                    config.train.seed)
+        # Validation masks at masking.eval_probability (the same masker when it is the training rate).
+        self.eval_masker = (self.masker if eval_probability(m) == m.probability else
+                            build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size,
+                                         self.tokenizer_info.mask_id, config.train.seed, evaluation=True))
         self.step = 0
         self._entropies: dict[str, float] = {}
         """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
@@ -96,6 +101,7 @@ class Pretrainer:
         self.model_config = model.config
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self._use_phase(phase_at(self.phases, start))
+        self._use_rope(model)
         # A universal checkpoint must be announced before DeepSpeed builds its optimizer.
         self.engine = initialize_engine(model, config, self.plan, load_universal=bool(resume and resume[2]))
         if resume:
@@ -116,7 +122,8 @@ class Pretrainer:
                                  tokenizer_fingerprint=info.fingerprint,
                                  with_segments=c.model.architecture == "bert",  # where the shards hold pairs
                                  # doc-packed rows restart positions per document from the first position id
-                                 position_offset=first_position_id(c.model.architecture, info.pad_id))
+                                 position_offset=first_position_id(c.model.architecture, info.pad_id),
+                                 eval_masker=self.eval_masker)
         if phase.index:
             self.data.step_shift = stream_start(self.phases, phase.index, self.data.num_train_sequences) - phase.start
         self.seq_len = self.data.seq_len
@@ -125,12 +132,20 @@ class Pretrainer:
     def _hand_over(self, phase: Phase) -> None:
         """Start the next phase: its data and batch settings; weights, optimizer moments and step carry on."""
         self._use_phase(phase)
+        self._use_rope(self.engine.module)
         set_phase_batch(self.engine, self.plan)
         self.metrics.set_tags({"phase": phase.name})
         self.metrics.event({"phase": phase.name, "global_batch_size": self.plan.global_batch_size,
                             "accumulation": self.plan.accumulation, "seq_len": self.seq_len}, self.step)
         self._print(f"step {self.step}: phase {phase.name} ({phase.steps} steps, seq_len {self.seq_len}, "
                     f"global batch {self.plan.global_batch_size})")
+
+    def _use_rope(self, model: torch.nn.Module) -> None:
+        """ModernBERT: this phase's rotary bases (a context-extension phase raises them; see rope.py)."""
+        phase = self.phase
+        if phase.global_rope_theta is not None and set_rope_theta(model, phase.global_rope_theta,
+                                                                  phase.local_rope_theta):
+            self._print(f"RoPE theta: global {phase.global_rope_theta:g}, local {phase.local_rope_theta:g}")
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -363,15 +378,15 @@ class Pretrainer:
                                                dtype=torch.float64)
         self.engine.train()
         dist.all_reduce(totals)
-        metrics = self.data.eval_metrics(totals.numpy())
+        metrics = {**self.data.eval_metrics(totals.numpy()), "eval/mask_rate": eval_probability(self.config.masking)}
         if self.topology.is_main:
             metrics.update(self._plateau_metrics(metrics))
         self.metrics.log(metrics, self.step)
         self.metrics.flush()
         per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
                              for s in self.data.corpora if self.data.mixed)
-        self._print(f"step {self.step}: eval MLM loss {metrics_beside_plateau(metrics)}{per_corpus}, "
-                    f"perplexity {metrics['eval/perplexity']:.2f}")
+        self._print(f"step {self.step}: eval MLM loss{at_mask_rate(metrics)} {metrics_beside_plateau(metrics)}"
+                    f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
         return metrics
 
     def _plateau_metrics(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -126,8 +126,11 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
 
     figures: list[tuple[str, str]] = []
     if evaluation:
-        figures.append(("validation MLM loss", f"{evaluation['eval/mlm_loss']:.3f} at step {evaluation['step']} "
-                                               f"(perplexity {evaluation.get('eval/perplexity', float('nan')):.1f})"))
+        rate = evaluation.get("eval/mask_rate")  # the validation masking rate (older runs did not log it)
+        at_rate = "" if rate is None else f" at {100 * rate:.3g}% masking"
+        perplexity = evaluation.get("eval/perplexity", float("nan"))
+        figures.append(("validation MLM loss", f"{evaluation['eval/mlm_loss']:.3f}{at_rate} at step "
+                                               f"{evaluation['step']} (perplexity {perplexity:.1f})"))
         if "eval/unigram_entropy" in evaluation:
             margin = evaluation["eval/unigram_entropy"] - evaluation["eval/mlm_loss"]
             figures.append(("unigram entropy", f"{evaluation['eval/unigram_entropy']:.3f} (the plateau of a model "
