@@ -159,6 +159,11 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model through DeepSpeed's `engine.compile()` (inductor): a one-off compile at the
     first steps, then faster steps; needs a C++ compiler on CPU and Triton on GPU."""
+    anneal_from: str | None = None
+    """A stable-phase checkpoint (`RUN/checkpoints/step_N`, or a run folder: its newest) to run only the decay
+    from: its weights, optimizer and data position, into this run's own `output_dir` (see anneal.py)."""
+    anneal_steps: int | None = None
+    """Steps of the decay after `anneal_from`'s step, from the schedule's LR there to its floor."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""

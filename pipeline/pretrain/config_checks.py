@@ -5,6 +5,7 @@ checks that need another module import the config, never the reverse, and are co
 
 - `phases`: each phase's steps, batch, LR and warmup (phases.py);
 - `train.compile`: a C++ compiler on CPU, Triton on GPU, not ZeRO-3 (compilation.py);
+- `train.anneal_from`: the checkpoint it names, read only when `check_files` is on (anneal.py);
 - the files the config points at: shard indexes, the tokenizer, `model.init_from` (file_checks.py),
   only when `check_files` is on, so a config can be checked where its data does not exist.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.common.run_kernel import load_config
+from pipeline.pretrain.anneal import anneal_problems
 from pipeline.pretrain.compilation import compile_problems
 from pipeline.pretrain.config import PretrainConfig, config_problems
 from pipeline.pretrain.file_checks import data_problems
@@ -43,6 +45,7 @@ def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: b
     problems += config_problems(config, world_size=world_size, cuda=cuda)
     if config.train.compile:
         problems += compile_problems(config, cuda=cuda)
+    problems += anneal_problems(config, check_files=check_files)
     if check_files and (config.data.shards or config.phases) and config.data.tokenizer:
         problems += data_problems(config)
     return problems

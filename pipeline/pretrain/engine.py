@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -109,10 +110,12 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
     return Lamb(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, bias_correction=True)
 
 
-def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False):
+def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
+                      lr_multiplier: Callable[[int], float] | None = None):
     """`deepspeed.initialize` with our derived config; returns the engine.
 
     `plan` is the batch of the phase the run starts (or resumes) in; `set_phase_batch` changes it later.
+    `lr_multiplier(step)` replaces the phases' schedule (an anneal's decay, anneal.py).
     """
     import deepspeed
     from deepspeed.accelerator import get_accelerator
@@ -123,7 +126,8 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 
     def make_scheduler(optimizer):
         return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr))
+            optimizer, lr_multiplier or (lambda step: phase_lr_multiplier(step, phases, config.schedule,
+                                                                         config.optimizer.lr)))
 
     if config.optimizer.name == "lamb" and config.zero_stage > 0:
         warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
