@@ -83,6 +83,10 @@ def main(argv=None) -> None:
         if config.phases:  # each phase's steps and accumulation
             report["phases"] = [{"name": p.name, "steps": [p.start, p.end], "gradient_accumulation": plan.accumulation}
                                 for p, plan in zip(phases, plans, strict=True)]
+        elif config.train.batch_warmup_tokens:  # each global batch of the warmup, and its steps
+            report["batch_warmup"] = [{"steps": [p.start, p.end], "global_batch_size": p.global_batch_size,
+                                       "gradient_accumulation": plan.accumulation}
+                                      for p, plan in zip(phases, plans, strict=True)]
         print(json.dumps(report, indent=2))
         return
     from pipeline.common.console import quiet_frameworks

@@ -108,7 +108,7 @@ def anneal_problems(config: PretrainConfig, *, check_files: bool) -> list[str]:
         problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
                         "writes into its own folder: give it another train.output_dir")
     saved = marker.get("batch_plan", {}).get("global_batch_size")
-    if saved != t.global_batch_size:
+    if saved != t.global_batch_size and not t.batch_warmup_tokens:  # with one, the checkpointer checks its step's
         problems.append(f"train.anneal_from {checkpoint} was trained with global batch {saved}, "
                         f"train.global_batch_size is {t.global_batch_size}; the data stream continues only at the "
                         f"same global batch: set train.global_batch_size={saved}")

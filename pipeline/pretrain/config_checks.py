@@ -5,6 +5,7 @@ checks that need another module import the config, never the reverse, and are co
 
 - `phases`: each phase's steps, batch, LR and warmup (phases.py);
 - `train.compile`: a C++ compiler on CPU, Triton on GPU, not ZeRO-3 (compilation.py);
+- `train.batch_warmup_*`: the ramp's batches (phases.py, batch_plan.py);
 - `train.anneal_from`: the checkpoint it names, read only when `check_files` is on (anneal.py);
 - the files the config points at: shard indexes, the tokenizer, `model.init_from` (file_checks.py),
   only when `check_files` is on, so a config can be checked where its data does not exist.
@@ -21,7 +22,7 @@ from pipeline.pretrain.anneal import anneal_problems
 from pipeline.pretrain.compilation import compile_problems
 from pipeline.pretrain.config import PretrainConfig, config_problems
 from pipeline.pretrain.file_checks import data_problems
-from pipeline.pretrain.phases import phase_problems
+from pipeline.pretrain.phases import batch_warmup_problems, phase_problems
 
 
 def load_pretrain_config(
@@ -45,6 +46,7 @@ def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: b
     problems += config_problems(config, world_size=world_size, cuda=cuda)
     if config.train.compile:
         problems += compile_problems(config, cuda=cuda)
+    problems += batch_warmup_problems(config, world_size)
     problems += anneal_problems(config, check_files=check_files)
     if check_files and (config.data.shards or config.phases) and config.data.tokenizer:
         problems += data_problems(config)

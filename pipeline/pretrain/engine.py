@@ -90,7 +90,7 @@ def phase_lr_multiplier(step: int, phases: list[Phase], schedule: ScheduleConfig
     """
     phase = phase_at(phases, step)
     own = replace(schedule, warmup_steps=phase.warmup_steps)
-    return lr_multiplier(step - phase.start, own, phase.steps) * (phase.lr / base_lr)
+    return lr_multiplier(step - phase.schedule_start, own, phase.schedule_steps) * (phase.lr / base_lr)
 
 
 def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool) -> list[dict]:

@@ -78,8 +78,9 @@ class Pretrainer:
         for phase in self.phases:  # every phase's batch arithmetic, before any process group starts
             phase.plan(topology.world_size)
         self.anneal = resolve_anneal(config, self._stable_lr_multiplier)
-        if self.anneal is not None:  # one phase (anneal.py), ending where the decay does
-            self.phases = [replace(self.phases[0], end=self.anneal.end)]
+        if self.anneal is not None:  # one phase (anneal.py; with a batch warmup, its segments) ending with the decay
+            kept = [p for p in self.phases if p.start < self.anneal.end]
+            self.phases = [*kept[:-1], replace(kept[-1], end=self.anneal.end)]
         self.end_step = self.anneal.end if self.anneal else config.train.max_steps
         self.cadence = Cadence(self.end_step, config.train.log_every, config.train.eval_every, config.checkpoint.every)
         init_process_group(topology, config.train.collective_timeout_s)
@@ -142,9 +143,13 @@ class Pretrainer:
         """Start the next phase: its data and batch settings; weights, optimizer moments and step carry on."""
         self._use_phase(phase)
         set_phase_batch(self.engine, self.plan)
+        batch = {"global_batch_size": self.plan.global_batch_size, "accumulation": self.plan.accumulation}
+        if not self.phased:  # a batch warmup's next batch
+            self.metrics.event(batch, self.step)
+            self._print(f"step {self.step}: batch warmup, global batch {self.plan.global_batch_size}")
+            return
         self.metrics.set_tags({"phase": phase.name})
-        self.metrics.event({"phase": phase.name, "global_batch_size": self.plan.global_batch_size,
-                            "accumulation": self.plan.accumulation, "seq_len": self.seq_len}, self.step)
+        self.metrics.event({"phase": phase.name, **batch, "seq_len": self.seq_len}, self.step)
         self._print(f"step {self.step}: phase {phase.name} ({phase.steps} steps, seq_len {self.seq_len}, "
                     f"global batch {self.plan.global_batch_size})")
 
