@@ -11,9 +11,10 @@ The LR over those steps, as a fraction of `optimizer.lr`:
 
     m(S + k) = floor + (m_S − floor) · shape(k / N),   k = 0 … N − 1
 
-where m_S is the config's schedule at step S (the LR the stable run's next step would have used
-when the config is the stable run's), floor is `schedule.end_lr_ratio`, and shape is
-`schedule.decay`: linear 1 − p, polynomial (1 − p)^power, cosine (1 + cos πp)/2, 1-sqrt 1 − √p.
+where m_S is the LR the stable run's own schedule gives step S (read from the config recorded in
+the checkpoint: a stable phase at constant LR gives its peak, whatever this config's schedule),
+floor is this config's `schedule.end_lr_ratio`, and shape is its `schedule.decay`: linear 1 − p,
+polynomial (1 − p)^power, cosine (1 + cos πp)/2, 1-sqrt 1 − √p.
 The anneal run checkpoints like any run and resumes from its own checkpoints exactly; the source
 checkpoint is only read.
 """
@@ -69,15 +70,36 @@ def source_checkpoint(config: PretrainConfig) -> Path:
     return checkpoints.resolve_checkpoint(config.train.anneal_from)
 
 
-def resolve_anneal(config: PretrainConfig, stable_multiplier) -> Anneal | None:
-    """The run's decay, or None without `train.anneal_from`; `stable_multiplier(step)` is the config's schedule."""
+def stable_multiplier(config: PretrainConfig, marker: dict, step: int) -> float:
+    """The LR the checkpoint's own run gave optimizer step `step`, as a fraction of `config`'s optimizer.lr.
+
+    From the config the checkpoint recorded; a checkpoint without one is taken to share `config`'s schedule.
+    """
+    from pipeline.common.config_tree import build_config
+    from pipeline.pretrain.engine import phase_lr_multiplier
+    from pipeline.pretrain.phases import resolve_phases
+
+    stable = config
+    if isinstance(marker.get("config"), dict):
+        stable, problems = build_config(PretrainConfig, marker["config"])
+        if problems:
+            raise PipelineError(f"train.anneal_from: the config recorded in the checkpoint does not load: "
+                                f"{'; '.join(problems)}")
+    lr = stable.optimizer.lr
+    return phase_lr_multiplier(step, resolve_phases(stable), stable.schedule, lr) * lr / config.optimizer.lr
+
+
+def resolve_anneal(config: PretrainConfig) -> Anneal | None:
+    """The run's decay, or None without `train.anneal_from`."""
     t = config.train
     if not t.anneal_from:
         return None
     checkpoint = source_checkpoint(config)
-    start = int(checkpoints.read_marker(checkpoint)["step"])
+    marker = checkpoints.read_marker(checkpoint)
+    start = int(marker["step"])
     s = config.schedule
-    return Anneal(checkpoint, start, int(t.anneal_steps), stable_multiplier(start), s.end_lr_ratio, s.decay, s.power)
+    return Anneal(checkpoint, start, int(t.anneal_steps), stable_multiplier(config, marker, start), s.end_lr_ratio,
+                  s.decay, s.power)
 
 
 def anneal_problems(config: PretrainConfig, *, check_files: bool) -> list[str]:

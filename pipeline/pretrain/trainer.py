@@ -77,7 +77,7 @@ class Pretrainer:
         self.phases = resolve_phases(config)
         for phase in self.phases:  # every phase's batch arithmetic, before any process group starts
             phase.plan(topology.world_size)
-        self.anneal = resolve_anneal(config, self._stable_lr_multiplier)
+        self.anneal = resolve_anneal(config)
         if self.anneal is not None:  # one phase (anneal.py; with a batch warmup, its segments) ending with the decay
             kept = [p for p in self.phases if p.start < self.anneal.end]
             self.phases = [*kept[:-1], replace(kept[-1], end=self.anneal.end)]

@@ -110,3 +110,21 @@ def test_an_anneal_continues_the_stable_runs_data_decays_by_formula_and_resumes_
     annealed, resumed = step_losses(tmp_path / "anneal"), step_losses(tmp_path / "resumed")
     assert sorted(resumed) == list(range(start + 1, start + steps + 1))
     assert all(resumed[s] == annealed[s] for s in range(cut + 1, start + steps + 1))
+
+
+def test_the_decay_starts_from_the_lr_of_the_checkpoints_own_schedule(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    """A stable phase at constant LR (as WSD's) anneals from its peak, whatever the anneal config's own schedule."""
+    from pipeline.common.config_tree import to_dict
+    from pipeline.pretrain.anneal import resolve_anneal
+
+    stable = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=100),
+                                  ["schedule.decay=constant", "schedule.warmup_steps=10"])
+    checkpoint = tmp_path / "stable" / "checkpoints" / "step_00000060"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "complete.json").write_text(json.dumps({"step": 60, "config": to_dict(stable)}))
+    config = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, anneal_from=str(checkpoint),
+                                        anneal_steps=20, global_batch_size=16),
+                                  ["schedule.end_lr_ratio=0.1"], check_files=False)
+    a = resolve_anneal(config)
+    assert (a.start, a.end, a.start_multiplier, a.floor) == (60, 80, 1.0, 0.1)
+    assert a.multiplier(70) == pytest.approx(0.55)
