@@ -1,7 +1,7 @@
 """Batch-size warmup: time to 1.0 nat below the unigram plateau with and without it, at the same total tokens.
 
     python benchmarks/batch_warmup.py [--config configs/budget-modernbert.json] [--seeds 1,2,3]
-        [--warmup-fraction 0.1] [--max-minutes 7] [--documents 0] [--corpus FILE] [--set KEY=VALUE ...]
+        [--warmup-fraction 0.1] [--start-divisor 4] [--max-minutes 7] [--documents 0] [--corpus FILE] [--set KEY=VALUE ...]
         [--out DIR]
 
 1. Tokenizer and 128-token shards from the IMDB corpus, made once in `--out`, and the plateau H
@@ -9,8 +9,9 @@
 2. Two variants of the config, each under every seed, on 2 ranks × 1 thread:
    - full-batch: the config as written (max_steps × global batch sequences);
    - batch-warmup: `train.batch_warmup_tokens` = `--warmup-fraction` of the full-batch run's tokens,
-     starting at micro batch × 2 ranks, and `train.max_steps` raised until the run draws at least
+     starting at global batch ÷ `--start-divisor`, and `train.max_steps` raised until the run draws at least
      as many sequences as the full-batch one (the same total tokens; the LR schedule counts steps).
+   Both run at a micro batch small enough for the start to hold one per rank.
 3. Each run's validation curve against training wall time (evaluation left out,
    pipeline/tracking/loss_curve.py), evaluated every `--eval-every-sequences` sequences at full
    batch; the time to H − 1.0 is interpolated between evaluations. A run stops at its schedule's
@@ -125,6 +126,7 @@ def parser(description: str) -> argparse.ArgumentParser:
 def main() -> None:
     p = parser(__doc__.split("\n")[0])
     p.add_argument("--warmup-fraction", type=float, default=0.1, help="share of the run's tokens the warmup spans")
+    p.add_argument("--start-divisor", type=int, default=4, help="the warmup starts at global batch ÷ this")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "batch-warmup")
     a = p.parse_args()
     with BenchmarkRecord("batch_warmup", argv=sys.argv) as rec:
@@ -137,10 +139,16 @@ def measure(a, rec: BenchmarkRecord) -> None:
 
     tokenizer, shards, entropy = prepare(a)
     seq_len = load_index(shards)["seq_len"]
-    base = load(a.config, a.set)
-    t = base.train
+    t = load(a.config, a.set).train
     sequences = t.max_steps * t.global_batch_size
-    start = t.micro_batch_size * RANKS
+    start = t.global_batch_size // a.start_divisor
+    # The start must hold a whole micro batch per rank: a smaller micro batch where needed, in both variants
+    # (the same arithmetic per step, so the comparison stays fair).
+    micro = min(t.micro_batch_size, max(1, start // RANKS))
+    if start < RANKS or start % (micro * RANKS) or t.global_batch_size % start:
+        raise SystemExit(f"--start-divisor {a.start_divisor}: a start of {start} sequences does not split into "
+                         f"{RANKS} ranks' micro batches and divide the global batch {t.global_batch_size}")
+    a.set = [*a.set, f"train.micro_batch_size={micro}"]
     warmup = [f"train.batch_warmup_tokens={int(a.warmup_fraction * sequences * seq_len)}",
               f"train.batch_warmup_start={start}"]
     warm_steps = steps_for_sequences(load(a.config, [*a.set, *warmup]), seq_len, sequences)
@@ -168,7 +176,7 @@ def measure(a, rec: BenchmarkRecord) -> None:
     loads = [x for r in runs for x in (r["load_before"][0], r["load_after"][0])]
     conditions = (f"{len(runs)} runs on {RANKS} ranks, cap {a.max_minutes:g} min each; config {a.config}; "
                   f"{sequences:,} sequences of {seq_len} tokens per run; warmup over {a.warmup_fraction:g} of them "
-                  f"from global batch {start}; 1-min load average {min(loads):.2f}–{max(loads):.2f}")
+                  f"from global batch {start}; micro batch {micro}; 1-min load average {min(loads):.2f}–{max(loads):.2f}")
     columns = list(rows[0])
     table = "\n".join([f"H = {entropy:.3f} nats", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
                        *("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows), "", conditions])
