@@ -1,8 +1,8 @@
 """Batch-size warmup: time to 1.0 nat below the unigram plateau with and without it, at the same total tokens.
 
     python benchmarks/batch_warmup.py [--config configs/budget-modernbert.json] [--seeds 1,2,3]
-        [--warmup-fraction 0.1] [--start-divisor 4] [--max-minutes 7] [--documents 0] [--corpus FILE] [--set KEY=VALUE ...]
-        [--out DIR]
+        [--warmup-fraction 0.1] [--start-divisor 4] [--max-minutes 7] [--documents 0] [--corpus FILE]
+        [--set KEY=VALUE ...] [--out DIR]
 
 1. Tokenizer and 128-token shards from the IMDB corpus, made once in `--out`, and the plateau H
    (the unigram entropy of the validation tokens), as benchmarks/budget_time_to_loss.py makes them.
@@ -176,7 +176,8 @@ def measure(a, rec: BenchmarkRecord) -> None:
     loads = [x for r in runs for x in (r["load_before"][0], r["load_after"][0])]
     conditions = (f"{len(runs)} runs on {RANKS} ranks, cap {a.max_minutes:g} min each; config {a.config}; "
                   f"{sequences:,} sequences of {seq_len} tokens per run; warmup over {a.warmup_fraction:g} of them "
-                  f"from global batch {start}; micro batch {micro}; 1-min load average {min(loads):.2f}–{max(loads):.2f}")
+                  f"from global batch {start}; micro batch {micro}; "
+                  f"1-min load average {min(loads):.2f}–{max(loads):.2f}")
     columns = list(rows[0])
     table = "\n".join([f"H = {entropy:.3f} nats", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
                        *("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows), "", conditions])
