@@ -95,7 +95,7 @@ def test_installed_commands_run_every_stage_from_outside_the_checkout(installed,
             "data.tokenizer": "tok", "data.num_workers": 0, "train.output_dir": "pretrain", "train.max_steps": 3,
             "train.global_batch_size": 8, "train.micro_batch_size": 8, "train.eval_every": 3,
             "train.eval_sequences": 8, "schedule.warmup_steps": 1, "checkpoint.every": 3, "tracking.enabled": "false",
-            "deepspeed.zero_optimization.stage": 0}
+            "train.zero_stage": 0}
     overrides = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     run([str(bin_ / "roberta-pretrain"), "--config", "tiny", *overrides], work, env)
     run([str(bin_ / "roberta-export"), "pretrain", "--out", "export"], work, env)

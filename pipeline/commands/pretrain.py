@@ -9,7 +9,8 @@
 `--set section.key=value` overrides a config key (the value is read as JSON when it parses, else
 as a string), e.g. `--set train.max_steps=100 --set train.zero_stage=3`.
 The run resumes by itself from the newest complete checkpoint in train.output_dir; SIGTERM or
-SIGUSR1 makes it finish the step, checkpoint and exit 0.
+SIGUSR1 makes it finish the step, checkpoint and exit 0. `--anneal-from CHECKPOINT --anneal-steps N`
+runs only the schedule's decay from a stable-phase checkpoint, into train.output_dir.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="JSON config file, or a shipped config's name (e.g. tiny)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--anneal-from", metavar="CHECKPOINT",
+                   help="run only the schedule's decay from this stable-phase checkpoint (its weights, optimizer and "
+                        "data position) into train.output_dir: sets train.anneal_from")
+    p.add_argument("--anneal-steps", type=int, metavar="N", help="the decay's steps: sets train.anneal_steps")
     p.add_argument("--print-config", action="store_true",
                    help="validate, print the resolved config and batch arithmetic, and exit")
     p.add_argument("--verbose", action="store_true",
@@ -36,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """`--set` overrides, then those of the anneal flags (the path as a JSON string, so it stays a string)."""
+    out = list(args.set)
+    if args.anneal_from is not None:
+        out.append(f"train.anneal_from={json.dumps(args.anneal_from)}")
+    if args.anneal_steps is not None:
+        out.append(f"train.anneal_steps={args.anneal_steps}")
+    return out
 
 
 @exit_on_pipeline_error
@@ -50,8 +65,8 @@ def main(argv=None) -> None:
     from pipeline.pretrain.phases import resolve_phases
 
     try:
-        config = load_pretrain_config(find_config(args.config, "pretrain"), args.set, world_size=topology.world_size,
-                                      cuda=topology.cuda)
+        config = load_pretrain_config(find_config(args.config, "pretrain"), overrides(args),
+                                      world_size=topology.world_size, cuda=topology.cuda)
     except PipelineError:
         if topology.rank != 0:  # every rank finds the same problems; one copy is enough
             raise SystemExit(2) from None
@@ -70,6 +85,10 @@ def main(argv=None) -> None:
         if config.phases:  # each phase's steps and accumulation
             report["phases"] = [{"name": p.name, "steps": [p.start, p.end], "gradient_accumulation": plan.accumulation}
                                 for p, plan in zip(phases, plans, strict=True)]
+        elif config.train.batch_warmup_tokens:  # each global batch of the warmup, and its steps
+            report["batch_warmup"] = [{"steps": [p.start, p.end], "global_batch_size": p.global_batch_size,
+                                       "gradient_accumulation": plan.accumulation}
+                                      for p, plan in zip(phases, plans, strict=True)]
         print(json.dumps(report, indent=2))
         return
     from pipeline.common.console import quiet_frameworks

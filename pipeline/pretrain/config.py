@@ -179,6 +179,17 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model through DeepSpeed's `engine.compile()` (inductor): a one-off compile at the
     first steps, then faster steps; needs a C++ compiler on CPU and Triton on GPU."""
+    batch_warmup_tokens: int = 0
+    """Tokens (sequences × seq_len) over which the global batch rises from `batch_warmup_start` to
+    `global_batch_size`, linearly, in multiples of the start (0: the full batch from the first step)."""
+    batch_warmup_start: int | None = None
+    """The first global batch of a batch warmup: a multiple of micro_batch_size × world size that divides
+    global_batch_size (None: micro_batch_size; write it down to resume on another number of ranks)."""
+    anneal_from: str | None = None
+    """A stable-phase checkpoint (`RUN/checkpoints/step_N`, or a run folder: its newest) to run only the decay
+    from: its weights, optimizer and data position, into this run's own `output_dir` (see anneal.py)."""
+    anneal_steps: int | None = None
+    """Steps of the decay after `anneal_from`'s step, from the schedule's LR there to its floor."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""

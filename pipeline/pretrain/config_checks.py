@@ -6,6 +6,8 @@ checks that need another module import the config, never the reverse, and are co
 - `schedule`: the decay's kind, shape and length (schedules.py);
 - `phases`: each phase's steps, batch, LR, warmup, decay and RoPE theta (phases.py);
 - `train.compile`: a C++ compiler on CPU, Triton on GPU, not ZeRO-3 (compilation.py);
+- `train.batch_warmup_*`: the ramp's batches (phases.py, batch_plan.py);
+- `train.anneal_from`: the checkpoint it names, read only when `check_files` is on (anneal.py);
 - the files the config points at: shard indexes, the tokenizer, `model.init_from` (file_checks.py),
   only when `check_files` is on, so a config can be checked where its data does not exist.
 
@@ -17,10 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.common.run_kernel import load_config
+from pipeline.pretrain.anneal import anneal_problems
 from pipeline.pretrain.compilation import compile_problems
 from pipeline.pretrain.config import PretrainConfig, config_problems
 from pipeline.pretrain.file_checks import data_problems
-from pipeline.pretrain.phases import phase_problems
+from pipeline.pretrain.phases import batch_warmup_problems, phase_problems
 from pipeline.pretrain.schedules import schedule_problems
 
 
@@ -46,6 +49,8 @@ def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: b
     problems += schedule_problems(config.schedule, config.train.max_steps)
     if config.train.compile:
         problems += compile_problems(config, cuda=cuda)
+    problems += batch_warmup_problems(config, world_size)
+    problems += anneal_problems(config, check_files=check_files)
     if check_files and (config.data.shards or config.phases) and config.data.tokenizer:
         problems += data_problems(config)
     return problems

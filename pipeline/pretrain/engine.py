@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -92,15 +93,17 @@ def phase_lr_multiplier(step: int, phases: list[Phase], schedule: ScheduleConfig
     """
     phase = phase_at(phases, step)
     own = replace(schedule, warmup_steps=phase.warmup_steps)
-    return lr_multiplier(step - phase.start, own, phase.steps, phase.decay_steps) * (phase.lr / base_lr)
+    return lr_multiplier(step - phase.schedule_start, own, phase.schedule_steps, phase.decay_steps) * (
+        phase.lr / base_lr)
 
 
-def lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig,
-                 phases: list[Phase] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
-    """The run's LR schedule over `optimizer`'s groups: each group's base LR × `phase_lr_multiplier`."""
+def lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig, phases: list[Phase] | None = None,
+                 multiplier: Callable[[int], float] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """The run's LR schedule over `optimizer`'s groups: each group's base LR × `phase_lr_multiplier`
+    (or × `multiplier(step)`, which replaces it: an anneal's decay, anneal.py)."""
     phases = resolve_phases(config) if phases is None else phases
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr))
+        optimizer, multiplier or (lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr)))
 
 
 def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool) -> list[dict]:
@@ -128,10 +131,12 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
     return Lamb(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, bias_correction=True)
 
 
-def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False):
+def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
+                      lr_multiplier: Callable[[int], float] | None = None):
     """`deepspeed.initialize` with our derived config; returns the engine.
 
     `plan` is the batch of the phase the run starts (or resumes) in; `set_phase_batch` changes it later.
+    `lr_multiplier(step)` replaces the phases' schedule (an anneal's decay, anneal.py).
     """
     import deepspeed
     from deepspeed.accelerator import get_accelerator
@@ -150,7 +155,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         model=model,
         model_parameters=groups,
         optimizer=client_optimizer(groups, config, cuda),
-        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, config, phases),
+        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, config, phases, lr_multiplier),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     if config.train.compile:

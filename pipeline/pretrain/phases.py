@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
-from pipeline.pretrain.batch_plan import BatchPlan, batch_problem
+from pipeline.pretrain.batch_plan import BatchPlan, batch_problem, batch_ramp, ramp_problems
 from pipeline.pretrain.config import _NAME_CHARS, DataConfig, PretrainConfig
 
 
@@ -57,10 +57,22 @@ class Phase:
     """modernbert: the global layers' rotary base in this phase (None: other architectures)."""
     local_rope_theta: float | None = None
     """modernbert: the local layers' rotary base in this phase."""
+    schedule_span: tuple[int, int] | None = None
+    """The steps its LR schedule spans when that differs from [start, end): a batch-warmup segment's run."""
 
     @property
     def steps(self) -> int:
         return self.end - self.start
+
+    @property
+    def schedule_start(self) -> int:
+        return self.schedule_span[0] if self.schedule_span else self.start
+
+    @property
+    def schedule_steps(self) -> int:
+        """Steps of the LR schedule this phase is part of (warmup, then decay to its end)."""
+        start, end = self.schedule_span or (self.start, self.end)
+        return end - start
 
     def plan(self, world_size: int) -> BatchPlan:
         key = f"phases[{self.index}]"
@@ -84,6 +96,8 @@ def resolve_phases(config: PretrainConfig) -> list[Phase]:
     t, o, s, m = config.train, config.optimizer, config.schedule, config.model
     wsd = s.kind == "wsd"
     theta = (m.global_rope_theta, m.local_rope_theta) if m.architecture == "modernbert" else (None, None)
+    if not config.phases and t.batch_warmup_tokens:
+        return batch_warmup_phases(config)
     if not config.phases:
         return [Phase(0, "", 0, t.max_steps, config.data, t.global_batch_size, t.micro_batch_size, o.lr,
                       s.warmup_steps, None, wsd_decay_steps(s, t.max_steps) if wsd else None, *theta)]
@@ -102,6 +116,42 @@ def resolve_phases(config: PretrainConfig) -> list[Phase]:
             s.warmup_steps if p.warmup_steps is None else p.warmup_steps, p.seq_len, decay, *theta))
         start = end
     return phases
+
+
+def batch_warmup_phases(config: PretrainConfig) -> list[Phase]:
+    """A batch warmup as phases of one LR schedule: one per global batch of `batch_plan.batch_ramp`.
+
+    Each segment continues the shard folder's stream where the previous one stopped (`stream_start`),
+    checkpoints record its batch, and a resume picks the segment of its step, as for phases. The LR
+    schedule counts optimizer steps over the whole run (`schedule_span`), whatever the batch.
+    """
+    from pipeline.data.shard_index import load_index
+
+    t, o, s = config.train, config.optimizer, config.schedule
+    seq_len = load_index(config.data.shards)["seq_len"]
+    ramp = batch_ramp(t.global_batch_size, t.batch_warmup_start or t.micro_batch_size, t.batch_warmup_tokens,
+                      seq_len, t.max_steps)
+    from pipeline.pretrain.schedules import wsd_decay_steps
+
+    m = config.model
+    decay = wsd_decay_steps(s, t.max_steps) if s.kind == "wsd" else None  # one schedule over the whole run
+    theta = (m.global_rope_theta, m.local_rope_theta) if m.architecture == "modernbert" else (None, None)
+    return [Phase(i, "", r.start, r.end, config.data, r.global_batch_size, t.micro_batch_size, o.lr, s.warmup_steps,
+                  None, decay, *theta, schedule_span=(0, t.max_steps)) for i, r in enumerate(ramp)]
+
+
+def batch_warmup_problems(config: PretrainConfig, world_size: int) -> list[str]:
+    """`train.batch_warmup_*`: the ramp's batches (batch_plan.ramp_problems), on one folder, without phases."""
+    t = config.train
+    problems = ramp_problems(t.global_batch_size, t.batch_warmup_start, t.batch_warmup_tokens, t.micro_batch_size,
+                             world_size)
+    if t.batch_warmup_tokens > 0 and config.phases:
+        problems.append("train.batch_warmup_tokens with phases: give the phases their own global batches "
+                        "(phases[i].global_batch_size), or drop the batch warmup")
+    if t.batch_warmup_tokens > 0 and config.data.mixed:
+        problems.append("train.batch_warmup_tokens with a mix of corpora (data.shards as a list): the warmup "
+                        "continues one folder's stream; use one folder")
+    return problems
 
 
 def phase_at(phases: list[Phase], step: int) -> Phase:

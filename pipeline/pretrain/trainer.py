@@ -1,13 +1,14 @@
-"""The pretraining loop: train steps, evaluation, checkpoints, resume, stop signals and metrics."""
+"""The pretraining loop: load, step, log, evaluate, save; the cadence (cadence.py) says when, the checkpointer
+(checkpointer.py) where a run starts."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
+from pipeline.pretrain.anneal import resolve_anneal
 from pipeline.pretrain.batches import real_tokens
+from pipeline.pretrain.cadence import Cadence, StepGuard, ThroughputWindow
+from pipeline.pretrain.checkpointer import Checkpointer
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import initialize_engine, phase_lr_multiplier, set_phase_batch
 from pipeline.pretrain.flops import mfu, model_flops_per_token
@@ -42,7 +46,6 @@ from pipeline.pretrain.phases import (
 from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
 from pipeline.pretrain.rope import set_rope_theta
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
-from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 from pipeline.tracking.sinks import open_metrics
@@ -75,6 +78,12 @@ class Pretrainer:
         self.phases = resolve_phases(config)
         for phase in self.phases:  # every phase's batch arithmetic, before any process group starts
             phase.plan(topology.world_size)
+        self.anneal = resolve_anneal(config)
+        if self.anneal is not None:  # one phase (anneal.py; with a batch warmup, its segments) ending with the decay
+            kept = [p for p in self.phases if p.start < self.anneal.end]
+            self.phases = [*kept[:-1], replace(kept[-1], end=self.anneal.end)]
+        self.end_step = self.anneal.end if self.anneal else config.train.max_steps
+        self.cadence = Cadence(self.end_step, config.train.log_every, config.train.eval_every, config.checkpoint.every)
         init_process_group(topology, config.train.collective_timeout_s)
         self.tokenizer = load_tokenizer(config.data.tokenizer)
         self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
@@ -85,28 +94,36 @@ class Pretrainer:
         self.eval_masker = (self.masker if eval_probability(m) == m.probability else
                             build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size,
                                          self.tokenizer_info.mask_id, config.train.seed, evaluation=True))
-        self.step = 0
         self._entropies: dict[str, float] = {}
         """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
+        self.checkpointer = Checkpointer(self.layout.checkpoints, topology, self.phases,
+                                         resume=config.checkpoint.resume == "auto", anneal=self.anneal)
+        self.start = self.checkpointer.find()  # files only; train() loads it, before the loop
+        self.step = self.start.step if self.start else 0
         self.resumed_from: Path | None = None
-        self.resume_seconds = self.verify_seconds = 0.0
-        resume = self._resume_source() if config.checkpoint.resume == "auto" else None
-        start = int(checkpoints.read_marker(resume[0])["step"]) if resume else 0
 
         seed_everything(config.train.seed)  # the same initial weights on every rank
         # Positions are sized for the longest phase from the start, so a hand-over changes no shape.
         model = build_model(config.model, self.tokenizer_info, longest_seq_len(self.phases))
-        if model.init_note and not resume:  # a resumed run loads the head it trained
+        if model.init_note and not self.start:  # a resumed run loads the head it trained
             self._print(model.init_note)
         self.model_config = model.config
         self.num_parameters = sum(p.numel() for p in model.parameters())
-        self._use_phase(phase_at(self.phases, start))
+        self._use_phase(phase_at(self.phases, self.step))
         self._use_rope(model)
         # A universal checkpoint must be announced before DeepSpeed builds its optimizer.
-        self.engine = initialize_engine(model, config, self.plan, load_universal=bool(resume and resume[2]))
-        if resume:
-            self._load(*resume)
+        universal = bool(self.start and self.start.universal)
+        self.engine = initialize_engine(model, config, self.plan, universal, lr_multiplier=self.lr_multiplier)
         self.metrics = self._open_metrics()
+
+    def _stable_lr_multiplier(self, step: int) -> float:
+        """The config's own schedule (its phases') at `step`, as a fraction of optimizer.lr."""
+        return phase_lr_multiplier(step, self.phases, self.config.schedule, self.config.optimizer.lr)
+
+    def lr_multiplier(self, step: int) -> float:
+        """The run's LR at optimizer step `step` (0-based) as a fraction of optimizer.lr: the anneal's decay, or the
+        schedule's."""
+        return self.anneal.multiplier(step) if self.anneal else self._stable_lr_multiplier(step)
 
     @property
     def phased(self) -> bool:
@@ -134,9 +151,13 @@ class Pretrainer:
         self._use_phase(phase)
         self._use_rope(self.engine.module)
         set_phase_batch(self.engine, self.plan)
+        batch = {"global_batch_size": self.plan.global_batch_size, "accumulation": self.plan.accumulation}
+        if not self.phased:  # a batch warmup's next batch
+            self.metrics.event(batch, self.step)
+            self._print(f"step {self.step}: batch warmup, global batch {self.plan.global_batch_size}")
+            return
         self.metrics.set_tags({"phase": phase.name})
-        self.metrics.event({"phase": phase.name, "global_batch_size": self.plan.global_batch_size,
-                            "accumulation": self.plan.accumulation, "seq_len": self.seq_len}, self.step)
+        self.metrics.event({"phase": phase.name, **batch, "seq_len": self.seq_len}, self.step)
         self._print(f"step {self.step}: phase {phase.name} ({phase.steps} steps, seq_len {self.seq_len}, "
                     f"global batch {self.plan.global_batch_size})")
 
@@ -148,64 +169,6 @@ class Pretrainer:
             self._print(f"RoPE theta: global {phase.global_rope_theta:g}, local {phase.local_rope_theta:g}")
 
     # --- set-up ---------------------------------------------------------------------------
-
-    def _resume_source(self) -> tuple[Path, Path, bool] | None:
-        """(complete checkpoint, folder DeepSpeed loads it from, universal?) or None for a fresh start."""
-        newest = self._newest_intact()
-        if newest is None:
-            return None
-        marker = checkpoints.read_marker(newest)
-        saved = marker.get("batch_plan", {})
-        # The batch that trained the checkpoint's last step, in this config: the order of the data depends on it.
-        last = phase_at(self.phases, int(marker["step"]) - 1)
-        if saved.get("global_batch_size") != last.global_batch_size:
-            where = f" (phase {last.name})" if self.phased else ""
-            raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
-                                f"this run has {last.global_batch_size} at step {marker['step']}{where}; resuming "
-                                f"would change the data order (use another train.output_dir, or the same global batch)")
-        world_size = self.topology.world_size
-        if not needs_universal(newest, saved.get("world_size"), world_size):
-            return newest, newest.parent, False
-        if self.topology.is_main:
-            self._print(f"checkpoint {newest.name} was written by {saved.get('world_size')} ranks, this run has "
-                        f"{world_size}: converting it to a universal checkpoint")
-            convert_to_universal(newest)
-        dist.barrier()
-        return newest, newest / UNIVERSAL_DIR, True
-
-    def _newest_intact(self) -> Path | None:
-        """The newest complete checkpoint whose checksums hold: checked once, by rank 0, for every rank."""
-        root = self.layout.checkpoints
-        started = time.perf_counter()
-        found = [None]
-        if self.topology.is_main:
-            newest = checkpoints.newest_intact(root, self._warn)
-            found = [newest.name if newest else None]
-        if self.topology.world_size > 1:
-            dist.broadcast_object_list(found, src=0)
-        self.verify_seconds = time.perf_counter() - started
-        return root / found[0] if found[0] else None
-
-    def _warn(self, message: str) -> None:
-        if self.topology.is_main:
-            print(f"warning: {message}", file=sys.stderr, flush=True)
-
-    def _load(self, checkpoint: Path, load_root: Path, universal: bool) -> None:
-        started = time.perf_counter()
-        _, client_state = self.engine.load_checkpoint(str(load_root), tag=checkpoint.name)
-        if client_state is None:
-            raise PipelineError(f"checkpoint {checkpoint}: DeepSpeed could not load it")
-        state = client_state.get("train_state") or checkpoints.read_marker(checkpoint)["train_state"]
-        self.step = int(state["step"])
-        self.resumed_from = checkpoint
-        self.resume_seconds = time.perf_counter() - started
-        # The optimizer comes back with the LR it had; put the schedule's LR for the next step in
-        # place, which differs when train.max_steps or the schedule was changed for the resume.
-        scheduler = self.engine.lr_scheduler
-        scheduler.last_epoch = self.step
-        multiplier = phase_lr_multiplier(self.step, self.phases, self.config.schedule, self.config.optimizer.lr)
-        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base * multiplier
 
     def _open_metrics(self) -> MetricsSink:
         """Rank 0: write the config and a tokenizer copy into the run folder, open metrics.jsonl and MLflow."""
@@ -225,83 +188,101 @@ class Pretrainer:
                                run_name=c.tracking.run_name or layout.root.resolve().name, state_file=layout.tracking,
                                tags=tags, params=flatten(to_dict(c)))
         metrics.log_artifact(layout.config)
-        if self.resumed_from is not None:
-            metrics.event({"resumed_from": str(self.resumed_from),
-                           "resume_load_seconds": round(self.resume_seconds, 3),
-                           "checkpoint_verify_seconds": round(self.verify_seconds, 3)}, self.step)
         return metrics
+
+    def _load_checkpoint(self) -> None:
+        """Continue from the start the checkpointer found (own checkpoint, or the anneal's source), if any."""
+        if self.start is None:
+            return
+        ckpt = self.checkpointer
+        self.step = ckpt.load(self.engine, self.start, self.lr_multiplier)
+        self.resumed_from = self.start.checkpoint
+        event = {"resumed_from": str(self.resumed_from), "resume_load_seconds": round(ckpt.load_seconds, 3),
+                 "checkpoint_verify_seconds": round(ckpt.verify_seconds, 3)}
+        if self.anneal is not None and self.resumed_from == self.anneal.checkpoint:
+            a, peak = self.anneal, self.config.optimizer.lr
+            event["anneal_steps"] = a.steps
+            self._print(f"annealing from {a.checkpoint} (step {a.start}) for {a.steps} steps: LR "
+                        f"{a.start_multiplier * peak:.3g} to {a.floor * peak:.3g} ({a.decay})")
+        else:
+            self._print(f"resumed from {self.resumed_from} (step {self.step})")
+        self.metrics.event(event, self.step)
 
     # --- the loop ---------------------------------------------------------------------------
 
     def train(self) -> RunResult:
-        c, topo = self.config, self.topology
+        """Load, then step until the end or a stop signal: log, evaluate and save when the cadence says."""
+        self._load_checkpoint()
         stop = StopRequest().install()
-        if self.step >= c.train.max_steps:  # a rerun of a finished run: only a missing export is redone
-            self._print(f"already trained to step {self.step} (train.max_steps {c.train.max_steps})")
+        if self.cadence.done(self.step):  # a rerun of a finished run: only a missing export is redone
+            self._print(f"already trained to step {self.step} (the run ends at step {self.end_step})")
             return self._finish(stop, None, already_done=True)
-        loader = None
+        steps = self._step_batches()
         progress = self._progress_bar()
-        window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
-        sync = StepSync(self.plan.world_size)
+        window, guard = ThroughputWindow(), StepGuard(self.step, self._watchdog)
+        self.sync = StepSync(self.plan.world_size)
         stopped_by = None
-        watchdog = self._watchdog()
-        first_step = self.step
         self.engine.train()
-        while self.step < c.train.max_steps:
-            if self.step >= self.phase.end:
-                self._hand_over(phase_at(self.phases, self.step))
-                loader = None
-            if loader is None:  # this phase's batches, up to its end
-                loader = iter(self.data.loader(rank=topo.rank, start_step=self.step, end_step=self.phase.end,
-                                               num_workers=c.data.num_workers))
-            plan = self.plan
-            micro_losses, extra, step_tokens = [], {}, 0
-            lr = self.engine.get_lr()[0]  # the LR this step uses; the scheduler moves on inside engine.step()
-            # The first step of a process carries one-off costs (workers starting, compilation): not guarded.
-            guard: AbstractContextManager = (watchdog.guard(f"at step {self.step + 1}")
-                                             if watchdog and self.step > first_step else nullcontext())
-            with guard:
-                for micro_step in range(plan.accumulation):
-                    batch = next(loader)
-                    step_tokens += real_tokens(batch)
-                    seed_micro_batch(c.train.seed, self.step, plan.micro_batch_index(topo.rank, micro_step))
-                    out = self.engine(**{k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()})
-                    self.engine.backward(out["loss"])
-                    self.engine.step()
-                    micro_losses.append(out["loss"].detach().float())
-                    for key in ("mlm_loss", "nsp_loss"):
-                        if key in out:
-                            extra.setdefault(key, []).append(out[key].detach().float())
-                sync.record(self.step + 1, micro_losses, extra, step_tokens)
-                stop_now = sync.stop_requested(stop.requested)
+        while not self.cadence.done(self.step):
+            micro_batches = next(steps)  # a hand-over builds the next phase's data: not under the watchdog
+            with guard.around(self.step):
+                lr = self.train_step(micro_batches)
+                stop_now = self.sync.stop_requested(stop.requested)
             self.step += 1
-            window_samples += plan.global_batch_size  # phases may change the batch
-            last = self.step == c.train.max_steps
-            log_now = self.step % c.train.log_every == 0 or last
-            eval_now = bool(c.train.eval_every) and self.step % c.train.eval_every == 0 and not last
-            save_now = self.step % c.checkpoint.every == 0 and not last
-            if log_now or eval_now or save_now or stop_now:  # only then do the losses come to the host
-                checked = sync.check()
-                window_tokens += checked.tokens
-                if not math.isfinite(checked.window_loss) and c.precision != "fp16":
-                    self._stop_on_nonfinite(checked)
-                if log_now:
-                    elapsed = time.perf_counter() - window_start
-                    self._log_step(checked.loss, checked.extras, lr, window_tokens / elapsed,
-                                   window_samples / elapsed, progress)
-                    window_start, window_tokens, window_samples = time.perf_counter(), 0, 0
-            if eval_now:
+            window.add(samples=self.plan.global_batch_size)  # phases may change the batch
+            due = self.cadence.due(self.step)
+            if due.any or stop_now:  # only then do the losses come to the host
+                self._check_losses(due.log, lr, window, progress)
+            if due.evaluate:
                 self._evaluate()
             if stop_now:
                 stopped_by = stop.signal_name or "a stop signal on another rank"
                 break
-            if save_now:
+            if due.save:
                 self._checkpoint()
         if progress is not None:
             progress.close()
-        if watchdog:
-            watchdog.close()
+        guard.close()
         return self._finish(stop, stopped_by)
+
+    def train_step(self, micro_batches: Iterator[dict[str, torch.Tensor]]) -> float:
+        """One optimizer step over this rank's micro batches; the losses stay on the device. Returns the step's LR."""
+        seed, rank = self.config.train.seed, self.topology.rank
+        lr = self.engine.get_lr()[0]  # the LR this step uses; the scheduler moves on inside engine.step()
+        losses, extra, tokens = [], {}, 0
+        for micro_step, batch in enumerate(micro_batches):
+            tokens += real_tokens(batch)
+            seed_micro_batch(seed, self.step, self.plan.micro_batch_index(rank, micro_step))
+            out = self.engine(**{k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()})
+            self.engine.backward(out["loss"])
+            self.engine.step()  # DeepSpeed updates at the accumulation boundary
+            losses.append(out["loss"].detach().float())
+            for key in ("mlm_loss", "nsp_loss"):
+                if key in out:
+                    extra.setdefault(key, []).append(out[key].detach().float())
+        self.sync.record(self.step + 1, losses, extra, tokens)
+        return lr
+
+    def _step_batches(self) -> Iterator[Iterator[dict[str, torch.Tensor]]]:
+        """Each step's micro batches on this rank, read lazily; at a phase's end, the hand-over to the next."""
+        loader = None
+        while True:
+            if self.step >= self.phase.end:
+                self._hand_over(phase_at(self.phases, self.step))
+                loader = None
+            if loader is None:  # this phase's batches, up to its end
+                loader = iter(self.data.loader(rank=self.topology.rank, start_step=self.step, end_step=self.phase.end,
+                                               num_workers=self.config.data.num_workers))
+            yield islice(loader, self.plan.accumulation)
+
+    def _check_losses(self, log: bool, lr: float, window: ThroughputWindow, progress) -> None:
+        """Bring the losses since the last check to the host: stop on a non-finite one, log when due."""
+        checked = self.sync.check()
+        window.add(tokens=checked.tokens)
+        if not math.isfinite(checked.window_loss) and self.config.precision != "fp16":
+            self._stop_on_nonfinite(checked)
+        if log:
+            self._log_step(checked.loss, checked.extras, lr, *window.rates(), progress)
 
     def _watchdog(self) -> RankWatchdog | None:
         """With several ranks: a thread that ends this rank when a step outlasts train.collective_timeout_s."""
@@ -314,18 +295,14 @@ class Pretrainer:
 
     def resume_hint(self) -> str:
         """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
-        newest = checkpoints.newest_complete(self.layout.checkpoints)
-        if newest is None:
-            return "No checkpoint is complete yet: a rerun starts from step 0."
-        return (f"Rerun the same command to resume from the last complete checkpoint, {newest} "
-                f"(step {checkpoints.read_marker(newest)['step']}).")
+        return self.checkpointer.resume_hint()
 
     def _finish(self, stop: StopRequest, stopped_by: str | None, already_done: bool = False) -> RunResult:
         c = self.config
         export_dir = None
         if stopped_by is None and not already_done:
             self._evaluate()
-        newest = checkpoints.newest_complete(self.layout.checkpoints)
+        newest = self.checkpointer.newest_complete()
         if newest is None or newest.name != checkpoints.tag_for(self.step):
             self._checkpoint()
         if stopped_by is not None:
@@ -337,7 +314,7 @@ class Pretrainer:
         elif c.train.export and self.topology.is_main and not (already_done and self.layout.export.is_dir()):
             from pipeline.pretrain.export import export_checkpoint
 
-            newest = checkpoints.newest_complete(self.layout.checkpoints)
+            newest = self.checkpointer.newest_complete()
             export_dir = export_checkpoint(newest, self.layout.export, overwrite=True)
             self._print(f"exported {export_dir}")
             self.metrics.log_artifact(export_dir, "export")
@@ -351,7 +328,7 @@ class Pretrainer:
         return RunResult(self.step, stopped_by, export_dir)
 
     def _stop_on_nonfinite(self, checked: CheckedLosses) -> None:
-        newest = checkpoints.newest_complete(self.layout.checkpoints)
+        newest = self.checkpointer.newest_complete()
         self.metrics.close("FAILED")
         loss = checked.loss if not math.isfinite(checked.loss) else checked.window_loss
         since = "" if checked.first_step == self.step else (
@@ -423,8 +400,7 @@ class Pretrainer:
                   # the model's own shape: with model.init_from it is the folder's, not the model section's
                   "hf_config": json.loads(self.model_config.to_json_string())}
         start = time.perf_counter()
-        folder = checkpoints.save_checkpoint(self.engine, self.layout.checkpoints, self.step, state, marker,
-                                             self.config.checkpoint.keep_last)
+        folder = self.checkpointer.save(self.engine, self.step, state, marker, self.config.checkpoint.keep_last)
         self.metrics.event({"checkpoint": str(folder), "checkpoint_seconds": round(time.perf_counter() - start, 3)},
                            self.step)
         self.metrics.flush()
@@ -455,7 +431,7 @@ class Pretrainer:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=self.config.train.max_steps, initial=self.step, desc="pretrain", unit="step",
+        return tqdm(total=self.end_step, initial=self.step, desc="pretrain", unit="step",
                     dynamic_ncols=True, mininterval=1.0)
 
     def _print(self, message: str) -> None:
@@ -469,8 +445,6 @@ def run_pretraining(config: PretrainConfig, topology: Topology) -> RunResult:
     trainer = None
     try:
         trainer = Pretrainer(config, topology)
-        if trainer.resumed_from is not None:
-            trainer._print(f"resumed from {trainer.resumed_from} (step {trainer.step})")
         return trainer.train()
     except Exception as err:
         if topology.world_size == 1 or not is_lost_peer(err):

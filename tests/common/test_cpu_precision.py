@@ -21,8 +21,8 @@ def test_native_bf16_is_read_from_the_cpu_flags():
 
 
 def test_bf16_without_native_support_warns_naming_the_fp32_override():
-    message = bf16_cpu_warning(True, cuda=False, native=False, override="--set deepspeed.bf16.enabled=false")
-    assert "no native bf16" in message and message.endswith("--set deepspeed.bf16.enabled=false")
+    message = bf16_cpu_warning(True, cuda=False, native=False, override="--set train.precision=fp32")
+    assert "no native bf16" in message and message.endswith("--set train.precision=fp32")
 
 
 def test_no_warning_with_native_bf16_on_a_gpu_or_in_fp32():
@@ -36,7 +36,7 @@ def test_the_pretraining_launcher_warns_before_training(tmp_path, roberta_shards
     from helpers import tiny_pretrain_config
 
     config = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
-                                  deepspeed={"bf16": {"enabled": True}})
+                                  train={"precision": "bf16"})
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     proc = run_script("launchers/pretrain.py", "--config", path, "--print-config", check=True)

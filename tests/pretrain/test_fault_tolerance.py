@@ -125,13 +125,19 @@ def run_until_killed(cmd: list[str], output_dir: Path, after_step: int) -> None:
     proc.wait()
 
 
-@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)], ids=["2-ranks-then-1", "1-rank-then-2"])
+# A batch warmup of 7 steps at global batch 8 (7 × 8 sequences of 64 tokens), then 16: the checkpoint at
+# step 6 is inside it, and the resumed run hands over to the full batch.
+BATCH_WARMUP = {"batch_warmup_tokens": 7 * 8 * 64, "batch_warmup_start": 8}
+
+
+@pytest.mark.parametrize("first,then,warmup", [(2, 1, {}), (1, 2, {}), (2, 1, BATCH_WARMUP)],
+                         ids=["2-ranks-then-1", "1-rank-then-2", "2-ranks-then-1-in-a-batch-warmup"])
 def test_elastic_resume_keeps_the_global_batch_and_data_order(tmp_path, roberta_shards, bpe_tokenizer_dir, first,
-                                                              then):
+                                                              then, warmup):
     """ZeRO-2, killed after step 7 (checkpoint at 6), resumed on the other number of ranks."""
     def config(name: str) -> Path:
         data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / name,
-                                    train={"max_steps": 10, "zero_stage": 2},
+                                    train={"max_steps": 10, "zero_stage": 2, **warmup},
                                     checkpoint={"every": 6}, data={"cache_dir": str(tmp_path / "cache")})
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(data))
@@ -154,3 +160,6 @@ def test_elastic_resume_keeps_the_global_batch_and_data_order(tmp_path, roberta_
     assert [s for s, _ in got] == list(range(1, 11))
     # Same sequences in every step; only the order of floating-point sums differs between layouts.
     assert max(abs(a - b) for (_, a), (_, b) in zip(expected, got, strict=True)) < 1e-4
+    if warmup:  # the resumed run handed over to the full batch after the 7 warmup steps
+        records = [json.loads(line) for line in PretrainLayout(tmp_path / "elastic").metrics.read_text().splitlines()]
+        assert [r["step"] for r in records if r.get("global_batch_size") == 16] == [7]

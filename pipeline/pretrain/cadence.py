@@ -1,0 +1,90 @@
+"""When the pretraining loop logs, evaluates and saves, and the small timers beside each step.
+
+`Cadence` answers, for the step just finished, "log, evaluate, save, stop?" from the config's
+periods alone. The last step always logs; it neither evaluates nor saves here, because the
+run's end does both once (`Pretrainer._finish`). `ThroughputWindow` measures tokens and samples
+per second between two logs. `StepGuard` wraps a step in the rank watchdog (with several ranks),
+skipping the first step of a process, which carries one-off costs (workers starting, compilation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+from pipeline.common.lost_rank import RankWatchdog
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the loop does after one step."""
+
+    log: bool
+    evaluate: bool
+    save: bool
+
+    @property
+    def any(self) -> bool:
+        return self.log or self.evaluate or self.save
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """The loop's periods, in optimizer steps, and the step it ends at."""
+
+    end_step: int
+    log_every: int
+    eval_every: int
+    """0: evaluate only at the end."""
+    save_every: int
+
+    def due(self, step: int) -> Due:
+        """After optimizer step `step` (1-based: the number of steps done)."""
+        last = self.done(step)
+        return Due(log=step % self.log_every == 0 or last,
+                   evaluate=bool(self.eval_every) and step % self.eval_every == 0 and not last,
+                   save=step % self.save_every == 0 and not last)
+
+    def done(self, step: int) -> bool:
+        return step >= self.end_step
+
+
+class ThroughputWindow:
+    """Tokens and samples trained since the last log, and the seconds they took."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.started, self.tokens, self.samples = time.perf_counter(), 0.0, 0
+
+    def add(self, *, samples: int = 0, tokens: float = 0.0) -> None:
+        self.samples += samples
+        self.tokens += tokens
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens/s, samples/s) over the window; starts the next window."""
+        elapsed = time.perf_counter() - self.started
+        rates = self.tokens / elapsed, self.samples / elapsed
+        self.reset()
+        return rates
+
+
+class StepGuard:
+    """The watchdog around each step after a process's first (none with one rank)."""
+
+    def __init__(self, first_step: int, make_watchdog: Callable[[], RankWatchdog | None]):
+        self.first_step = first_step
+        self.watchdog = make_watchdog()
+
+    def around(self, step: int) -> AbstractContextManager:
+        """Guard optimizer step `step` (0-based, about to run)."""
+        if self.watchdog is None or step <= self.first_step:
+            return nullcontext()
+        return self.watchdog.guard(f"at step {step + 1}")
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()

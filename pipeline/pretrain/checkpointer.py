@@ -1,0 +1,139 @@
+"""The run's checkpointer: where a run starts from, loading it before the loop, and saving.
+
+`find` runs before the engine is built, because the start decides the phase (its batch) and
+whether DeepSpeed must be told of a universal checkpoint; it reads files only (rank 0 verifies the
+checksums, one broadcast). `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer
+loads its checkpoint there: the conversion to a universal checkpoint (on another world size), the
+engine's load and the LR put back. The files and their marker are checkpoints.py's.
+
+A run starts from the newest intact checkpoint of its own folder (`checkpoint.resume: auto`);
+without one, from `train.anneal_from` when set (anneal.py); else from step 0.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from pipeline.common.errors import PipelineError
+from pipeline.common.topology import Topology
+from pipeline.pretrain import checkpoints
+from pipeline.pretrain.anneal import Anneal
+from pipeline.pretrain.phases import Phase, phase_at
+from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """A complete checkpoint to start from, and how."""
+
+    checkpoint: Path
+    step: int
+    universal: bool
+    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint."""
+
+
+class Checkpointer:
+    """Finds, loads and saves this run's checkpoints on one rank."""
+
+    def __init__(self, root: Path, topology: Topology, phases: list[Phase], *, resume: bool,
+                 anneal: Anneal | None = None):
+        self.root = root
+        self.topology = topology
+        self.phases = phases
+        self.resume = resume
+        self.anneal = anneal
+        self.verify_seconds = self.load_seconds = 0.0
+        self.loaded_from: Path | None = None
+
+    def find(self) -> StartPoint | None:
+        """Where this run starts: its own newest intact checkpoint, else the anneal's source, else None."""
+        newest = self._newest_intact() if self.resume else None
+        if newest is None and self.anneal is not None:
+            newest = self.anneal.checkpoint
+        if newest is None:
+            return None
+        marker = checkpoints.read_marker(newest)
+        step = int(marker["step"])
+        saved = marker.get("batch_plan", {})
+        # The batch that trained the checkpoint's last step, in this config: the order of the data depends on it.
+        last = phase_at(self.phases, step - 1)
+        if saved.get("global_batch_size") != last.global_batch_size:
+            where = f" (phase {last.name})" if last.name else ""
+            raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
+                                f"this run has {last.global_batch_size} at step {step}{where}; resuming "
+                                f"would change the data order (use another train.output_dir, or the same global batch)")
+        return StartPoint(newest, step, needs_universal(newest, saved.get("world_size"), self.topology.world_size))
+
+    def load(self, engine, start: StartPoint, lr_multiplier: Callable[[int], float]) -> int:
+        """Load `start` into the engine on every rank; returns the step to continue from.
+
+        The optimizer comes back with the LR it had; the schedule's LR for the next step is put in
+        place, which differs when train.max_steps or the schedule changed for the resume, or for an anneal.
+        """
+        started = time.perf_counter()
+        load_root = start.checkpoint.parent
+        if start.universal:
+            if self.topology.is_main:
+                saved = checkpoints.read_marker(start.checkpoint).get("batch_plan", {}).get("world_size")
+                self._print(f"checkpoint {start.checkpoint.name} was written by {saved} ranks, this run has "
+                            f"{self.topology.world_size}: converting it to a universal checkpoint")
+                convert_to_universal(start.checkpoint)
+            dist.barrier()
+            load_root = start.checkpoint / UNIVERSAL_DIR
+        _, client_state = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
+        if client_state is None:
+            raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
+        state = client_state.get("train_state") or checkpoints.read_marker(start.checkpoint)["train_state"]
+        step = int(state["step"])
+        scheduler = engine.lr_scheduler
+        scheduler.last_epoch = step
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * lr_multiplier(step)
+        self.loaded_from = start.checkpoint
+        self.load_seconds = time.perf_counter() - started
+        return step
+
+    def save(self, engine, step: int, train_state: dict[str, Any], marker: dict[str, Any], keep_last: int) -> Path:
+        return checkpoints.save_checkpoint(engine, self.root, step, train_state, marker, keep_last)
+
+    def newest_complete(self) -> Path | None:
+        return checkpoints.newest_complete(self.root)
+
+    def resume_hint(self) -> str:
+        """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
+        newest = self.newest_complete()
+        if newest is None and self.anneal is not None:
+            return f"No checkpoint of this run is complete yet: a rerun anneals from {self.anneal.checkpoint} again."
+        if newest is None:
+            return "No checkpoint is complete yet: a rerun starts from step 0."
+        return (f"Rerun the same command to resume from the last complete checkpoint, {newest} "
+                f"(step {checkpoints.read_marker(newest)['step']}).")
+
+    def _newest_intact(self) -> Path | None:
+        """The newest complete checkpoint whose checksums hold: checked once, by rank 0, for every rank."""
+        started = time.perf_counter()
+        found = [None]
+        if self.topology.is_main:
+            newest = checkpoints.newest_intact(self.root, self._warn)
+            found = [newest.name if newest else None]
+        if self.topology.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        self.verify_seconds = time.perf_counter() - started
+        return self.root / found[0] if found[0] else None
+
+    def _warn(self, message: str) -> None:
+        if self.topology.is_main:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    def _print(self, message: str) -> None:
+        if self.topology.is_main:
+            from tqdm.auto import tqdm
+
+            tqdm.write(message)
