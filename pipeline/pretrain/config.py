@@ -50,7 +50,8 @@ class ModelConfig:
     initializer_range: float = 0.02
     type_vocab_size: int | None = None
     """Segment vocabulary: None means 1 for RoBERTa, 2 for BERT."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """transformers' attention kernel; doc-packed rows work with each (flex_attention: a BlockMask, no flash-attn)."""
     next_sentence_loss: bool = True
     """bert only: add the next-sentence-prediction loss (false: MLM alone on the same pairs data, RoBERTa §4.2)."""
     local_attention: int = 128
