@@ -60,6 +60,7 @@ SHAPES = {
     "ModernBERT-base": (dict(architecture="modernbert", num_hidden_layers=22, hidden_size=768, num_attention_heads=12,
                              intermediate_size=1152, local_attention=128), 1024, 32, True),
 }
+WORLD_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
 
 
@@ -358,7 +359,10 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
               for name, (keys, seq_len, batch, is_packed) in SHAPES.items()}
     n_steps, skip = (4, 2) if tiny else (30, 10)
     packed_attention = "flash_attention_2" if "flash_attention_2" in packed_paths(device) else "flex_attention"
-    env = {**os.environ, **({"DS_ACCELERATOR": "cpu"} if device == "cpu" else {})}
+    # Each run is a world of its own: not this process's (its rank variables and port are taken).
+    env = {k: v for k, v in os.environ.items() if k not in WORLD_VARIABLES}
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
     measured = (peaks or {}).get("peak_tflops", {}).get("bf16")
     nominal = (peaks or {}).get("nominal_tflops")
     rows = []
