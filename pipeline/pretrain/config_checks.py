@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.common.run_kernel import load_config
-from pipeline.pretrain.compilation import compile_problems
+from pipeline.pretrain.compilation import compile_problems, inductor_problem
 from pipeline.pretrain.config import PretrainConfig, config_problems
 from pipeline.pretrain.file_checks import data_problems
 from pipeline.pretrain.phases import phase_problems
@@ -43,6 +43,10 @@ def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: b
     problems += config_problems(config, world_size=world_size, cuda=cuda)
     if config.train.compile:
         problems += compile_problems(config, cuda=cuda)
+    if config.model.attn_implementation == "flex_attention":
+        flex = inductor_problem("model.attn_implementation flex_attention", "model.attn_implementation=sdpa",
+                                cuda=cuda)
+        problems += [flex] if flex else []
     if check_files and (config.data.shards or config.phases) and config.data.tokenizer:
         problems += data_problems(config)
     return problems

@@ -381,3 +381,23 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
                 worst = max(worst, (alone - packed[r, a:b]).abs().max().item())
                 compared += 1
     assert compared >= 12 and worst < 1e-4
+
+
+def test_flex_attention_without_a_compiler_is_refused_up_front(tmp_path):
+    """transformers runs FlexAttention through torch.compile: on CPU that needs a C++ compiler, checked at load."""
+    import json
+
+    import torch._inductor.config
+    from helpers import tiny_pretrain_config
+
+    from pipeline.common.config_tree import ConfigError
+    from pipeline.pretrain.config_checks import load_pretrain_config
+
+    data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
+                                model={"attn_implementation": "flex_attention"})
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    # inductor's own patch (monkeypatch's undo on its config proxy deletes the setting for later tests)
+    with torch._inductor.config.patch({"cpp.cxx": ("no-such-c++-compiler",)}), \
+            pytest.raises(ConfigError, match="model.attn_implementation flex_attention: torch.compile on CPU needs a "
+                                             "C\\+\\+ compiler .*model.attn_implementation=sdpa"):
+        load_pretrain_config(tmp_path / "c.json", cuda=False)
