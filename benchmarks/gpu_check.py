@@ -15,10 +15,11 @@ Steps, in order; each one's failure is caught, recorded with its error, and the 
   flash_attention_2 where flash-attn is installed on CUDA) gives, per document, what the padded path
   gives for that document alone (largest absolute difference of the encoder's outputs, fp32);
 - **throughput**: the pipeline's own training run (`launchers/pretrain.py`, through
-  train_throughput.py's `ours`) on shards that the shard stage writes to local disk from the embedded
-  corpus: RoBERTa-base and RoBERTa-large at seq 512 bf16, ModernBERT-base at seq 1024 doc-packed bf16
-  (flash_attention_2 where installed, else flex_attention), each with and without `train.compile`.
-  Tokens/s, and MFU against the measured and the nominal peak (pipeline/pretrain/flops.py's model FLOPs).
+  train_throughput.py's `ours`; 2 loader workers, none in the toy run) on shards that the shard
+  stage writes to local disk from the embedded corpus: RoBERTa-base and RoBERTa-large at seq 512
+  bf16, ModernBERT-base at seq 1024 doc-packed bf16 (flash_attention_2 where installed, else
+  flex_attention), each with and without `train.compile`. Tokens/s, and MFU against the measured
+  and the nominal peak (pipeline/pretrain/flops.py's model FLOPs).
 
 The record goes through result_record.py (`gpu_check.json`; `gpu_check.cpu-tiny.json` for the toy run).
 """
@@ -378,6 +379,8 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                     tok = Path(made["tokenizer"])
                     model = {**keys, **({"attn_implementation": packed_attention} if is_packed else {})}
                     updates = {"model": model, "train": {"compile": compiled},
+                               # masking in worker processes on a GPU node, as a user trains; in process on the toy run
+                               "data": {"num_workers": 0 if tiny else 2},
                                "deepspeed": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 0}}}
                     run_dir = tmp / f"{name}-{'compiled' if compiled else 'eager'}"
                     shards = Path(made["shards"][f"{'doc-packed' if is_packed else 'full'}-{seq_len}"])
