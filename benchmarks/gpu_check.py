@@ -18,8 +18,9 @@ Steps, in order; each one's failure is caught, recorded with its error, and the 
   train_throughput.py's `ours`; 2 loader workers, none in the toy run) on shards that the shard
   stage writes to local disk from the embedded corpus: RoBERTa-base and RoBERTa-large at seq 512
   bf16, ModernBERT-base at seq 1024 doc-packed bf16 (flash_attention_2 where installed, else
-  flex_attention), each with and without `train.compile`. Tokens/s, and MFU against the measured
-  and the nominal peak (pipeline/pretrain/flops.py's model FLOPs).
+  flex_attention; sdpa on CPU, where FlexAttention has no backward), each with and without
+  `train.compile`. Tokens/s, and MFU against the measured and the nominal peak
+  (pipeline/pretrain/flops.py's model FLOPs).
 
 The record goes through result_record.py (`gpu_check.json`; `gpu_check.cpu-tiny.json` for the toy run).
 """
@@ -359,7 +360,9 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                      64 if tiny else seq_len, 4 if tiny else batch, is_packed)
               for name, (keys, seq_len, batch, is_packed) in SHAPES.items()}
     n_steps, skip = (4, 2) if tiny else (30, 10)
-    packed_attention = "flash_attention_2" if "flash_attention_2" in packed_paths(device) else "flex_attention"
+    # FlexAttention has no backward on CPU: the toy run trains packed rows with SDPA's dense mask
+    packed_attention = ("sdpa" if device == "cpu" else
+                        "flash_attention_2" if "flash_attention_2" in packed_paths(device) else "flex_attention")
     # Each run is a world of its own: not this process's (its rank variables and port are taken).
     env = {k: v for k, v in os.environ.items() if k not in WORLD_VARIABLES}
     if device == "cpu":
@@ -377,7 +380,9 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                     if made is None:
                         raise Skipped("no shards (the shard step failed)")
                     tok = Path(made["tokenizer"])
-                    model = {**keys, **({"attn_implementation": packed_attention} if is_packed else {})}
+                    # ModernBERT's own attention dropout is 0 (FlexAttention has none)
+                    model = {**keys, **({"attn_implementation": packed_attention, "attention_probs_dropout_prob": 0.0}
+                                        if is_packed else {})}
                     updates = {"model": model, "train": {"compile": compiled},
                                # masking in worker processes on a GPU node, as a user trains; in process on the toy run
                                "data": {"num_workers": 0 if tiny else 2},

@@ -44,9 +44,13 @@ def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: b
     if config.train.compile:
         problems += compile_problems(config, cuda=cuda)
     if config.model.attn_implementation == "flex_attention":
-        flex = inductor_problem("model.attn_implementation flex_attention", "model.attn_implementation=sdpa",
-                                cuda=cuda)
-        problems += [flex] if flex else []
+        if cuda:  # transformers runs FlexAttention through torch.compile: Triton on GPU
+            flex = inductor_problem("model.attn_implementation flex_attention", "model.attn_implementation=sdpa",
+                                    cuda=cuda)
+            problems += [flex] if flex else []
+        else:  # torch 2.13 raises NotImplementedError at the first backward
+            problems.append("model.attn_implementation flex_attention: FlexAttention has no backward on CPU, so it "
+                            "cannot train there; use sdpa on CPU (packed documents work with it too)")
     if check_files and (config.data.shards or config.phases) and config.data.tokenizer:
         problems += data_problems(config)
     return problems

@@ -383,21 +383,34 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     assert compared >= 12 and worst < 1e-4
 
 
-def test_flex_attention_without_a_compiler_is_refused_up_front(tmp_path):
-    """transformers runs FlexAttention through torch.compile: on CPU that needs a C++ compiler, checked at load."""
+def test_flex_attention_is_refused_up_front_on_cpu_and_with_attention_dropout(tmp_path):
+    """FlexAttention has no backward on CPU, and transformers' flex path no attention dropout: both at load."""
     import json
 
-    import torch._inductor.config
     from helpers import tiny_pretrain_config
 
     from pipeline.common.config_tree import ConfigError
     from pipeline.pretrain.config_checks import load_pretrain_config
 
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
-                                model={"attn_implementation": "flex_attention"})
+                                model={"attn_implementation": "flex_attention", "attention_probs_dropout_prob": 0.1})
     (tmp_path / "c.json").write_text(json.dumps(data))
-    # inductor's own patch (monkeypatch's undo on its config proxy deletes the setting for later tests)
-    with torch._inductor.config.patch({"cpp.cxx": ("no-such-c++-compiler",)}), \
-            pytest.raises(ConfigError, match="model.attn_implementation flex_attention: torch.compile on CPU needs a "
-                                             "C\\+\\+ compiler .*model.attn_implementation=sdpa"):
+    with pytest.raises(ConfigError, match="model.attn_implementation flex_attention: FlexAttention has no backward "
+                                          "on CPU.*use sdpa on CPU") as err:
         load_pretrain_config(tmp_path / "c.json", cuda=False)
+    assert "model.attention_probs_dropout_prob: flex_attention has no attention dropout, got 0.1" in str(err.value)
+
+
+def test_a_flex_model_cannot_train_on_cpu_which_is_why_the_check_exists(bpe_tokenizer_dir):
+    """If torch learns FlexAttention's CPU backward, this fails: then the up-front refusal above can go."""
+    info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    config = hf_config(ModelConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                   attention_probs_dropout_prob=0.0, attn_implementation="flex_attention"),
+                       info, seq_len=16)
+    model = SPARSE_CLASSES["roberta"](config).train()
+    labels = torch.full((1, 8), IGNORE_INDEX)
+    labels[0, 3] = 12
+    document_ids = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]])
+    position_ids = torch.tensor([[2, 3, 4, 5, 2, 3, 4, 5]])
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        model(torch.full((1, 8), 10), labels, document_ids=document_ids, position_ids=position_ids)["loss"].backward()
