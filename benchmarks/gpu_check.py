@@ -84,7 +84,7 @@ class Steps:
             self.outcomes.append({"step": name, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000],
                                   "traceback": traceback.format_exc()[-4000:],
                                   "seconds": round(time.perf_counter() - start, 2)})
-            print(f"  {name}: FAILED ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+            print(f"  {name}: FAILED ({_note(self.outcomes[-1])})", flush=True)
             return None
         self.outcomes.append({"step": name, "status": "ok", "seconds": round(time.perf_counter() - start, 2), **found})
         return found
@@ -242,12 +242,17 @@ def correctness(steps: Steps, device: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _note(outcome: dict[str, Any]) -> str:
+    """A failure's or skip's last words on one line: the end of a traceback or a run's stderr names the error."""
+    text = " ".join((outcome.get("error") or outcome.get("reason") or "").split())
+    return text if len(text) <= 160 else "…" + text[-159:]
+
+
 def _row(outcome: dict[str, Any], **keys: Any) -> dict[str, Any]:
     """A table row from a step's outcome: its keys, status, and the figure or the reason."""
     figure = outcome.get("relative_difference")
-    note = outcome.get("error") or outcome.get("reason") or ""
     return {**keys, "status": outcome["status"],
-            "relative loss difference": None if figure is None else f"{figure:.1e}", "note": note[:160]}
+            "relative loss difference": None if figure is None else f"{figure:.1e}", "note": _note(outcome)}
 
 
 # ---------------------------------------------------------------- packed documents against the padded path
@@ -323,7 +328,7 @@ def packed(steps: Steps, device: str) -> list[dict[str, Any]]:
             figure = outcome.get("max_abs_difference")
             rows.append({"architecture": architecture, "attention": attention, "status": outcome["status"],
                          "max |packed − alone|": None if figure is None else f"{figure:.1e}",
-                         "note": (outcome.get("error") or outcome.get("reason") or "")[:160]})
+                         "note": _note(outcome)})
     return rows
 
 
@@ -410,7 +415,7 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                              "tokens/s": (f"{outcome['tokens_per_s']:,.0f}" if "tokens_per_s" in outcome else None),
                              "MFU (measured peak)": pct(outcome.get("mfu_measured_peak")),
                              "MFU (nominal peak)": pct(outcome.get("mfu_nominal_peak")),
-                             "note": (outcome.get("error") or outcome.get("reason") or "")[:160]})
+                             "note": _note(outcome)})
     return rows
 
 

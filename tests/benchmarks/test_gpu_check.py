@@ -83,5 +83,8 @@ def test_the_cpu_tiny_check_writes_one_record_and_records_its_failures(tmp_path)
     assert len(results["tables"][0]["rows"]) == 16 and len(results["tables"][2]["rows"]) == 6
     summary = results["summary"]
     assert summary["ok"] + summary["failed"] + summary["skipped"] == len(results["steps"])
-    assert summary["failed"] == 4 + 3  # flex ×4 (no compiler); train.compile ×3
+    failed = sorted(o["step"] for o in results["steps"] if o["status"] == "failed")
+    assert failed == sorted([*(f"packed/{arch}/flex_attention" for arch in gpu_check.ARCHITECTURES),
+                             *(f"throughput/{model}/compile" for model in gpu_check.SHAPES)]), failed
+    assert summary["failed"] == len(failed)
     assert "| correctness" not in done.stdout and "| architecture | precision | zero |" in done.stdout
