@@ -68,10 +68,15 @@ def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and
     results = record["results"]
     outcome = {o["step"]: o for o in results["steps"]}
     assert outcome["environment"]["status"] == "failed" and results["environment"] == {}
-    correctness = [o for name, o in outcome.items() if name.startswith("correctness/")]
-    assert len(correctness) == 4 * 5 and all(o["status"] == "failed" and o["error"] for o in correctness)
-    assert results["summary"]["failed"] >= 21 and "FAILED" in done.stdout
-    assert len(results["tables"][0]["rows"]) == 16
+    for arch in gpu_check.ARCHITECTURES:
+        reference = outcome[f"correctness/{arch}/fp32"]
+        assert reference["status"] == "failed" and "CUDA" in reference["error"]
+        for cell in (f"correctness/{arch}/{p}/zero{z}" for p in ("bf16", "fp16") for z in (0, 2)):
+            assert outcome[cell] == {"step": cell, "status": "skipped", "reason": "the fp32 reference failed"}
+    packed = [o for name, o in outcome.items() if name.startswith("packed/")]
+    assert len(packed) == 4 * 3 and all(o["status"] == "failed" for o in packed)
+    assert results["summary"]["failed"] == 1 + 4 + 12 and "FAILED" in done.stdout
+    assert [len(t["rows"]) for t in results["tables"]] == [16, 12]
 
 
 @pytest.mark.slow
