@@ -357,6 +357,7 @@ def make_shards(tmp: Path, tiny: bool, seq_lens: set[int], packed_lens: set[int]
 def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | None) -> list[dict[str, Any]]:
     from train_throughput import MASKED, ours
 
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
     from pipeline.pretrain.config import ModelConfig
     from pipeline.pretrain.flops import model_flops_per_token
     from pipeline.pretrain.model import hf_config
@@ -395,8 +396,6 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                     run_dir = tmp / f"{name}-{'compiled' if compiled else 'eager'}"
                     shards = Path(made["shards"][f"{'doc-packed' if is_packed else 'full'}-{seq_len}"])
                     seconds, _ = ours(shards, tok, n_steps, batch, skip, run_dir, env, updates)
-                    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-
                     info = describe_tokenizer(load_tokenizer(tok))
                     per_token = model_flops_per_token(hf_config(ModelConfig(**keys), info, seq_len), seq_len, MASKED)
                     tokens_per_s = batch * seq_len / seconds
@@ -408,15 +407,16 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                 label = f"{name}{' (tiny)' if tiny else ''}, seq {seq_len}{', packed' if is_packed else ''}, bf16"
                 steps.attempt(f"throughput/{name}/{'compile' if compiled else 'eager'}", cell)
                 outcome = steps.outcomes[-1]
-
-                def pct(x):
-                    return None if x is None else f"{x:.1%}"
                 rows.append({"run": label, "train.compile": compiled, "status": outcome["status"],
                              "tokens/s": (f"{outcome['tokens_per_s']:,.0f}" if "tokens_per_s" in outcome else None),
-                             "MFU (measured peak)": pct(outcome.get("mfu_measured_peak")),
-                             "MFU (nominal peak)": pct(outcome.get("mfu_nominal_peak")),
+                             "MFU (measured peak)": _percent(outcome.get("mfu_measured_peak")),
+                             "MFU (nominal peak)": _percent(outcome.get("mfu_nominal_peak")),
                              "note": _note(outcome)})
     return rows
+
+
+def _percent(x: float | None) -> str | None:
+    return None if x is None else f"{x:.1%}"
 
 
 # ---------------------------------------------------------------- the check
