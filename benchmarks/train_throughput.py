@@ -120,8 +120,10 @@ def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, skip: int, o
         config[section] = {**config[section], **values}
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(config))
-    subprocess.run([sys.executable, "launchers/pretrain.py", "--config", str(path)], cwd=ROOT, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "launchers/pretrain.py", "--config", str(path)], cwd=ROOT, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:  # the run's own last words, for whoever records the failure
+        raise RuntimeError(f"launchers/pretrain.py exited {done.returncode}: {done.stderr.strip()[-1500:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     records = [r for r in records if "train/loss" in r]
     seconds, counted, previous = 0.0, 0, 0

@@ -24,22 +24,33 @@ def compile_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
         problems.append("train.compile with train.zero_stage 3: not supported by this pipeline "
                         "(ZeRO-3 gathers parameters in hooks that torch.compile does not trace); use stage 0-2 "
                         "or train.compile=false")
+    problem = inductor_problem("train.compile", "train.compile=false", cuda=cuda)
+    if problem:
+        problems.append(problem)
+    return problems
+
+
+def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
+    """Why inductor cannot compile here (no Triton on GPU, no C++ compiler on CPU) as a problem of `key`, or None.
+
+    `train.compile` needs it, and so does `model.attn_implementation: flex_attention`, which transformers
+    runs through torch.compile'd FlexAttention.
+    """
     if cuda:
         from torch.utils._triton import has_triton
 
         if not has_triton():
-            problems.append("train.compile: torch.compile on GPU needs Triton, which is not installed; "
-                            "install triton or set train.compile=false")
-    else:
-        from torch._inductor import exc
-        from torch._inductor.cpp_builder import get_cpp_compiler
+            return f"{key}: torch.compile on GPU needs Triton, which is not installed; install triton or set {fix}"
+        return None
+    from torch._inductor import exc
+    from torch._inductor.cpp_builder import get_cpp_compiler
 
-        try:
-            get_cpp_compiler()
-        except exc.InvalidCxxCompiler:
-            problems.append("train.compile: torch.compile on CPU needs a C++ compiler (g++ or clang++ on PATH, or "
-                            "$CXX); install one or set train.compile=false")
-    return problems
+    try:
+        get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        return (f"{key}: torch.compile on CPU needs a C++ compiler (g++ or clang++ on PATH, or $CXX); install one "
+                f"or set {fix}")
+    return None
 
 
 def compile_engine(engine) -> None:

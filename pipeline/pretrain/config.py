@@ -53,7 +53,8 @@ class ModelConfig:
     initializer_range: float = 0.02
     type_vocab_size: int | None = None
     """Segment vocabulary: None means 1 for RoBERTa, 2 for BERT."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    """transformers' attention kernel; doc-packed rows work with each (flex_attention: a BlockMask, no flash-attn)."""
     next_sentence_loss: bool = True
     """bert only: add the next-sentence-prediction loss (false: MLM alone on the same pairs data, RoBERTa §4.2)."""
     local_attention: int = 128
@@ -316,6 +317,11 @@ def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> l
     if m.architecture != "bert" and not m.next_sentence_loss:
         add(f"model.next_sentence_loss: false applies to model.architecture bert only ({m.architecture} has no "
             "next-sentence head); leave it out")
+    if m.attn_implementation == "flex_attention" and m.attention_probs_dropout_prob:
+        # transformers' flex path raises at the first training step: FlexAttention has no attention dropout.
+        add(f"model.attention_probs_dropout_prob: flex_attention has no attention dropout, got "
+            f"{m.attention_probs_dropout_prob}; set it to 0 (ModernBERT's own default) or use another "
+            "model.attn_implementation")
     problems += modernbert_problems(m)
     k = c.masking
     if not 0 < k.probability < 1:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline.common.run_kernel import load_config
 from pipeline.pretrain.anneal import anneal_problems
-from pipeline.pretrain.compilation import compile_problems
+from pipeline.pretrain.compilation import compile_problems, inductor_problem
 from pipeline.pretrain.config import PretrainConfig, config_problems
 from pipeline.pretrain.file_checks import data_problems
 from pipeline.pretrain.phases import batch_warmup_problems, phase_problems
@@ -51,6 +51,14 @@ def pretrain_config_problems(config: PretrainConfig, *, world_size: int, cuda: b
         problems += compile_problems(config, cuda=cuda)
     problems += batch_warmup_problems(config, world_size)
     problems += anneal_problems(config, check_files=check_files)
+    if config.model.attn_implementation == "flex_attention":
+        if cuda:  # transformers runs FlexAttention through torch.compile: Triton on GPU
+            flex = inductor_problem("model.attn_implementation flex_attention", "model.attn_implementation=sdpa",
+                                    cuda=cuda)
+            problems += [flex] if flex else []
+        else:  # torch 2.13 raises NotImplementedError at the first backward
+            problems.append("model.attn_implementation flex_attention: FlexAttention has no backward on CPU, so it "
+                            "cannot train there; use sdpa on CPU (packed documents work with it too)")
     if check_files and (config.data.shards or config.phases) and config.data.tokenizer:
         problems += data_problems(config)
     return problems

@@ -30,7 +30,7 @@ from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.masking import IGNORE_INDEX
-from pipeline.pretrain.packed_attention import encoder_inputs, windowed_encoder_inputs
+from pipeline.pretrain.packed_attention import FLEX, check_flex_mask, encoder_inputs, windowed_encoder_inputs
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
@@ -86,12 +86,21 @@ def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.M
     return F.cross_entropy(logits.float(), labels[selected])
 
 
+def _guarded(config, inputs: dict) -> dict:
+    """`inputs` unchanged; on the flex path a dense mask is refused (flex would add it to the scores)."""
+    if config._attn_implementation == FLEX:
+        check_flex_mask(inputs.get("attention_mask"))
+    return inputs
+
+
 def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, document_ids=None, position_ids=None):
     """Run an HF encoder; with `document_ids` (doc-packed rows) attention stays inside each document."""
     if document_ids is None:
-        return encoder(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                       position_ids=position_ids, return_dict=True)
-    inputs = encoder_inputs(input_ids, document_ids, position_ids, encoder.config._attn_implementation)
+        inputs = _guarded(encoder.config, {"input_ids": input_ids, "attention_mask": attention_mask,
+                                           "position_ids": position_ids})
+        return encoder(**inputs, token_type_ids=token_type_ids, return_dict=True)
+    inputs = _guarded(encoder.config, encoder_inputs(input_ids, document_ids, position_ids,
+                                                     encoder.config._attn_implementation))
     if token_type_ids is not None:
         token_type_ids = token_type_ids.reshape(inputs["input_ids"].shape)
     out = encoder(**inputs, token_type_ids=token_type_ids, return_dict=True)
@@ -101,11 +110,13 @@ def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, documen
 
 def encode_modernbert(encoder, input_ids, attention_mask=None, document_ids=None, position_ids=None):
     """Run a ModernBertModel; with `document_ids` attention, and the local window, stay inside each document."""
-    if document_ids is None:
-        return encoder(input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
     config = encoder.config
-    inputs = windowed_encoder_inputs(input_ids, document_ids, position_ids, config._attn_implementation,
-                                     half_window=config.sliding_window)
+    if document_ids is None:
+        inputs = _guarded(config, {"input_ids": input_ids, "attention_mask": attention_mask,
+                                   "position_ids": position_ids})
+        return encoder(**inputs, return_dict=True)
+    inputs = _guarded(config, windowed_encoder_inputs(input_ids, document_ids, position_ids,
+                                                      config._attn_implementation, half_window=config.sliding_window))
     out = encoder(**inputs, return_dict=True)
     out.last_hidden_state = out.last_hidden_state.reshape(*input_ids.shape, -1)  # undo FlashAttention's flattening
     return out
@@ -154,7 +165,7 @@ class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
             inputs = windowed_encoder_inputs(input_ids, document_ids, position_ids, self.config._attn_implementation,
                                              half_window=self.config.sliding_window)
             labels = labels.reshape(inputs["input_ids"].shape)
-        return {"loss": super().forward(**inputs, labels=labels).loss}
+        return {"loss": super().forward(**_guarded(self.config, inputs), labels=labels).loss}
 
 
 class SparseBertForPreTraining(BertForPreTraining):

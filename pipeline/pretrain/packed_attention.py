@@ -20,6 +20,15 @@ both: transformers hands each layer's `sliding_window` to `flash_attn_varlen_fun
 `_unpad_modernbert_input`/`cu_seqlens` arguments; this generic varlen path is what its forward takes
 now.) The FlashAttention branch is written to that documented API and was not run here (no GPU).
 
+`flex_attention` (torch's FlexAttention, which transformers 5 supports for all four encoders) needs no
+extra package: the same rule, a token sees only its own document (and, in ModernBERT's local layers,
+the band inside it), is given to the kernel as a `BlockMask` from `create_block_mask`, which also
+lets it skip blocks that are fully masked. The flex path must never receive a dense mask: transformers'
+`flex_attention_forward` *adds* a tensor mask to the scores (a score_mod), so a boolean block-diagonal
+mask would add 0 or 1 instead of masking, and the outputs would be silently wrong (on CPU it crashed the
+process). `check_flex_mask` refuses anything but a `BlockMask` or a 2-D padding mask (which
+transformers turns into a `BlockMask` itself).
+
 Padding at a row's end forms one more "document" that attends only to itself, so no query row of
 the mask is empty (an all-False row makes SDPA return NaN).
 """
@@ -28,6 +37,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from pipeline.common.errors import PipelineError
+
+FLEX = "flex_attention"
 
 
 def document_layout(doc_starts: np.ndarray, lengths: np.ndarray, seq_len: int,
@@ -69,6 +82,53 @@ def varlen_segments(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cu, int(cu.diff().max())
 
 
+def document_mask_mod(document_ids: torch.Tensor, half_window: int | None = None):
+    """FlexAttention's `mask_mod(b, h, q, kv)`: same document (padding to padding), and within `half_window` if given.
+
+    The same truth table as `block_diagonal_mask` (and `& sliding_window_band`) for the dense paths.
+    """
+    def same_document(b, h, q, kv):
+        return document_ids[b, q] == document_ids[b, kv]
+
+    if half_window is None:
+        return same_document
+
+    def same_document_in_window(b, h, q, kv):
+        return same_document(b, h, q, kv) & ((q - kv).abs() <= half_window)
+
+    return same_document_in_window
+
+
+def document_block_mask(document_ids: torch.Tensor, half_window: int | None = None):
+    """A FlexAttention `BlockMask` for doc-packed rows (one for all heads): `document_mask_mod` over (B, T, T)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rows, length = document_ids.shape
+    return create_block_mask(document_mask_mod(document_ids, half_window), rows, None, length, length,
+                             device=document_ids.device)
+
+
+def check_flex_mask(mask, where: str = "attention_mask") -> None:
+    """Refuse a mask that transformers' flex path would add to the scores instead of applying as a mask.
+
+    Allowed: None, a `BlockMask`, a 2-D (batch, T) padding mask (transformers builds its `BlockMask`), or a
+    dict of those by layer type (ModernBERT).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if isinstance(mask, dict):
+        for kind, value in mask.items():
+            check_flex_mask(value, f"{where}[{kind!r}]")
+        return
+    if mask is None or isinstance(mask, BlockMask) or (isinstance(mask, torch.Tensor) and mask.ndim == 2):
+        return
+    shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+    raise PipelineError(
+        f"{where}: attn_implementation flex_attention was given a dense mask {shape}; transformers' flex path "
+        f"adds a tensor mask to the attention scores instead of masking them, so results would be silently "
+        f"wrong. Give a BlockMask (pipeline.pretrain.packed_attention.document_block_mask) or a 2-D padding mask.")
+
+
 def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,
                    attn_implementation: str) -> dict:
     """Keyword arguments for an HF encoder's forward that keep attention inside documents.
@@ -81,6 +141,9 @@ def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position
         return {"input_ids": input_ids.reshape(1, -1), "position_ids": position_ids.reshape(1, -1),
                 "attention_mask": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
                 "max_length_q": longest, "max_length_k": longest}
+    if attn_implementation == FLEX:
+        return {"input_ids": input_ids, "position_ids": position_ids,
+                "attention_mask": document_block_mask(document_ids)}
     mask = block_diagonal_mask(document_ids)
     if attn_implementation == "eager":  # eager attention adds the mask to the scores: 0 or the dtype's minimum
         mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
@@ -102,11 +165,15 @@ def windowed_encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor,
                             attn_implementation: str, half_window: int) -> dict:
     """ModernBERT's forward arguments for doc-packed rows: per-document attention, and the window inside it.
 
-    SDPA/eager: `attention_mask` is a dict by layer type (ModernBertModel uses it as given). Within a
+    SDPA/eager/flex: `attention_mask` is a dict by layer type (ModernBertModel uses it as given). Within a
     document, row distance is document distance, so the band on row positions is the document's window.
     """
     if attn_implementation == "flash_attention_2":
         return encoder_inputs(input_ids, document_ids, position_ids, attn_implementation)
+    if attn_implementation == FLEX:
+        return {"input_ids": input_ids, "position_ids": position_ids,
+                "attention_mask": {"full_attention": document_block_mask(document_ids),
+                                   "sliding_attention": document_block_mask(document_ids, half_window)}}
     full = block_diagonal_mask(document_ids)
     local = full & sliding_window_band(document_ids.shape[1], half_window, document_ids.device)
     if attn_implementation == "eager":

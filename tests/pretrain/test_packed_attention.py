@@ -270,3 +270,147 @@ def test_flash_attention_inputs_for_modernbert_are_the_varlen_segments():
     local = sdpa["attention_mask"]["sliding_attention"][1, 0]
     assert local[0].tolist() == [True, True, False, False, False, False]  # the window, inside document 0
     assert local[3].tolist() == [False, False, True, True, False, False]  # and never across into document 1
+
+
+def _cpu_compiler() -> bool:
+    """transformers compiles FlexAttention (inductor), which on CPU needs a C++ compiler."""
+    from torch._inductor import exc
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        return False
+    return True
+
+
+needs_flex = pytest.mark.skipif(not _cpu_compiler(), reason="FlexAttention on CPU compiles with inductor: no C++ "
+                                                             "compiler here; the mask tests below still run")
+
+
+@pytest.mark.parametrize("half_window", [None, 0, 2, 100])
+def test_the_flex_mask_rule_is_the_dense_masks_truth_table(half_window):
+    """mask_mod over every (row, query, key) equals the SDPA path's block-diagonal mask (and window band)."""
+    from pipeline.pretrain.packed_attention import block_diagonal_mask, document_mask_mod, sliding_window_band
+
+    document_ids = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1], [0, 0, 0, 0, 0, 1, 1, 1]])
+    b, q, kv = torch.arange(2)[:, None, None], torch.arange(8)[None, :, None], torch.arange(8)[None, None, :]
+    rule = document_mask_mod(document_ids, half_window)(b, 0, q, kv)
+    dense = block_diagonal_mask(document_ids)[:, 0]
+    if half_window is not None:
+        dense = dense & sliding_window_band(8, half_window)
+    assert torch.equal(rule, dense)
+    assert rule.any(-1).all()  # no query row is empty: padding attends to padding
+
+
+def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from pipeline.pretrain.packed_attention import encoder_inputs, windowed_encoder_inputs
+
+    document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]])
+    ids, positions = torch.zeros(1, 6, dtype=torch.long), torch.tensor([[0, 1, 2, 0, 1, 0]])
+    assert isinstance(encoder_inputs(ids, document_ids, positions, "flex_attention")["attention_mask"], BlockMask)
+    masks = windowed_encoder_inputs(ids, document_ids, positions, "flex_attention", half_window=1)["attention_mask"]
+    assert set(masks) == {"full_attention", "sliding_attention"}
+    assert all(isinstance(m, BlockMask) for m in masks.values())
+    # The block mask's own dense view (one 128-block here) cannot show the window; its mask_mod can.
+    assert masks["sliding_attention"].mask_mod(0, 0, torch.tensor(0), torch.tensor(2)).item() is False
+    assert masks["full_attention"].mask_mod(0, 0, torch.tensor(0), torch.tensor(2)).item() is True
+
+
+@pytest.mark.parametrize("architecture", ["roberta", "modernbert"])
+def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_dir):
+    """transformers' flex path ADDS a tensor mask to the scores: a boolean mask there is refused, not used."""
+    from pipeline.common.errors import PipelineError
+    from pipeline.pretrain.model import encode, encode_modernbert
+    from pipeline.pretrain.packed_attention import block_diagonal_mask, check_flex_mask
+
+    info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    config = hf_config(ModelConfig(architecture=architecture, num_hidden_layers=1, hidden_size=32,
+                                   num_attention_heads=2, intermediate_size=64, local_attention=4,
+                                   attn_implementation="flex_attention"), info, seq_len=16)
+    model = SPARSE_CLASSES[architecture](config).eval()
+    ids = torch.full((1, 8), 10)
+    dense = block_diagonal_mask(torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]]))
+    with pytest.raises(PipelineError, match="dense mask .*adds a tensor mask"):
+        if architecture == "roberta":
+            encode(model.roberta, ids, attention_mask=dense)
+        else:
+            encode_modernbert(model.model, ids, attention_mask=dense)
+    with pytest.raises(PipelineError, match="dense mask"):
+        model(ids, torch.full((1, 8), IGNORE_INDEX), attention_mask=dense.float())
+    with pytest.raises(PipelineError, match=r"attention_mask\['sliding_attention'\]"):
+        check_flex_mask({"full_attention": None, "sliding_attention": dense})
+    check_flex_mask(torch.ones(1, 8, dtype=torch.long))  # a 2-D padding mask: transformers builds the BlockMask
+
+
+@needs_flex
+@pytest.mark.parametrize("architecture", ["roberta", "bert", "modernbert"])
+def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture, bpe_tokenizer_dir):
+    """The flex path, per document, against the SDPA path on each document alone (same weights)."""
+    import copy
+
+    from pipeline.pretrain.model import encode_modernbert, first_position_id
+
+    info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    flex_config = hf_config(ModelConfig(architecture=architecture, num_hidden_layers=3, hidden_size=64,
+                                        num_attention_heads=4, intermediate_size=96, local_attention=16,
+                                        attn_implementation="flex_attention"), info, seq_len=64)
+    sdpa_config = copy.deepcopy(flex_config)
+    sdpa_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    flex = SPARSE_CLASSES[architecture](flex_config).eval()
+    sdpa = SPARSE_CLASSES[architecture](sdpa_config).eval()
+    sdpa.load_state_dict(flex.state_dict())
+    run = encode_modernbert if architecture == "modernbert" else encode
+    pick = {"roberta": "roberta", "bert": "bert", "modernbert": "model"}[architecture]
+    docs = [d % (info.vocab_size - 10) + 10 for d in documents(12, seed=3)]
+    rows, _ = _pack_with(docs, info)
+    offset = first_position_id(architecture, info.pad_id)
+    document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, offset)
+    ids = torch.from_numpy(rows["input_ids"].astype(np.int64))
+    with torch.no_grad():
+        packed = run(getattr(flex, pick), ids, document_ids=torch.from_numpy(document_ids),
+                     position_ids=torch.from_numpy(position_ids)).last_hidden_state
+        worst, compared = 0.0, 0
+        for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
+            bounds = [s for s in starts.tolist() if s >= 0] + [int(length)]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+                alone = run(getattr(sdpa, pick), ids[r: r + 1, a:b]).last_hidden_state[0]
+                worst = max(worst, (alone - packed[r, a:b]).abs().max().item())
+                compared += 1
+    assert compared >= 12 and worst < 1e-4
+
+
+def test_flex_attention_is_refused_up_front_on_cpu_and_with_attention_dropout(tmp_path):
+    """FlexAttention has no backward on CPU, and transformers' flex path no attention dropout: both at load."""
+    import json
+
+    from helpers import tiny_pretrain_config
+
+    from pipeline.common.config_tree import ConfigError
+    from pipeline.pretrain.config_checks import load_pretrain_config
+
+    data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
+                                model={"attn_implementation": "flex_attention", "attention_probs_dropout_prob": 0.1})
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="model.attn_implementation flex_attention: FlexAttention has no backward "
+                                          "on CPU.*use sdpa on CPU") as err:
+        load_pretrain_config(tmp_path / "c.json", cuda=False)
+    assert "model.attention_probs_dropout_prob: flex_attention has no attention dropout, got 0.1" in str(err.value)
+
+
+def test_a_flex_model_cannot_train_on_cpu_which_is_why_the_check_exists(bpe_tokenizer_dir):
+    """If torch learns FlexAttention's CPU backward, this fails: then the up-front refusal above can go."""
+    info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    config = hf_config(ModelConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                   attention_probs_dropout_prob=0.0, attn_implementation="flex_attention"),
+                       info, seq_len=16)
+    model = SPARSE_CLASSES["roberta"](config).train()
+    labels = torch.full((1, 8), IGNORE_INDEX)
+    labels[0, 3] = 12
+    document_ids = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]])
+    position_ids = torch.tensor([[2, 3, 4, 5, 2, 3, 4, 5]])
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        model(torch.full((1, 8), 10), labels, document_ids=document_ids, position_ids=position_ids)["loss"].backward()

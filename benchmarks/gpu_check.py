@@ -1,0 +1,497 @@
+"""Where the GPU path stands, in one command and one record: environment, correctness, throughput and MFU.
+
+    python benchmarks/gpu_check.py                      # on a CUDA machine (about 15 minutes on one H100)
+    python benchmarks/gpu_check.py --device cpu --tiny  # the same code at toy size, so it cannot rot
+
+Steps, in order; each one's failure is caught, recorded with its error, and the check goes on:
+- **environment**: torch, CUDA, GPU name and memory, deepspeed / transformers / flash-attn versions; the
+  measured dense matmul peak (bf16 and fp16 on CUDA; bf16 and fp32 on CPU), best of several products;
+- **correctness**, per architecture (roberta, roberta-prelayernorm, bert, modernbert) at a small size:
+  one DeepSpeed step (the pipeline's `initialize_engine`) in bf16 and fp16 at ZeRO 0 and 2 against
+  fp32 on the same batch and the same initial weights. Compared: the loss before the step and the
+  loss on the same batch after it, within `TOLERANCE` (relative). fp16 on CPU is recorded as skipped:
+  DeepSpeed does not support it there;
+- **packed documents**: each packed attention path here (sdpa, eager, flex_attention, and
+  flash_attention_2 where flash-attn is installed on CUDA) gives, per document, what the padded path
+  gives for that document alone (largest absolute difference of the encoder's outputs, fp32);
+- **throughput**: the pipeline's own training run (`launchers/pretrain.py`, through
+  train_throughput.py's `ours`; 2 loader workers, none in the toy run) on shards that the shard
+  stage writes to local disk from the embedded corpus: RoBERTa-base and RoBERTa-large at seq 512
+  bf16, ModernBERT-base at seq 1024 doc-packed bf16 (flash_attention_2 where installed, else
+  flex_attention; sdpa on CPU, where FlexAttention has no backward), each with and without
+  `train.compile`. Tokens/s, and MFU against the measured and the nominal peak
+  (pipeline/pretrain/flops.py's model FLOPs).
+
+The record goes through result_record.py (`gpu_check.json`; `gpu_check.cpu-tiny.json` for the toy run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from result_record import BenchmarkRecord  # noqa: E402
+
+ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
+# Relative loss difference allowed against fp32 after one step on the same batch. bf16 keeps 8 bits of
+# mantissa (~0.4% per rounding), fp16 11 bits; a small model's loss sums few roundings.
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
+# Dense bf16/fp16 tensor-core peaks from NVIDIA's data sheets (TFLOP/s, without sparsity), by name fragment.
+NOMINAL_TFLOPS = (("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
+                  ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0), ("L4", 121.0))
+SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, local_attention=16)
+# name: (model keys, seq_len, micro batch, doc-packed); the published shapes.
+SHAPES = {
+    "RoBERTa-base": (dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+                     512, 32, False),
+    "RoBERTa-large": (dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096),
+                      512, 16, False),
+    "ModernBERT-base": (dict(architecture="modernbert", num_hidden_layers=22, hidden_size=768, num_attention_heads=12,
+                             intermediate_size=1152, local_attention=128), 1024, 32, True),
+}
+WORLD_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+
+
+class Steps:
+    """Each step's outcome, in order: ok, failed (with the error) or skipped (with the reason)."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[dict[str, Any]] = []
+
+    def attempt(self, name: str, fn: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+        """Run `fn`; record what it returned, or its failure, and never raise (Ctrl-C aside)."""
+        start = time.perf_counter()
+        try:
+            found = fn() or {}
+        except Skipped as why:
+            self.outcomes.append({"step": name, "status": "skipped", "reason": str(why)})
+            return None
+        except Exception as exc:  # noqa: BLE001 (the check's point: record every failure and go on)
+            self.outcomes.append({"step": name, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000],
+                                  "traceback": traceback.format_exc()[-4000:],
+                                  "seconds": round(time.perf_counter() - start, 2)})
+            print(f"  {name}: FAILED ({_note(self.outcomes[-1])})", flush=True)
+            return None
+        self.outcomes.append({"step": name, "status": "ok", "seconds": round(time.perf_counter() - start, 2), **found})
+        return found
+
+
+class Skipped(Exception):
+    """A step that cannot run here, with the reason."""
+
+
+def matmul_peak(dtype_name: str, device: str, n: int, repeats: int) -> float:
+    """FLOP/s of the best of `repeats` n × n products in `dtype_name` on `device`."""
+    import torch
+
+    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.mm(a, b)
+    sync()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def nominal_tflops(gpu_name: str | None) -> float | None:
+    """The data sheet's dense bf16 peak of this GPU, None where it is not in the table (or on CPU)."""
+    if not gpu_name:
+        return None
+    return next((tflops for fragment, tflops in NOMINAL_TFLOPS if fragment in gpu_name), None)
+
+
+def environment(device: str, tiny: bool) -> dict[str, Any]:
+    import torch
+
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    found: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                             **{p: version(p) for p in ("deepspeed", "transformers", "flash-attn", "triton")}}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        found.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                     capability=f"{props.major}.{props.minor}")
+    dtypes = ("bf16", "fp16") if device == "cuda" else ("bf16", "fp32")
+    n, repeats = (256, 3) if tiny else ((8192, 20) if device == "cuda" else (2048, 3))
+    found["peak_tflops"] = {d: round(matmul_peak(d, device, n, repeats) / 1e12, 4) for d in dtypes}
+    found["matmul"] = f"{n}² torch.mm, best of {repeats}"
+    found["nominal_tflops"] = nominal_tflops(found.get("gpu"))
+    return found
+
+
+# ---------------------------------------------------------------- correctness: one DeepSpeed step per cell
+
+def small_tokenizer(vocab: int = 300):
+    from pipeline.data.tokenizer import TokenizerInfo
+
+    return TokenizerInfo("gpu-check", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
+
+
+def fixed_batch(device: str, vocab: int, rows: int = 4, seq_len: int = 32) -> dict[str, Any]:
+    """One padded, 15%-masked batch of Zipf-distributed tokens, the same for every cell."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    zipf = 1.0 / torch.arange(1, vocab - 4, dtype=torch.float64)
+    ids = 5 + torch.multinomial(zipf, rows * seq_len, replacement=True, generator=g).reshape(rows, seq_len)
+    lengths = torch.randint(seq_len // 2, seq_len + 1, (rows,), generator=g)
+    attention = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
+    ids[attention == 0] = 1
+    chosen = (torch.rand(ids.shape, generator=g) < 0.15) & (attention == 1)
+    chosen[:, 1] = True
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    batch = {"input_ids": torch.where(chosen, torch.full_like(ids, 4), ids), "labels": labels,
+             "attention_mask": attention}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def one_step(architecture: str, precision: str, stage: int, device: str) -> tuple[float, float]:
+    """(loss before, loss on the same batch after one optimizer step) of the pipeline's engine."""
+    import torch
+
+    from pipeline.pretrain.config import (
+        DataConfig,
+        ModelConfig,
+        OptimizerConfig,
+        PretrainConfig,
+        ScheduleConfig,
+        TrainConfig,
+    )
+    from pipeline.pretrain.engine import initialize_engine
+    from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.phases import resolve_phases
+
+    ds: dict[str, Any] = {}
+    if precision == "fp16":
+        ds["fp16"] = {"initial_scale_power": 8}  # a first step skipped for overflow would compare nothing
+    model_keys = {**SMALL, "architecture": architecture}
+    if architecture == "bert":
+        model_keys["next_sentence_loss"] = False
+    config = PretrainConfig(model=ModelConfig(**model_keys), data=DataConfig(shards="unused", tokenizer="unused"),
+                            optimizer=OptimizerConfig(lr=1e-3, fused=device == "cuda"),
+                            schedule=ScheduleConfig(warmup_steps=0, decay="constant"),
+                            train=TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
+                                              precision=precision, zero_stage=stage),
+                            deepspeed=ds)
+    plan = resolve_phases(config)[0].plan(1)
+    torch.manual_seed(0)
+    model = build_model(config.model, small_tokenizer(), 32)
+    engine = initialize_engine(model, config, plan)
+    engine.train()
+    batch = fixed_batch(device, small_tokenizer().vocab_size)
+    loss = engine(**batch)["loss"]
+    engine.backward(loss)
+    engine.step()
+    with torch.no_grad():
+        after = engine(**batch)["loss"]
+    before, after = loss.item(), after.item()
+    del engine
+    return before, after
+
+
+def correctness(steps: Steps, device: str) -> list[dict[str, Any]]:
+    rows = []
+    for architecture in ARCHITECTURES:
+        reference = steps.attempt(f"correctness/{architecture}/fp32",
+                                  lambda a=architecture: dict(zip(("loss", "loss_after"),
+                                                                  one_step(a, "fp32", 0, device), strict=True)))
+        for precision in ("bf16", "fp16"):
+            for stage in (0, 2):
+                def cell(a=architecture, p=precision, s=stage, reference=reference):
+                    if p == "fp16" and device != "cuda":
+                        raise Skipped("fp16: DeepSpeed does not support it on CPU (\"Type fp16 is not supported\")")
+                    if reference is None:
+                        raise Skipped("the fp32 reference failed")
+                    before, after = one_step(a, p, s, device)
+                    first = abs(before - reference["loss"]) / reference["loss"]
+                    second = abs(after - reference["loss_after"]) / reference["loss_after"]
+                    worst = max(first, second)
+                    if not worst <= TOLERANCE[p]:
+                        raise AssertionError(f"loss {before:.5f} → {after:.5f} vs fp32 {reference['loss']:.5f} → "
+                                             f"{reference['loss_after']:.5f}: relative {worst:.2e} > {TOLERANCE[p]}")
+                    return {"loss": before, "loss_after": after, "relative_before": first,
+                            "relative_after": second, "relative_difference": worst,
+                            "tolerance": TOLERANCE[p]}
+                name = f"correctness/{architecture}/{precision}/zero{stage}"
+                steps.attempt(name, cell)
+                rows.append(_row(steps.outcomes[-1], architecture=architecture, precision=precision, zero=stage))
+    return rows
+
+
+def _note(outcome: dict[str, Any]) -> str:
+    """A failure's or skip's last words on one line: the end of a traceback or a run's stderr names the error."""
+    text = " ".join((outcome.get("error") or outcome.get("reason") or "").split())
+    return text if len(text) <= 160 else "…" + text[-159:]
+
+
+def _row(outcome: dict[str, Any], **keys: Any) -> dict[str, Any]:
+    """A table row from a step's outcome: its keys, status, and the figure or the reason."""
+    figure = outcome.get("relative_difference")
+    return {**keys, "status": outcome["status"],
+            "relative loss difference": None if figure is None else f"{figure:.1e}", "note": _note(outcome)}
+
+
+# ---------------------------------------------------------------- packed documents against the padded path
+
+def packed_paths(device: str) -> list[str]:
+    paths = ["sdpa", "eager", "flex_attention"]
+    if device == "cuda":
+        try:
+            importlib.metadata.version("flash-attn")
+            paths.append("flash_attention_2")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return paths
+
+
+def packed_difference(architecture: str, attention: str, device: str) -> dict[str, Any]:
+    """Largest |packed − alone| over every document of some doc-packed rows; alone = the padded (sdpa) path."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    from pipeline.data.packers import make_packer
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.model import SPARSE_CLASSES, encode, encode_modernbert, first_position_id, hf_config
+    from pipeline.pretrain.packed_attention import document_layout
+
+    info, seq_len = small_tokenizer(), 64
+    keys = {**SMALL, "num_hidden_layers": 3, "architecture": architecture, "attn_implementation": attention}
+    config = hf_config(ModelConfig(**keys), info, seq_len)
+    padded_config = copy.deepcopy(config)
+    padded_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = SPARSE_CLASSES[architecture](config).eval().to(device)
+    padded = SPARSE_CLASSES[architecture](padded_config).eval().to(device)
+    padded.load_state_dict(model.state_dict())
+    if attention == "flash_attention_2":  # FlashAttention runs in half precision only
+        model, padded = model.to(torch.bfloat16), padded.to(torch.bfloat16)
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(10, info.vocab_size, size=int(rng.integers(1, 40))) for _ in range(12)]
+    packer = make_packer("doc-packed", seq_len, info.cls_id, info.sep_id, info.pad_id, np.uint16)
+    out, rest = packer.add(np.concatenate(docs), np.array([len(d) for d in docs])), packer.finish()
+    rows = {k: np.concatenate([out[k], rest[k]]) for k in out}
+    offset = first_position_id(architecture, info.pad_id)
+    document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), seq_len, offset)
+    ids = torch.from_numpy(rows["input_ids"].astype(np.int64)).to(device)
+    run = encode_modernbert if architecture == "modernbert" else encode
+    pick = {"roberta": "roberta", "roberta-prelayernorm": "roberta_prelayernorm", "bert": "bert",
+            "modernbert": "model"}[architecture]
+    worst, compared = 0.0, 0
+    with torch.no_grad():
+        packed = run(getattr(model, pick), ids, document_ids=torch.from_numpy(document_ids).to(device),
+                     position_ids=torch.from_numpy(position_ids).to(device)).last_hidden_state
+        for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
+            bounds = [s for s in starts.tolist() if s >= 0] + [int(length)]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+                alone = run(getattr(padded, pick), ids[r: r + 1, a:b]).last_hidden_state[0]
+                worst = max(worst, (alone.float() - packed[r, a:b].float()).abs().max().item())
+                compared += 1
+    tolerance = 5e-2 if attention == "flash_attention_2" else 1e-4
+    if not worst <= tolerance:
+        raise AssertionError(f"packed differs from alone by {worst:.2e} (> {tolerance}) over {compared} documents")
+    return {"max_abs_difference": worst, "documents": compared, "tolerance": tolerance}
+
+
+def packed(steps: Steps, device: str) -> list[dict[str, Any]]:
+    rows = []
+    for architecture in ARCHITECTURES:
+        for attention in packed_paths(device):
+            steps.attempt(f"packed/{architecture}/{attention}",
+                          lambda a=architecture, t=attention: packed_difference(a, t, device))
+            outcome = steps.outcomes[-1]
+            figure = outcome.get("max_abs_difference")
+            rows.append({"architecture": architecture, "attention": attention, "status": outcome["status"],
+                         "max |packed − alone|": None if figure is None else f"{figure:.1e}",
+                         "note": _note(outcome)})
+    return rows
+
+
+# ---------------------------------------------------------------- throughput: the pipeline's own run
+
+def make_shards(tmp: Path, tiny: bool, seq_lens: set[int], packed_lens: set[int]) -> dict[str, Any]:
+    """A tokenizer and shards (plain and doc-packed per seq_len) written by the pipeline's own stages."""
+    from bench_corpus import sample_corpus
+
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.tokenizer import train_tokenizer
+
+    _, texts, corpus = sample_corpus(None, 400 if tiny else 20_000, tmp)
+    tok = tmp / "tokenizer"
+    train_tokenizer(texts, "bpe", 2_000 if tiny else 50_265, tok, model_max_length=max(seq_lens | packed_lens))
+    shards = {}
+    for seq_len, pack in [(s, "full") for s in sorted(seq_lens)] + [(s, "doc-packed") for s in sorted(packed_lens)]:
+        out = tmp / f"shards-{pack}-{seq_len}"
+        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tok), seq_len=seq_len, out=str(out),
+                                     pack=pack, val_fraction=0.05, workers=1, quiet=True))
+        shards[f"{pack}-{seq_len}"] = str(out)
+    return {"tokenizer": str(tok), "shards": shards}
+
+
+def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | None) -> list[dict[str, Any]]:
+    from train_throughput import MASKED, ours
+
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.flops import model_flops_per_token
+    from pipeline.pretrain.model import hf_config
+
+    shapes = {name: ({**(TINY_SHAPE if tiny else keys), **({"architecture": "modernbert"} if is_packed else {})},
+                     64 if tiny else seq_len, 4 if tiny else batch, is_packed)
+              for name, (keys, seq_len, batch, is_packed) in SHAPES.items()}
+    n_steps, skip = (4, 2) if tiny else (30, 10)
+    # FlexAttention has no backward on CPU: the toy run trains packed rows with SDPA's dense mask
+    packed_attention = ("sdpa" if device == "cpu" else
+                        "flash_attention_2" if "flash_attention_2" in packed_paths(device) else "flex_attention")
+    # Each run is a world of its own: not this process's (its rank variables and port are taken).
+    env = {k: v for k, v in os.environ.items() if k not in WORLD_VARIABLES}
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    measured = (peaks or {}).get("peak_tflops", {}).get("bf16")
+    nominal = (peaks or {}).get("nominal_tflops")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        made = steps.attempt("throughput/shards", lambda: make_shards(
+            tmp, tiny, {s for _, s, _, p in shapes.values() if not p}, {s for _, s, _, p in shapes.values() if p}))
+        for name, (keys, seq_len, batch, is_packed) in shapes.items():
+            for compiled in (False, True):
+                def cell(name=name, keys=keys, seq_len=seq_len, batch=batch, is_packed=is_packed, compiled=compiled):
+                    if made is None:
+                        raise Skipped("no shards (the shard step failed)")
+                    tok = Path(made["tokenizer"])
+                    # ModernBERT's own attention dropout is 0 (FlexAttention has none)
+                    model = {**keys, **({"attn_implementation": packed_attention, "attention_probs_dropout_prob": 0.0}
+                                        if is_packed else {})}
+                    updates = {"model": model, "train": {"compile": compiled, "precision": "bf16", "zero_stage": 0},
+                               # masking in worker processes on a GPU node, as a user trains; in process on the toy run
+                               "data": {"num_workers": 0 if tiny else 2}}
+                    run_dir = tmp / f"{name}-{'compiled' if compiled else 'eager'}"
+                    shards = Path(made["shards"][f"{'doc-packed' if is_packed else 'full'}-{seq_len}"])
+                    seconds, _ = ours(shards, tok, n_steps, batch, skip, run_dir, env, updates)
+                    info = describe_tokenizer(load_tokenizer(tok))
+                    per_token = model_flops_per_token(hf_config(ModelConfig(**keys), info, seq_len), seq_len, MASKED)
+                    tokens_per_s = batch * seq_len / seconds
+                    achieved = tokens_per_s * per_token / 1e12
+                    return {"tokens_per_s": tokens_per_s, "model_tflops": achieved,
+                            "mfu_measured_peak": achieved / measured if measured else None,
+                            "mfu_nominal_peak": achieved / nominal if nominal else None,
+                            "attention": model.get("attn_implementation", "sdpa")}
+                label = f"{name}{' (tiny)' if tiny else ''}, seq {seq_len}{', packed' if is_packed else ''}, bf16"
+                steps.attempt(f"throughput/{name}/{'compile' if compiled else 'eager'}", cell)
+                outcome = steps.outcomes[-1]
+                rows.append({"run": label, "train.compile": compiled, "status": outcome["status"],
+                             "tokens/s": (f"{outcome['tokens_per_s']:,.0f}" if "tokens_per_s" in outcome else None),
+                             "MFU (measured peak)": _percent(outcome.get("mfu_measured_peak")),
+                             "MFU (nominal peak)": _percent(outcome.get("mfu_nominal_peak")),
+                             "note": _note(outcome)})
+    return rows
+
+
+def _percent(x: float | None) -> str | None:
+    return None if x is None else f"{x:.1%}"
+
+
+# ---------------------------------------------------------------- the check
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    columns = list(rows[0])
+    print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join("–" if row[c] in (None, "") else str(row[c]) for c in columns) + " |")
+
+
+def headlines(rec: BenchmarkRecord, steps: Steps, device: str, tiny: bool) -> None:
+    """The issue's two targets on one H100 in bf16; recorded only for a full-size CUDA run."""
+    if device != "cuda" or tiny:
+        return
+    found = {o["step"]: o for o in steps.outcomes}
+    best = {name: max((found.get(f"throughput/{name}/{m}", {}) for m in ("eager", "compile")),
+                      key=lambda o: o.get("tokens_per_s", 0)) for name in ("RoBERTa-large", "ModernBERT-base")}
+    large = best["RoBERTa-large"].get("mfu_nominal_peak")
+    rec.headline("RoBERTa-large seq 512 bf16, MFU (nominal peak)", None if large is None else f"{large:.1%}",
+                 target="≥ 45%", met=None if large is None else large >= 0.45)
+    rate = best["ModernBERT-base"].get("tokens_per_s")
+    rec.headline("ModernBERT-base seq 1024 packed bf16, tokens/s", None if rate is None else f"{rate:,.0f}",
+                 target="≥ 300,000", met=None if rate is None else rate >= 300_000)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--tiny", action="store_true", help="toy sizes (the test suite's run); the same code")
+    p.add_argument("--skip", default="", help="comma-separated steps to leave out: correctness, packed, throughput")
+    a = p.parse_args(argv)
+    skipped = {s for s in a.skip.split(",") if s}
+    name = "gpu_check" + (f".{a.device}-tiny" if a.tiny else ("" if a.device == "cuda" else f".{a.device}"))
+    with BenchmarkRecord(name, argv=sys.argv if argv is None else [__file__, *argv]) as rec:
+        run_check(a, skipped, rec)
+
+
+def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) -> Steps:
+    if a.device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from pipeline.common.topology import prepare_environment
+
+    started = time.perf_counter()
+    steps = Steps()
+    steps.attempt("environment/process group", lambda: _process_group(prepare_environment()))
+    env = steps.attempt("environment", lambda: environment(a.device, a.tiny))
+    rec.results["environment"] = env or {}
+    tables = {}
+    if "correctness" not in skipped:
+        tables["correctness: one DeepSpeed step vs fp32, same batch (relative loss difference)"] = \
+            correctness(steps, a.device)
+    if "packed" not in skipped:
+        tables["packed documents: each attention path vs the padded path, per document"] = packed(steps, a.device)
+    if "throughput" not in skipped:
+        tables["throughput: launchers/pretrain.py on shards on local disk"] = throughput(steps, a.device, a.tiny, env)
+    for title, rows in tables.items():
+        rec.table(title, rows)
+        print_table(title, rows)
+    rec.results["steps"] = steps.outcomes
+    counts = {s: sum(o["status"] == s for o in steps.outcomes) for s in ("ok", "failed", "skipped")}
+    rec.results["summary"] = {**counts, "seconds": round(time.perf_counter() - started, 1)}
+    headlines(rec, steps, a.device, a.tiny)
+    print(f"\nenvironment: {env}\n{counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"in {time.perf_counter() - started:.0f} s")
+    return steps
+
+
+def _process_group(topology) -> dict[str, Any]:
+    """One process group for the in-process DeepSpeed engines (as the trainer starts it)."""
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if topology.cuda else "gloo")
+    return {"world_size": topology.world_size, "cuda": topology.cuda}
+
+
+if __name__ == "__main__":
+    main()
