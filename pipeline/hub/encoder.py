@@ -7,6 +7,8 @@ with named classification heads:
     tokens = enc.encode("A man is playing.", "Someone plays.")
     enc.predict("rte", tokens).argmax()                  # log-probabilities → class id
     enc.labels("rte")                                    # ('entailment', 'not_entailment')
+    lm = Encoder.from_pretrained("runs/default/pretrain/export")
+    lm.score(["The cat is here.", "The cat are here."])  # pseudo-log-likelihoods: the first is higher
 
     ner = Encoder.from_pretrained("runs/ner")            # a token task: one tag per word
     ner.predict("ner", "EU rejects German call")         # ['B-ORG', 'O', 'B-MISC', 'O']
@@ -29,6 +31,7 @@ from torch.nn import functional as F
 from pipeline.common.errors import PipelineError
 from pipeline.hub import span_heads
 from pipeline.hub.heads import ClassificationHead, head_of, label_names, new_head
+from pipeline.hub.pseudo_likelihood import DEFAULT_BATCH_TOKENS, pseudo_log_likelihoods
 from pipeline.hub.sources import ModelSource, resolve_source
 
 # Architectures whose positions start after the padding index (RoBERTa's offset of pad_id + 1).
@@ -306,6 +309,14 @@ class Encoder(nn.Module):
             pattern = f" {MASK}" if f" {MASK}" in text else MASK
             filled.append((text.replace(pattern, token if pattern.startswith(" ") else token.lstrip()), value, token))
         return filled
+
+    def score(self, sentences: list[str], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[float]:
+        """Pseudo-log-likelihood of each sentence (natural log; higher is more likely).
+
+        Each token is masked in turn and the log-probability of the true token summed; special tokens
+        are never scored. Masked copies run in batches of at most `batch_tokens` (pseudo_likelihood.py).
+        """
+        return pseudo_log_likelihoods(self, sentences, batch_tokens=batch_tokens)
 
     def _word(self, token_id: int) -> str:
         """A predicted token as text, with a leading space when it starts a word."""
