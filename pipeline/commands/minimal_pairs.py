@@ -8,6 +8,8 @@ public linguistic minimal-pair suites (BLiMP's lines carry `UID`, `linguistics_t
 `python -m pipeline.data.minimal_pair_maker` makes such a file from held-out text. Each sentence
 is scored once by `Encoder.score` (pipeline/hub/pseudo_likelihood.py), and a pair counts when
 the good sentence scores higher; a tie counts half (chance), and ties are reported.
+`--precision auto` (the default) scores in bf16 autocast on a CPU with native bf16 and in fp32
+elsewhere; the precision used is printed and written.
 
 `--group-by FIELD` adds the accuracy per value of that field. `--corpus` also scores the pairs
 with a unigram model of that corpus under the same tokenizer (pipeline/hub/unigram_baseline.py):
@@ -113,13 +115,17 @@ def main(argv: list[str] | None = None) -> None:
                                                "the unigram baseline under the model's tokenizer")
     p.add_argument("--text-field", default="text", help="the text field of --corpus .jsonl records (text)")
     p.add_argument("--batch-tokens", type=int, default=None,
-                   help="rows × length of one forward over masked copies (default 8192)")
+                   help="rows × length of one forward over masked copies (default 2048)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="bf16 autocasts the forwards (about 2x faster, PLL within ~0.02 nats); auto: bf16 where the "
+                        "CPU computes it natively (avx512_bf16, amx_bf16), else fp32")
     p.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
 
     from pipeline.common.atomic_files import write_json_atomic
+    from pipeline.common.cpu_precision import native_bf16
     from pipeline.hub import Encoder
     from pipeline.hub.pseudo_likelihood import DEFAULT_BATCH_TOKENS, check_can_score
 
@@ -128,11 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     encoder = Encoder.from_pretrained(args.model)
     check_can_score(encoder)
     batch_tokens = args.batch_tokens or DEFAULT_BATCH_TOKENS
+    precision = args.precision if args.precision != "auto" else ("bf16" if native_bf16() else "fp32")
     started = time.perf_counter()
-    scored = pair_scores(pairs, lambda sentences: encoder.score(sentences, batch_tokens=batch_tokens))
+    scored = pair_scores(pairs, lambda s: encoder.score(s, batch_tokens=batch_tokens, precision=precision))
     seconds = time.perf_counter() - started
     result = {"model": str(args.model), "pairs_file": str(args.pairs), "group_by": args.group_by,
-              "seconds": round(seconds, 3), "pairs_per_second": round(len(pairs) / seconds, 1),
+              "precision": precision, "seconds": round(seconds, 3), "pairs_per_second": round(len(pairs) / seconds, 1),
               "model_scores": summarize(pairs, scored)}
     unigram = None
     if args.corpus:
@@ -143,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         result.update(corpus=args.corpus, corpus_tokens=baseline.tokens, unigram_scores=unigram)
     print(_table(result["model_scores"], unigram))
     print(f"{len(pairs)} pairs in {seconds:.1f} s: {result['pairs_per_second']:.1f} pairs/s "
-          f"(pseudo-log-likelihood, {torch.get_num_threads()} threads)")
+          f"(pseudo-log-likelihood, {precision}, {torch.get_num_threads()} threads)")
     if args.out:
         write_json_atomic(args.out, result)
         print(f"written to {args.out}")

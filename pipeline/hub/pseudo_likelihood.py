@@ -13,18 +13,26 @@ by `batch_tokens` (rows × padded length) so memory stays bounded; sentences are
 first (length bucketing) so a batch carries little padding; the MLM head runs at the one masked
 position of each row only (its vocabulary projection is as costly as a layer of a small model),
 and all of it runs under `torch.inference_mode`.
+
+Precision: fp32 by default (equal to the one-mask-at-a-time definition). `precision="bf16"` runs
+the forwards under bf16 autocast, the log-softmax still in fp32: about twice the pairs per second
+on a CPU with native bf16 (`avx512_bf16`, `amx_bf16`), the PLL of a 20-token sentence within
+about 0.02 nats of fp32's (measured on the main job's shape), never used silently.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Literal
 
 import torch
 
 from pipeline.common.errors import PipelineError
 
-DEFAULT_BATCH_TOKENS = 8192
-"""Rows × padded length of one forward: about 8k tokens keeps a small model's activations in cache-sized chunks."""
+DEFAULT_BATCH_TOKENS = 2048
+"""Rows × padded length of one forward; on 1 CPU thread 1k to 4k scored the same and 8k was 5–15% slower."""
+Precision = Literal["fp32", "bf16"]
 
 
 def scored_positions(ids: Sequence[int], special_ids: set[int]) -> list[int]:
@@ -40,9 +48,12 @@ def check_can_score(encoder) -> None:
                             f"{encoder.no_lm_head_reason}")
 
 
-def pseudo_log_likelihoods(encoder, sentences: Sequence[str], batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[float]:
+def pseudo_log_likelihoods(encoder, sentences: Sequence[str], batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                           precision: Precision = "fp32") -> list[float]:
     """The PLL (natural log) of each sentence, in order; see the module docstring. 0.0 for a sentence with no tokens."""
     check_can_score(encoder)
+    if precision not in ("fp32", "bf16"):
+        raise PipelineError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
     if batch_tokens < 1:
         raise PipelineError(f"batch_tokens must be at least 1, got {batch_tokens}")
     if not sentences:
@@ -62,7 +73,8 @@ def pseudo_log_likelihoods(encoder, sentences: Sequence[str], batch_tokens: int 
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     pending: list[tuple[int, list[int], list[int]]] = []  # (sentence, ids, positions still to put in a batch)
     rows = 0
-    with torch.inference_mode():
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    with torch.inference_mode(), autocast:
         for index in order:
             positions = scored_positions(encoded[index], special)
             while positions:

@@ -67,8 +67,10 @@ def test_the_command_reports_groups_and_the_unigram_baseline(tmp_path, pairs_fil
     first = summarize([Pair(pairs[0]["sentence_good"], pairs[0]["sentence_bad"], None)], [(good, bad)])
     single = tmp_path / "one.jsonl"
     single.write_text(json.dumps(pairs[0]) + "\n")
-    main(["--model", str(roberta_export), "--pairs", str(single), "--out", str(tmp_path / "one.json")])
-    assert json.loads((tmp_path / "one.json").read_text())["model_scores"] == first
+    main(["--model", str(roberta_export), "--pairs", str(single), "--precision", "fp32",
+          "--out", str(tmp_path / "one.json")])
+    written = json.loads((tmp_path / "one.json").read_text())
+    assert written["model_scores"] == first and written["precision"] == "fp32"
 
 
 def test_group_by_any_field_of_the_suite(pairs_file, roberta_export, tmp_path):

@@ -77,3 +77,11 @@ def test_a_model_without_an_mlm_head_is_refused_by_name(tmp_path, wordpiece_toke
     classifier = finetuned_rte["dir"]
     with pytest.raises(PipelineError, match="pseudo-log-likelihood scoring needs a masked-LM head.*fine-tuned model"):
         Encoder.from_pretrained(classifier).score(["a sentence."])
+
+
+def test_bf16_scores_stay_close_to_fp32_and_an_unknown_precision_is_refused(roberta_export):
+    encoder = Encoder.from_pretrained(roberta_export)
+    exact = encoder.score(SENTENCES)
+    assert encoder.score(SENTENCES, precision="bf16") == pytest.approx(exact, abs=0.1)
+    with pytest.raises(PipelineError, match="precision must be 'fp32' or 'bf16'"):
+        encoder.score(SENTENCES, precision="fp16")
