@@ -1,7 +1,7 @@
 """Pseudo-log-likelihood (PLL) of sentences under a masked-LM (Salazar et al. 2020, "Masked Language Model Scoring").
 
     enc = Encoder.from_pretrained("runs/default/pretrain/export")
-    enc.score(["The cat is here.", "The cat are here."])   # [-21.4, -25.9]: higher is more likely
+    enc.score(["The cat is here.", "The cat are here."])   # two log-likelihoods: higher is more likely
 
 A sentence's PLL is the sum, over its tokens, of log P(token | every other token), each token
 masked in turn: a sentence of n ordinary tokens costs n masked copies. Special tokens (`<s>`,
@@ -15,9 +15,10 @@ position of each row only (its vocabulary projection is as costly as a layer of 
 and all of it runs under `torch.inference_mode`.
 
 Precision: fp32 by default (equal to the one-mask-at-a-time definition). `precision="bf16"` runs
-the forwards under bf16 autocast, the log-softmax still in fp32: about twice the pairs per second
-on a CPU with native bf16 (`avx512_bf16`, `amx_bf16`), the PLL of a 20-token sentence within
-about 0.02 nats of fp32's (measured on the main job's shape), never used silently.
+the forwards under bf16 autocast, the log-softmax still in fp32: 2 to 4.5 times the pairs per
+second on a CPU with native bf16 (`avx512_bf16`, `amx_bf16`), the PLL of a 20-token sentence
+within 0.02 nats of fp32's (both measured on the main job's shape, random weights; see
+docs/benchmarks.md); never chosen here silently.
 """
 
 from __future__ import annotations
