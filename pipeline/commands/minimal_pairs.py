@@ -1,0 +1,160 @@
+"""Minimal-pair accuracy of a masked-LM: the share of pairs whose good sentence has the higher pseudo-log-likelihood.
+
+    python launchers/minimal_pairs.py --model runs/default/pretrain/export --pairs pairs.jsonl \\
+        [--group-by phenomenon] [--corpus corpus.jsonl] [--out result.json]
+
+`--pairs` holds JSON lines `{"sentence_good": ..., "sentence_bad": ..., ...}`, the format of the
+public linguistic minimal-pair suites (BLiMP's lines carry `UID`, `linguistics_term`, `field`);
+`python -m pipeline.data.minimal_pair_maker` makes such a file from held-out text. Each sentence
+is scored once by `Encoder.score` (pipeline/hub/pseudo_likelihood.py), and a pair counts when
+the good sentence scores higher; a tie counts half (chance), and ties are reported.
+`--precision auto` (the default) scores in bf16 autocast on a CPU with native bf16 and in fp32
+elsewhere; the precision used is printed and written.
+
+`--group-by FIELD` adds the accuracy per value of that field. `--corpus` also scores the pairs
+with a unigram model of that corpus under the same tokenizer (pipeline/hub/unigram_baseline.py):
+what a model that knows only word frequencies gets. `--out` writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
+
+FIELDS = ("sentence_good", "sentence_bad")
+
+
+@dataclass(frozen=True)
+class Pair:
+    good: str
+    bad: str
+    group: str | None
+    """The value of the `--group-by` field, as text (None without grouping)."""
+
+
+def read_pairs(path: str | Path, group_by: str | None = None) -> list[Pair]:
+    """The pairs of a JSONL file; a line that is not an object with two non-empty sentences is an error naming it."""
+    from pipeline.finetune.text_files import jsonl_records
+
+    pairs = []
+    for line, record in jsonl_records(path):
+        where = f"{path}:{line}"
+        if not isinstance(record, dict):
+            raise PipelineError(f"{where}: expected a JSON object with {' and '.join(FIELDS)}, got "
+                                f"{type(record).__name__}")
+        for name in FIELDS:
+            value = record.get(name)
+            if not isinstance(value, str) or not value.strip():
+                got = "no such field" if name not in record else f"{value!r}"[:60]
+                raise PipelineError(f"{where}: {name!r} must be a non-empty string ({got}); a pair line is "
+                                    '{"sentence_good": "...", "sentence_bad": "...", ...}')
+        group = None
+        if group_by is not None:
+            if group_by not in record:
+                raise PipelineError(f"{where}: no field {group_by!r} to group by (--group-by); this line has: "
+                                    f"{', '.join(record)}")
+            group = str(record[group_by])
+        pairs.append(Pair(record["sentence_good"], record["sentence_bad"], group))
+    if not pairs:
+        raise PipelineError(f"{path}: no pairs in the file")
+    return pairs
+
+
+def pair_scores(pairs: Sequence[Pair], score) -> list[tuple[float, float]]:
+    """(good, bad) scores of each pair from `score(sentences)`, each distinct sentence scored once."""
+    sentences = list(dict.fromkeys(s for p in pairs for s in (p.good, p.bad)))
+    by_sentence = dict(zip(sentences, score(sentences), strict=True))
+    return [(by_sentence[p.good], by_sentence[p.bad]) for p in pairs]
+
+
+def accuracy(scored: Sequence[tuple[float, float]]) -> dict:
+    """Share of pairs where good > bad, a tie counting half; with the counts."""
+    wins = sum(g > b for g, b in scored)
+    ties = sum(g == b for g, b in scored)
+    return {"accuracy": (wins + 0.5 * ties) / len(scored) if scored else float("nan"), "pairs": len(scored),
+            "good_higher": wins, "ties": ties}
+
+
+def summarize(pairs: Sequence[Pair], scored: Sequence[tuple[float, float]]) -> dict:
+    """Overall accuracy and, where pairs have groups, the accuracy of each group (in sorted order)."""
+    result = {"overall": accuracy(scored)}
+    groups = sorted({p.group for p in pairs if p.group is not None})
+    if groups:
+        result["groups"] = {g: accuracy([s for p, s in zip(pairs, scored, strict=True) if p.group == g])
+                            for g in groups}
+    return result
+
+
+def _table(model: dict, unigram: dict | None) -> str:
+    rows = [("all", model["overall"], unigram and unigram["overall"])]
+    rows += [(g, r, unigram and unigram["groups"][g]) for g, r in model.get("groups", {}).items()]
+    width = max(len(name) for name, _, _ in rows)
+    head = f"{'group':<{width}}  pairs  model" + ("  unigram" if unigram else "")
+    lines = [head]
+    for name, r, u in rows:
+        line = f"{name:<{width}}  {r['pairs']:>5}  {r['accuracy']:.3f}"
+        if u:
+            line += f"  {u['accuracy']:.3f}" + (f" ({u['ties']} ties)" if u["ties"] else "")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@exit_on_pipeline_error
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="an export, pretraining output folder, checkpoint or hub name")
+    p.add_argument("--pairs", required=True, type=Path, help="JSON lines with sentence_good and sentence_bad")
+    p.add_argument("--group-by", help="also report the accuracy per value of this field (e.g. phenomenon, UID)")
+    p.add_argument("--corpus", nargs="+", help="corpus files, folders or globs (.txt/.jsonl/.parquet, .zst/.gz) for "
+                                               "the unigram baseline under the model's tokenizer")
+    p.add_argument("--text-field", default="text", help="the text field of --corpus .jsonl records (text)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="rows × length of one forward over masked copies (default 2048)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="bf16 autocasts the forwards (2-4.5x faster with native bf16, PLL within ~0.02 nats); "
+                        "auto: bf16 where the CPU computes it natively (avx512_bf16, amx_bf16), else fp32")
+    p.add_argument("--out", type=Path, help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+
+    from pipeline.common.atomic_files import write_json_atomic
+    from pipeline.common.cpu_precision import native_bf16
+    from pipeline.hub import Encoder
+    from pipeline.hub.pseudo_likelihood import DEFAULT_BATCH_TOKENS, check_can_score
+
+    pairs = read_pairs(args.pairs, args.group_by)  # before loading the model: a bad file fails fast
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    encoder = Encoder.from_pretrained(args.model)
+    check_can_score(encoder)
+    batch_tokens = args.batch_tokens or DEFAULT_BATCH_TOKENS
+    precision = args.precision if args.precision != "auto" else ("bf16" if native_bf16() else "fp32")
+    started = time.perf_counter()
+    scored = pair_scores(pairs, lambda s: encoder.score(s, batch_tokens=batch_tokens, precision=precision))
+    seconds = time.perf_counter() - started
+    result = {"model": str(args.model), "pairs_file": str(args.pairs), "group_by": args.group_by,
+              "precision": precision, "seconds": round(seconds, 3), "pairs_per_second": round(len(pairs) / seconds, 1),
+              "model_scores": summarize(pairs, scored)}
+    unigram = None
+    if args.corpus:
+        from pipeline.hub.unigram_baseline import UnigramModel
+
+        baseline = UnigramModel.from_corpus(args.corpus, encoder.tokenizer, args.text_field)
+        unigram = summarize(pairs, pair_scores(pairs, baseline.score))
+        result.update(corpus=args.corpus, corpus_tokens=baseline.tokens, unigram_scores=unigram)
+    print(_table(result["model_scores"], unigram))
+    print(f"{len(pairs)} pairs in {seconds:.1f} s: {result['pairs_per_second']:.1f} pairs/s "
+          f"(pseudo-log-likelihood, {precision}, {torch.get_num_threads()} threads)")
+    if args.out:
+        write_json_atomic(args.out, result)
+        print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
