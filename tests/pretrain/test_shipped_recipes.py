@@ -105,7 +105,11 @@ def test_the_modernbert_recipe_spends_the_anchors_token_budgets():
     tokens = [p.steps * p.global_batch_size * p.seq_len for p in resolve_phases(config)]
     for spent, budget in zip(tokens, (1.719e12, 250e9, 50e9), strict=True):
         assert budget - 576 * 8192 < spent <= budget  # whole steps, never past the budget
-    assert config.schedule.warmup_steps * 4608 * 1024 == pytest.approx(3e9, rel=1e-3)  # t_warmup: 3B tokens
+    assert config.phases[0].warmup_steps * 4608 * 1024 == pytest.approx(3e9, rel=1e-3)  # t_warmup: 3B tokens
+    # warmup-stable-decay: only the last stage decays (1 - sqrt, over its whole length, to 0.001 of the peak)
+    phases = resolve_phases(config)
+    assert [p.decay_steps for p in phases] == [0, 0, phases[2].steps] and config.schedule.decay == "1-sqrt"
+    assert [p.global_rope_theta for p in phases] == [10_000, 160_000, 160_000]  # the context extension's base
 
 
 @pytest.mark.slow
