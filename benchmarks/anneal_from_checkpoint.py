@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from batch_warmup import common_sets, load, parser, prepare, pretrain_run  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+from result_record import BenchmarkRecord, markdown_table  # noqa: E402
 
 
 def main() -> None:
@@ -93,9 +93,7 @@ def measure(a, rec: BenchmarkRecord) -> None:
     conditions = (f"{len(runs)} runs on 2 ranks; config {a.config}; seeds {a.seeds}; anneal decay {a.decay} to "
                   f"schedule.end_lr_ratio {base.schedule.end_lr_ratio}; validation at masking rate "
                   f"{base.masking.probability}; 1-min load average {min(loads):.2f}–{max(loads):.2f}")
-    columns = list(rows[0]) if rows else []
-    table = "\n".join([f"H = {entropy:.3f} nats", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-                       *("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows), "", conditions])
+    table = "\n".join([f"H = {entropy:.3f} nats", "", *markdown_table(rows), "", conditions])
     (a.out / "results.json").write_text(json.dumps({"unigram_entropy": entropy, "runs": runs}, indent=1))
     (a.out / "table.md").write_text(table + "\n")
     print(table)

@@ -88,6 +88,15 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
 COMMAND_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
 
+def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Rows of named columns (the first row's keys, in order) as the lines of a markdown table."""
+    if not rows:
+        return []
+    columns = list(rows[0])
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows)]
+
+
 def command_line(argv: list[str]) -> str:
     """argv as a shell line, with the script path made relative to the repository where it can be."""
     parts = list(argv)

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import budget_time_to_loss  # noqa: E402
 from budget_time_to_loss import BUDGET_CONFIG, CORPUS, build_comm_op, launch_environment, prepare_data, run_capped  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+from result_record import BenchmarkRecord, markdown_table  # noqa: E402
 
 SPIKE_NATS = 0.5
 """A loss spike: a step's training loss above the previous step's by more than this."""
@@ -134,11 +134,7 @@ def optimizer_rows(runs: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     """Rows of named columns as a markdown table."""
-    if not rows:
-        return ""
-    columns = list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows])
+    return "\n".join(markdown_table(rows))
 
 
 def main() -> None:
