@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         print(slow_bf16, file=sys.stderr)
 
     quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
-    from pipeline.finetune.trainer import run_finetuning
+    from pipeline.finetune.runner import run_finetuning
 
     report = run_finetuning(config, args.model, seeds, args.from_scratch, sweep)
     if not topology.is_main:

@@ -28,6 +28,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.select_split import SelectionSplit, selection_task, split_for_selection
 from pipeline.finetune.task_data import TaskData
+from pipeline.finetune.trainer import FineTuner
 
 DEFAULT_SELECT_FRACTION = 0.1
 
@@ -126,7 +127,6 @@ def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int,
     """
     from pipeline.finetune.families import task_family
     from pipeline.finetune.outputs import finished_seed
-    from pipeline.finetune.trainer import FineTuner
 
     cut = split_for_selection(data.train, sweep.fraction)
     task = selection_task(data, cut)

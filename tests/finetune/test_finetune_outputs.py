@@ -58,7 +58,7 @@ def load(small_task, tmp_path, *overrides: str, world_size: int = 1):
 
 @pytest.fixture(scope="module")
 def finetuned(small_task, tmp_path_factory):
-    from pipeline.finetune.trainer import run_finetuning
+    from pipeline.finetune.runner import run_finetuning
 
     config = load(small_task, tmp_path_factory.mktemp("cfg"))
     report = run_finetuning(config, small_task["model"], [1], from_scratch=False)
@@ -93,7 +93,7 @@ def test_the_saved_model_reproduces_the_dev_metrics_exactly(finetuned, small_tas
 
 
 def test_a_rerun_skips_finished_seeds_and_still_summarizes_them(finetuned, small_task, capsys):
-    from pipeline.finetune.trainer import run_finetuning
+    from pipeline.finetune.runner import run_finetuning
 
     out = finetuned["out"]
     before = (out / "seed_1" / "complete.json").read_text()
@@ -114,7 +114,7 @@ def test_a_rerun_skips_finished_seeds_and_still_summarizes_them(finetuned, small
 
 def test_a_rerun_with_another_recipe_is_refused_naming_the_setting(finetuned, small_task):
     from pipeline.finetune.config import load_finetune_config
-    from pipeline.finetune.trainer import run_finetuning
+    from pipeline.finetune.runner import run_finetuning
 
     out = finetuned["out"]
     path = out.parent / "other_lr.json"
@@ -134,7 +134,7 @@ def test_a_model_retrained_in_place_is_not_mistaken_for_the_old_one(small_task, 
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.finetune.trainer import run_finetuning
+    from pipeline.finetune.runner import run_finetuning
 
     model = tmp_path / "model"
     shutil.copytree(small_task["model"], model)
@@ -189,7 +189,8 @@ def test_precision_has_the_pipelines_one_spelling_and_the_old_key_says_the_new_o
 def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
     from pipeline.finetune.families import task_family
     from pipeline.finetune.model_source import ModelSource
-    from pipeline.finetune.trainer import FineTuner, build_accelerator, load_task
+    from pipeline.finetune.task_loading import load_task
+    from pipeline.finetune.trainer import FineTuner, build_accelerator
 
     default = load(small_task, tmp_path).train
     assert (default.adam_betas, default.adam_eps) == ((0.9, 0.98), 1e-6)  # RoBERTa's GLUE recipe
