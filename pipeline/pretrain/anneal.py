@@ -32,7 +32,7 @@ from pipeline.pretrain.config import PretrainConfig
 # The decay shapes of p ∈ [0, 1): 1 at the start, towards 0 at the end. "cosine" and "1-sqrt" are
 # WSD's (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
 # Durations"); they apply once the schedule section offers them.
-_SHAPES = {
+DECAY_SHAPES = {
     "linear": lambda p, power: 1.0 - p,
     "polynomial": lambda p, power: (1.0 - p) ** power,
     "cosine": lambda p, power: 0.5 * (1.0 + math.cos(math.pi * p)),
@@ -62,7 +62,7 @@ class Anneal:
     def multiplier(self, step: int) -> float:
         """LR at optimizer step `step` (0-based) as a fraction of optimizer.lr (the module's formula)."""
         p = min(max(step - self.start, 0), self.steps) / self.steps
-        return self.floor + (self.start_multiplier - self.floor) * _SHAPES[self.decay](p, self.power)
+        return self.floor + (self.start_multiplier - self.floor) * DECAY_SHAPES[self.decay](p, self.power)
 
 
 def source_checkpoint(config: PretrainConfig) -> Path:
@@ -100,38 +100,3 @@ def resolve_anneal(config: PretrainConfig) -> Anneal | None:
     s = config.schedule
     return Anneal(checkpoint, start, int(t.anneal_steps), stable_multiplier(config, marker, start), s.end_lr_ratio,
                   s.decay, s.power)
-
-
-def anneal_problems(config: PretrainConfig, *, check_files: bool) -> list[str]:
-    """`train.anneal_from` / `train.anneal_steps` as written and, with `check_files`, the checkpoint they name."""
-    t = config.train
-    if t.anneal_from is None and t.anneal_steps is None:
-        return []
-    if not t.anneal_from or t.anneal_steps is None:
-        return ["train.anneal_from and train.anneal_steps: give both (the checkpoint to decay from and the decay's "
-                "steps; launchers/pretrain.py --anneal-from CKPT --anneal-steps N), or neither"]
-    problems = []
-    if t.anneal_steps < 1:
-        problems.append(f"train.anneal_steps: must be ≥ 1, got {t.anneal_steps}")
-    if config.phases:
-        problems.append("train.anneal_from with phases: annealing runs one decay on one data stream; give the "
-                        "config of the phase to anneal (its shards, batch and LR) without phases")
-    if config.schedule.decay not in _SHAPES:
-        problems.append(f"train.anneal_from with schedule.decay {config.schedule.decay!r}: the anneal is a decay; "
-                        f"choose one of {', '.join(_SHAPES)}")
-    if not check_files:
-        return problems
-    try:
-        checkpoint = source_checkpoint(config)
-        marker = checkpoints.read_marker(checkpoint)
-    except PipelineError as err:
-        return [*problems, f"train.anneal_from: {err}"]
-    if checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
-        problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
-                        "writes into its own folder: give it another train.output_dir")
-    saved = marker.get("batch_plan", {}).get("global_batch_size")
-    if saved != t.global_batch_size and not t.batch_warmup_tokens:  # with one, the checkpointer checks its step's
-        problems.append(f"train.anneal_from {checkpoint} was trained with global batch {saved}, "
-                        f"train.global_batch_size is {t.global_batch_size}; the data stream continues only at the "
-                        f"same global batch: set train.global_batch_size={saved}")
-    return problems

@@ -93,7 +93,7 @@ def main() -> None:
     topology = prepare_environment()
     import torch.distributed as dist
 
-    from pipeline.pretrain.config import config_problems
+    from pipeline.pretrain.checks import config_problems
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
