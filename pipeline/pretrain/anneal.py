@@ -24,10 +24,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.config import PretrainConfig
+
+if TYPE_CHECKING:
+    from pipeline.pretrain.phases import Phase
 
 # The decay shapes of p ∈ [0, 1): 1 at the start, towards 0 at the end. "cosine" and "1-sqrt" are
 # WSD's (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
@@ -70,27 +74,29 @@ def source_checkpoint(config: PretrainConfig) -> Path:
     return checkpoints.resolve_checkpoint(config.train.anneal_from)
 
 
-def stable_multiplier(config: PretrainConfig, marker: dict, step: int) -> float:
+def stable_multiplier(config: PretrainConfig, phases: list[Phase], marker: dict, step: int) -> float:
     """The LR the checkpoint's own run gave optimizer step `step`, as a fraction of `config`'s optimizer.lr.
 
-    From the config the checkpoint recorded; a checkpoint without one is taken to share `config`'s schedule.
+    From the config the checkpoint recorded (its own phases, resolved here: another run's config); a checkpoint
+    without one is taken to share `config`'s schedule and `phases`.
     """
     from pipeline.common.config_tree import build_config
     from pipeline.pretrain.engine import phase_lr_multiplier
     from pipeline.pretrain.phases import resolve_phases
 
-    stable = config
+    stable, stable_phases = config, phases
     if isinstance(marker.get("config"), dict):
         stable, problems = build_config(PretrainConfig, marker["config"])
         if problems:
             raise PipelineError(f"train.anneal_from: the config recorded in the checkpoint does not load: "
                                 f"{'; '.join(problems)}")
+        stable_phases = resolve_phases(stable)
     lr = stable.optimizer.lr
-    return phase_lr_multiplier(step, resolve_phases(stable), stable.schedule, lr) * lr / config.optimizer.lr
+    return phase_lr_multiplier(step, stable_phases, stable.schedule, lr) * lr / config.optimizer.lr
 
 
-def resolve_anneal(config: PretrainConfig) -> Anneal | None:
-    """The run's decay, or None without `train.anneal_from`."""
+def resolve_anneal(config: PretrainConfig, phases: list[Phase]) -> Anneal | None:
+    """The run's decay, or None without `train.anneal_from`; `phases` are `config`'s (`resolve_phases`)."""
     t = config.train
     if not t.anneal_from:
         return None
@@ -98,5 +104,5 @@ def resolve_anneal(config: PretrainConfig) -> Anneal | None:
     marker = checkpoints.read_marker(checkpoint)
     start = int(marker["step"])
     s = config.schedule
-    return Anneal(checkpoint, start, int(t.anneal_steps), stable_multiplier(config, marker, start), s.end_lr_ratio,
-                  s.decay, s.power)
+    return Anneal(checkpoint, start, int(t.anneal_steps), stable_multiplier(config, phases, marker, start),
+                  s.end_lr_ratio, s.decay, s.power)
