@@ -61,7 +61,7 @@ RANKS = 2
 def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, float, float]:
     """(parameters, training FLOPs per token, masking probability) of an arm's model, built as the trainer builds it."""
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.flops import model_flops_per_token
     from pipeline.pretrain.model import build_model
 

@@ -196,10 +196,11 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
                             train=TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
                                               precision=precision, zero_stage=stage),
                             deepspeed=ds)
-    plan = resolve_phases(config)[0].plan(1)
+    phases = resolve_phases(config)
+    plan = phases[0].plan(1)
     torch.manual_seed(0)
     model = build_model(config.model, small_tokenizer(), 32)
-    engine = initialize_engine(model, config, plan)
+    engine = initialize_engine(model, config, plan, phases=phases)
     engine.train()
     batch = fixed_batch(device, small_tokenizer().vocab_size)
     loss = engine(**batch)["loss"]

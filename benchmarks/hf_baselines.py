@@ -145,7 +145,7 @@ def worker(spec: dict) -> None:
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
     from pipeline.pretrain.batches import MaskedBatches, eval_keys
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.masking import build_masker
     from pipeline.pretrain.model import first_position_id
 

@@ -167,7 +167,7 @@ def main() -> None:
 
 
 def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.plateau import plateau_level
 
     a.out = a.out.resolve()

@@ -19,7 +19,7 @@ CONFIGS = ROOT / "configs"
 
 
 def load_pretrain(path: Path) -> None:
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
 
     load_pretrain_config(path, cuda=True, check_files=False)  # the big presets are GPU configs
 
@@ -86,7 +86,7 @@ def test_a_shard_config_is_checked_as_its_command_line_will_be(tmp_path):
 
 def test_the_budget_recipe_keeps_crammings_choices_at_tiny_size():
     """configs/budget-tiny.json: tiny's model size (compared like for like), pre-LN, no dropout, a triangle."""
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.engine import lr_multiplier
 
     budget = load_pretrain_config(CONFIGS / "budget-tiny.json", check_files=False)

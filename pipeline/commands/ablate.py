@@ -92,7 +92,7 @@ def main(argv=None) -> None:
     from pipeline.ablation.studies import RUNNER_KEYS, load_study
     from pipeline.common.config_tree import parse_override
     from pipeline.common.shipped_configs import find_config
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.tracking.mlflow_run import default_tracking_uri
 
     corpus = Path(args.corpus).resolve()

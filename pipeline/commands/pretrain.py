@@ -61,7 +61,7 @@ def main(argv=None) -> None:
     topology = prepare_environment()
     from pipeline.common.config_tree import to_dict
     from pipeline.common.shipped_configs import find_config
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases
 
     try:

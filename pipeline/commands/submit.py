@@ -74,7 +74,7 @@ def sets(overrides: list[str]) -> str:
 
 
 def pretrain_scripts(args) -> tuple[Path, list[str]]:
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
 
     procs = procs_per_node(args)
     config_file = find_config(args.config, "pretrain")

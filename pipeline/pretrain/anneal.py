@@ -24,15 +24,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.config import PretrainConfig
 
+if TYPE_CHECKING:
+    from pipeline.pretrain.phases import Phase
+
 # The decay shapes of p ∈ [0, 1): 1 at the start, towards 0 at the end. "cosine" and "1-sqrt" are
 # WSD's (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
 # Durations"); they apply once the schedule section offers them.
-_SHAPES = {
+DECAY_SHAPES = {
     "linear": lambda p, power: 1.0 - p,
     "polynomial": lambda p, power: (1.0 - p) ** power,
     "cosine": lambda p, power: 0.5 * (1.0 + math.cos(math.pi * p)),
@@ -62,7 +66,7 @@ class Anneal:
     def multiplier(self, step: int) -> float:
         """LR at optimizer step `step` (0-based) as a fraction of optimizer.lr (the module's formula)."""
         p = min(max(step - self.start, 0), self.steps) / self.steps
-        return self.floor + (self.start_multiplier - self.floor) * _SHAPES[self.decay](p, self.power)
+        return self.floor + (self.start_multiplier - self.floor) * DECAY_SHAPES[self.decay](p, self.power)
 
 
 def source_checkpoint(config: PretrainConfig) -> Path:
@@ -70,27 +74,29 @@ def source_checkpoint(config: PretrainConfig) -> Path:
     return checkpoints.resolve_checkpoint(config.train.anneal_from)
 
 
-def stable_multiplier(config: PretrainConfig, marker: dict, step: int) -> float:
+def stable_multiplier(config: PretrainConfig, phases: list[Phase], marker: dict, step: int) -> float:
     """The LR the checkpoint's own run gave optimizer step `step`, as a fraction of `config`'s optimizer.lr.
 
-    From the config the checkpoint recorded; a checkpoint without one is taken to share `config`'s schedule.
+    From the config the checkpoint recorded (its own phases, resolved here: another run's config); a checkpoint
+    without one is taken to share `config`'s schedule and `phases`.
     """
     from pipeline.common.config_tree import build_config
     from pipeline.pretrain.engine import phase_lr_multiplier
     from pipeline.pretrain.phases import resolve_phases
 
-    stable = config
+    stable, stable_phases = config, phases
     if isinstance(marker.get("config"), dict):
         stable, problems = build_config(PretrainConfig, marker["config"])
         if problems:
             raise PipelineError(f"train.anneal_from: the config recorded in the checkpoint does not load: "
                                 f"{'; '.join(problems)}")
+        stable_phases = resolve_phases(stable)
     lr = stable.optimizer.lr
-    return phase_lr_multiplier(step, resolve_phases(stable), stable.schedule, lr) * lr / config.optimizer.lr
+    return phase_lr_multiplier(step, stable_phases, stable.schedule, lr) * lr / config.optimizer.lr
 
 
-def resolve_anneal(config: PretrainConfig) -> Anneal | None:
-    """The run's decay, or None without `train.anneal_from`."""
+def resolve_anneal(config: PretrainConfig, phases: list[Phase]) -> Anneal | None:
+    """The run's decay, or None without `train.anneal_from`; `phases` are `config`'s (`resolve_phases`)."""
     t = config.train
     if not t.anneal_from:
         return None
@@ -98,40 +104,5 @@ def resolve_anneal(config: PretrainConfig) -> Anneal | None:
     marker = checkpoints.read_marker(checkpoint)
     start = int(marker["step"])
     s = config.schedule
-    return Anneal(checkpoint, start, int(t.anneal_steps), stable_multiplier(config, marker, start), s.end_lr_ratio,
-                  s.decay, s.power)
-
-
-def anneal_problems(config: PretrainConfig, *, check_files: bool) -> list[str]:
-    """`train.anneal_from` / `train.anneal_steps` as written and, with `check_files`, the checkpoint they name."""
-    t = config.train
-    if t.anneal_from is None and t.anneal_steps is None:
-        return []
-    if not t.anneal_from or t.anneal_steps is None:
-        return ["train.anneal_from and train.anneal_steps: give both (the checkpoint to decay from and the decay's "
-                "steps; launchers/pretrain.py --anneal-from CKPT --anneal-steps N), or neither"]
-    problems = []
-    if t.anneal_steps < 1:
-        problems.append(f"train.anneal_steps: must be ≥ 1, got {t.anneal_steps}")
-    if config.phases:
-        problems.append("train.anneal_from with phases: annealing runs one decay on one data stream; give the "
-                        "config of the phase to anneal (its shards, batch and LR) without phases")
-    if config.schedule.decay not in _SHAPES:
-        problems.append(f"train.anneal_from with schedule.decay {config.schedule.decay!r}: the anneal is a decay; "
-                        f"choose one of {', '.join(_SHAPES)}")
-    if not check_files:
-        return problems
-    try:
-        checkpoint = source_checkpoint(config)
-        marker = checkpoints.read_marker(checkpoint)
-    except PipelineError as err:
-        return [*problems, f"train.anneal_from: {err}"]
-    if checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
-        problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
-                        "writes into its own folder: give it another train.output_dir")
-    saved = marker.get("batch_plan", {}).get("global_batch_size")
-    if saved != t.global_batch_size and not t.batch_warmup_tokens:  # with one, the checkpointer checks its step's
-        problems.append(f"train.anneal_from {checkpoint} was trained with global batch {saved}, "
-                        f"train.global_batch_size is {t.global_batch_size}; the data stream continues only at the "
-                        f"same global batch: set train.global_batch_size={saved}")
-    return problems
+    return Anneal(checkpoint, start, int(t.anneal_steps), stable_multiplier(config, phases, marker, start),
+                  s.end_lr_ratio, s.decay, s.power)

@@ -1,8 +1,8 @@
 """The pretraining config: one dataclass per section, validated as a whole before any process group starts.
 
-`config_checks.load_pretrain_config(path, overrides, world_size)` reads JSON, applies `--set`
-overrides, checks types and unknown keys (`config_tree`), then every cross-field rule below and the
-checks that need other modules, and raises one ConfigError listing all problems. The `deepspeed`
+`load_pretrain_config(path, overrides, world_size=)` reads JSON, applies `--set` overrides, checks
+types and unknown keys (`config_tree`), then every cross-field rule (checks.py, `pretrain_problems`),
+and raises one ConfigError listing all problems. The `deepspeed`
 section holds only DeepSpeed's own further keys, checked against DeepSpeed's config models
 (pipeline/pretrain/deepspeed_section.py); precision and the ZeRO stage are typed keys of `train`.
 """
@@ -14,12 +14,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.common import size_limits as lim
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
+from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.batch_plan import batch_problem
-from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, owned_key_problems
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -286,171 +284,6 @@ class PretrainConfig:
         return self.train.zero_stage
 
 
-def config_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
-    """Every cross-field problem of `config` as written, each naming its keys.
-
-    The checks that need another module (phases, `train.compile`, the files the config points at)
-    are in config_checks.py, whose `load_pretrain_config` runs them all; this module imports none of them.
-    """
-    c = config
-    problems: list[str] = []
-    add = problems.append
-    if not c.phases and not c.data.shards:
-        add("data.shards: required (the folder written by data_prep/shard.py, or a list of {path, weight})")
-    elif not c.phases and c.data.mixed:
-        problems += mix_problems(c.data, c.train.global_batch_size)
-    if not c.data.tokenizer:
-        add("data.tokenizer: required (the tokenizer folder or hub name the shards were made with)")
-    if c.data.num_workers < 0:
-        add(f"data.num_workers: must be ≥ 0, got {c.data.num_workers}")
-    m = c.model
-    for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"):
-        if getattr(m, name) < 1:
-            add(f"model.{name}: must be ≥ 1, got {getattr(m, name)}")
-    if m.num_attention_heads >= 1 and m.hidden_size % m.num_attention_heads:
-        add(f"model.hidden_size {m.hidden_size} is not divisible by model.num_attention_heads {m.num_attention_heads}")
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-        if not 0 <= getattr(m, name) < 1:
-            add(f"model.{name}: must be in [0, 1), got {getattr(m, name)}")
-    if m.architecture == "bert" and m.type_vocab_size is not None and m.type_vocab_size < 2:
-        add(f"model.type_vocab_size: BERT's next-sentence task needs 2 segments, got {m.type_vocab_size}")
-    if m.architecture != "bert" and not m.next_sentence_loss:
-        add(f"model.next_sentence_loss: false applies to model.architecture bert only ({m.architecture} has no "
-            "next-sentence head); leave it out")
-    if m.attn_implementation == "flex_attention" and m.attention_probs_dropout_prob:
-        # transformers' flex path raises at the first training step: FlexAttention has no attention dropout.
-        add(f"model.attention_probs_dropout_prob: flex_attention has no attention dropout, got "
-            f"{m.attention_probs_dropout_prob}; set it to 0 (ModernBERT's own default) or use another "
-            "model.attn_implementation")
-    problems += modernbert_problems(m)
-    k = c.masking
-    if not 0 < k.probability < 1:
-        add(f"masking.probability: must be in (0, 1), got {k.probability}")
-    if k.eval_probability is not None and not 0 < k.eval_probability < 1:
-        add(f"masking.eval_probability: must be in (0, 1) or null (the training rate), got {k.eval_probability}")
-    if k.mask_token_fraction < 0 or k.random_token_fraction < 0 or k.mask_token_fraction + k.random_token_fraction > 1:
-        add(f"masking.mask_token_fraction {k.mask_token_fraction} + masking.random_token_fraction "
-            f"{k.random_token_fraction} must be non-negative and sum to at most 1")
-    if k.unit == "span":
-        problems += span_problems(k)
-    o = c.optimizer
-    if o.lr <= 0:
-        add(f"optimizer.lr: must be > 0, got {o.lr}")
-    if not all(0 <= b < 1 for b in o.betas):
-        add(f"optimizer.betas: each must be in [0, 1), got {list(o.betas)}")
-    if o.fused and o.name != "adamw":
-        add(f"optimizer.fused: only for optimizer.name adamw, got {o.name}")
-    if o.decouple_lr and o.name != "stableadamw":
-        add(f"optimizer.decouple_lr: only for optimizer.name stableadamw, got {o.name}")
-    if o.eps <= 0 or o.weight_decay < 0:
-        add(f"optimizer.eps must be > 0 and optimizer.weight_decay ≥ 0, got {o.eps} and {o.weight_decay}")
-    s, t = c.schedule, c.train
-    if s.warmup_steps < 0 or s.warmup_steps > t.max_steps:
-        add(f"schedule.warmup_steps {s.warmup_steps} must be between 0 and train.max_steps {t.max_steps}")
-    if not 0 <= s.end_lr_ratio <= 1 or s.power <= 0:
-        add(f"schedule.end_lr_ratio must be in [0, 1] and schedule.power > 0, got {s.end_lr_ratio} and {s.power}")
-    if t.max_steps < 1:
-        add(f"train.max_steps: must be ≥ 1, got {t.max_steps}")
-    problem = None if c.phases else batch_problem(t.global_batch_size, t.micro_batch_size, world_size)
-    if problem:  # with phases, each phase's batch is checked in phase_problems
-        add(problem)
-    if t.gradient_clipping < 0:
-        add(f"train.gradient_clipping: must be ≥ 0 (0 turns it off), got {t.gradient_clipping}")
-    for name in ("log_every", "eval_sequences"):
-        if getattr(t, name) < 1:
-            add(f"train.{name}: must be ≥ 1, got {getattr(t, name)}")
-    if t.eval_every < 0:
-        add(f"train.eval_every: must be ≥ 0, got {t.eval_every}")
-    if not t.collective_timeout_s > 0:
-        add(f"train.collective_timeout_s: must be > 0 seconds, got {t.collective_timeout_s}")
-    if t.peak_tflops is not None and t.peak_tflops <= 0:
-        add(f"train.peak_tflops: must be > 0 or null, got {t.peak_tflops}")
-    if c.checkpoint.every < 1 or c.checkpoint.keep_last < 1:
-        add(f"checkpoint.every and checkpoint.keep_last must be ≥ 1, got {c.checkpoint.every} and "
-            f"{c.checkpoint.keep_last}")
-    if not c.tracking.experiment:
-        add("tracking.experiment: must not be empty")
-    problems += deepspeed_problems(c, cuda=cuda)
-    problems += size_problems(c)
-    return problems
-
-
-def modernbert_problems(m: ModelConfig) -> list[str]:
-    """ModernBERT's own keys: in range for modernbert, left at their defaults (unused) for the other architectures."""
-    if m.architecture != "modernbert":
-        return [f"model.{key}: applies to model.architecture modernbert only ({m.architecture} has no such "
-                "setting); leave it out" for key, default in MODERNBERT_DEFAULTS.items() if getattr(m, key) != default]
-    problems = []
-    if m.local_attention < 2 or m.local_attention % 2:
-        problems.append(f"model.local_attention: the window must be an even number ≥ 2 of tokens (half on each "
-                        f"side), got {m.local_attention}")
-    if m.global_attn_every_n_layers < 1:
-        problems.append(f"model.global_attn_every_n_layers: must be ≥ 1 (1: every layer global), got "
-                        f"{m.global_attn_every_n_layers}")
-    for key in ("global_rope_theta", "local_rope_theta"):
-        if getattr(m, key) <= 1:
-            problems.append(f"model.{key}: a rotary base must be > 1, got {getattr(m, key)}")
-    if m.type_vocab_size is not None:
-        problems.append("model.type_vocab_size: modernbert has no segment embeddings; leave it out")
-    if m.num_attention_heads >= 1 and m.hidden_size % m.num_attention_heads == 0 \
-            and (m.hidden_size // m.num_attention_heads) % 2:
-        problems.append(f"model.hidden_size / model.num_attention_heads = {m.hidden_size // m.num_attention_heads}: "
-                        "rotary positions need an even head size")
-    return problems
-
-
-def size_problems(c: PretrainConfig) -> list[str]:
-    """Values that would allocate absurd memory (a typo's seq_len 10^9), against pipeline/common/size_limits.py."""
-    m, t = c.model, c.train
-    checks = [(f"model.{name}", getattr(m, name), lim.MAX_MODEL_WIDTH) for name in ("hidden_size", "intermediate_size")]
-    checks += [(f"model.{name}", getattr(m, name), lim.MAX_LAYERS) for name in ("num_hidden_layers",
-                                                                               "num_attention_heads")]
-    checks += [("model.type_vocab_size", m.type_vocab_size, lim.MAX_VOCAB),
-               ("train.global_batch_size", t.global_batch_size, lim.MAX_GLOBAL_BATCH),
-               ("train.micro_batch_size", t.micro_batch_size, lim.MAX_MICRO_BATCH),
-               ("train.eval_sequences", t.eval_sequences, lim.MAX_GLOBAL_BATCH)]
-    for i, p in enumerate(c.phases or ()):
-        checks += [(f"phases[{i}].seq_len", p.seq_len, lim.MAX_SEQ_LEN),
-                   (f"phases[{i}].global_batch_size", p.global_batch_size, lim.MAX_GLOBAL_BATCH),
-                   (f"phases[{i}].micro_batch_size", p.micro_batch_size, lim.MAX_MICRO_BATCH)]
-    # Below-minimum values are the other checks' to report; only the upper bounds are new here.
-    return lim.bound_problems(checks, minimum=-(1 << 62))
-
-
-def span_problems(k: MaskingConfig) -> list[str]:
-    from pipeline.pretrain.masking import MaskingSpec
-
-    if not 0 < k.span_p <= 1 or k.span_max_words < 1:
-        return [f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {k.span_p} and "
-                f"{k.span_max_words}"]
-    # Spans are separated by at least one word, so they cover at most mean / (mean + 1) of the words.
-    mean = MaskingSpec(1, 0, (), span_p=k.span_p, span_max_words=k.span_max_words).mean_span_words
-    most = mean / (mean + 1)
-    if 0 < k.probability < 1 and k.probability > most:
-        return [f"masking.probability {k.probability} is more than spans of {mean:.2f} words on average "
-                f"(masking.span_p {k.span_p}, masking.span_max_words {k.span_max_words}) can cover with a word "
-                f"between them ({most:.3f}); lower it or lengthen the spans"]
-    return []
-
-
-def deepspeed_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
-    """Precision and ZeRO against this machine, and the `deepspeed` section (pipeline/pretrain/deepspeed_section.py)."""
-    ds, t = config.deepspeed, config.train
-    problems = owned_key_problems(ds)
-    if t.precision == "fp16" and not cuda:
-        problems.append("train.precision: fp16 needs a GPU (DeepSpeed does not support it on CPU); use bf16 on a CPU "
-                        "with native bf16, fp32 elsewhere")
-    offload = ds.get("zero_optimization", {}).get("offload_optimizer") if isinstance(
-        ds.get("zero_optimization"), dict) else None
-    if config.optimizer.name == "lamb" and (offload or {}).get("device", "none") not in ("none", None):
-        problems.append("optimizer.name lamb with deepspeed.zero_optimization.offload_optimizer: DeepSpeed has no "
-                        "CPU Lamb for offloaded optimizer states; drop the offload or use optimizer.name adamw")
-    if config.optimizer.name == "stableadamw" and (offload or {}).get("device", "none") not in ("none", None):
-        problems.append("optimizer.name stableadamw with deepspeed.zero_optimization.offload_optimizer: DeepSpeed "
-                        "offloads only its own CPU Adam's states; drop the offload or use optimizer.name adamw")
-    return problems + deepspeed_key_problems(ds)
-
-
 def corpus_shares(weights: list[float]) -> list[Fraction]:
     """The weights normalised to sum exactly 1.
 
@@ -462,35 +295,17 @@ def corpus_shares(weights: list[float]) -> list[Fraction]:
     return [w / total for w in exact]
 
 
-# MLflow accepts these in metric keys; '/' is kept out of names because it separates the key's parts.
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+def load_pretrain_config(
+    path: str | Path,
+    overrides: list[str] = (),
+    *,
+    world_size: int = 1,
+    cuda: bool = False,
+    check_files: bool = True,
+) -> PretrainConfig:
+    """Read, override and validate a pretraining config; all problems come in one ConfigError."""
+    # checks.py imports this module's sections, so its rules are imported here, not at the top.
+    from pipeline.pretrain.checks import pretrain_problems
 
-
-def mix_problems(data: DataConfig, global_batch_size: int) -> list[str]:
-    """Checks of a weighted list of corpora that need no files: paths, weights, names."""
-    problems = []
-    add = problems.append
-    corpora = data.corpora()
-    for i, source in enumerate(corpora):
-        key = f"data.shards[{i}]"
-        if not source.path:
-            add(f"{key}.path: required (a folder written by data_prep/shard.py)")
-        if not 0 < source.weight < float("inf"):
-            add(f"{key}.weight: must be a positive number, got {source.weight}")
-        if not source.name or not set(source.name) <= _NAME_CHARS or not source.name[0].isalnum():
-            add(f"{key}.name: {source.name!r} (from the folder's name unless set) must start with a letter or digit "
-                f"and hold only letters, digits, '_', '-' and '.', as it becomes part of metric keys; set {key}.name")
-    names = [s.name for s in corpora]
-    for name in sorted({n for n in names if names.count(n) > 1}):
-        add(f"data.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
-    paths = [str(Path(s.path).resolve()) for s in corpora if s.path]
-    for path in sorted({p for p in paths if paths.count(p) > 1}):
-        add(f"data.shards: {path} is listed {paths.count(path)} times; give it one entry with the summed weight")
-    if problems:
-        return problems
-    for source, share in zip(corpora, corpus_shares([s.weight for s in corpora]), strict=True):
-        if share * global_batch_size < 1:  # see mixture.py: each step's quota is then never negative
-            add(f"data.shards: {source.name} has weight {source.weight}, a share of {float(share):.3g}: less than "
-                f"one of the {global_batch_size} sequences of a global batch; each corpus needs a share ≥ "
-                f"1/train.global_batch_size = {1 / global_batch_size:.3g} (raise its weight or the global batch)")
-    return problems
+    return load_config(PretrainConfig, path, overrides, lambda config, typed: pretrain_problems(
+        config, world_size=world_size, cuda=cuda, check_files=check_files and typed))

@@ -30,7 +30,7 @@ from pipeline.pretrain.compilation import compile_engine
 from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
-from pipeline.pretrain.phases import Phase, phase_at, resolve_phases
+from pipeline.pretrain.phases import Phase, phase_at
 from pipeline.pretrain.schedules import lr_multiplier
 
 __all__ = ["client_optimizer", "deepspeed_config", "initialize_engine", "lr_multiplier", "lr_scheduler",
@@ -97,11 +97,10 @@ def phase_lr_multiplier(step: int, phases: list[Phase], schedule: ScheduleConfig
         phase.lr / base_lr)
 
 
-def lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig, phases: list[Phase] | None = None,
+def lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig, phases: list[Phase],
                  multiplier: Callable[[int], float] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
-    """The run's LR schedule over `optimizer`'s groups: each group's base LR × `phase_lr_multiplier`
-    (or × `multiplier(step)`, which replaces it: an anneal's decay, anneal.py)."""
-    phases = resolve_phases(config) if phases is None else phases
+    """The run's LR schedule over `optimizer`'s groups: each group's base LR × `phase_lr_multiplier` of the
+    run's `phases` (or × `multiplier(step)`, which replaces it: an anneal's decay, anneal.py)."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, multiplier or (lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr)))
 
@@ -132,9 +131,10 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
-                      lr_multiplier: Callable[[int], float] | None = None):
+                      lr_multiplier: Callable[[int], float] | None = None, *, phases: list[Phase]):
     """`deepspeed.initialize` with our derived config; returns the engine.
 
+    `phases` are the run's (`resolve_phases`, resolved once by the caller) and give the LR schedule;
     `plan` is the batch of the phase the run starts (or resumes) in; `set_phase_batch` changes it later.
     `lr_multiplier(step)` replaces the phases' schedule (an anneal's decay, anneal.py).
     """
@@ -142,9 +142,6 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
     from deepspeed.accelerator import get_accelerator
 
     cuda = get_accelerator().device_name() == "cuda"
-
-    phases = resolve_phases(config)
-
     if config.optimizer.name == "lamb" and config.zero_stage > 0:
         warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
     if config.optimizer.name == "stableadamw" and (config.zero_stage > 0 or config.precision != "fp32"):

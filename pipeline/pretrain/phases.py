@@ -29,8 +29,10 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
-from pipeline.pretrain.batch_plan import BatchPlan, batch_problem, batch_ramp, ramp_problems
-from pipeline.pretrain.config import _NAME_CHARS, DataConfig, PretrainConfig
+from pipeline.pretrain.batch_plan import BatchPlan, batch_ramp
+from pipeline.pretrain.config import DataConfig, PretrainConfig
+
+# The checks of `phases` and `train.batch_warmup_*` as written are config checks: checks.py.
 
 
 @dataclass(frozen=True)
@@ -140,20 +142,6 @@ def batch_warmup_phases(config: PretrainConfig) -> list[Phase]:
                   None, decay, *theta, schedule_span=(0, t.max_steps)) for i, r in enumerate(ramp)]
 
 
-def batch_warmup_problems(config: PretrainConfig, world_size: int) -> list[str]:
-    """`train.batch_warmup_*`: the ramp's batches (batch_plan.ramp_problems), on one folder, without phases."""
-    t = config.train
-    problems = ramp_problems(t.global_batch_size, t.batch_warmup_start, t.batch_warmup_tokens, t.micro_batch_size,
-                             world_size)
-    if t.batch_warmup_tokens > 0 and config.phases:
-        problems.append("train.batch_warmup_tokens with phases: give the phases their own global batches "
-                        "(phases[i].global_batch_size), or drop the batch warmup")
-    if t.batch_warmup_tokens > 0 and config.data.mixed:
-        problems.append("train.batch_warmup_tokens with a mix of corpora (data.shards as a list): the warmup "
-                        "continues one folder's stream; use one folder")
-    return problems
-
-
 def phase_at(phases: list[Phase], step: int) -> Phase:
     """The phase that trains optimizer step `step` (0-based); past the end, the last phase."""
     return next((p for p in phases if p.start <= step < p.end), phases[-1])
@@ -194,67 +182,3 @@ def stream_start(phases: list[Phase], k: int, num_sequences: int) -> int:
         epoch, within = divmod(first + phase.steps, per_epoch)
         position = within * phase.global_batch_size
     raise AssertionError("unreachable: the loop returns at phase k")
-
-
-def phase_problems(config: PretrainConfig, world_size: int) -> list[str]:
-    """Checks of `phases` that need no files: names, fractions and the steps they give, batches, LR, warmup, decay,
-    RoPE theta."""
-    from pipeline.pretrain.schedules import wsd_decay_steps
-
-    problems = []
-    add = problems.append
-    if config.data.shards:
-        add("data.shards and phases: with phases each phase names its folder in phases[i].shards; remove "
-            "data.shards")
-    t = config.train
-    names = [p.name for p in config.phases]
-    fractions = [p.steps_fraction for p in config.phases]
-    for name in sorted({n for n in names if names.count(n) > 1}):
-        add(f"phases: {names.count(name)} phases are named {name!r}; give each a distinct name")
-    total = sum(Fraction(repr(float(f))) for f in fractions)
-    if total != 1:
-        add(f"phases[*].steps_fraction: must sum to 1, got {' + '.join(map(str, fractions))} = {float(total):g}")
-    ends = phase_ends(fractions, max(t.max_steps, 1))
-    for i, (p, start, end) in enumerate(zip(config.phases, [0, *ends], ends, strict=False)):
-        key = f"phases[{i}]"
-        if not p.name or not set(p.name) <= _NAME_CHARS or not p.name[0].isalnum():
-            add(f"{key}.name: {p.name!r} must start with a letter or digit and hold only letters, digits, '_', '-' "
-                "and '.' (it becomes an MLflow tag and a checkpoint field)")
-        if not p.shards:
-            add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase)")
-        if not 0 < p.steps_fraction <= 1:
-            add(f"{key}.steps_fraction: must be in (0, 1], got {p.steps_fraction}")
-        elif end <= start:
-            add(f"{key}.steps_fraction {p.steps_fraction} of train.max_steps {t.max_steps} gives the phase 0 steps "
-                f"(steps {start} to {end}); raise its fraction or train.max_steps, or drop the phase")
-        if p.seq_len is not None and p.seq_len < 1:
-            add(f"{key}.seq_len: must be ≥ 1 or null, got {p.seq_len}")
-        if p.lr is not None and p.lr <= 0:
-            add(f"{key}.lr: must be > 0 or null, got {p.lr}")
-        problem = batch_problem(t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
-                                t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size, world_size,
-                                keys=(f"{key}.global_batch_size (or train.global_batch_size)",
-                                      f"{key}.micro_batch_size (or train.micro_batch_size)"))
-        if problem:
-            add(problem)
-        warmup, source = ((p.warmup_steps, f"{key}.warmup_steps") if p.warmup_steps is not None
-                          else (config.schedule.warmup_steps, f"schedule.warmup_steps (the default of {key})"))
-        if not 0 <= warmup <= max(end - start, 0):
-            add(f"{source} {warmup} must be between 0 and the phase's {end - start} steps")
-        if p.decay_steps is not None and config.schedule.kind != "wsd":
-            add(f"{key}.decay_steps: only for schedule.kind wsd (kind {config.schedule.kind} decays over each whole "
-                "phase); leave it out")
-        elif config.schedule.kind == "wsd" and end > start:
-            decay, source = ((p.decay_steps, f"{key}.decay_steps") if p.decay_steps is not None else
-                             (wsd_decay_steps(config.schedule, end - start), "the schedule's decay"))
-            if not 0 <= decay <= max(end - start - warmup, 0):
-                add(f"{source} ({decay} steps) must be between 0 and the {end - start - warmup} steps that {key}'s "
-                    "warmup leaves")
-        for theta in ("global_rope_theta", "local_rope_theta"):
-            value = getattr(p, theta)
-            if value is not None and config.model.architecture != "modernbert":
-                add(f"{key}.{theta}: applies to model.architecture modernbert only ({config.model.architecture} has "
-                    "no rotary positions); leave it out")
-            elif value is not None and value <= 1:
-                add(f"{key}.{theta}: a rotary base must be > 1, got {value}")
-    return problems

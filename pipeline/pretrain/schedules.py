@@ -79,31 +79,3 @@ def lr_multiplier(step: int, schedule: ScheduleConfig, max_steps: int, decay_ste
     remaining = max(0.0, 1.0 - after / length)
     power = 1.0 if schedule.decay == "linear" else schedule.power
     return schedule.end_lr_ratio + (1.0 - schedule.end_lr_ratio) * remaining**power
-
-
-def schedule_problems(schedule: ScheduleConfig, max_steps: int) -> list[str]:
-    """The schedule section's own checks, each naming its keys."""
-    s, problems = schedule, []
-    add = problems.append
-    if s.kind == "wsd":
-        if s.decay not in WSD_DECAYS:
-            add(f"schedule.decay: kind wsd decays as one of {', '.join(WSD_DECAYS)}, got {s.decay!r}")
-        if (s.decay_steps is None) == (s.decay_fraction is None):
-            add("schedule.decay_steps or schedule.decay_fraction: kind wsd needs exactly one (the decay's length in "
-                "steps, or its share of the steps)")
-        if s.decay_steps is not None and s.decay_steps < 0:
-            add(f"schedule.decay_steps: must be ≥ 0, got {s.decay_steps}")
-        if s.decay_fraction is not None and not 0 <= s.decay_fraction <= 1:
-            add(f"schedule.decay_fraction: must be in [0, 1], got {s.decay_fraction}")
-        elif max_steps >= 1 and s.warmup_steps + wsd_decay_steps(s, max_steps) > max_steps:
-            add(f"schedule.warmup_steps {s.warmup_steps} + the decay's {wsd_decay_steps(s, max_steps)} steps exceed "
-                f"train.max_steps {max_steps}; shorten one of them")
-    else:
-        if s.decay == "1-sqrt":
-            add("schedule.decay: 1-sqrt is a WSD decay; set schedule.kind wsd (with schedule.decay_steps or "
-                "schedule.decay_fraction)")
-        for key in ("decay_steps", "decay_fraction"):
-            if getattr(s, key) is not None:
-                add(f"schedule.{key}: only for schedule.kind wsd (kind {s.kind} decays over all steps after the "
-                    "warmup); leave it out")
-    return problems

@@ -78,7 +78,7 @@ class Pretrainer:
         self.phases = resolve_phases(config)
         for phase in self.phases:  # every phase's batch arithmetic, before any process group starts
             phase.plan(topology.world_size)
-        self.anneal = resolve_anneal(config)
+        self.anneal = resolve_anneal(config, self.phases)
         if self.anneal is not None:  # one phase (anneal.py; with a batch warmup, its segments) ending with the decay
             kept = [p for p in self.phases if p.start < self.anneal.end]
             self.phases = [*kept[:-1], replace(kept[-1], end=self.anneal.end)]
@@ -113,7 +113,8 @@ class Pretrainer:
         self._use_rope(model)
         # A universal checkpoint must be announced before DeepSpeed builds its optimizer.
         universal = bool(self.start and self.start.universal)
-        self.engine = initialize_engine(model, config, self.plan, universal, lr_multiplier=self.lr_multiplier)
+        self.engine = initialize_engine(model, config, self.plan, universal, lr_multiplier=self.lr_multiplier,
+                                        phases=self.phases)
         self.metrics = self._open_metrics()
 
     def _stable_lr_multiplier(self, step: int) -> float:

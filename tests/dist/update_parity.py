@@ -93,7 +93,7 @@ def main() -> None:
     topology = prepare_environment()
     import torch.distributed as dist
 
-    from pipeline.pretrain.config import config_problems
+    from pipeline.pretrain.checks import config_problems
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
@@ -104,13 +104,14 @@ def main() -> None:
         config = parity_config(topology.world_size, stage)
         problems = config_problems(config, world_size=topology.world_size, cuda=topology.cuda)
         assert not problems, problems
-        plan = resolve_phases(config)[0].plan(topology.world_size)
+        phases = resolve_phases(config)
+        plan = phases[0].plan(topology.world_size)
         assert plan.accumulation == ACCUMULATION
         torch.manual_seed(0)
         model = build_model(config.model, tokenizer_info(), SEQ_LEN)
         if stage == 0 and topology.is_main:
             torch.save(model.state_dict(), out / "initial.pt")
-        engine = initialize_engine(model, config, plan)
+        engine = initialize_engine(model, config, plan, phases=phases)
         engine.train()
         losses, lrs = [], []
         for step in range(STEPS):

@@ -10,7 +10,7 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.anneal import Anneal
-from pipeline.pretrain.config_checks import load_pretrain_config
+from pipeline.pretrain.config import load_pretrain_config
 
 
 def anneal(decay: str, power: float = 1.0) -> Anneal:
@@ -109,6 +109,7 @@ def test_the_decay_starts_from_the_lr_of_the_checkpoints_own_schedule(tmp_path, 
     """A stable phase at constant LR (as WSD's) anneals from its peak, whatever the anneal config's own schedule."""
     from pipeline.common.config_tree import to_dict
     from pipeline.pretrain.anneal import resolve_anneal
+    from pipeline.pretrain.phases import resolve_phases
 
     stable = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=100),
                                   ["schedule.decay=constant", "schedule.warmup_steps=10"])
@@ -118,6 +119,6 @@ def test_the_decay_starts_from_the_lr_of_the_checkpoints_own_schedule(tmp_path, 
     config = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, anneal_from=str(checkpoint),
                                         anneal_steps=20, global_batch_size=16),
                                   ["schedule.end_lr_ratio=0.1"], check_files=False)
-    a = resolve_anneal(config)
+    a = resolve_anneal(config, resolve_phases(config))
     assert (a.start, a.end, a.start_multiplier, a.floor) == (60, 80, 1.0, 0.1)
     assert a.multiplier(70) == pytest.approx(0.55)

@@ -9,7 +9,7 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import batch_ramp
-from pipeline.pretrain.config_checks import load_pretrain_config
+from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.engine import phase_lr_multiplier
 from pipeline.pretrain.phases import resolve_phases, samples_consumed
 

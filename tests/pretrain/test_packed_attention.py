@@ -390,7 +390,7 @@ def test_flex_attention_is_refused_up_front_on_cpu_and_with_attention_dropout(tm
     from helpers import tiny_pretrain_config
 
     from pipeline.common.config_tree import ConfigError
-    from pipeline.pretrain.config_checks import load_pretrain_config
+    from pipeline.pretrain.config import load_pretrain_config
 
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
                                 model={"attn_implementation": "flex_attention", "attention_probs_dropout_prob": 0.1})

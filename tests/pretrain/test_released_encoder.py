@@ -16,8 +16,7 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 from model_folders import save_export, save_headless_bert
 
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.config_checks import load_pretrain_config
+from pipeline.pretrain.config import ModelConfig, load_pretrain_config
 from pipeline.pretrain.model import build_model
 
 

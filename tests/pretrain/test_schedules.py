@@ -93,7 +93,7 @@ def test_a_scheduler_restored_from_its_state_dict_goes_on_with_the_formulas_lrs(
 
     def build():
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=peak)
-        return optimizer, lr_scheduler(optimizer, config)
+        return optimizer, lr_scheduler(optimizer, config, resolve_phases(config))
 
     optimizer, scheduler = build()
     seen = []
