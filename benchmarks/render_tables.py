@@ -9,10 +9,10 @@ The page's prose is written by hand. Each result is shown in a region between tw
     ...
     <!-- end generated -->
 
-whose content is the result's tables, its headline (with each target and whether it was met) and
-notes as one list, whose last item is its conditions on one line: command, date, load average at the start and
-the end, git commit, and the machine where it differs from the page's. The page's machine (the one
-most results ran on) is rendered once, near the top, between
+whose content is the result's tables (each titled and annotated right above it), then one list: its
+headline (each target and whether it was met), its notes, and last its conditions on one line:
+command, date, load average at the start and the end, git commit, and the machine where it differs
+from the page's. The page's machine (the one most measured results ran on) is named once, between
 
     <!-- generated machine from benchmarks/results: do not edit -->
     ...
@@ -164,9 +164,10 @@ def render_result(data: dict[str, Any], machine: str | None = None) -> str:
     conditions = render_conditions(data, machine)[0]
     if data.get("provenance") == "transcribed":  # said on the conditions line, which a reader checks for provenance
         source = data.get("transcribed_from") or {}
-        conditions = (f"*Transcribed* from {source.get('file', 'README.md')} at commit "
-                      f"`{(source.get('commit') or '?')[:7]}` (measured before results were recorded as JSON; "
-                      f"its command regenerates it). " + conditions)
+        commit = source.get("commit")
+        at = "" if commit == data.get("git_commit") else f" at commit `{(commit or '?')[:7]}`"  # else named once
+        conditions = (f"*Transcribed* from {source.get('file', 'README.md')}{at} (measured before results were "
+                      f"recorded as JSON; its command regenerates it). " + conditions)
     # The conditions close the list of figures and notes: one block, no blank line between.
     return "\n".join(lines + items + ["- " + conditions]) + "\n"
 
