@@ -9,11 +9,18 @@ The page's prose is written by hand. Each result is shown in a region between tw
     ...
     <!-- end generated -->
 
-whose content is the result's tables, its headline (with each target and whether it was met), and
-right under them its conditions on one line: command, date, machine, load average at the start and
-the end, and git commit. A result transcribed from an older README says so and gives the command that
-regenerates it. A result with no region yet is appended under "Other results", so a new
-benchmark's figure shows up (and `--check` fails) until someone places it in the page.
+whose content is the result's tables (each titled and annotated right above it), then one list: its
+headline (each target and whether it was met), its notes, and last its conditions on one line:
+command, date, load average at the start and the end, git commit, and the machine where it differs
+from the page's. The page's machine (the one most measured results ran on) is named once, between
+
+    <!-- generated machine from benchmarks/results: do not edit -->
+    ...
+    <!-- end generated -->
+
+A result transcribed from an older README says so, and its command regenerates it. A result with no
+region yet is appended under "Other results", so a new benchmark's figure shows up (and `--check`
+fails) until someone places it in the page.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ END = "<!-- end generated -->"
 REGION = re.compile(r"<!-- generated from benchmarks/results/(?P<name>[^\s]+?)\.json: do not edit -->\n"
                     r"(?P<body>.*?)" + re.escape(END), re.S)
 OTHER_HEADING = "## Other results"
+MACHINE_START = "<!-- generated machine from benchmarks/results: do not edit -->"
+MACHINE_REGION = re.compile(re.escape(MACHINE_START) + r"\n.*?" + re.escape(END), re.S)
 
 
 def cell(value: Any) -> str:
@@ -55,15 +64,14 @@ def cell(value: Any) -> str:
 
 def render_table(table: dict[str, Any]) -> list[str]:
     columns = table.get("columns") or list(dict.fromkeys(k for row in table["rows"] for k in row))
-    lines = []
-    if table.get("title"):
-        lines += [f"**{table['title']}**", ""]
+    # Title and note go above the table as one paragraph (a backslash breaks the line): GFM starts a
+    # table right under a paragraph, where a line below it would need a blank line either side.
+    above = ([f"**{table['title']}**"] if table.get("title") else []) + ([table["note"]] if table.get("note") else [])
+    lines = [line + "\\" for line in above[:-1]] + above[-1:]
     lines.append("| " + " | ".join(cell(c) for c in columns) + " |")
     lines.append("|" + "---|" * len(columns))
     for row in table["rows"]:
         lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
-    if table.get("note"):
-        lines += ["", table["note"]]
     return lines + [""]
 
 
@@ -92,14 +100,14 @@ def render_headline(headline: dict[str, Any]) -> list[str]:
         if "target" in entry:
             text += f" (target {entry['target']}: {verdict(entry.get('met'))})"
         lines.append(text)
-    return lines + [""] if lines else []
+    return lines
 
 
 def load_text(load: Any) -> str:
     if load is None:
         return "not recorded"
     if isinstance(load, list | tuple):
-        return " / ".join(format(x, ".2f") for x in load) + " (1 / 5 / 15 min)"
+        return " / ".join(format(x, ".2f") for x in load)
     return str(load)
 
 
@@ -113,7 +121,13 @@ def machine_text(machine: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def render_conditions(data: dict[str, Any]) -> list[str]:
+def page_machine(results: dict[str, dict[str, Any]]) -> str | None:
+    """The machine most measured results ran on: named once at the top, per result only where it differs."""
+    texts = [machine_text(d.get("machine") or {}) for d in results.values() if d.get("provenance") != "transcribed"]
+    return max(texts, key=texts.count) if texts else None
+
+
+def render_conditions(data: dict[str, Any], machine: str | None = None) -> list[str]:
     commit = f"`{(data.get('git_commit') or 'unknown')[:7]}`"
     if data.get("git_dirty"):
         commit += " (with uncommitted changes)"
@@ -121,34 +135,41 @@ def render_conditions(data: dict[str, Any]) -> list[str]:
         load = data["load_note"]
     else:
         load = f"{load_text(data.get('load_start'))} at the start, {load_text(data.get('load_end'))} at the end"
+        if isinstance(data.get("load_start"), list | tuple) or isinstance(data.get("load_end"), list | tuple):
+            load += " (1 / 5 / 15 min)"
         if data.get("load_note"):
             load += f"; {data['load_note']}"
+    own_machine = machine_text(data.get("machine") or {})
+    where = "" if own_machine == machine else f"; machine: {own_machine}"
     # One line, so that a page of many results stays readable; the facts are the same.
-    return [f"*Conditions of `{data.get('benchmark', '?')}`:* command: `{data.get('command', 'not recorded')}`; "
-            f"date: {data.get('date', 'not recorded')}; machine: {machine_text(data.get('machine') or {})}; "
-            f"load average: {load}; git commit: {commit}."]
+    return [f"*Conditions:* command: `{data.get('command', 'not recorded')}`; date: "
+            f"{data.get('date', 'not recorded')}{where}; load average: {load}; git commit: {commit}."]
 
 
-def render_result(data: dict[str, Any]) -> str:
-    """A result's markdown: tables, headline, notes, then its conditions (and provenance) on one line."""
+def render_result(data: dict[str, Any], machine: str | None = None) -> str:
+    """A result's markdown: tables, then headline and notes as one list, then its conditions on one line.
+
+    `machine` is the page's machine, named once at the top; the conditions name a result's own only
+    where it differs.
+    """
     lines: list[str] = []
     results = data.get("results") or {}
     for table in tables_of(results.get("tables")):
         lines += render_table(table)
-    if results.get("headline"):
-        lines += render_headline(results["headline"])
+    items = render_headline(results.get("headline") or {})
     rest = {k: v for k, v in results.items() if k not in ("tables", "headline")}
     if rest:  # figures a benchmark recorded outside tables: shown as written, so none is left out
-        lines += ["Other figures: `" + json.dumps(rest, ensure_ascii=False) + "`", ""]
-    for note in data.get("notes") or []:
-        lines += [f"Note: {note}", ""]
-    conditions = render_conditions(data)
+        items.append("- Other figures: `" + json.dumps(rest, ensure_ascii=False) + "`")
+    items += [f"- *Note:* {note}" for note in data.get("notes") or []]
+    conditions = render_conditions(data, machine)[0]
     if data.get("provenance") == "transcribed":  # said on the conditions line, which a reader checks for provenance
         source = data.get("transcribed_from") or {}
-        conditions[0] = (f"*Transcribed* from {source.get('file', 'README.md')} at commit "
-                         f"`{(source.get('commit') or '?')[:7]}` (measured before results were recorded as JSON); "
-                         f"rerun `{data.get('command')}` to regenerate. " + conditions[0])
-    return "\n".join(lines + conditions) + "\n"
+        commit = source.get("commit")
+        at = "" if commit == data.get("git_commit") else f" at commit `{(commit or '?')[:7]}`"  # else named once
+        conditions = (f"*Transcribed* from {source.get('file', 'README.md')}{at} (measured before results were "
+                      f"recorded as JSON; its command regenerates it). " + conditions)
+    # The conditions close the list of figures and notes: one block, no blank line between.
+    return "\n".join(lines + items + ["- " + conditions]) + "\n"
 
 
 def load_results(folder: Path) -> dict[str, dict[str, Any]]:
@@ -177,15 +198,19 @@ def render_page(text: str, results: dict[str, dict[str, Any]]) -> str:
         if name in placed:  # e.g. appended under "Other results", then placed in a section as well
             raise PipelineError(f"docs/benchmarks.md has two regions for benchmarks/results/{name}.json: keep one")
         placed.add(name)
-        return region(name, render_result(results[name]))
+        return region(name, render_result(results[name], machine))
 
+    # Without the machine region every result names its own machine, so none goes unstated.
+    machine = page_machine(results) if MACHINE_REGION.search(text) else None
+    text = MACHINE_REGION.sub(lambda _: f"{MACHINE_START}\nUnless a result says otherwise, it ran on: "
+                              f"{machine or 'no result recorded yet'}.\n{END}", text)
     text = REGION.sub(fill, text)
     missing = [name for name in results if name not in placed]
     if missing:
         if OTHER_HEADING not in text:
             text = text.rstrip("\n") + f"\n\n{OTHER_HEADING}\n\nResults not yet placed in a section above.\n"
         for name in missing:
-            text = text.rstrip("\n") + f"\n\n### `{name}`\n\n{region(name, render_result(results[name]))}\n"
+            text = text.rstrip("\n") + f"\n\n### `{name}`\n\n{region(name, render_result(results[name], machine))}\n"
     return text
 
 

@@ -80,6 +80,25 @@ def test_the_conditions_are_rendered_right_under_the_table(tmp_path, monkeypatch
     assert "Transcribed" not in region
 
 
+def test_the_machine_is_named_once_at_the_top_and_per_result_only_where_it_differs(tmp_path):
+    results = tmp_path / "results"
+    synthetic_result(results, "here")
+    synthetic_result(results, "also_here")
+    synthetic_result(results, "elsewhere")
+    data = json.loads((results / "elsewhere.json").read_text())
+    data["machine"] = {"cores": 64, "cpu_model": "Other CPU"}
+    (results / "elsewhere.json").write_text(json.dumps(data))
+    page = (f"# Page\n\n{render_tables.MACHINE_START}\n{render_tables.END}\n\n"
+            + "".join(page_with_region(name) for name in ("here", "also_here", "elsewhere")))
+    page = render_tables.render_page(page, render_tables.load_results(results))
+    machine = render_tables.machine_text(json.loads((results / "here.json").read_text())["machine"])
+    assert page.count(machine) == 1 and f"it ran on: {machine}." in page
+    assert page.count("machine: 64 cores, Other CPU") == 1
+    # Without the machine region, no result's machine goes unstated.
+    page = render_tables.render_page(page_with_region("here"), render_tables.load_results(results))
+    assert f"machine: {machine}" in page
+
+
 def test_a_transcribed_result_says_so_and_how_to_regenerate_it(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     data = synthetic_result(tmp_path)
@@ -87,7 +106,7 @@ def test_a_transcribed_result_says_so_and_how_to_regenerate_it(tmp_path, monkeyp
                 load_start=None, load_end=None, load_note="about 20")
     text = render_tables.render_result(data)
     assert "*Transcribed* from README.md at commit `abc1234`" in text
-    assert "rerun `python benchmarks/toy_bench.py --steps 3` to regenerate" in text
+    assert "its command regenerates it" in text and "command: `python benchmarks/toy_bench.py --steps 3`" in text
     assert "load average: about 20" in text
 
 
