@@ -97,6 +97,13 @@ def main(argv=None) -> None:
     from pipeline.pretrain.trainer import run_pretraining
 
     result = run_pretraining(config, topology)
+    # Tear the process group down before the interpreter does: left to exit, gloo's worker threads were
+    # once destroyed while joinable on a rank that had finished ("terminate called without an active
+    # exception", SIGABRT after a clean run). Only after a finished run: with a lost peer it could block.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
     if topology.is_main and result.export_dir:
         print(f"done: {result.last_step} steps; model exported to {result.export_dir}", file=sys.stderr)
 
