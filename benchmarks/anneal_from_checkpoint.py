@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from batch_warmup import common_sets, load, parser, prepare, pretrain_run  # noqa: E402
-from result_record import BenchmarkRecord, markdown_table  # noqa: E402
+from result_record import BenchmarkRecord, write_loss_table  # noqa: E402
 
 
 def main() -> None:
@@ -93,13 +93,9 @@ def measure(a, rec: BenchmarkRecord) -> None:
     conditions = (f"{len(runs)} runs on 2 ranks; config {a.config}; seeds {a.seeds}; anneal decay {a.decay} to "
                   f"schedule.end_lr_ratio {base.schedule.end_lr_ratio}; validation at masking rate "
                   f"{base.masking.probability}; 1-min load average {min(loads):.2f}–{max(loads):.2f}")
-    table = "\n".join([f"H = {entropy:.3f} nats", "", *markdown_table(rows), "", conditions])
-    (a.out / "results.json").write_text(json.dumps({"unigram_entropy": entropy, "runs": runs}, indent=1))
-    (a.out / "table.md").write_text(table + "\n")
-    print(table)
-    rec.table(conditions, rows, note="Final validation MLM loss after each run's last step; the gap is the median "
-                                     "over seeds of anneal − planned for the same seed.")
-    rec.results["unigram_entropy_nats"] = entropy
+    write_loss_table(rec, a.out, entropy, runs, rows, conditions,
+                     note="Final validation MLM loss after each run's last step; the gap is the median "
+                          "over seeds of anneal − planned for the same seed.")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import budget_time_to_loss as budget  # noqa: E402
-from result_record import BenchmarkRecord, markdown_table  # noqa: E402
+from result_record import BenchmarkRecord, write_loss_table  # noqa: E402
 
 RANKS = 2
 MARGIN = 1.0
@@ -178,13 +178,9 @@ def measure(a, rec: BenchmarkRecord) -> None:
                   f"{sequences:,} sequences of {seq_len} tokens per run; warmup over {a.warmup_fraction:g} of them "
                   f"from global batch {start}; micro batch {micro}; "
                   f"1-min load average {min(loads):.2f}–{max(loads):.2f}")
-    table = "\n".join([f"H = {entropy:.3f} nats", "", *markdown_table(rows), "", conditions])
-    (a.out / "results.json").write_text(json.dumps({"unigram_entropy": entropy, "runs": runs}, indent=1))
-    (a.out / "table.md").write_text(table + "\n")
-    print(table)
-    rec.table(conditions, rows, note="Times are training minutes from launch (evaluation left out), interpolated "
-                                     "between evaluations; medians over seeds.")
-    rec.results["unigram_entropy_nats"] = entropy
+    write_loss_table(rec, a.out, entropy, runs, rows, conditions,
+                     note="Times are training minutes from launch (evaluation left out), interpolated "
+                          "between evaluations; medians over seeds.")
 
 
 if __name__ == "__main__":

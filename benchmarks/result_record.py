@@ -97,6 +97,18 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
             *("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows)]
 
 
+def write_loss_table(rec: BenchmarkRecord, out: Path, entropy: float, runs: list[dict[str, Any]],
+                     rows: list[dict[str, Any]], conditions: str, note: str) -> None:
+    """A pretraining benchmark's table: printed, written as `out/table.md` with its runs in `out/results.json`,
+    and recorded with the plateau's level H."""
+    table = "\n".join([f"H = {entropy:.3f} nats", "", *markdown_table(rows), "", conditions])
+    (out / "results.json").write_text(json.dumps({"unigram_entropy": entropy, "runs": runs}, indent=1))
+    (out / "table.md").write_text(table + "\n")
+    print(table)
+    rec.table(conditions, rows, note=note)
+    rec.results["unigram_entropy_nats"] = entropy
+
+
 def command_line(argv: list[str]) -> str:
     """argv as a shell line, with the script path made relative to the repository where it can be."""
     parts = list(argv)
