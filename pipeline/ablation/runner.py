@@ -66,6 +66,8 @@ class StudyOptions:
     tracking_uri: str | None = None
     tracking: bool = True
     verbose: bool = False
+    finetune_sweep: list[str] = field(default_factory=list)
+    """`--sweep` grids for fine-tuning: each arm's setting chosen on a held-out slice of train ([]: the config's)."""
 
 
 def task_config(task: str) -> Path:
@@ -260,7 +262,8 @@ class StudyRunner:
         self.stages.run(f"{plan.name}: fine-tune {name}, seeds {','.join(map(str, o.seeds))}",
                         self.layout.logs / f"{plan.name}-finetune-{name}.log", "finetune",
                         "--config", task_config(task), "--model", arm.pretrain.export,
-                        "--seeds", ",".join(map(str, o.seeds)), *(a for s in sets for a in ("--set", s)), "--verbose")
+                        "--seeds", ",".join(map(str, o.seeds)), *(a for s in sets for a in ("--set", s)),
+                        *(a for grid in o.finetune_sweep for a in ("--sweep", grid)), "--verbose")
 
     # --- the table ----------------------------------------------------------------------------
 

@@ -6,7 +6,9 @@
 For each arm: shards (made once per packing mode in `<out>/shards/`, shared by every arm and
 study), pretraining of `--config` with the arm's settings for `--budget-tokens` tokens (steps =
 tokens ÷ (global batch × sequence length), the budget rounded down so every arm trains on the same
-tokens), its HF export, and fine-tuning on each task over the seeds. The study folder
+tokens), its HF export, and fine-tuning on each task over the seeds through the fair protocol
+(each arm's learning rate chosen on a held-out slice of the task's training split, never dev:
+`--finetune-sweep`, `--no-finetune-sweep`). The study folder
 `<out>/<study>/` gets `results.md`, `results.csv` (one row per arm: validation MLM loss and
 perplexity, each task's median score) and `loss_curves.png`; MLflow gets one run for the study
 with a child run per arm, and the arm's pretraining and fine-tuning runs beneath it.
@@ -22,6 +24,8 @@ import os
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
+
+DEFAULT_FINETUNE_SWEEP = ["train.learning_rate=1e-4,3e-4,1e-3"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a pretraining config key for every arm")
     p.add_argument("--finetune-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a fine-tuning config key for every task, e.g. train.epochs=3")
+    p.add_argument("--finetune-sweep", action="append", default=None, metavar="KEY=V1,V2,...",
+                   help="each arm's fine-tuning setting is chosen on a held-out slice of the task's training split "
+                        f"(launchers/finetune.py --sweep; default {' '.join(DEFAULT_FINETUNE_SWEEP)})")
+    p.add_argument("--no-finetune-sweep", action="store_true",
+                   help="fine-tune every arm with the task config's own setting instead (best epoch on dev)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else <out>/mlflow.db)")
     p.add_argument("--no-tracking", action="store_true", help="no MLflow runs (the files are written all the same)")
     p.add_argument("--verbose", action="store_true", help="show every stage's full output (always in the logs)")
@@ -68,6 +77,17 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise PipelineError(f"--seeds {text!r}: give at least one seed, each once")
     return seeds
+
+
+def finetune_sweep(args: argparse.Namespace) -> list[str]:
+    """The grid each arm's fine-tuning is swept over ([] with --no-finetune-sweep), checked before any work."""
+    if args.no_finetune_sweep:
+        return []
+    from pipeline.finetune.sweep import parse_sweep
+
+    grid = args.finetune_sweep or DEFAULT_FINETUNE_SWEEP
+    parse_sweep(grid)
+    return grid
 
 
 def check_tasks(tasks: list[str], glue_dir: str | None, finetune_set: list[str]) -> None:
@@ -119,9 +139,12 @@ def main(argv=None) -> None:
         tokenizer = str(Path(tokenizer).resolve())
     out = args.out.resolve()
     uri = args.tracking_uri or (default_tracking_uri() if os.environ.get("MLFLOW_TRACKING_URI") else None)
+    if args.no_finetune_sweep and args.finetune_sweep:
+        raise PipelineError("--no-finetune-sweep and --finetune-sweep: give one or the other")
     options = StudyOptions(str(corpus), out, args.budget_tokens, tasks, parse_seeds(args.seeds), config, glue_dir,
                            args.seq_len, args.vocab_size, tokenizer, args.ranks, args.workers, args.pretrain_set,
-                           args.finetune_set, uri, not args.no_tracking, args.verbose)
+                           args.finetune_set, uri, not args.no_tracking, args.verbose,
+                           finetune_sweep=finetune_sweep(args))
     print(f"study {study.name}: {len(plans)} arms × {plans[0].tokens:,} tokens; "
           + "; ".join(f"{p.name} {p.steps} steps × {p.global_batch}" for p in plans), flush=True)
     try:

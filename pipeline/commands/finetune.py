@@ -2,7 +2,7 @@
 
     python launchers/finetune.py --config configs/glue/sst2.json --model runs/default/pretrain/export \\
         [--set key=value ...] [--seeds 1,2,3] [--from-scratch]
-        [--sweep train.learning_rate=1e-4,3e-4,1e-3 ...] [--select-fraction 0.1]
+        [--sweep train.learning_rate=1e-4,3e-4,1e-3 ...] [--select-fraction 0.1] [--labels-per-class 8,32]
     python launchers/finetune.py --config configs/tasks/ner.json --model ...  (ner pos squad token-custom qa-custom)
     accelerate launch --num_processes 2 launchers/finetune.py --config ...     (several processes)
 
@@ -19,6 +19,10 @@ and complete.json last: a rerun skips finished seeds);
 with the first seed on the training split minus a held-out slice (--select-fraction of it, chosen
 by a hash of each example) and scored on that slice; the best setting is then trained over every
 seed on the same data and reported on dev. Dev never takes part in the choice.
+
+--labels-per-class 8,32 (with --sweep) adds a label-efficiency curve: the chosen setting retrained
+over every seed on 8, then 32, examples of each class (pipeline/finetune/label_curve.py), reported
+on dev beside the full split as `label_curve` in metrics.json.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "on a held-out slice of the training split, never on dev")
     p.add_argument("--select-fraction", type=float, default=None,
                    help="with --sweep: the share of the training split held out to choose the setting (default 0.1)")
+    p.add_argument("--labels-per-class", default=None, metavar="N1,N2,...",
+                   help="with --sweep: also retrain the chosen setting on N examples of each class (classification "
+                        "tasks), a label-efficiency curve in metrics.json")
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     return p
@@ -86,6 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     config = load_finetune_config(args.config_path, args.set, world_size=topology.world_size)
     seeds = parse_seeds(args.seeds) if args.seeds else [config.train.seed]
     sweep = build_sweep(args, topology.world_size)
+    labels_per_class = None
+    if args.labels_per_class is not None:
+        from pipeline.finetune.label_curve import parse_labels_per_class
+
+        if sweep is None:
+            raise PipelineError("--labels-per-class: only with --sweep (the selection slice picks each point's best "
+                                "epoch; for one fixed setting give --sweep KEY=VALUE)")
+        labels_per_class = parse_labels_per_class(args.labels_per_class)
     from pipeline.common.console import quiet_frameworks
     from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
 
@@ -97,11 +112,13 @@ def main(argv: list[str] | None = None) -> None:
     quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.finetune.runner import run_finetuning
 
-    report = run_finetuning(config, args.model, seeds, args.from_scratch, sweep)
+    report = run_finetuning(config, args.model, seeds, args.from_scratch, sweep, labels_per_class)
     if not topology.is_main:
         return
     headline = {k: round(v, 4) for k, v in report.items() if isinstance(v, float)}
     chosen = {"chosen_setting": report["chosen_setting"]} if sweep else {}
+    if "label_curve" in report:
+        chosen["label_curve"] = {str(p["labels_per_class"]): round(p["median"], 4) for p in report["label_curve"]}
     print(json.dumps({"task": report["task"], "seeds": seeds, "from_scratch": args.from_scratch, **headline,
                       **chosen}))
 

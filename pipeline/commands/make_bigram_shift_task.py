@@ -2,9 +2,11 @@
 
     python data_prep/make_bigram_shift_task.py --corpus runs/default/corpus.jsonl --out runs/default/bigram-shift
 
-The sentences come from the documents the shard stage holds out for validation (`--val-fraction`,
-the shard stage's own rule; 0 takes every document). Half of each split has one pair of adjacent
-words swapped (label 1), half is as written (label 0); the same seed gives the same files. The
+Dev sentences come from the documents the shard stage holds out for validation (`--val-fraction`,
+the shard stage's own rule; 0 takes every document); train sentences too, or with `--train-from
+training` from the documents pretraining reads (a small corpus holds out too few for both). Half of
+each split has one pair of adjacent words swapped (label 1), half is as written (label 0); the same
+seed gives the same files. The
 files are a custom task (`{"text", "label"}` JSONL) for `launchers/finetune.py` with
 configs/glue/custom.json. See pipeline/finetune/bigram_shift.py.
 """
@@ -25,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.05,
                    help="the shard stage's --val-fraction: only its validation documents are used (0: all)")
     p.add_argument("--dev-fraction", type=float, default=0.25, help="share of the sentences in dev (0.25)")
-    p.add_argument("--max-examples", type=int, default=None, help="use at most this many sentences")
+    p.add_argument("--max-examples", type=int, default=None, help="use at most this many sentences of each kind")
+    p.add_argument("--train-from", choices=("held-out", "training"), default="held-out",
+                   help="held-out: train and dev share the held-out sentences, split by hash (default); training: "
+                        "dev is every held-out sentence, train the sentences of the documents pretraining reads")
+    p.add_argument("--max-train", type=int, default=None, help="at most this many train sentences")
     p.add_argument("--seed", type=int, default=1, help="which sentences are swapped, and where")
     return p
 
@@ -36,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.finetune.bigram_shift import write_bigram_shift_task
 
     counts = write_bigram_shift_task(args.corpus, args.out, seed=args.seed, val_fraction=args.val_fraction,
-                                     dev_fraction=args.dev_fraction, max_examples=args.max_examples)
+                                     dev_fraction=args.dev_fraction, max_examples=args.max_examples,
+                                     train_from=args.train_from, max_train=args.max_train)
     print(f"wrote {args.out}: {counts['train']} train / {counts['dev']} dev sentences, half with two adjacent "
           "words swapped (label 1)")
 

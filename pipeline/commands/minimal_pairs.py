@@ -5,7 +5,7 @@
 
 `--pairs` holds JSON lines `{"sentence_good": ..., "sentence_bad": ..., ...}`, the format of the
 public linguistic minimal-pair suites (BLiMP's lines carry `UID`, `linguistics_term`, `field`);
-`python -m pipeline.data.minimal_pair_maker` makes such a file from held-out text. Each sentence
+`python data_prep/make_minimal_pairs.py` makes such a file from held-out text. Each sentence
 is scored once by `Encoder.score` (pipeline/hub/pseudo_likelihood.py), and a pair counts when
 the good sentence scores higher; a tie counts half (chance), and ties are reported.
 `--precision auto` (the default) scores in bf16 autocast on a CPU with native bf16 and in fp32

@@ -6,19 +6,26 @@ Runs each stage as its own command (`python -m pipeline.commands.<stage>`, the m
 script named here), exactly as a user would type it:
   1. data_prep/make_default_corpus.py   Python's documentation and docstrings → corpus.jsonl
   2. data_prep/train_tokenizer.py       byte-level BPE (RoBERTa) → tokenizer/
-  3. data_prep/shard.py                 packed zstd shards with a validation split → shards/
+  3. data_prep/shard.py                 packed zstd shards, 10% of the documents held out → shards/
   4. data_prep/verify_shards.py         every checksum and count
   5. launchers/pretrain.py              configs/main-job.json on 2 ranks (`deepspeed --num_gpus 2`,
                                         DeepSpeed ZeRO-2 on CPU/gloo), checkpoints, MLflow, export/
-  6. launchers/cloze.py                 the export fills blanks in the validation text: top-1 accuracy
-                                        and three examples → cloze.json
-  7. data_prep/make_embedded_task.py    a GLUE-style task from the same corpus: which standard-library
-                                        package a docstring comes from (6 classes), and
-     launchers/token_baseline.py        its token-count baseline (bag of words → logistic regression)
-  8. launchers/finetune.py              the export and a from-scratch baseline, 3 seeds each
-  9. launchers/compare.py               the table of both, joined to the pretraining run, and plots
+  6. launchers/cloze.py                 the export fills blanks in the validation text → cloze.json
+  7. two tasks from the same corpus, each with its token-count baseline (launchers/token_baseline.py):
+     data_prep/make_embedded_task.py    keywords: which standard-library package a docstring comes
+                                        from (6 classes); counting words nearly solves it
+     data_prep/make_bigram_shift_task.py  word order: were two adjacent words swapped? dev from the
+                                        held-out documents; counting words sits at chance
+  8. launchers/finetune.py              both tasks, the export and a from-scratch baseline, through
+                                        the fair protocol (--sweep: each arm's learning rate chosen on
+                                        a held-out slice of train), 3 seeds, and a label-efficiency
+                                        curve (--labels-per-class 8,32); two runs at a time
+  9. launchers/minimal_pairs.py         minimal pairs made from held-out text (data_prep/
+                                        make_minimal_pairs.py), the export against a unigram model
+ 10. launchers/compare.py               the table of every run, loss curves, the label-efficiency plot
 Reruns reuse what is complete (the shard stage verifies and skips its finished shards;
-pretraining resumes from its newest checkpoint); --fresh starts over.
+pretraining resumes from its newest checkpoint; finished seeds and trials are skipped); --fresh
+starts over.
 
 The screen shows the stages, their results and a closing summary; each stage's full output
 (framework logs, warnings, progress bars) goes to `<out>/logs/<stage>.log`, and the stage times
@@ -28,22 +35,46 @@ to `<out>/logs/timings.json`. --verbose puts all of it on screen too.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shlex
 import shutil
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.console import run_logged
-from pipeline.common.run_layout import MainJobLayout
+from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLayout
 from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.common.topology import free_port, use_environment_extensions_dir
 from pipeline.tracking.job_summary import render_summary
 
 SEQ_LEN = 128
 VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (docs/pretraining.md, the unigram plateau)
+HELD_OUT_FRACTION = 0.1
+"""Documents the shard stage holds out: the validation loss, the word-order task's dev split and the
+minimal pairs all come from them, so the encoder never trained on that text."""
+SEEDS = "1,2,3"
+LABELS_PER_CLASS = "8,32"
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """How the main job fine-tunes one task: its shipped config and each arm's learning-rate grid."""
+
+    config: str
+    sweep: str
+
+
+TASK_PLANS = {
+    "keywords": TaskPlan("embedded-docs", "train.learning_rate=3e-4,1e-3,3e-3"),
+    "word-order": TaskPlan("word-order", "train.learning_rate=3e-4,1e-3"),
+}
+assert tuple(TASK_PLANS) == MAIN_JOB_TASKS
 
 
 class MainJob:
@@ -54,26 +85,58 @@ class MainJob:
         self.logs = MainJobLayout(out).logs
         self.seconds: dict[str, float] = {}
         self.started = time.monotonic()
+        self._timings_lock = threading.Lock()  # runs side by side record their times
 
     def run(self, step: str, name: str, stage: str, *cmd: str | Path, launcher: list[str] | None = None,
             env: dict | None = None) -> None:
         """Run one stage (`python -m pipeline.commands.<stage>`, or under `launcher`); stop the job if it fails."""
-        args = [*stage_command(stage, launcher), *map(str, cmd)]
+        args = self._args(stage, cmd, launcher)
         shown = ["python", *args[1:]] if launcher is None else args
         print(f"\n== {step}\n$ {shlex.join(shown)}", flush=True)
-        log = self.logs / f"{name}.log"
-        # Unbuffered: the stage's prints and warnings reach the log in the order they were made.
-        env = stage_env({**(env or os.environ), "PYTHONUNBUFFERED": "1"})
-        started = time.monotonic()
-        code = run_logged(args, log, verbose=self.verbose, env=env)
-        self.seconds[name] = round(time.monotonic() - started, 1)
-        self._write_timings()
+        code, log = self._run_logged(name, args, env, screen=None)
         if code != 0:
             raise SystemExit(f"main job stopped: step '{step}' failed (exit {code}); full output in {log}")
         print(f"   ({self.seconds[name]:.1f} s; full output in {log.relative_to(self.out)})", flush=True)
 
+    def run_together(self, step: str, runs: list[tuple[str, str, list]], env: dict, at_once: int = 2) -> None:
+        """Run several stages (`(name, stage, args)`) `at_once` at a time, one line each on screen as it ends.
+
+        The main job's fine-tuning runs are single-threaded and small: two side by side use both cores.
+        """
+        print(f"\n== {step} ({len(runs)} runs, {at_once} at a time; each one's output in logs/)", flush=True)
+        for _, stage, cmd in runs:
+            print(f"$ {shlex.join(['python', *self._args(stage, cmd, None)[1:]])}", flush=True)
+
+        def one(run: tuple[str, str, list]) -> tuple[str, int, Path]:
+            name, stage, cmd = run
+            code, log = self._run_logged(name, self._args(stage, cmd, None), env, screen=io.StringIO())
+            print(f"   {name}: {'done' if code == 0 else f'FAILED (exit {code})'} in {self.seconds[name]:.1f} s",
+                  flush=True)
+            return name, code, log
+
+        with ThreadPoolExecutor(at_once) as pool:
+            failed = [(name, code, log) for name, code, log in pool.map(one, runs) if code != 0]
+        if failed:
+            name, code, log = failed[0]
+            raise SystemExit(f"main job stopped: '{name}' in step '{step}' failed (exit {code}); full output in {log}")
+
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    @staticmethod
+    def _args(stage: str, cmd, launcher: list[str] | None) -> list[str]:
+        return [*stage_command(stage, launcher), *map(str, cmd)]
+
+    def _run_logged(self, name: str, args: list[str], env: dict | None, screen) -> tuple[int, Path]:
+        log = self.logs / f"{name}.log"
+        # Unbuffered: the stage's prints and warnings reach the log in the order they were made.
+        env = stage_env({**(env or os.environ), "PYTHONUNBUFFERED": "1"})
+        started = time.monotonic()
+        code = run_logged(args, log, verbose=self.verbose and screen is None, env=env, screen=screen)
+        with self._timings_lock:
+            self.seconds[name] = round(time.monotonic() - started, 1)
+            self._write_timings()
+        return code, log
 
     def _write_timings(self) -> None:
         write_json_atomic(self.logs / "timings.json", {"stages_s": self.seconds, "order": list(self.seconds),
@@ -89,11 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
     parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
-                        help="stop after this step (default: run all nine)")
+                        help="stop after this step (default: run all ten)")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
-                        help="fine-tune both arms through the sweep protocol (launchers/finetune.py --sweep): each "
-                             "arm's setting chosen on a held-out slice of the task's training split; off by default, "
-                             "as each setting adds one training run per arm")
+                        help="the grid both arms of every task are swept over (launchers/finetune.py --sweep), in "
+                             "place of each task's learning-rate grid")
     parser.add_argument("--verbose", action="store_true",
                         help="show every stage's full output on screen (it is always in <out>/logs/)")
     return parser
@@ -113,54 +175,88 @@ def main(argv: list[str] | None = None) -> None:
     layout = MainJobLayout(out)
     corpus, tokenizer, shards = layout.corpus, layout.tokenizer, layout.shards
     if not corpus.exists():
-        job.run("1/9 embedded corpus", "corpus", "make_default_corpus", "--out", corpus)
+        job.run("1/10 embedded corpus", "corpus", "make_default_corpus", "--out", corpus)
     if not (tokenizer / "tokenizer.json").exists():
-        job.run("2/9 tokenizer", "tokenizer", "train_tokenizer", "--input", corpus, "--type", "bpe",
+        job.run("2/10 tokenizer", "tokenizer", "train_tokenizer", "--input", corpus, "--type", "bpe",
                 "--vocab-size", VOCAB_SIZE, "--model-max-length", SEQ_LEN, "--out", tokenizer)
-    job.run("3/9 shards", "shards", "shard", "--input", corpus, "--tokenizer", tokenizer,
-            "--seq-len", SEQ_LEN, "--val-fraction", "0.05", "--shard-size", "1024", "--workers", args.workers,
-            "--out", shards)
-    job.run("4/9 verify", "verify", "verify_shards", shards)
+    job.run("3/10 shards", "shards", "shard", "--input", corpus, "--tokenizer", tokenizer,
+            "--seq-len", SEQ_LEN, "--val-fraction", HELD_OUT_FRACTION, "--shard-size", "1024",
+            "--workers", args.workers, "--out", shards)
+    job.run("4/10 verify", "verify", "verify_shards", shards)
     if args.stop_after == "verify":
         print(f"\nmain job stopped after the data stage in {job.elapsed():.0f} s; outputs in {out}")
         return
     pretrain = layout.pretrain
     deepspeed = Path(sys.executable).parent / "deepspeed"
-    # One thread per rank: two ranks on two cores otherwise fight over them (measured 2× slower).
+    # One thread per process: two on two cores otherwise fight over them (measured 2× slower).
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")).expanduser()
     if not any(extensions.glob("**/deepspeed_shm_comm*.so")):
         print(f"\n(first pretraining in this environment: on CPU, DeepSpeed compiles its shared-memory comm op "
               f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
-    job.run("5/9 pretrain (2 ranks)", "pretrain", "pretrain", "--config", "main-job",
+    job.run("5/10 pretrain (2 ranks)", "pretrain", "pretrain", "--config", "main-job",
             "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
             "--set", f"train.output_dir={pretrain.root}", "--set", f"tracking.uri={layout.tracking_uri}",
             *full, launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())],
             env=env)
-    job.run("6/9 cloze check", "cloze", "cloze", "--model", pretrain.export, "--shards", shards,
+    job.run("6/10 cloze check", "cloze", "cloze", "--model", pretrain.export, "--shards", shards,
             "--json", layout.cloze, env=env)
     if args.stop_after == "pretrain":
         print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
         return
-    task = layout.task
-    job.run("7/9 fine-tuning task", "task", "make_embedded_task", "--corpus", corpus, "--out", task)
-    # The task's token-count baseline (seconds): beside the arms, it shows whether the task needs pretraining at all.
-    job.run("7/9 token-count baseline", "token-baseline", "token_baseline",
-            "--config", "embedded-docs", "--set", f"data.train_file={task / 'train.jsonl'}",
-            "--set", f"data.validation_file={task / 'dev.jsonl'}", "--json", layout.token_baseline)
-    tracking = ["--set", f"tracking.uri={layout.tracking_uri}"]
-    sweep = [arg for spec in args.sweep for arg in ("--sweep", spec)]
-    for name, extra in (("pretrained", []), ("from scratch", ["--from-scratch"])):
-        folder = name.replace(" ", "-")
-        job.run(f"8/9 fine-tune ({name})", f"finetune-{folder}", "finetune",
-                "--config", "embedded-docs", "--model", pretrain.export,
-                "--seeds", "1,2,3", *extra, *sweep, "--set", f"data.train_file={task / 'train.jsonl'}",
-                "--set", f"data.validation_file={task / 'dev.jsonl'}",
-                "--set", f"train.output_dir={layout.finetune(folder).root}",
-                *tracking, *full, env=env)
-    job.run("9/9 compare", "compare", "compare", "--uri", layout.tracking_uri,
-            "--out", layout.compare, *full)
+    make_tasks(job, layout)
+    finetune_every_arm(job, layout, args.sweep, env, full)
+    score_minimal_pairs(job, layout, env)
+    job.run("10/10 compare", "compare", "compare", "--uri", layout.tracking_uri, "--out", layout.compare, *full)
+    from pipeline.tracking.label_curve_plot import plot_label_curves
+
+    plot_label_curves(layout)
     print("\n" + render_summary(out, job.elapsed()))
+
+
+def make_tasks(job: MainJob, layout: MainJobLayout) -> None:
+    """Both fine-tuning tasks from the corpus, and each one's token-count baseline (seconds): beside the arms,
+    it shows whether a task needs pretraining at all."""
+    job.run("7/10 task: keywords", "task-keywords", "make_embedded_task", "--corpus", layout.corpus,
+            "--out", layout.task("keywords"))
+    # Dev from the held-out documents only; train from the documents pretraining reads (as text, never
+    # with labels): the corpus holds out too few sentences for both.
+    job.run("7/10 task: word order", "task-word-order", "make_bigram_shift_task", "--corpus", layout.corpus,
+            "--val-fraction", HELD_OUT_FRACTION, "--train-from", "training", "--max-train", "3000",
+            "--out", layout.task("word-order"))
+    for task, plan in TASK_PLANS.items():
+        job.run(f"7/10 token-count baseline: {task}", f"token-baseline-{task}", "token_baseline",
+                "--config", plan.config, *task_files(layout, task), "--json", layout.token_baseline(task))
+
+
+def task_files(layout: MainJobLayout, task: str) -> list[str]:
+    folder = layout.task(task)
+    return ["--set", f"data.train_file={folder / 'train.jsonl'}",
+            "--set", f"data.validation_file={folder / 'dev.jsonl'}"]
+
+
+def finetune_every_arm(job: MainJob, layout: MainJobLayout, sweep: list[str], env: dict, full: list[str]) -> None:
+    """Every task × arm through the fair protocol with a label-efficiency curve, two runs at a time."""
+    runs = []
+    for task, plan in TASK_PLANS.items():
+        grid = [arg for spec in (sweep or [plan.sweep]) for arg in ("--sweep", spec)]
+        for arm in MAIN_JOB_ARMS:
+            runs.append((f"finetune-{task}-{arm}", "finetune", [
+                "--config", plan.config, "--model", layout.pretrain.export, "--seeds", SEEDS,
+                *(["--from-scratch"] if arm == "from-scratch" else []), *grid, "--labels-per-class", LABELS_PER_CLASS,
+                *task_files(layout, task), "--set", f"train.output_dir={layout.finetune(task, arm).root}",
+                "--set", f"tracking.uri={layout.tracking_uri}", *full]))
+    job.run_together("8/10 fine-tune both tasks, pretrained and from scratch", runs, env)
+
+
+def score_minimal_pairs(job: MainJob, layout: MainJobLayout, env: dict) -> None:
+    """Minimal pairs from the held-out documents, scored by the export and by a unigram model of the corpus."""
+    job.run("9/10 minimal pairs from held-out text", "minimal-pairs-make", "make_minimal_pairs",
+            "--input", layout.corpus, "--held-out-fraction", HELD_OUT_FRACTION, "--per-phenomenon", "100",
+            "--out", layout.minimal_pairs)
+    job.run("9/10 minimal pairs: export vs unigram", "minimal-pairs", "minimal_pairs",
+            "--model", layout.pretrain.export, "--pairs", layout.minimal_pairs, "--group-by", "phenomenon",
+            "--corpus", layout.corpus, "--out", layout.minimal_pairs_result, env=env)
 
 
 if __name__ == "__main__":

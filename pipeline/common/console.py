@@ -98,7 +98,7 @@ def run_logged(args: list[str], log: Path, *, verbose: bool = False, screen: IO[
 
     log.parent.mkdir(parents=True, exist_ok=True)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with open(log, "a", encoding="utf-8") as file, subprocess.Popen(
+    with open(log, "a", encoding="utf-8", buffering=1) as file, subprocess.Popen(  # line by line: tail -f works
             args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen) as proc:
         file.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')} $ {shlex.join(map(str, args))}\n")
         if on_start is not None:

@@ -169,9 +169,16 @@ class FinetuneLayout:
         return Path(path).relative_to(self.root).as_posix()
 
 
+MAIN_JOB_TASKS = ("keywords", "word-order")
+"""The main job's fine-tuning tasks: which package a docstring comes from (token counts solve it), and
+bigram shift (were two adjacent words swapped? token counts sit at chance)."""
+
+MAIN_JOB_ARMS = ("pretrained", "from-scratch")
+
+
 @dataclass(frozen=True)
 class MainJobLayout:
-    """Paths in the main job's folder (`launchers/run_default.py --out`), written by its eight stages."""
+    """Paths in the main job's folder (`launchers/run_default.py --out`), written by its stages."""
 
     root: Path
 
@@ -194,24 +201,37 @@ class MainJobLayout:
     def pretrain(self) -> PretrainLayout:
         return PretrainLayout(self.root / "pretrain")
 
-    @property
-    def task(self) -> Path:
-        """The fine-tuning task made from the corpus: train.jsonl, dev.jsonl."""
-        return self.root / "task"
+    def task(self, name: str) -> Path:
+        """One of `MAIN_JOB_TASKS` made from the corpus: train.jsonl, dev.jsonl."""
+        return self.root / "tasks" / name
 
     @property
     def cloze(self) -> Path:
         """The export's cloze check on the validation text (launchers/cloze.py --json)."""
         return self.root / "cloze.json"
 
-    @property
-    def token_baseline(self) -> Path:
-        """The task's token-count baseline on dev (launchers/token_baseline.py --json)."""
-        return self.root / "token-baseline.json"
+    def token_baseline(self, task: str) -> Path:
+        """A task's token-count baseline on dev (launchers/token_baseline.py --json)."""
+        return self.task(task) / "token-baseline.json"
 
-    def finetune(self, run: str) -> FinetuneLayout:
-        """`run` is `pretrained` or `from-scratch`."""
-        return FinetuneLayout(self.root / "finetune" / run)
+    def finetune(self, task: str, arm: str) -> FinetuneLayout:
+        """`arm` is `pretrained` or `from-scratch`."""
+        return FinetuneLayout(self.root / "finetune" / task / arm)
+
+    @property
+    def minimal_pairs(self) -> Path:
+        """Minimal pairs made from the corpus's held-out documents (JSON lines)."""
+        return self.root / "minimal-pairs.jsonl"
+
+    @property
+    def minimal_pairs_result(self) -> Path:
+        """The export's minimal-pair accuracy beside the unigram baseline (launchers/minimal_pairs.py --out)."""
+        return self.root / "minimal-pairs.json"
+
+    @property
+    def label_curve_plot(self) -> Path:
+        """Dev accuracy against labelled examples per class, both arms, every task."""
+        return self.compare / "label-efficiency.png"
 
     @property
     def compare(self) -> Path:

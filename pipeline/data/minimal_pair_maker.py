@@ -1,6 +1,6 @@
 """Minimal pairs made from held-out text: a grammatical sentence and the same sentence broken in one place.
 
-    python -m pipeline.data.minimal_pair_maker --input corpus.jsonl --out pairs.jsonl [--per-phenomenon 200]
+    python data_prep/make_minimal_pairs.py --input corpus.jsonl --out pairs.jsonl [--per-phenomenon 200]
 
 Three phenomena, each a one-word edit of a sentence taken as it is written (so the good sentence
 is real text and only the bad one is made):
@@ -23,7 +23,6 @@ rule), so pairs come from text the model did not train on. `--held-out-fraction 
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -127,37 +126,3 @@ def write_pairs(path: str | Path, pairs: list[dict]) -> None:
     from pipeline.common.atomic_files import write_text_atomic
 
     write_text_atomic(path, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
-
-
-def main(argv: list[str] | None = None) -> None:
-    from pipeline.common.errors import PipelineError, exit_on_pipeline_error
-    from pipeline.data.shard_options import DEFAULT_VAL_FRACTION
-
-    @exit_on_pipeline_error
-    def run() -> None:
-        p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-        p.add_argument("--input", nargs="+", required=True, help="corpus files, folders or globs (.txt/.jsonl/.zst)")
-        p.add_argument("--out", required=True, type=Path, help="the pairs, as JSON lines")
-        p.add_argument("--per-phenomenon", type=int, default=200, help="pairs of each phenomenon, at most (200)")
-        p.add_argument("--seed", type=int, default=0, help="which sentences and edit sites (0)")
-        p.add_argument("--held-out-fraction", type=float, default=DEFAULT_VAL_FRACTION,
-                       help=f"use the documents the shard stage's validation split holds at this fraction "
-                            f"({DEFAULT_VAL_FRACTION}); 1 uses every document")
-        p.add_argument("--text-field", default="text", help="the text field of .jsonl records (text)")
-        args = p.parse_args(argv)
-        if not 0 < args.held_out_fraction <= 1:
-            raise PipelineError(f"--held-out-fraction {args.held_out_fraction}: must be in (0, 1]")
-        pairs = make_pairs(held_out_texts(args.input, args.held_out_fraction, args.text_field),
-                           per_phenomenon=args.per_phenomenon, seed=args.seed)
-        if not pairs:
-            raise PipelineError(f"no minimal pair could be made from {' '.join(args.input)}: no prose sentence of "
-                                "5 to 20 words in the held-out documents (try --held-out-fraction 1)")
-        write_pairs(args.out, pairs)
-        counts = {ph: sum(p["phenomenon"] == ph for p in pairs) for ph in PHENOMENA}
-        print(f"{len(pairs)} pairs written to {args.out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-
-    run()
-
-
-if __name__ == "__main__":
-    main()

@@ -81,15 +81,18 @@ def bigram_shift_examples(sentences: list[list[str]], seed: int) -> list[ShiftEx
     return examples
 
 
-def held_out_sentences(corpus: Path, val_fraction: float, min_words: int = 6, max_words: int = 30) -> list[list[str]]:
-    """Distinct prose sentences of the corpus documents the shard stage put in validation (all with fraction 0).
+def corpus_sentences(corpus: Path, val_fraction: float, min_words: int = 6,
+                     max_words: int = 30) -> dict[str, list[list[str]]]:
+    """Distinct prose sentences of the corpus, by where the shard stage puts their document:
+    `{"held-out": [...], "training": [...]}` (with `val_fraction` 0 every document is held out).
 
     `corpus`: JSONL records with a `text` field, or a text file with one document per line.
     """
     path = Path(corpus)
     if not path.is_file():
         raise PipelineError(f"--corpus {path}: file not found")
-    seen, sentences = set(), []
+    seen: set[str] = set()
+    found: dict[str, list[list[str]]] = {"held-out": [], "training": []}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -100,36 +103,57 @@ def held_out_sentences(corpus: Path, val_fraction: float, min_words: int = 6, ma
                 raise PipelineError(f"{path}:{number}: expected a JSON object with a `text` field") from None
         else:
             text = line
-        if val_fraction > 0 and val_score(text) >= val_fraction:
-            continue
+        where = "held-out" if val_fraction <= 0 or val_score(text) < val_fraction else "training"
         for tokens in sentences_of(text, min_words, max_words):
             key = " ".join(tokens)
             if key not in seen:
                 seen.add(key)
-                sentences.append(tokens)
-    return sentences
+                found[where].append(tokens)
+    return found
+
+
+def held_out_sentences(corpus: Path, val_fraction: float, min_words: int = 6, max_words: int = 30) -> list[list[str]]:
+    """Distinct prose sentences of the corpus documents the shard stage put in validation (all with fraction 0)."""
+    return corpus_sentences(corpus, val_fraction, min_words, max_words)["held-out"]
+
+
+TRAIN_FROM = ("held-out", "training")
 
 
 def write_bigram_shift_task(corpus: Path, out: Path, *, seed: int = 1, val_fraction: float = 0.05,
-                            dev_fraction: float = 0.25, max_examples: int | None = None) -> dict:
+                            dev_fraction: float = 0.25, max_examples: int | None = None,
+                            train_from: str = "held-out", max_train: int | None = None) -> dict:
     """Write `out/train.jsonl` and `out/dev.jsonl` (`{"text", "label"}`, label 0 or 1), each balanced.
 
-    A sentence goes to dev or train by a hash of its text, then each split is labelled on its own, so
-    both are balanced and no sentence is in both, as original or swapped.
+    `train_from="held-out"`: a held-out sentence goes to dev or train by a hash of its text.
+    `train_from="training"`: dev is every held-out sentence and train the sentences of the documents
+    the encoder pretrains on (a small corpus holds out too few sentences for both; the encoder has
+    seen those sentences as text, never their labels, and dev stays unseen). Each split is labelled
+    on its own, so both are balanced and no sentence is in both. `max_examples` caps the sentences
+    read, `max_train` the train split.
     """
-    sentences = held_out_sentences(corpus, val_fraction)
-    if max_examples is not None:
-        sentences = sentences[:max_examples]
+    if train_from not in TRAIN_FROM:
+        raise PipelineError(f"--train-from {train_from!r}: expected one of {', '.join(TRAIN_FROM)}")
+    if train_from == "training" and val_fraction <= 0:
+        raise PipelineError("--train-from training needs --val-fraction > 0: with 0 every document is held out")
+    found = corpus_sentences(corpus, val_fraction)
+    held_out = found["held-out"][:max_examples] if max_examples is not None else found["held-out"]
     parts: dict[str, list[list[str]]] = {"train": [], "dev": []}
-    for tokens in sentences:
-        digest = hashlib.blake2b(" ".join(tokens).encode(), digest_size=8, person=b"bigram-shift").digest()
-        parts["dev" if int.from_bytes(digest, "big") / 2**64 < dev_fraction else "train"].append(tokens)
+    if train_from == "training":
+        parts["dev"] = held_out
+        parts["train"] = found["training"][:max_examples] if max_examples is not None else found["training"]
+    else:
+        for tokens in held_out:
+            digest = hashlib.blake2b(" ".join(tokens).encode(), digest_size=8, person=b"bigram-shift").digest()
+            parts["dev" if int.from_bytes(digest, "big") / 2**64 < dev_fraction else "train"].append(tokens)
+    if max_train is not None:
+        parts["train"] = parts["train"][:max_train]
     counts = {}
     for offset, (name, part) in enumerate(parts.items()):
         examples = bigram_shift_examples(part, seed * 2 + offset)
         if len(examples) < 2:
-            raise PipelineError(f"{corpus}: only {len(examples)} usable held-out sentences for the {name} split; "
-                                "use a larger corpus or --val-fraction 0 (every document)")
+            raise PipelineError(f"{corpus}: only {len(examples)} usable sentences for the {name} split; "
+                                "use a larger corpus or another --val-fraction")
         lines = [json.dumps({"text": e.text, "label": e.label}) for e in examples]
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / f"{name}.jsonl", ("\n".join(lines) + "\n").encode())

@@ -16,6 +16,7 @@ from pipeline.common.lost_rank import is_lost_peer, lost_rank_error
 from pipeline.common.run_kernel import run_tags
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.families import task_family
+from pipeline.finetune.label_curve import check_curve_task, curve_point, per_class_sample, point_config
 from pipeline.finetune.model_source import resolve_model_source
 from pipeline.finetune.outputs import finished_seed, holds_pretrained_seeds, summarize, write_best_model
 from pipeline.finetune.select_split import SELECT
@@ -27,11 +28,12 @@ from pipeline.tracking.sinks import open_metrics
 
 
 def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
-                   sweep: Sweep | None = None) -> dict:
+                   sweep: Sweep | None = None, labels_per_class: list[int] | None = None) -> dict:
     """Fine-tune every seed not finished yet; write `metrics.json` (medians over seeds) and `best_model.json`.
 
     With a `sweep`, the setting is chosen first on the selection slice of the training split (see
-    `sweep.py`), and the seeds train the chosen setting on the rest of it.
+    `sweep.py`), and the seeds train the chosen setting on the rest of it. With `labels_per_class`, the
+    setting is then retrained on that many examples per class (`label_curve.py`).
 
     A process that loses the others (a dead or stuck process) ends with a `PipelineError` saying so.
     """
@@ -39,7 +41,7 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
 
     topology = current_topology()
     try:
-        return _run_finetuning(config, model, seeds, from_scratch, sweep)
+        return _run_finetuning(config, model, seeds, from_scratch, sweep, labels_per_class or [])
     except Exception as err:
         if topology.world_size == 1 or not is_lost_peer(err):
             raise
@@ -48,11 +50,13 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
 
 
 def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
-                    sweep: Sweep | None) -> dict:
+                    sweep: Sweep | None, labels_per_class: list[int]) -> dict:
     from pipeline.common.topology import current_topology
 
     layout = config.layout
     data = load_task(config)  # every problem with the data surfaces here, before any model is loaded
+    if labels_per_class:
+        check_curve_task(data)
     family = task_family(data, config.data)
     plan = config.batch_plan(current_topology().world_size)
     accelerator = build_accelerator(config, plan)
@@ -93,10 +97,16 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
             results[seed] = done["metrics"]
             continue
         results[seed] = tuner.run().best
+    curve = [_curve_point(n, config, data, family, source, accelerator, plan, seeds, from_scratch, parent.run_id,
+                          held_out, protocol) for n in labels_per_class]
     summary = summarize(list(results.values()), data.spec.metrics)
     report = {**summary, "task": data.spec.name, "seeds": seeds, "from_scratch": from_scratch, "model": source.path,
               "pretrain_run_id": source.pretrain_run_id,
               "per_seed": [{**results[s], "seed": s} for s in seeds]}
+    if curve:
+        full = curve_point("all", len(data.train), config.train.epochs, [results[s] for s in seeds],
+                           family.main_metric)
+        report["label_curve"] = [*curve, full]
     if selection is not None:
         report.update(selection_score=selection.score, chosen_setting=selection.chosen.values,
                       selection=selection.record())
@@ -112,3 +122,24 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
     parent.close()
     accelerator.wait_for_everyone()
     return report
+
+
+def _curve_point(per_class: int, config: FinetuneConfig, data: TaskData, family, source, accelerator, plan,
+                 seeds: list[int], from_scratch: bool, parent_run_id: str | None, held_out, protocol) -> dict:
+    """Every seed of one label-curve point, trained (or skipped when finished) on its own draw of the examples."""
+    results, epochs, examples = [], config.train.epochs, 0
+    for seed in seeds:
+        train = per_class_sample(data.train, per_class, seed)
+        point = point_config(config, per_class, len(data.train), len(train))
+        epochs, examples = point.train.epochs, len(train)
+        tuner = FineTuner(point, TaskData(data.spec, train, data.dev, {}), family, source, accelerator, plan, seed,
+                          from_scratch, parent_run_id, held_out=held_out,
+                          protocol={**(protocol or {}), "labels_per_class": per_class}, point=f"{per_class}-per-class")
+        done = finished_seed(point.layout.seed(seed), tuner.completion_key(), needs_model=False)
+        if done is not None:
+            if accelerator.is_main_process:
+                print(f"{tuner.label}: finished before ({point.layout.seed(seed).complete}), skipped", flush=True)
+            results.append(done["metrics"])
+        else:
+            results.append(tuner.run().best)
+    return curve_point(per_class, examples, epochs, results, family.main_metric)

@@ -75,15 +75,18 @@ class FineTuner:
 
     def __init__(self, config: FinetuneConfig, data: TaskData, family: TaskFamily, source: ModelSource,
                  accelerator, plan: BatchPlan, seed: int, from_scratch: bool, parent_run_id: str | None = None,
-                 *, held_out=None, protocol: dict | None = None, trial: str | None = None):
+                 *, held_out=None, protocol: dict | None = None, trial: str | None = None,
+                 point: str | None = None):
         """`held_out`: a split of training data (the selection slice) that picks the best epoch; dev is then
         scored once, on that epoch (the family must know the slice as `SELECT`). `protocol`: what the
         completion record must also match (the selection slice, the trial's setting). `trial`: a selection
-        trial of that name: its own MLflow run name and tags, and no saved weights."""
+        trial of that name: its own MLflow run name and tags, and no saved weights. `point`: a point of the
+        label-efficiency curve (`label_curve.py`, e.g. "8-per-class"): named and tagged so, no saved weights."""
         self.config, self.data, self.family, self.source = config, data, family, source
         self.accelerator, self.plan, self.seed, self.from_scratch = accelerator, plan, seed, from_scratch
         self.parent_run_id = parent_run_id
-        self.held_out, self.protocol, self.trial = held_out, protocol, trial
+        self.held_out, self.protocol, self.trial, self.point = held_out, protocol, trial, point
+        self.keeps_weights = trial is None and point is None
         self.out: SeedLayout = config.layout.seed(seed)
         self.watchdog: RankWatchdog | None = None
         if plan.world_size > 1:  # see pipeline/common/lost_rank.py
@@ -91,7 +94,7 @@ class FineTuner:
             self.watchdog = RankWatchdog(timeout, lambda where: lost_rank_message(
                 accelerator.process_index, plan.world_size, f"in {self.label}, {where}", timeout, RERUN_HINT,
                 f"a micro batch has waited {timeout:g} s"))
-        self.label = (f"{data.spec.name}{f' trial {trial}' if trial else ''} seed {seed}"
+        self.label = (f"{data.spec.name}{f' trial {trial}' if trial else ''}{f' {point}' if point else ''} seed {seed}"
                       f"{' (scratch)' if from_scratch else ''}")
 
     def setup(self) -> None:
@@ -137,6 +140,8 @@ class FineTuner:
         kind = "scratch" if self.from_scratch else "pretrained"
         source = self.source
         stage, trial = ("finetune-trial", {"trial": self.trial}) if self.trial else ("finetune", {})
+        if self.point:
+            stage, trial = "finetune-label-curve", {"point": self.point}
         tags = run_tags(stage, self.plan.world_size, task=c.task, seed=self.seed, **trial,
                         from_scratch=str(self.from_scratch).lower(), model=source.path,
                         pretrain_run_id=source.pretrain_run_id, pretrain_checkpoint=source.pretrain_checkpoint)
@@ -144,7 +149,8 @@ class FineTuner:
             tags["mlflow.parentRunId"] = self.parent_run_id
         params = {**flatten(to_dict(c)), "model": self.source.path, "seed": self.seed,
                   "from_scratch": self.from_scratch, "gradient_accumulation": self.plan.accumulation}
-        name = f"{spec.name}-{kind}{f'-trial-{self.trial}' if self.trial else ''}-seed{self.seed}"
+        part = f"-trial-{self.trial}" if self.trial else f"-{self.point}" if self.point else ""
+        name = f"{spec.name}-{kind}{part}-seed{self.seed}"
         return open_metrics(self.accelerator.is_main_process, tracking=c.tracking, run_name=name, tags=tags,
                             params=params)
 
@@ -245,13 +251,13 @@ class FineTuner:
             artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels)
             for name, values in test_predictions.items():
                 artifacts += self.family.write_test_predictions(out, name, self.data.test[name], values)
-            if self.trial is None:  # a trial's weights are not kept: its setting is retrained over the seeds
+            if self.keeps_weights:  # a trial's setting is retrained over the seeds; a curve point only reports
                 self._save_model(result)
             self.metrics.log({f"best/{k}": v for k, v in result.best.items()} | {"best/epoch": result.best_epoch},
                              self.config.train.epochs)
             for path in artifacts:
                 self.metrics.log_artifact(path)
-            if self.trial is None:
+            if self.keeps_weights:
                 record_in_model_store(self.metrics, out.model, task_datasets(self.data),
                                       self.config.tracking.registered_model)
             mark_complete(out, {**self.completion_key(), "metrics": result.best, "best_epoch": result.best_epoch,

@@ -65,7 +65,8 @@ class UnigramModel:
 
     @staticmethod
     def _count(texts: list[str], tokenizer, size: int) -> np.ndarray:
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        # verbose=False: counting whole documents is not feeding the model, so no "longer than the maximum" warning.
+        ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         flat = np.fromiter((t for row in ids for t in row), np.int64)
         return np.bincount(flat, minlength=size)[:size]
 

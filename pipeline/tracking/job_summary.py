@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.run_layout import MainJobLayout
+from pipeline.tracking.task_report import minimal_pairs_line, read_json, task_arms, task_findings, task_rows
 
 # A docstring-like sentence for the predict example: the main job's task asks which package a docstring comes from.
 PREDICT_EXAMPLE = "Return the canonical path of the specified filename, eliminating any symbolic links."
-
-
-@dataclass(frozen=True)
-class FinetuneHeadline:
-    """The main metric of one fine-tuning output folder: its median over seeds."""
-
-    task: str
-    metric: str
-    median: float
-    seeds: int
 
 
 def last_eval(metrics_jsonl: Path) -> dict | None:
@@ -42,23 +32,6 @@ def last_eval(metrics_jsonl: Path) -> dict | None:
     return last
 
 
-def finetune_headline(metrics_json: Path) -> FinetuneHeadline | None:
-    """The task's main metric from a fine-tuning `metrics.json`, or None if the file is missing or unreadable.
-
-    The trainer summarises the task's metrics in the task's order, main metric first, each with
-    `_mean` and `_std` beside its median: the first key that has a `_mean` is the main one.
-    """
-    try:
-        report = json.loads(metrics_json.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
-    if metric is None:
-        return None
-    return FinetuneHeadline(str(report.get("task", "task")), metric, float(report[metric]),
-                            len(report.get("seeds") or report.get("per_seed") or []))
-
-
 def _shards_line(index_json: Path) -> str | None:
     try:
         index = json.loads(index_json.read_text(encoding="utf-8"))
@@ -66,13 +39,6 @@ def _shards_line(index_json: Path) -> str | None:
         return (f"{index['tokenizer']['vocab_size']:,}-token vocabulary; {totals['sequences']:,} sequences × "
                 f"{index['seq_len']} tokens ({splits['val']['sequences']:,} for validation)")
     except (OSError, KeyError, TypeError, json.JSONDecodeError):
-        return None
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
         return None
 
 
@@ -90,17 +56,6 @@ def _around_mask(text: str, width: int = 60) -> str:
     return ("…" if start > 0 else "") + text[start:end] + ("…" if end < len(text) else "")
 
 
-def _baseline_line(baseline: dict | None, pretrained: FinetuneHeadline, scratch: FinetuneHeadline) -> str | None:
-    """The token-count baseline beside the arms, and in plain words when it matches or beats them."""
-    if not baseline or not isinstance(baseline.get(pretrained.metric), int | float):
-        return None
-    value = float(baseline[pretrained.metric])
-    line = f"{value:.3f} on the same dev split (a bag of words and a logistic regression)"
-    if value >= max(pretrained.median, scratch.median) - 0.01:
-        line += ": counting words does as well, so this task cannot show what pretraining buys"
-    return line
-
-
 def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True) -> str:
     """The closing screen for the main job's run folder `out`.
 
@@ -115,13 +70,14 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
     if layout.pretrain.export.is_dir():
         step = f", {evaluation['step']} steps" if evaluation else ""
         built.append(("pretrain/export/", f"the pretrained encoder, an HF model folder{step}"))
-    runs = {name: finetune_headline(layout.finetune(folder).metrics)
-            for name, folder in (("pretrained", "pretrained"), ("from scratch", "from-scratch"))}
-    if any(runs.values()):
-        built.append(("finetune/", "fine-tuned from the export (pretrained/) and from random weights (from-scratch/)"))
+    arms = task_arms(layout, "keywords")
+    if any(arms.values()):
+        built.append(("finetune/", "each task fine-tuned from the export (pretrained/) and from random weights "
+                                   "(from-scratch/)"))
     plots = sorted(layout.compare.glob("*.png")) if layout.compare.is_dir() else []
     if plots:
-        built.append(("compare/", f"loss curves of every run ({len(plots)} plots)"))
+        curve = " and the label-efficiency curve" if layout.label_curve_plot in plots else ""
+        built.append(("compare/", f"loss curves of every run{curve} ({len(plots)} plots)"))
     built.append(("mlflow.db, logs/", "every run's parameters and metrics; each stage's full output"))
 
     figures: list[tuple[str, str]] = []
@@ -138,30 +94,16 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
                                                f"{'below' if margin >= 0 else 'ABOVE'} it"))
     else:
         figures.append(("validation MLM loss", f"not found in {layout.pretrain.metrics}"))
-    cloze = _read_json(layout.cloze)
+    cloze = read_json(layout.cloze)
     if cloze:
         figures.append(("cloze accuracy", f"{cloze['accuracy']:.3f} top-1 at {cloze['masked']:,} masked validation "
                                           f"tokens (always the most frequent token: {cloze['constant_accuracy']:.3f})"))
-    pretrained, scratch = runs["pretrained"], runs["from scratch"]
-    if pretrained and scratch:
-        figures.append((f"{pretrained.metric} ({pretrained.task} task)",
-                        f"pretrained {pretrained.median:.3f} vs from scratch {scratch.median:.3f} "
-                        f"({pretrained.median - scratch.median:+.3f}; medians of {pretrained.seeds} seeds)"))
-        chosen = {n: (_read_json(layout.finetune(f).metrics) or {}).get("chosen_setting")
-                  for n, f in (("pretrained", "pretrained"), ("from scratch", "from-scratch"))}
-        if any(chosen.values()):
-            figures.append(("chosen on held-out train", "; ".join(
-                f"{n} {', '.join(f'{k}={v}' for k, v in c.items())}" for n, c in chosen.items() if c)))
-        if (line := _baseline_line(_read_json(layout.token_baseline), pretrained, scratch)) is not None:
-            figures.append(("token counts (no neural model)", line))
-    else:
-        missing = [n for n, r in runs.items() if r is None]
-        figures.append(("fine-tuning", f"no result for {' and '.join(missing)} in {layout.root / 'finetune'}"))
+    if (pairs := minimal_pairs_line(layout)) is not None:
+        figures.append(("minimal pairs", pairs))
 
     uri = shlex.quote(layout.tracking_uri)
-    task = pretrained.task if pretrained else "TASK"
-    predict = (f"python launchers/predict.py --model {shlex.quote(str(layout.finetune('pretrained').root))} "
-               f"--task {task} {shlex.quote(PREDICT_EXAMPLE)}")
+    keywords_model = shlex.quote(str(layout.finetune("keywords", "pretrained").root))
+    predict = f"python launchers/predict.py --model {keywords_model} --task custom {shlex.quote(PREDICT_EXAMPLE)}"
     next_commands = [
         ("browse every run", f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1"),
         ("compare runs", f"python launchers/compare.py --uri {uri} --out {shlex.quote(str(layout.compare))}"),
@@ -172,6 +114,12 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
     for title, rows in (("built", built), ("figures", figures)):
         width = max(len(k) for k, _ in rows)
         lines += [title] + [f"  {k:<{width}}  {v}" for k, v in rows]
+    rows = task_rows(layout)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    metric = next((r.metric for r in task_arms(layout, "keywords").values() if r), "accuracy")
+    lines += [f"tasks (dev {metric}, median of seeds [min–max]; each arm through the protocol)"]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines += [f"  {finding}" for finding in task_findings(layout)]
     if cloze and cloze.get("examples"):
         lines += ["fill-mask on validation text (answer; the model's top 3)"]
         lines += [f"  {_around_mask(e['masked_text'])}  ({_token(e['answer'])}; "

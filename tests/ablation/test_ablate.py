@@ -68,8 +68,12 @@ def check_study_folder(work: dict, study: str, arms: list[str]) -> list[dict]:
 
 
 def test_masking_study_end_to_end_in_mlflow_then_a_rerun_skips_every_finished_arm_and_seed(work):
-    ablate(work, "masking")
+    ablate(work, "masking", "--finetune-sweep", "train.learning_rate=1e-4,1e-3")
     check_study_folder(work, "masking", ["static", "dynamic"])
+    for arm in ("static", "dynamic"):  # each arm's learning rate chosen on held-out train, not dev
+        selection = json.loads((work["out"] / "masking/arms" / arm / "finetune/sst2/selection.json").read_text())
+        assert [t["setting"] for t in selection["trials"]] == [{"train.learning_rate": "1e-4"},
+                                                               {"train.learning_rate": "1e-3"}]
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{work['out'] / 'mlflow.db'}")
@@ -88,7 +92,7 @@ def test_masking_study_end_to_end_in_mlflow_then_a_rerun_skips_every_finished_ar
     assert {"results.md", "results.csv", "loss_curves.png"} <= {
         a.path for a in client.list_artifacts(study_run.info.run_id)}
 
-    again = ablate(work, "masking").stdout
+    again = ablate(work, "masking", "--finetune-sweep", "train.learning_rate=1e-4,1e-3").stdout
     assert again.count("pretraining: finished before") == 2 and again.count("sst2: seeds 1 finished before") == 2
     assert "== static: pretrain" not in again and "reused" in again
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from helpers import write_jsonl
 
-from pipeline.data.minimal_pair_maker import main, make_pair, make_pairs, sentences_of
+from pipeline.commands.make_minimal_pairs import main
+from pipeline.data.minimal_pair_maker import make_pair, make_pairs, sentences_of
 
 TEXT = ("The model is quiet. The tokens are seven in a batch. An encoder has read this document. "
         "These rivers were long and orange. Call f(x) = 3 here. Short one.")

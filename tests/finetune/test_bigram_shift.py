@@ -90,6 +90,19 @@ def test_the_task_files_are_balanced_disjoint_and_reproducible(shift_task, tmp_p
     assert (tmp_path / "again" / "train.jsonl").read_bytes() == (root / "task" / "train.jsonl").read_bytes()
 
 
+def test_train_from_training_documents_keeps_every_held_out_sentence_for_dev(shift_task, tmp_path):
+    _, corpus, _ = shift_task
+    docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+    counts = write_bigram_shift_task(corpus, tmp_path / "t", val_fraction=0.1, train_from="training", max_train=500)
+    dev = {" ".join(sorted(r["text"].split())) for r in read(tmp_path / "t" / "dev.jsonl")}
+    train = {" ".join(sorted(r["text"].split())) for r in read(tmp_path / "t" / "train.jsonl")}
+    held = {" ".join(sorted(" ".join(s).split())) for d in docs if val_score(d) < 0.1 for s in sentences_of(d)}
+    assert dev == held and counts == {"train": 500, "dev": len(held)}  # the whole held-out text, and no more
+    assert not train & held  # train comes from the documents pretraining reads only
+    with pytest.raises(PipelineError, match="--train-from training needs --val-fraction > 0"):
+        write_bigram_shift_task(corpus, tmp_path / "u", val_fraction=0.0, train_from="training")
+
+
 def test_only_the_shard_stages_validation_documents_are_used(shift_task):
     _, corpus, _ = shift_task
     docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
@@ -149,5 +162,5 @@ def test_the_baseline_refuses_a_token_task():
 def test_too_few_held_out_sentences_is_an_error(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"text": "Tiny."}) + "\n")
-    with pytest.raises(PipelineError, match="usable held-out sentences"):
+    with pytest.raises(PipelineError, match="usable sentences for the train split"):
         write_bigram_shift_task(corpus, tmp_path / "t", val_fraction=0.0)

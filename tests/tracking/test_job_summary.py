@@ -7,15 +7,32 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tracking.job_summary import finetune_headline, last_eval, render_summary
+from pipeline.tracking.job_summary import last_eval, render_summary
+from pipeline.tracking.task_report import arm_result
 
 
-def _finetune_report(accuracies: list[float]) -> dict:
+def _point(per_class, examples, values):
+    return {"labels_per_class": per_class, "examples": examples, "epochs": 3, "metric": "accuracy",
+            "median": sorted(values)[1], "min": min(values), "max": max(values), "per_seed": values}
+
+
+def _finetune_report(curve: dict) -> dict:
+    """An arm's metrics.json: `curve` maps labels per class (8, 32, "all") to three seeds' accuracies."""
+    accuracies = curve["all"]
     median = sorted(accuracies)[len(accuracies) // 2]
     return {"accuracy": median, "accuracy_mean": sum(accuracies) / 3, "accuracy_std": 0.01,
             "macro_f1": 0.5, "macro_f1_mean": 0.5, "macro_f1_std": 0.0,
-            "task": "docstring-package", "seeds": [1, 2, 3], "from_scratch": False,
-            "per_seed": [{"accuracy": a} for a in accuracies]}
+            "task": "custom", "seeds": [1, 2, 3], "from_scratch": False,
+            "per_seed": [{"accuracy": a} for a in accuracies],
+            "label_curve": [_point(n, 48 if n == 8 else 192 if n == 32 else 505, v) for n, v in curve.items()]}
+
+
+ARMS = {
+    ("keywords", "pretrained"): {8: [0.50, 0.55, 0.52], 32: [0.80, 0.82, 0.81], "all": [0.93, 0.94, 0.95]},
+    ("keywords", "from-scratch"): {8: [0.60, 0.62, 0.61], 32: [0.80, 0.83, 0.79], "all": [0.93, 0.95, 0.96]},
+    ("word-order", "pretrained"): {8: [0.50, 0.52, 0.51], 32: [0.55, 0.56, 0.54], "all": [0.61, 0.64, 0.62]},
+    ("word-order", "from-scratch"): {8: [0.49, 0.50, 0.51], 32: [0.50, 0.51, 0.49], "all": [0.40, 0.45, 0.41]},
+}
 
 
 @pytest.fixture
@@ -33,9 +50,17 @@ def run_folder(tmp_path) -> Path:
                {"step": 200, "eval/mlm_loss": 5.25, "eval/perplexity": 190.6, "eval/unigram_entropy": 6.42},
                {"step": 200, "train/loss": 5.8}]
     (out / "pretrain" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 2')
-    for folder, accuracies in (("pretrained", [0.61, 0.64, 0.62]), ("from-scratch", [0.40, 0.45, 0.41])):
-        (out / "finetune" / folder).mkdir(parents=True)
-        (out / "finetune" / folder / "metrics.json").write_text(json.dumps(_finetune_report(accuracies)))
+    for (task, arm), curve in ARMS.items():
+        (out / "finetune" / task / arm).mkdir(parents=True)
+        (out / "finetune" / task / arm / "metrics.json").write_text(json.dumps(_finetune_report(curve)))
+    for task, accuracy in (("keywords", 0.945), ("word-order", 0.49)):
+        (out / "tasks" / task).mkdir(parents=True)
+        (out / "tasks" / task / "token-baseline.json").write_text(json.dumps({"task": "custom", "accuracy": accuracy}))
+    (out / "minimal-pairs.json").write_text(json.dumps({
+        "model_scores": {"overall": {"accuracy": 0.64, "pairs": 300},
+                         "groups": {"agreement": {"accuracy": 0.7, "pairs": 100}}},
+        "unigram_scores": {"overall": {"accuracy": 0.5, "pairs": 300},
+                           "groups": {"agreement": {"accuracy": 0.51, "pairs": 100}}}}))
     (out / "cloze.json").write_text(json.dumps({
         "accuracy": 0.3125, "masked": 2400, "constant_accuracy": 0.061, "examples": [
             {"masked_text": "Return the <mask> of the list.", "answer": " length",
@@ -56,10 +81,11 @@ def test_the_last_evaluation_is_the_headline_and_a_cut_line_is_skipped(run_folde
     assert last_eval(run_folder / "missing.jsonl") is None
 
 
-def test_the_tasks_main_metric_is_the_first_summarised_one(run_folder):
-    headline = finetune_headline(run_folder / "finetune" / "pretrained" / "metrics.json")
-    assert (headline.task, headline.metric, headline.median, headline.seeds) == ("docstring-package", "accuracy",
-                                                                                 0.62, 3)
+def test_an_arms_headline_is_its_first_summarised_metric_with_its_label_curve(run_folder):
+    result = arm_result(run_folder / "finetune" / "word-order" / "pretrained" / "metrics.json")
+    assert (result.metric, result.median, result.seeds) == ("accuracy", 0.62, 3)
+    assert [(p.labels_per_class, p.median, p.low, p.high) for p in result.curve] == [
+        (8, 0.51, 0.50, 0.52), (32, 0.55, 0.54, 0.56), ("all", 0.62, 0.61, 0.64)]
 
 
 def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_folder):
@@ -68,48 +94,73 @@ def test_summary_names_what_was_built_the_figures_and_the_next_commands(run_fold
     assert "8,000-token vocabulary; 3,323 sequences × 128 tokens (144 for validation)" in text
     assert "pretrain/export/" in text and "200 steps" in text
     assert "(2 plots)" in text
-    assert "validation MLM loss                5.250 at step 200 (perplexity 190.6)" in text
-    assert "unigram entropy                    6.420 (the plateau" in text and "loss is 1.170 nats below it" in text
-    assert ("cloze accuracy                     0.312 top-1 at 2,400 masked validation tokens (always the most "
+    assert "validation MLM loss  5.250 at step 200 (perplexity 190.6)" in text
+    assert "unigram entropy      6.420 (the plateau" in text and "loss is 1.170 nats below it" in text
+    assert ("cloze accuracy       0.312 top-1 at 2,400 masked validation tokens (always the most "
             "frequent token: 0.061)") in text
     assert "  Return the <mask> of the list.  ('length'; 'length' 0.41, 'number' 0.20, 'size' 0.10)" in text
     long_example = next(line for line in text.splitlines() if "'z'" in line)
     assert long_example.startswith("  …x") and "x <mask> y" in long_example and len(long_example) < 120
     assert "('z'; '\\n' 0.30, 'b' 0.20, 'c' 0.10)" in long_example  # a newline filling stays visible
-    assert ("accuracy (docstring-package task)  pretrained 0.620 vs from scratch 0.410 (+0.210; medians of 3 seeds)"
-            in text)
+    assert "minimal pairs        0.640 on 300 held-out pairs (unigram model 0.500); agreement " \
+        "0.70/0.51" in text
+    table = text.split("tasks (dev accuracy")[1].splitlines()
+    assert table[1].split() == ["task", "labels/class", "pretrained", "from", "scratch", "gap", "token", "counts"]
+    assert table[4].split() == ["all", "(505", "in", "total)", "0.940", "[0.93–0.95]", "0.950", "[0.93–0.96]",
+                                "-0.010", "0.945"]
+    assert table[5].split()[:3] == ["word-order", "8", "0.510"]
     assert f"mlflow ui --backend-store-uri sqlite:///{run_folder / 'mlflow.db'} --host 127.0.0.1" in text
     assert f"python launchers/compare.py --uri sqlite:///{run_folder / 'mlflow.db'}" in text
-    assert f"python launchers/predict.py --model {run_folder / 'finetune' / 'pretrained'} --task docstring-package '" \
-        in text
-    assert len(text.splitlines()) <= 26  # fits a screen with the stages above it
+    keywords_model = run_folder / "finetune" / "keywords" / "pretrained"
+    assert f"python launchers/predict.py --model {keywords_model} --task custom '" in text
+    assert len(text.splitlines()) <= 40  # fits a screen
 
 
-def test_the_token_count_baseline_stands_beside_the_arms_and_says_when_counting_is_enough(run_folder):
-    (run_folder / "token-baseline.json").write_text(json.dumps({"task": "custom", "accuracy": 0.5, "f1_macro": 0.4}))
-    line = next(x for x in render_summary(run_folder).splitlines() if "token counts" in x)
-    assert line.split("token counts (no neural model)")[1].strip() == (
-        "0.500 on the same dev split (a bag of words and a logistic regression)")
-    (run_folder / "token-baseline.json").write_text(json.dumps({"task": "custom", "accuracy": 0.93}))
-    line = next(x for x in render_summary(run_folder).splitlines() if "token counts" in x)
-    assert "0.930" in line and "counting words does as well, so this task cannot show what pretraining buys" in line
+def findings(run_folder) -> list[str]:
+    text = render_summary(run_folder)
+    return [line.strip() for line in text.split("tasks (dev accuracy")[1].splitlines() if ": " in line]
+
+
+def test_a_task_that_counting_words_solves_is_called_so(run_folder):
+    assert ("keywords: counting words (0.945) does as well as both arms, so this task cannot show what pretraining "
+            "buys") in findings(run_folder)
+    assert "word-order: pretrained +0.210 against from scratch with all labels; counting words gets 0.490" \
+        in findings(run_folder)
+
+
+def test_a_point_where_pretrained_falls_below_scratch_beyond_the_seeds_spread_is_named(run_folder):
+    below = [line for line in findings(run_folder) if "BELOW" in line]
+    # keywords at 8 per class: 0.52 against 0.61, spread 0.05; at 32: 0.81 against 0.80, no
+    assert below == ["keywords: with 8 labelled examples per class pretrained is BELOW from scratch by 0.090, more "
+                     "than the seeds' spread (0.050)"]
 
 
 def test_the_settings_each_arm_chose_are_shown_when_the_arms_were_swept(run_folder):
-    assert "chosen on held-out train" not in render_summary(run_folder)
-    for folder, lr in (("pretrained", "1e-3"), ("from-scratch", "2e-4")):
-        path = run_folder / "finetune" / folder / "metrics.json"
+    assert not [line for line in findings(run_folder) if "chosen on held-out train" in line]
+    for arm, lr in (("pretrained", "1e-3"), ("from-scratch", "2e-4")):
+        path = run_folder / "finetune" / "keywords" / arm / "metrics.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "chosen_setting": {"train.learning_rate": lr}}))
-    line = next(x for x in render_summary(run_folder).splitlines() if "chosen on held-out train" in x)
-    assert line.endswith("pretrained train.learning_rate=1e-3; from scratch train.learning_rate=2e-4")
+    assert ("keywords: chosen on held-out train: pretrained train.learning_rate=1e-3; from scratch "
+            "train.learning_rate=2e-4") in findings(run_folder)
+
+
+def test_the_label_curve_plot_has_a_panel_per_task(run_folder):
+    from pipeline.common.run_layout import MainJobLayout
+    from pipeline.tracking.label_curve_plot import plot_label_curves
+
+    layout = MainJobLayout(run_folder)
+    assert plot_label_curves(layout)
+    assert layout.label_curve_plot.read_bytes()[:4] == b"\x89PNG"
+    assert "and the label-efficiency curve (3 plots)" in render_summary(run_folder)
 
 
 def test_missing_results_are_named_not_invented(run_folder):
-    (run_folder / "finetune" / "from-scratch" / "metrics.json").unlink()
+    (run_folder / "finetune" / "word-order" / "from-scratch" / "metrics.json").unlink()
     (run_folder / "pretrain" / "metrics.jsonl").unlink()
     (run_folder / "cloze.json").unlink()
     text = render_summary(run_folder, predict_cli=False)
     assert "unigram entropy" not in text and "cloze" not in text and "fill-mask" not in text
     assert "validation MLM loss  not found in" in text
-    assert f"no result for from scratch in {run_folder / 'finetune'}" in text
+    assert next(line for line in text.splitlines() if "word-order" in line).split() == [
+        "word-order", "no", "result", "for", "from", "scratch"]
     assert "launchers/predict.py is coming" in text

@@ -1,0 +1,75 @@
+"""The label-efficiency curve: the chosen setting retrained on a few labelled examples per class.
+
+How much labelled data does pretraining save? Each point of `--labels-per-class 8,32` trains every
+seed on N examples of each class, drawn from the training split the seeds train on (the selection
+slice stays held out and picks each seed's best epoch), and reports dev as the median over seeds,
+beside the full split's result ("all"). The draw is keyed by (seed, N), so both arms see the same
+examples for the same seed, and the spread over seeds includes which examples were drawn.
+
+A point with fewer examples gets more epochs, so that it trains about as many optimizer steps as the
+full run (`epochs × full size ÷ point size`), never fewer epochs than the full run and at most
+`MAX_CURVE_EPOCHS`: a handful of steps would measure the step count, not the labels. A point's seeds
+keep no weights (their reports and MLflow runs stay), and a rerun skips finished ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+
+from pipeline.common.errors import PipelineError
+from pipeline.finetune.config import FinetuneConfig
+from pipeline.finetune.task_data import Split, TaskData
+
+MAX_CURVE_EPOCHS = 20
+
+
+def parse_labels_per_class(text: str) -> list[int]:
+    """`"8,32"` → `[8, 32]`: distinct positive counts, in increasing order."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise PipelineError(f"--labels-per-class {text!r}: expected comma-separated whole numbers, e.g. 8,32") from None
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise PipelineError(f"--labels-per-class {text!r}: expected distinct counts of at least 1, e.g. 8,32")
+    return sorted(counts)
+
+
+def per_class_sample(split: Split, per_class: int, seed: int) -> Split:
+    """`per_class` examples of each label (all of a label that has fewer), drawn by (seed, per_class), in order."""
+    by_label: dict[float, list[int]] = {}
+    for i, label in enumerate(split.labels or []):
+        by_label.setdefault(label, []).append(i)
+    rng = random.Random(f"{seed}:{per_class}")
+    chosen = sorted(i for label in sorted(by_label) for i in rng.sample(by_label[label],
+                                                                         min(per_class, len(by_label[label]))))
+    return Split(f"{split.source} ({per_class} per class, draw {seed})", [split.texts[i] for i in chosen],
+                 [split.labels[i] for i in chosen], [split.ids[i] for i in chosen])
+
+
+def curve_epochs(epochs: int, full_examples: int, examples: int) -> int:
+    """Epochs for a point of `examples` so it trains about the full run's steps, within [epochs, MAX_CURVE_EPOCHS]."""
+    return max(epochs, min(MAX_CURVE_EPOCHS, math.ceil(epochs * full_examples / max(examples, 1))))
+
+
+def point_config(config: FinetuneConfig, per_class: int, full_examples: int, examples: int) -> FinetuneConfig:
+    """The chosen setting for one point: its own output folder (`labels_<N>_per_class/`) and epochs."""
+    train = dataclasses.replace(config.train, output_dir=str(config.layout.root / f"labels_{per_class}_per_class"),
+                                epochs=curve_epochs(config.train.epochs, full_examples, examples))
+    return dataclasses.replace(config, train=train)
+
+
+def curve_point(per_class: int | str, examples: int, epochs: int, results: list[dict], metric: str) -> dict:
+    """One row of `metrics.json`'s `label_curve`: the median, spread and every seed of the main metric."""
+    values = [r[metric] for r in results]
+    return {"labels_per_class": per_class, "examples": examples, "epochs": epochs, "metric": metric,
+            "median": statistics.median(values), "min": min(values), "max": max(values), "per_seed": values}
+
+
+def check_curve_task(data: TaskData) -> None:
+    """The curve draws examples per class: classification tasks only."""
+    if not isinstance(data.train, Split) or data.spec.is_regression or data.train.labels is None:
+        raise PipelineError(f"--labels-per-class: {data.spec.name} is not a classification task (it draws N "
+                            "training examples of each class)")

@@ -1,0 +1,149 @@
+"""What pretraining bought on the main job's tasks: both arms, the token-count baseline, the label curve.
+
+Reads the files the stages wrote (each arm's `metrics.json`, each task's `token-baseline.json`, the
+minimal-pair result) and says in words what they show: where counting words is enough, where the
+pretrained arm falls behind random weights by more than the seeds' spread, and by how much it
+leads elsewhere. Nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLayout
+
+ARM_NAMES = {"pretrained": "pretrained", "from-scratch": "from scratch"}
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One label count of one arm: the median over seeds of the main metric and its min–max."""
+
+    labels_per_class: int | str
+    examples: int
+    median: float
+    low: float
+    high: float
+
+    @property
+    def spread(self) -> float:
+        return self.high - self.low
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm of one task, from its `metrics.json`."""
+
+    metric: str
+    median: float
+    seeds: int
+    chosen: dict = field(default_factory=dict)
+    curve: tuple[CurvePoint, ...] = ()
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def arm_result(metrics_json: Path) -> ArmResult | None:
+    """The arm's headline (the first metric summarised with a `_mean`), chosen setting and label curve."""
+    report = read_json(metrics_json)
+    if not isinstance(report, dict):
+        return None
+    metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
+    if metric is None:
+        return None
+    curve = tuple(CurvePoint(p["labels_per_class"], p["examples"], p["median"], p["min"], p["max"])
+                  for p in report.get("label_curve") or [])
+    return ArmResult(metric, float(report[metric]), len(report.get("seeds") or report.get("per_seed") or []),
+                     dict(report.get("chosen_setting") or {}), curve)
+
+
+def task_arms(layout: MainJobLayout, task: str) -> dict[str, ArmResult | None]:
+    return {arm: arm_result(layout.finetune(task, arm).metrics) for arm in MAIN_JOB_ARMS}
+
+
+def token_baseline(layout: MainJobLayout, task: str, metric: str) -> float | None:
+    value = (read_json(layout.token_baseline(task)) or {}).get(metric)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _label(point: CurvePoint) -> str:
+    return f"all ({point.examples:,} in total)" if point.labels_per_class == "all" else str(point.labels_per_class)
+
+
+def _with_labels(point: CurvePoint) -> str:
+    if point.labels_per_class == "all":
+        return f"with all {point.examples:,} labelled examples"
+    return f"with {point.labels_per_class} labelled examples per class"
+
+
+def task_rows(layout: MainJobLayout) -> list[tuple[str, ...]]:
+    """The table: task, labels per class, each arm's median [min–max], the gap, token counts (on the full row)."""
+    rows = [("task", "labels/class", "pretrained", "from scratch", "gap", "token counts")]
+    for task in MAIN_JOB_TASKS:
+        arms = task_arms(layout, task)
+        pretrained, scratch = arms["pretrained"], arms["from-scratch"]
+        if pretrained is None or scratch is None:
+            missing = " and ".join(ARM_NAMES[a] for a, r in arms.items() if r is None)
+            rows.append((task, "", f"no result for {missing}", "", "", ""))
+            continue
+        baseline = token_baseline(layout, task, pretrained.metric)
+        points = list(zip(pretrained.curve, scratch.curve, strict=False)) or [
+            (CurvePoint("all", 0, pretrained.median, pretrained.median, pretrained.median),
+             CurvePoint("all", 0, scratch.median, scratch.median, scratch.median))]
+        for i, (p, s) in enumerate(points):
+            last = i == len(points) - 1
+            rows.append((task if i == 0 else "", _label(p), f"{p.median:.3f} [{p.low:.2f}–{p.high:.2f}]",
+                         f"{s.median:.3f} [{s.low:.2f}–{s.high:.2f}]", f"{p.median - s.median:+.3f}",
+                         f"{baseline:.3f}" if last and baseline is not None else ""))
+    return rows
+
+
+def task_findings(layout: MainJobLayout) -> list[str]:
+    """Plain sentences: what each task shows, including every point where pretraining did not pay."""
+    lines = []
+    for task in MAIN_JOB_TASKS:
+        arms = task_arms(layout, task)
+        pretrained, scratch = arms["pretrained"], arms["from-scratch"]
+        if pretrained is None or scratch is None:
+            continue
+        gap = pretrained.median - scratch.median
+        baseline = token_baseline(layout, task, pretrained.metric)
+        if baseline is not None and baseline >= max(pretrained.median, scratch.median) - 0.01:
+            lines.append(f"{task}: counting words ({baseline:.3f}) does as well as both arms, so this task cannot "
+                         "show what pretraining buys")
+        elif baseline is not None:
+            lines.append(f"{task}: pretrained {gap:+.3f} against from scratch with all labels; counting words gets "
+                         f"{baseline:.3f}")
+        for p, s in zip(pretrained.curve, scratch.curve, strict=False):
+            spread = max(p.spread, s.spread)
+            if p.median < s.median - spread:
+                lines.append(f"{task}: {_with_labels(p)} pretrained is BELOW from scratch by "
+                             f"{s.median - p.median:.3f}, more than the seeds' spread ({spread:.3f})")
+        if pretrained.chosen or scratch.chosen:
+            lines.append(f"{task}: chosen on held-out train: " + "; ".join(
+                f"{ARM_NAMES[a]} {', '.join(f'{k}={v}' for k, v in r.chosen.items())}"
+                for a, r in arms.items() if r.chosen))
+    return lines
+
+
+def minimal_pairs_line(layout: MainJobLayout) -> str | None:
+    """The export's minimal-pair accuracy beside the unigram model's, overall and per phenomenon."""
+    result = read_json(layout.minimal_pairs_result)
+    if not result or "model_scores" not in result:
+        return None
+    model, unigram = result["model_scores"], result.get("unigram_scores")
+    line = f"{model['overall']['accuracy']:.3f} on {model['overall']['pairs']:,} held-out pairs"
+    if unigram:
+        line += f" (unigram model {unigram['overall']['accuracy']:.3f})"
+    groups = model.get("groups") or {}
+    if groups:
+        line += "; " + ", ".join(f"{g} {r['accuracy']:.2f}" + (f"/{unigram['groups'][g]['accuracy']:.2f}"
+                                                                if unigram else "") for g, r in groups.items())
+    return line
