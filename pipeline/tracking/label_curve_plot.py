@@ -33,6 +33,9 @@ def plot_label_curves(layout: MainJobLayout) -> bool:
         if (baseline := token_baseline(layout, task, metric)) is not None:
             ax.axhline(baseline, color="gray", linestyle="--", linewidth=1, label=f"token counts ({baseline:.3f})")
         ax.set(xscale="log", title=task, xlabel="labelled examples per class (log)", ylabel=f"dev {metric}")
+        ax.set_xticks(xs, [str(p.labels_per_class) if isinstance(p.labels_per_class, int) else f"all ({x:.0f})"
+                           for p, x in zip(result.curve, xs, strict=True)])
+        ax.minorticks_off()
         ax.legend(fontsize=8)
     fig.tight_layout()
     layout.label_curve_plot.parent.mkdir(parents=True, exist_ok=True)
