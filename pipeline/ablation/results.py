@@ -76,7 +76,8 @@ def task_score(finetune_root: ArmLayout, task: str, seeds: list[int]) -> TaskSco
     done = [layout.seed(s).complete for s in seeds]
     if not all(p.exists() for p in done) or not layout.best_model.exists():
         return None
-    metric = json.loads(layout.best_model.read_text())["metric"]
+    # Under the protocol the best seed is chosen on the selection slice (`select_<metric>`); the table reports dev.
+    metric = json.loads(layout.best_model.read_text())["metric"].removeprefix("select_")
     values = [json.loads(p.read_text())["metrics"][metric] for p in done]
     return TaskScore(metric, statistics.median(values), len(values))
 
