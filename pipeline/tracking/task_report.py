@@ -124,8 +124,10 @@ def task_findings(layout: MainJobLayout) -> list[str]:
         for p, s in zip(pretrained.curve, scratch.curve, strict=False):
             spread = max(p.spread, s.spread)
             if p.median < s.median - spread:
+                counting = f"; counting words gets {baseline:.3f}" if baseline is not None and p is \
+                    pretrained.curve[-1] else ""
                 lines.append(f"{task}: {_with_labels(p)} pretrained is BELOW from scratch by "
-                             f"{s.median - p.median:.3f}, more than the seeds' spread ({spread:.3f})")
+                             f"{s.median - p.median:.3f}, more than the seeds' spread ({spread:.3f}){counting}")
         if pretrained.chosen or scratch.chosen:
             lines.append(f"{task}: chosen on held-out train: " + "; ".join(
                 f"{ARM_NAMES[a]} {', '.join(f'{k}={v}' for k, v in r.chosen.items())}"

@@ -133,6 +133,14 @@ def test_a_point_where_pretrained_falls_below_scratch_beyond_the_seeds_spread_is
     # keywords at 8 per class: 0.52 against 0.61, spread 0.05; at 32: 0.81 against 0.80, no
     assert below == ["keywords: with 8 labelled examples per class pretrained is BELOW from scratch by 0.090, more "
                      "than the seeds' spread (0.050)"]
+    # With all labels the token-count baseline (measured on that split) stands beside the sentence.
+    path = run_folder / "finetune" / "keywords" / "pretrained" / "metrics.json"
+    report = json.loads(path.read_text())
+    report["label_curve"][-1].update(median=0.90, min=0.89, max=0.91)
+    path.write_text(json.dumps(report))
+    assert [line for line in findings(run_folder) if "BELOW" in line][-1] == (
+        "keywords: with all 505 labelled examples pretrained is BELOW from scratch by 0.050, more than the seeds' "
+        "spread (0.030); counting words gets 0.945")
 
 
 def test_the_settings_each_arm_chose_are_shown_when_the_arms_were_swept(run_folder):
