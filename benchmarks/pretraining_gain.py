@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from result_record import BenchmarkRecord
@@ -140,16 +141,26 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
                                  *[x for s in sets for x in ("--set", s)]], env, a.minutes)
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()] + (["mrpc"] if a.mrpc else [])
     results = {}
-    for task in tasks:
-        for scratch in (False, True):
-            folder = out / "finetune" / f"{task}-{'scratch' if scratch else 'pretrained'}"
-            run(py, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model", out / "pretrain",
-                "--seeds", a.seeds, *(["--from-scratch"] if scratch else []),
-                "--set", f"data.glue_dir={glue}", "--set", f"data.max_train_examples={a.train_examples}",
-                "--set", f"train.epochs={a.epochs}", *finetune_choice(a),
-                "--set", "train.batch_size=32", "--set", f"train.output_dir={folder}",
-                "--set", f"tracking.uri={uri}", "--set", "tracking.experiment=pretraining-gain", env=env)
-            results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
+
+    def finetune(task: str, scratch: bool) -> None:
+        folder = out / "finetune" / f"{task}-{'scratch' if scratch else 'pretrained'}"
+        cmd = [py, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model", out / "pretrain",
+               "--seeds", a.seeds, *(["--from-scratch"] if scratch else []),
+               "--set", f"data.glue_dir={glue}", "--set", f"data.max_train_examples={a.train_examples}",
+               "--set", f"train.epochs={a.epochs}", *finetune_choice(a),
+               "--set", "train.batch_size=32", "--set", f"train.output_dir={folder}",
+               "--set", f"tracking.uri={uri}", "--set", "tracking.experiment=pretraining-gain"]
+        log = out / "logs" / f"finetune-{folder.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print("$", " ".join(map(str, cmd)), f"> {log}", flush=True)
+        with open(log, "w") as file:
+            subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, check=True, stdout=file, stderr=subprocess.STDOUT)
+        results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
+
+    # The arms side by side: each fine-tuning process runs on one thread, so two use both cores.
+    with ThreadPoolExecutor(2) as pool:
+        for _ in pool.map(lambda job: finetune(*job), [(t, scratch) for t in tasks for scratch in (False, True)]):
+            pass
     from pipeline.pretrain.plateau import metrics_beside_plateau  # the loss beside the plateau's level
 
     losses = [json.loads(x) for x in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
