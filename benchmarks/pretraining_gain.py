@@ -104,6 +104,8 @@ def main() -> None:
     p.add_argument("--tasks", default="sst2", help="GLUE tasks to fine-tune, comma-separated (default sst2)")
     p.add_argument("--corpus", action="append", type=Path, default=None,
                    help="pretraining corpus, repeatable for a mix (default: ../shared/data's IMDB reviews)")
+    p.add_argument("--variant", default=None,
+                   help="the record's name: pretraining_gain.VARIANT (default: the config's name, none for tiny)")
     p.add_argument("--minimal-pairs", action="store_true",
                    help="also score minimal pairs from the corpus's held-out documents against a unigram model")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "pretraining-gain")
@@ -112,7 +114,7 @@ def main() -> None:
     if not all(c.exists() for c in corpus) or not glue.is_dir():
         raise SystemExit(f"needs {' '.join(map(str, corpus))} and {glue}")
     # A config other than tiny.json is a variant of this benchmark: pretraining_gain.budget-tiny, ...
-    variant = "" if a.config == TINY else "." + Path(a.config).stem
+    variant = f".{a.variant}" if a.variant else "" if a.config == TINY else "." + Path(a.config).stem
     with BenchmarkRecord(f"pretraining_gain{variant}", argv=sys.argv) as rec:
         measure(a, corpus, glue, rec)
 
