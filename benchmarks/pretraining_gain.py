@@ -161,8 +161,7 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
 
     # The arms side by side: each fine-tuning process runs on one thread, so two use both cores.
     with ThreadPoolExecutor(2) as pool:
-        for _ in pool.map(lambda job: finetune(*job), [(t, scratch) for t in tasks for scratch in (False, True)]):
-            pass
+        list(pool.map(lambda job: finetune(*job), [(t, scratch) for t in tasks for scratch in (False, True)]))
     from pipeline.pretrain.plateau import metrics_beside_plateau  # the loss beside the plateau's level
 
     losses = [json.loads(x) for x in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]

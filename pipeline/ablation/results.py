@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline.ablation.plan import ArmPlan
 from pipeline.common.atomic_files import write_text_atomic
 from pipeline.common.run_layout import ArmLayout
+from pipeline.tracking.finetune_report import finetune_result
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,10 @@ def task_score(finetune_root: ArmLayout, task: str, seeds: list[int]) -> TaskSco
     """Median of the task's main metric over `seeds`; None until every seed has finished."""
     layout = finetune_root.finetune(task)
     done = [layout.seed(s).complete for s in seeds]
-    if not all(p.exists() for p in done) or not layout.best_model.exists():
+    report = finetune_result(layout.metrics) if all(p.exists() for p in done) else None
+    if report is None:
         return None
-    # Under the protocol the best seed is chosen on the selection slice (`select_<metric>`); the table reports dev.
-    metric = json.loads(layout.best_model.read_text())["metric"].removeprefix("select_")
+    metric = report.metric  # the task's main metric on dev (under the protocol the slice chose the epochs)
     values = [json.loads(p.read_text())["metrics"][metric] for p in done]
     return TaskScore(metric, statistics.median(values), len(values))
 

@@ -6,9 +6,8 @@ Dev sentences come from the documents the shard stage holds out for validation (
 the shard stage's own rule; 0 takes every document); train sentences too, or with `--train-from
 training` from the documents pretraining reads (a small corpus holds out too few for both). Half of
 each split has one pair of adjacent words swapped (label 1), half is as written (label 0); the same
-seed gives the same files. The
-files are a custom task (`{"text", "label"}` JSONL) for `launchers/finetune.py` with
-configs/glue/custom.json. See pipeline/finetune/bigram_shift.py.
+seed gives the same files. The files are a custom task (`{"text", "label"}` JSONL) for
+`launchers/finetune.py` with configs/glue/custom.json. See pipeline/finetune/bigram_shift.py.
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.05,
                    help="the shard stage's --val-fraction: only its validation documents are used (0: all)")
     p.add_argument("--dev-fraction", type=float, default=0.25, help="share of the sentences in dev (0.25)")
-    p.add_argument("--max-examples", type=int, default=None, help="use at most this many sentences of each kind")
+    p.add_argument("--max-examples", type=int, default=None,
+                   help="read at most this many held-out sentences (and as many training ones)")
     p.add_argument("--train-from", choices=("held-out", "training"), default="held-out",
                    help="held-out: train and dev share the held-out sentences, split by hash (default); training: "
                         "dev is every held-out sentence, train the sentences of the documents pretraining reads")

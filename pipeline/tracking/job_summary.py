@@ -11,7 +11,8 @@ import shlex
 from pathlib import Path
 
 from pipeline.common.run_layout import MainJobLayout
-from pipeline.tracking.task_report import minimal_pairs_line, read_json, task_arms, task_findings, task_rows
+from pipeline.tracking.finetune_report import read_json
+from pipeline.tracking.task_report import minimal_pairs_line, task_arms, task_findings, task_rows
 
 # A docstring-like sentence for the predict example: the main job's task asks which package a docstring comes from.
 PREDICT_EXAMPLE = "Return the canonical path of the specified filename, eliminating any symbolic links."

@@ -15,7 +15,7 @@ def plot_label_curves(layout: MainJobLayout) -> bool:
     import matplotlib.pyplot as plt
 
     tasks = [(task, task_arms(layout, task)) for task in MAIN_JOB_TASKS]
-    tasks = [(task, arms) for task, arms in tasks if all(r is not None and r.curve for r in arms.values())]
+    tasks = [(task, arms) for task, arms in tasks if all(r is not None and len(r.curve) > 1 for r in arms.values())]
     if not tasks:
         return False
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)

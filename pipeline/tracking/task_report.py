@@ -8,64 +8,14 @@ leads elsewhere. Nothing is recomputed.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-
 from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLayout
+from pipeline.tracking.finetune_report import CurvePoint, FinetuneResult, finetune_result, read_json
 
 ARM_NAMES = {"pretrained": "pretrained", "from-scratch": "from scratch"}
 
 
-@dataclass(frozen=True)
-class CurvePoint:
-    """One label count of one arm: the median over seeds of the main metric and its min–max."""
-
-    labels_per_class: int | str
-    examples: int
-    median: float
-    low: float
-    high: float
-
-    @property
-    def spread(self) -> float:
-        return self.high - self.low
-
-
-@dataclass(frozen=True)
-class ArmResult:
-    """One arm of one task, from its `metrics.json`."""
-
-    metric: str
-    median: float
-    seeds: int
-    chosen: dict = field(default_factory=dict)
-    curve: tuple[CurvePoint, ...] = ()
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def arm_result(metrics_json: Path) -> ArmResult | None:
-    """The arm's headline (the first metric summarised with a `_mean`), chosen setting and label curve."""
-    report = read_json(metrics_json)
-    if not isinstance(report, dict):
-        return None
-    metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
-    if metric is None:
-        return None
-    curve = tuple(CurvePoint(p["labels_per_class"], p["examples"], p["median"], p["min"], p["max"])
-                  for p in report.get("label_curve") or [])
-    return ArmResult(metric, float(report[metric]), len(report.get("seeds") or report.get("per_seed") or []),
-                     dict(report.get("chosen_setting") or {}), curve)
-
-
-def task_arms(layout: MainJobLayout, task: str) -> dict[str, ArmResult | None]:
-    return {arm: arm_result(layout.finetune(task, arm).metrics) for arm in MAIN_JOB_ARMS}
+def task_arms(layout: MainJobLayout, task: str) -> dict[str, FinetuneResult | None]:
+    return {arm: finetune_result(layout.finetune(task, arm).metrics) for arm in MAIN_JOB_ARMS}
 
 
 def token_baseline(layout: MainJobLayout, task: str, metric: str) -> float | None:
@@ -74,12 +24,15 @@ def token_baseline(layout: MainJobLayout, task: str, metric: str) -> float | Non
 
 
 def _label(point: CurvePoint) -> str:
-    return f"all ({point.examples:,} in total)" if point.labels_per_class == "all" else str(point.labels_per_class)
+    if point.labels_per_class != "all":
+        return str(point.labels_per_class)
+    return "all" if point.examples is None else f"all ({point.examples:,} in total)"
 
 
 def _with_labels(point: CurvePoint) -> str:
     if point.labels_per_class == "all":
-        return f"with all {point.examples:,} labelled examples"
+        return "with all labelled examples" if point.examples is None else \
+            f"with all {point.examples:,} labelled examples"
     return f"with {point.labels_per_class} labelled examples per class"
 
 
@@ -94,9 +47,7 @@ def task_rows(layout: MainJobLayout) -> list[tuple[str, ...]]:
             rows.append((task, "", f"no result for {missing}", "", "", ""))
             continue
         baseline = token_baseline(layout, task, pretrained.metric)
-        points = list(zip(pretrained.curve, scratch.curve, strict=False)) or [
-            (CurvePoint("all", 0, pretrained.median, pretrained.median, pretrained.median),
-             CurvePoint("all", 0, scratch.median, scratch.median, scratch.median))]
+        points = list(zip(pretrained.curve, scratch.curve, strict=False))
         for i, (p, s) in enumerate(points):
             last = i == len(points) - 1
             rows.append((task if i == 0 else "", _label(p), f"{p.median:.3f} [{p.low:.2f}–{p.high:.2f}]",
@@ -124,8 +75,8 @@ def task_findings(layout: MainJobLayout) -> list[str]:
         for p, s in zip(pretrained.curve, scratch.curve, strict=False):
             spread = max(p.spread, s.spread)
             if p.median < s.median - spread:
-                counting = f"; counting words gets {baseline:.3f}" if baseline is not None and p is \
-                    pretrained.curve[-1] else ""
+                full = p.labels_per_class == "all"  # the baseline was measured on the full split
+                counting = f"; counting words gets {baseline:.3f}" if baseline is not None and full else ""
                 lines.append(f"{task}: {_with_labels(p)} pretrained is BELOW from scratch by "
                              f"{s.median - p.median:.3f}, more than the seeds' spread ({spread:.3f}){counting}")
         if pretrained.chosen or scratch.chosen:

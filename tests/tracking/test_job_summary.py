@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.tracking.finetune_report import finetune_result
 from pipeline.tracking.job_summary import last_eval, render_summary
-from pipeline.tracking.task_report import arm_result
 
 
 def _point(per_class, examples, values):
@@ -82,7 +82,7 @@ def test_the_last_evaluation_is_the_headline_and_a_cut_line_is_skipped(run_folde
 
 
 def test_an_arms_headline_is_its_first_summarised_metric_with_its_label_curve(run_folder):
-    result = arm_result(run_folder / "finetune" / "word-order" / "pretrained" / "metrics.json")
+    result = finetune_result(run_folder / "finetune" / "word-order" / "pretrained" / "metrics.json")
     assert (result.metric, result.median, result.seeds) == ("accuracy", 0.62, 3)
     assert [(p.labels_per_class, p.median, p.low, p.high) for p in result.curve] == [
         (8, 0.51, 0.50, 0.52), (32, 0.55, 0.54, 0.56), ("all", 0.62, 0.61, 0.64)]
@@ -172,3 +172,14 @@ def test_missing_results_are_named_not_invented(run_folder):
     assert next(line for line in text.splitlines() if "word-order" in line).split() == [
         "word-order", "no", "result", "for", "from", "scratch"]
     assert "launchers/predict.py is coming" in text
+
+
+def test_an_arm_without_a_label_curve_is_one_row_of_all_its_labels(run_folder):
+    for arm in ("pretrained", "from-scratch"):
+        path = run_folder / "finetune" / "word-order" / arm / "metrics.json"
+        report = json.loads(path.read_text())
+        del report["label_curve"]
+        path.write_text(json.dumps(report))
+    table = render_summary(run_folder).split("tasks (dev accuracy")[1].splitlines()
+    word_order = [line.split() for line in table if line.split()[:1] == ["word-order"]]
+    assert word_order == [["word-order", "all", "0.620", "[0.61–0.64]", "0.410", "[0.40–0.45]", "+0.210", "0.490"]]

@@ -1,0 +1,62 @@
+"""A fine-tuning output folder's `metrics.json`, read: the main metric's median, the chosen setting, the label curve.
+
+The trainer summarises a task's metrics in the task's order, main metric first, each with `_mean`
+and `_std` beside its median: the first key that has a `_mean` is the main one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One label count of one arm: the median over seeds of the main metric and its min–max."""
+
+    labels_per_class: int | str
+    examples: int | None
+    median: float
+    low: float
+    high: float
+
+    @property
+    def spread(self) -> float:
+        return self.high - self.low
+
+
+@dataclass(frozen=True)
+class FinetuneResult:
+    """One fine-tuning output folder, from its `metrics.json`; `curve` ends with the full split ("all")."""
+
+    metric: str
+    median: float
+    seeds: int
+    chosen: dict = field(default_factory=dict)
+    curve: tuple[CurvePoint, ...] = ()
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def finetune_result(metrics_json: Path) -> FinetuneResult | None:
+    """The arm's headline (the first metric summarised with a `_mean`), chosen setting and label curve."""
+    report = read_json(metrics_json)
+    if not isinstance(report, dict):
+        return None
+    metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
+    if metric is None:
+        return None
+    curve = tuple(CurvePoint(p["labels_per_class"], p["examples"], p["median"], p["min"], p["max"])
+                  for p in report.get("label_curve") or [])
+    if not curve:  # no --labels-per-class: the full split alone, its size not recorded
+        values = [s[metric] for s in report.get("per_seed") or [] if isinstance(s.get(metric), int | float)]
+        curve = (CurvePoint("all", None, float(report[metric]), min(values, default=report[metric]),
+                            max(values, default=report[metric])),)
+    return FinetuneResult(metric, float(report[metric]), len(report.get("seeds") or report.get("per_seed") or []),
+                     dict(report.get("chosen_setting") or {}), curve)
