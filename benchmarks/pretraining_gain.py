@@ -176,22 +176,24 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
               f"each arm's {' '.join(a.sweep or DEFAULT_SWEEP)} chosen on held-out train")
     print(f"fine-tuning: {a.train_examples:,} training examples, {a.epochs} epochs, {choice}, seeds {a.seeds}\n")
     print("| task | metric | pretrained (median) | from scratch (median) | gain | pretrained mean ± sd "
-          "| scratch mean ± sd | chosen (pretrained / scratch) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| scratch mean ± sd | chosen (pretrained / scratch) | held-out slice (pretrained / scratch) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for task in tasks:
         pre, scr = results[(task, False)], results[(task, True)]
         chosen = " / ".join(",".join(f"{k}={v}" for k, v in r.get("chosen_setting", {}).items()) for r in (pre, scr))
+        # What a recipe round is judged on: the chosen setting's score on the held-out slice of train, not dev.
+        slice_ = " / ".join(f"{r['selection_score']:.4f}" if "selection_score" in r else "—" for r in (pre, scr))
         for name in [k for k in pre if f"{k}_mean" in pre]:
             rows.append({"task": task, "metric": name, "pretrained (median)": f"{pre[name]:.4f}",
                          "from scratch (median)": f"{scr[name]:.4f}",
                          "gain": f"{100 * (pre[name] - scr[name]):+.2f} points",
                          "pretrained mean ± sd": f"{pre[name + '_mean']:.4f} ± {pre[name + '_std']:.4f}",
                          "scratch mean ± sd": f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f}",
-                         "chosen (pretrained / scratch)": chosen})
+                         "chosen (pretrained / scratch)": chosen, "held-out slice (pretrained / scratch)": slice_})
             print(f"| {task} | {name} | {pre[name]:.4f} | {scr[name]:.4f} | **{100 * (pre[name] - scr[name]):+.2f} "
                   f"points** | {pre[name + '_mean']:.4f} ± {pre[name + '_std']:.4f} | "
-                  f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f} | {chosen} |")
+                  f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f} | {chosen} | {slice_} |")
     for task in tasks:
         pre, scr = results[(task, False)], results[(task, True)]
         metric = next(k for k in pre if f"{k}_mean" in pre)
@@ -199,6 +201,9 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
         target = GAIN_TARGETS.get(task)
         rec.headline(f"{task} {metric}: pretrained − from scratch (medians)", f"{gain:+.2f} points",
                      **({"target": f"≥ +{target:g} points", "met": gain >= target} if target else {}))
+        if "selection_score" in pre and "selection_score" in scr:  # a recipe round's judge
+            rec.headline(f"{task} held-out slice of train: pretrained − from scratch (chosen settings)",
+                         f"{100 * (pre['selection_score'] - scr['selection_score']):+.2f} points")
     if a.minimal_pairs:
         score_minimal_pairs(py, out, corpus, env, rec)
     print(f"\ntotal {(time.monotonic() - started) / 60:.1f} min; python launchers/compare.py --uri {uri}")

@@ -1,0 +1,177 @@
+"""The GLUE table: CoLA, SST-2, MRPC, STS-B and RTE for an export, the same architecture from scratch and MiniLM.
+
+    pip install -e .[reference]     # MiniLM-L6-H384-uncased, the released arm
+    python benchmarks/glue_table.py --export runs/recipe-round-2/pretrain [--arms export,scratch,minilm]
+        [--tasks cola,sst2,mrpc,stsb,rte] [--seeds 1,2,3] [--train-examples 2000] [--epochs 3]
+        [--sweep KEY=V1,V2 ...] [--minilm-sweep KEY=V1,V2 ...] [--out runs/glue-table]
+
+Every cell is one `launchers/finetune.py` run through the fair protocol: the arm's own small sweep,
+each setting scored on a held-out slice of the training examples (never dev), the chosen setting
+trained over the seeds, dev read once; the cell is the median over seeds with its min–max. The
+small models share `--sweep`; MiniLM has its own (`--minilm-sweep`: a released model wants smaller
+steps). Every arm gets the same first `--train-examples` of each task's training split (RTE and
+MRPC have fewer), and beside the arms stands the token-count baseline fitted on those examples (a
+bag of words into a logistic regression, a ridge regression for STS-B): a task it solves needs no
+pretraining.
+
+It runs in parts: a cell finished in `--out` is kept (the fine-tuning launcher also skips finished
+trials and seeds of a stopped cell), and every run rewrites the record from all the cells there,
+marking those not run. `--out` remembers its settings and the export's content, and refuses a run
+made otherwise, naming what differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from result_record import BenchmarkRecord, markdown_table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
+from pipeline.common.fingerprints import describe_differences, model_fingerprint  # noqa: E402
+from pipeline.tracking.finetune_report import finetune_result, read_json  # noqa: E402
+
+SHARED = Path(os.environ.get("PIPELINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+TASKS = ("cola", "sst2", "mrpc", "stsb", "rte")
+ARMS = ("export", "scratch", "minilm")
+ARM_TITLES = {"export": "export", "scratch": "from scratch", "minilm": "MiniLM-L6 (released)"}
+DEFAULT_SWEEP = ["train.learning_rate=1e-4,1e-3"]
+DEFAULT_MINILM_SWEEP = ["train.learning_rate=3e-5,1e-4"]
+RELATIVE_COST = {"minilm": 8, "export": 1, "scratch": 1}
+"""Rough compute per example (MiniLM: 6 layers of 384 against the budget models' 3 of 192): longest cells first."""
+
+
+def parse_list(p: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or any(t not in allowed for t in items):
+        p.error(f"{flag}: expected a subset of {','.join(allowed)}, got {text!r}")
+    return items
+
+
+def settings_of(a: argparse.Namespace, export: Path) -> dict:
+    """What decides every cell in --out: the data caps, the recipe, the sweeps and the export's content."""
+    return {"train_examples": a.train_examples, "epochs": a.epochs, "seeds": a.seeds, "sweep": a.sweep,
+            "minilm_sweep": a.minilm_sweep, "export": str(export), "export_fingerprint": model_fingerprint(str(export))}
+
+
+def claim_out(out: Path, settings: dict) -> None:
+    """Write --out's settings, or refuse when they differ from the ones its cells were made with."""
+    saved = read_json(out / "settings.json")
+    if saved is not None:
+        differs = describe_differences(saved, settings)
+        if differs:
+            raise SystemExit(f"--out {out}: its cells were made otherwise ({'; '.join(differs)}); "
+                             "pass another --out")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "settings.json", settings)
+
+
+def finetune_cell(a: argparse.Namespace, out: Path, glue: Path, task: str, arm: str, model: Path, env: dict) -> None:
+    """One task for one arm through the protocol, its log in <out>/logs."""
+    folder = out / f"{task}-{arm}"
+    sweep = a.minilm_sweep if arm == "minilm" else a.sweep
+    cmd = [sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model", model,
+           "--seeds", a.seeds, *(["--from-scratch"] if arm == "scratch" else []),
+           *[x for s in sweep for x in ("--sweep", s)],
+           "--set", f"data.glue_dir={glue}", "--set", f"data.max_train_examples={a.train_examples}",
+           "--set", f"train.epochs={a.epochs}", "--set", "train.batch_size=32", "--set", f"train.output_dir={folder}",
+           "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "--set", "tracking.experiment=glue-table"]
+    log = out / "logs" / f"{folder.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print("$", " ".join(map(str, cmd)), f"> {log}", flush=True)
+    with open(log, "a") as file:
+        subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, check=True, stdout=file, stderr=subprocess.STDOUT)
+
+
+def token_counts(a: argparse.Namespace, out: Path, glue: Path, task: str) -> None:
+    """The task's token-count baseline on the same training examples, once (<out>/<task>-token-counts.json)."""
+    result = out / f"{task}-token-counts.json"
+    if not result.exists():
+        subprocess.run([sys.executable, "launchers/token_baseline.py", "--config", f"configs/glue/{task}.json",
+                        "--set", f"data.glue_dir={glue}", "--set", f"data.max_train_examples={a.train_examples}",
+                        "--json", result], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def cell_text(out: Path, task: str, arm: str) -> tuple[str, str, str | None]:
+    """(the cell, the chosen setting, the metric) or "not run"."""
+    result = finetune_result(out / f"{task}-{arm}" / "metrics.json")
+    if result is None:
+        return "not run", "", None
+    (point,) = result.curve
+    chosen = ",".join(f"{v}" for v in result.chosen.values())
+    return f"{point.median:.3f} [{point.low:.3f}–{point.high:.3f}]", chosen, result.metric
+
+
+def table_rows(out: Path) -> list[dict]:
+    """A row per task from every cell finished in `out`: each arm's median [min–max], the token counts, the choices."""
+    rows = []
+    for task in TASKS:
+        texts = {arm: cell_text(out, task, arm) for arm in ARMS}
+        metric = next((m for _, _, m in texts.values() if m), None)
+        baseline = read_json(out / f"{task}-token-counts.json") or {}
+        rows.append({"task": task, "metric": metric or "—",
+                     "token counts": f"{baseline[metric]:.3f}" if metric in baseline else "—",
+                     **{ARM_TITLES[arm]: texts[arm][0] for arm in ARMS},
+                     "chosen LR (export / scratch / MiniLM)": " / ".join(texts[arm][1] or "—" for arm in ARMS)})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--export", type=Path, required=True, help="a pretraining output folder (or its export)")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--train-examples", type=int, default=2000, help="the first N training examples of each task")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
+                   help=f"the export's and scratch's sweep (default {' '.join(DEFAULT_SWEEP)})")
+    p.add_argument("--minilm-sweep", action="append", default=None, metavar="KEY=V1,V2,...",
+                   help=f"MiniLM's sweep (default {' '.join(DEFAULT_MINILM_SWEEP)})")
+    p.add_argument("--workers", type=int, default=2, help="cells fine-tuned side by side, one thread each")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "glue-table")
+    a = p.parse_args()
+    a.sweep, a.minilm_sweep = a.sweep or DEFAULT_SWEEP, a.minilm_sweep or DEFAULT_MINILM_SWEEP
+    arms, tasks = parse_list(p, "--arms", a.arms, ARMS), parse_list(p, "--tasks", a.tasks, TASKS)
+    glue, export, out = SHARED / "glue", a.export.resolve(), a.out.resolve()
+    if (export / "export" / "config.json").exists():  # a pretraining output folder: its export
+        export = export / "export"
+    if not (export / "config.json").exists():
+        p.error(f"--export {a.export}: expected a pretraining output folder or an export (no config.json there)")
+    if not glue.is_dir():
+        p.error(f"needs the GLUE folder {glue} (PIPELINE_SHARED_DATA points elsewhere)")
+    models = {"export": export, "scratch": export}
+    if "minilm" in arms:
+        from pipeline.common.errors import PipelineError
+        from pipeline.common.reference_model import reference_encoder_folder
+        try:
+            models["minilm"] = reference_encoder_folder()
+        except PipelineError as error:
+            p.error(f"--arms minilm: {error}")
+    claim_out(out, settings_of(a, export))
+    with BenchmarkRecord("glue_table", argv=sys.argv) as rec:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+        for task in tasks:
+            token_counts(a, out, glue, task)
+        cells = sorted([(task, arm) for task in tasks for arm in arms
+                        if finetune_result(out / f"{task}-{arm}" / "metrics.json") is None],
+                       key=lambda cell: -RELATIVE_COST[cell[1]])
+        with ThreadPoolExecutor(a.workers) as pool:
+            list(pool.map(lambda cell: finetune_cell(a, out, glue, *cell, models[cell[1]], env), cells))
+        rows = table_rows(out)
+        print("\n".join(["", *markdown_table(rows)]))
+        rec.table(f"GLUE dev, median [min–max] over seeds {a.seeds}; the first {a.train_examples:,} training examples "
+                  f"of each task, {a.epochs} epochs, batch 32; each arm's learning rate chosen on a held-out 10% of "
+                  f"them (export and scratch: {' '.join(a.sweep)}; MiniLM: {' '.join(a.minilm_sweep)}); "
+                  f"export: {export.relative_to(ROOT) if export.is_relative_to(ROOT) else export}", rows)
+
+
+if __name__ == "__main__":
+    main()
