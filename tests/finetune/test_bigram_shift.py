@@ -164,3 +164,28 @@ def test_too_few_held_out_sentences_is_an_error(tmp_path):
     corpus.write_text(json.dumps({"text": "Tiny."}) + "\n")
     with pytest.raises(PipelineError, match="usable sentences for the train split"):
         write_bigram_shift_task(corpus, tmp_path / "t", val_fraction=0.0)
+
+
+def pair_task(tmp_path, task_type: str):
+    """Pairs whose label is how much the second sentence repeats the first: a bag of both cannot see it."""
+    rng = random.Random(1)
+    for name, n in (("train", 400), ("dev", 200)):
+        rows = []
+        for i in range(n):
+            first = [rng.choice(WORDS) for _ in range(8)]
+            kept = rng.randint(0, 8) if task_type == "regression" else 8 * (i % 2)
+            second = first[:kept] + [rng.choice(WORDS) for _ in range(8 - kept)]
+            rng.shuffle(second)
+            label = kept / 8 if task_type == "regression" else ("same" if kept else "other")
+            rows.append({"a": " ".join(first), "b": " ".join(second), "label": label})
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_custom(str(tmp_path / "train.jsonl"), str(tmp_path / "dev.jsonl"), None, ["a", "b"], "label",
+                       task_type, None)
+
+
+def test_the_token_count_baseline_of_a_sentence_pair_sees_how_much_the_two_share(tmp_path):
+    assert token_count_baseline(pair_task(tmp_path, "classification"))["accuracy"] >= 0.95
+
+
+def test_a_similarity_regression_is_scored_from_the_overlap_of_its_pair(tmp_path):
+    assert token_count_baseline(pair_task(tmp_path, "regression"))["pearson"] >= 0.8
