@@ -1,5 +1,6 @@
-"""glue_table's command line and table: a bad command stops before anything is written, an --out made with
-other settings is refused by name, and the table shows every finished cell and marks the rest as not run."""
+"""glue_table's command line, sample and table: a bad command stops before anything is written, the training
+sample spans the whole of an ordered file, an --out made with other settings is refused by name, and the table
+shows every finished cell and marks the rest as not run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other as top-level modules, as when run
 
-from glue_table import claim_out, table_rows  # noqa: E402
+from glue_table import TASKS, claim_out, spread_sample, table_rows  # noqa: E402
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -72,3 +73,25 @@ def test_the_table_shows_each_finished_cell_with_its_spread_and_marks_the_rest_n
     assert cola["from scratch"] == "not run"
     assert cola["chosen LR (export / scratch / MiniLM)"] == "1e-3 / — / 3e-5"
     assert rows["rte"]["export"] == "not run" and rows["rte"]["token counts"] == "—"
+
+
+def test_the_training_sample_is_spread_over_an_ordered_file_and_dev_is_untouched(tmp_path):
+    from pipeline.finetune.tasks import GLUE_FOLDERS, task_spec
+
+    glue = tmp_path / "glue"
+    for task in TASKS:
+        folder = glue / GLUE_FOLDERS[task]
+        folder.mkdir(parents=True)
+        header = [] if task_spec(task).headerless_columns else ["header\n"]
+        # ordered, as GLUE's files are: one genre, then another
+        rows = [f"{'first' if i < 50 else 'second'}-genre row {i}\n" for i in range(100)]
+        (folder / "train.tsv").write_text("".join(header + rows))
+        (folder / "dev.tsv").write_text("".join(header + ["dev row\n"]))
+    sampled = spread_sample(glue, tmp_path / "out", 10)
+    for task in TASKS:
+        lines = (sampled / GLUE_FOLDERS[task] / "train.tsv").read_text().splitlines()
+        header = [] if task_spec(task).headerless_columns else ["header"]
+        assert lines == header + [f"{'first' if i < 50 else 'second'}-genre row {i}" for i in range(0, 100, 10)]
+        dev = GLUE_FOLDERS[task] + "/dev.tsv"
+        assert (sampled / dev).read_text() == (glue / dev).read_text()
+    assert (glue / "CoLA" / "train.tsv").read_text().count("\n") == 100  # the source is not touched
