@@ -31,6 +31,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from logged_command import run_logged
 from result_record import BenchmarkRecord, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,11 +102,7 @@ def finetune_cell(a: argparse.Namespace, out: Path, glue: Path, task: str, arm: 
            "--set", f"data.glue_dir={glue}", "--set", f"train.epochs={a.epochs}", "--set", "train.batch_size=32",
            "--set", f"train.output_dir={folder}",
            "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "--set", "tracking.experiment=glue-table"]
-    log = out / "logs" / f"{folder.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print("$", " ".join(map(str, cmd)), f"> {log}", flush=True)
-    with open(log, "a") as file:
-        subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, check=True, stdout=file, stderr=subprocess.STDOUT)
+    run_logged(cmd, out / "logs" / f"{folder.name}.log", cwd=ROOT, env=env, append=True)  # a rerun adds to it
 
 
 def token_counts(a: argparse.Namespace, out: Path, glue: Path, task: str) -> None:

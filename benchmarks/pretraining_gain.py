@@ -37,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from logged_command import run_logged
 from result_record import BenchmarkRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,11 +153,7 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
                "--set", f"train.epochs={a.epochs}", *finetune_choice(a),
                "--set", "train.batch_size=32", "--set", f"train.output_dir={folder}",
                "--set", f"tracking.uri={uri}", "--set", "tracking.experiment=pretraining-gain"]
-        log = out / "logs" / f"finetune-{folder.name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        print("$", " ".join(map(str, cmd)), f"> {log}", flush=True)
-        with open(log, "w") as file:
-            subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, check=True, stdout=file, stderr=subprocess.STDOUT)
+        run_logged(cmd, out / "logs" / f"finetune-{folder.name}.log", cwd=ROOT, env=env)
         results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
 
     # The arms side by side: each fine-tuning process runs on one thread, so two use both cores.
