@@ -193,7 +193,7 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
                   f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f} | {chosen} | {slice_} |")
     for task in tasks:
         pre, scr = results[(task, False)], results[(task, True)]
-        metric = next(k for k in pre if f"{k}_mean" in pre)
+        metric = pre.get("metric") or next(k for k in pre if f"{k}_mean" in pre)  # the task's main metric
         gain = 100 * (pre[metric] - scr[metric])
         target = GAIN_TARGETS.get(task)
         rec.headline(f"{task} {metric}: pretrained − from scratch (medians)", f"{gain:+.2f} points",

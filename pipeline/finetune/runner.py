@@ -100,7 +100,8 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
     curve = [_curve_point(n, config, data, family, source, accelerator, plan, seeds, from_scratch, parent.run_id,
                           held_out, protocol) for n in labels_per_class]
     summary = summarize(list(results.values()), data.spec.metrics)
-    report = {**summary, "task": data.spec.name, "seeds": seeds, "from_scratch": from_scratch, "model": source.path,
+    report = {**summary, "metric": family.main_metric, "task": data.spec.name, "seeds": seeds,
+              "from_scratch": from_scratch, "model": source.path,
               "pretrain_run_id": source.pretrain_run_id,
               "per_seed": [{**results[s], "seed": s} for s in seeds]}
     if curve:

@@ -1,7 +1,7 @@
 """A fine-tuning output folder's `metrics.json`, read: the main metric's median, the chosen setting, the label curve.
 
-The trainer summarises a task's metrics in the task's order, main metric first, each with `_mean`
-and `_std` beside its median: the first key that has a `_mean` is the main one.
+The trainer summarises each of a task's metrics as its median with `_mean` and `_std` beside it, and
+names the main one (`metric`; the one a sweep selects by and a best epoch is chosen by).
 """
 
 from __future__ import annotations
@@ -45,11 +45,14 @@ def read_json(path: Path) -> dict | None:
 
 
 def finetune_result(metrics_json: Path) -> FinetuneResult | None:
-    """The arm's headline (the first metric summarised with a `_mean`), chosen setting and label curve."""
+    """The arm's headline (its main metric's median), chosen setting and label curve."""
     report = read_json(metrics_json)
     if not isinstance(report, dict):
         return None
-    metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
+    # A file from before `metric` was written: a sweep's selection metric (the main one), else the first one.
+    metric = report.get("metric") or (report.get("selection") or {}).get("metric")
+    if not isinstance(report.get(metric), int | float):
+        metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
     if metric is None:
         return None
     curve = tuple(CurvePoint(p["labels_per_class"], p["examples"], p["median"], p["min"], p["max"])

@@ -22,7 +22,7 @@ def _finetune_report(curve: dict) -> dict:
     median = sorted(accuracies)[len(accuracies) // 2]
     return {"accuracy": median, "accuracy_mean": sum(accuracies) / 3, "accuracy_std": 0.01,
             "macro_f1": 0.5, "macro_f1_mean": 0.5, "macro_f1_std": 0.0,
-            "task": "custom", "seeds": [1, 2, 3], "from_scratch": False,
+            "metric": "accuracy", "task": "custom", "seeds": [1, 2, 3], "from_scratch": False,
             "per_seed": [{"accuracy": a} for a in accuracies],
             "label_curve": [_point(n, 48 if n == 8 else 192 if n == 32 else 505, v) for n, v in curve.items()]}
 
@@ -81,7 +81,7 @@ def test_the_last_evaluation_is_the_headline_and_a_cut_line_is_skipped(run_folde
     assert last_eval(run_folder / "missing.jsonl") is None
 
 
-def test_an_arms_headline_is_its_first_summarised_metric_with_its_label_curve(run_folder):
+def test_an_arms_headline_is_its_main_metric_with_its_label_curve(run_folder):
     result = finetune_result(run_folder / "finetune" / "word-order" / "pretrained" / "metrics.json")
     assert (result.metric, result.median, result.seeds) == ("accuracy", 0.62, 3)
     assert [(p.labels_per_class, p.median, p.low, p.high) for p in result.curve] == [
@@ -172,6 +172,19 @@ def test_missing_results_are_named_not_invented(run_folder):
     assert next(line for line in text.splitlines() if "word-order" in line).split() == [
         "word-order", "no", "result", "for", "from", "scratch"]
     assert "launchers/predict.py is coming" in text
+
+
+def test_the_headline_is_the_named_main_metric_even_when_another_sorts_first(tmp_path):
+    report = {"accuracy": 0.70, "accuracy_mean": 0.70, "accuracy_std": 0.01, "f1": 0.81, "f1_mean": 0.80,
+              "f1_std": 0.01, "metric": "f1", "seeds": [1, 2], "per_seed": [{"f1": 0.80}, {"f1": 0.82}]}
+    (tmp_path / "metrics.json").write_text(json.dumps(report))  # written with sorted keys, as the runner does
+    result = finetune_result(tmp_path / "metrics.json")
+    assert (result.metric, result.median, result.curve[0].low, result.curve[0].high) == ("f1", 0.81, 0.80, 0.82)
+    del report["metric"]  # a file from before the main metric was named: a sweep's selection metric names it
+    (tmp_path / "metrics.json").write_text(json.dumps({**report, "selection": {"metric": "f1"}}))
+    assert finetune_result(tmp_path / "metrics.json").metric == "f1"
+    (tmp_path / "metrics.json").write_text(json.dumps(report))  # else its first summarised metric
+    assert finetune_result(tmp_path / "metrics.json").metric == "accuracy"
 
 
 def test_an_arm_without_a_label_curve_is_one_row_of_all_its_labels(run_folder):
