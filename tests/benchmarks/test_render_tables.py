@@ -20,7 +20,8 @@ import render_tables  # noqa: E402
 from result_record import BenchmarkRecord  # noqa: E402
 
 # modules, not benchmarks
-HELPERS = {"bench_corpus.py", "result_record.py", "render_tables.py", "hf_baselines.py", "matmul_peak.py"}
+HELPERS = {"bench_corpus.py", "result_record.py", "render_tables.py", "hf_baselines.py", "matmul_peak.py",
+           "logged_command.py"}
 
 
 def synthetic_result(out: Path, name: str = "toy_bench") -> dict:
