@@ -119,7 +119,7 @@ def cell_text(out: Path, task: str, arm: str) -> tuple[str, str, str | None]:
     result = finetune_result(out / f"{task}-{arm}" / "metrics.json")
     if result is None:
         return "not run", "", None
-    (point,) = result.curve
+    point = result.curve[-1]  # all its training examples
     chosen = ",".join(f"{v}" for v in result.chosen.values())
     return f"{point.median:.3f} [{point.low:.3f}–{point.high:.3f}]", chosen, result.metric
 

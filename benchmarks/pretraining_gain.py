@@ -160,6 +160,7 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda job: finetune(*job), [(t, scratch) for t in tasks for scratch in (False, True)]))
     from pipeline.pretrain.plateau import metrics_beside_plateau  # the loss beside the plateau's level
+    from pipeline.tracking.finetune_report import main_metric
 
     losses = [json.loads(x) for x in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in losses if "eval/mlm_loss" in r]
@@ -193,7 +194,7 @@ def measure(a: argparse.Namespace, corpus: list[Path], glue: Path, rec: Benchmar
                   f"{scr[name + '_mean']:.4f} ± {scr[name + '_std']:.4f} | {chosen} | {slice_} |")
     for task in tasks:
         pre, scr = results[(task, False)], results[(task, True)]
-        metric = pre.get("metric") or next(k for k in pre if f"{k}_mean" in pre)  # the task's main metric
+        metric = main_metric(pre)
         gain = 100 * (pre[metric] - scr[metric])
         target = GAIN_TARGETS.get(task)
         rec.headline(f"{task} {metric}: pretrained − from scratch (medians)", f"{gain:+.2f} points",

@@ -44,15 +44,21 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def main_metric(report: dict) -> str | None:
+    """The task's main metric in a `metrics.json`; None when it holds no summarised metric."""
+    # A file from before `metric` was written: a sweep's selection metric (the main one), else the first one.
+    metric = report.get("metric") or (report.get("selection") or {}).get("metric")
+    if isinstance(report.get(metric), int | float):
+        return metric
+    return next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
+
+
 def finetune_result(metrics_json: Path) -> FinetuneResult | None:
     """The arm's headline (its main metric's median), chosen setting and label curve."""
     report = read_json(metrics_json)
     if not isinstance(report, dict):
         return None
-    # A file from before `metric` was written: a sweep's selection metric (the main one), else the first one.
-    metric = report.get("metric") or (report.get("selection") or {}).get("metric")
-    if not isinstance(report.get(metric), int | float):
-        metric = next((k for k in report if f"{k}_mean" in report and isinstance(report[k], int | float)), None)
+    metric = main_metric(report)
     if metric is None:
         return None
     curve = tuple(CurvePoint(p["labels_per_class"], p["examples"], p["median"], p["min"], p["max"])
