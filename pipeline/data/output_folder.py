@@ -16,6 +16,7 @@ from pipeline.data.shard_index import (
     read_json,
     resume_path,
 )
+from pipeline.data.shard_options import changed_keys
 
 
 def prepare_output(out: Path, identity: dict, *, rank: int, world_size: int, overwrite: bool) -> Path:
@@ -35,13 +36,13 @@ def prepare_output(out: Path, identity: dict, *, rank: int, world_size: int, ove
     if previous is None and foreign and not overwrite:
         raise PipelineError(f"output folder {out} is not empty and holds no shard index "
                             f"({', '.join(sorted(foreign)[:3])} ...); choose another --out or pass --overwrite")
-    if previous is not None and previous != identity:
+    changed = None if previous is None else changed_keys(previous, identity)
+    if changed:
         if not overwrite:
-            changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
             raise PipelineError(
                 f"output folder {out} holds shards made with different arguments (changed: "
                 f"{', '.join(changed)}); pass --overwrite to replace them, or choose another --out")
-    if overwrite and previous != identity:
+    if overwrite and changed:
         remove_outputs(out, rank, world_size)
     return out
 
@@ -77,7 +78,7 @@ def completed_part(out: Path, rank: int, identity: dict) -> dict | None:
     if not path.is_file():
         return None
     summary = read_json(path)
-    if summary.get("identity") != identity or not summary.get("complete"):
+    if summary.get("identity") is None or changed_keys(summary["identity"], identity) or not summary.get("complete"):
         return None
     for shards in summary["shards"].values():
         for shard in shards:

@@ -17,6 +17,7 @@ from pipeline.common.atomic_files import write_atomic
 from pipeline.data.packers import Packer
 from pipeline.data.shard_format import decode, encode
 from pipeline.data.shard_index import SPLITS, check_shard, part_name, resume_path
+from pipeline.data.shard_options import changed_keys
 from pipeline.data.shard_writer import ShardWriter
 
 
@@ -60,7 +61,7 @@ def restore_snapshot(out: Path, rank: int, identity: dict, packers: dict[str, Pa
     except Exception as err:
         say(f"resume snapshot unreadable ({err}); starting {part_name(rank)} afresh")
         return StageState()
-    if meta["identity"] != identity:
+    if changed_keys(meta["identity"], identity):
         return StageState()
     for split in SPLITS:
         for shard in meta["shards"][split]:

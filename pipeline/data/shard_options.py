@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pipeline.common import size_limits as lim
@@ -116,3 +117,19 @@ class ShardOptions:
         values["tokenizer_fingerprint"] = tokenizer.fingerprint
         values["format_version"] = FORMAT_VERSION
         return values
+
+
+def changed_keys(previous: dict, identity: dict) -> list[str]:
+    """The keys in which two output identities differ; paths are compared as the files they name, not as typed
+    (`runs/tok` and `/work/runs/tok` from the same folder are one tokenizer)."""
+    a, b = _paths_resolved(previous), _paths_resolved(identity)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _paths_resolved(identity: dict) -> dict:
+    values = dict(identity)
+    if isinstance(values.get("tokenizer"), str):
+        values["tokenizer"] = str(Path(values["tokenizer"]).resolve())
+    if isinstance(values.get("inputs"), list):
+        values["inputs"] = [p if p.startswith("hf:") else str(Path(p).resolve()) for p in values["inputs"]]
+    return values

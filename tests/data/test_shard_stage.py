@@ -134,6 +134,17 @@ def test_rerun_with_same_arguments_is_a_no_op_and_different_arguments_are_refuse
     assert index["seq_len"] == 64 and verify_folder(out) == []
 
 
+
+def test_the_same_files_named_by_another_path_are_the_same_arguments(tmp_path, corpus_jsonl, bpe_tokenizer_dir,
+                                                                      monkeypatch):
+    out = tmp_path / "s"
+    shard(corpus_jsonl, bpe_tokenizer_dir, out)
+    before = file_digests(out)
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(bpe_tokenizer_dir, tmp_path)
+    shard(os.path.relpath(corpus_jsonl, tmp_path), relative, out)  # a no-op, not "changed: tokenizer"
+    assert file_digests(out) == before
+
 def test_a_folder_with_other_files_is_not_written_into(tmp_path, corpus_jsonl, bpe_tokenizer_dir):
     out = tmp_path / "mine"
     out.mkdir()
