@@ -67,15 +67,26 @@ TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, in
 
 
 class Steps:
-    """Each step's outcome, in order: ok, failed (with the error) or skipped (with the reason)."""
+    """Each step's outcome, in order: ok, failed (with the error) or skipped (with the reason).
 
-    def __init__(self) -> None:
+    With `budget_s`, a step that would start after that many seconds is skipped as out of time, so a check on a
+    lent machine ends, record written, inside the lease instead of being killed with nothing written."""
+
+    def __init__(self, budget_s: float | None = None) -> None:
         self.outcomes: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+        self.budget_s = budget_s
+
+    def seconds_left(self) -> float | None:
+        return None if self.budget_s is None else self.budget_s - (time.perf_counter() - self.started)
 
     def attempt(self, name: str, fn: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
         """Run `fn`; record what it returned, or its failure, and never raise (Ctrl-C aside)."""
         start = time.perf_counter()
         try:
+            left = self.seconds_left()
+            if left is not None and left <= 0:
+                raise Skipped(f"out of time: the check's budget of {self.budget_s / 60:g} min was spent")
             found = fn() or {}
         except Skipped as why:
             self.outcomes.append({"step": name, "status": "skipped", "reason": str(why)})
@@ -394,7 +405,8 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                                "data": {"num_workers": 0 if tiny else 2}}
                     run_dir = tmp / f"{name}-{'compiled' if compiled else 'eager'}"
                     shards = Path(made["shards"][f"{'doc-packed' if is_packed else 'full'}-{seq_len}"])
-                    seconds, _ = ours(shards, tok, n_steps, batch, skip, run_dir, env, updates)
+                    seconds, _ = ours(shards, tok, n_steps, batch, skip, run_dir, env, updates,
+                                      timeout=steps.seconds_left())
                     info = describe_tokenizer(load_tokenizer(tok))
                     per_token = model_flops_per_token(hf_config(ModelConfig(**keys), info, seq_len), seq_len, MASKED)
                     tokens_per_s = batch * seq_len / seconds
@@ -449,7 +461,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="toy sizes (the test suite's run); the same code")
     p.add_argument("--skip", default="", help="comma-separated steps to leave out: correctness, packed, throughput")
+    p.add_argument("--budget-minutes", type=float, default=None,
+                   help="skip the steps that would start later than this (a lent machine's lease); the record is "
+                        "also written after each part, so a check stopped from outside keeps the parts it finished")
     a = p.parse_args(argv)
+    if a.budget_minutes is not None and a.budget_minutes <= 0:
+        p.error(f"--budget-minutes {a.budget_minutes:g}: give a positive number of minutes")
     skipped = {s for s in a.skip.split(",") if s}
     name = "gpu_check" + (f".{a.device}-tiny" if a.tiny else ("" if a.device == "cuda" else f".{a.device}"))
     with BenchmarkRecord(name, argv=sys.argv if argv is None else [__file__, *argv]) as rec:
@@ -461,29 +478,38 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from pipeline.common.topology import prepare_environment
 
-    started = time.perf_counter()
-    steps = Steps()
+    steps = Steps(None if getattr(a, "budget_minutes", None) is None else 60 * a.budget_minutes)
     steps.attempt("environment/process group", lambda: _process_group(prepare_environment()))
     env = steps.attempt("environment", lambda: environment(a.device, a.tiny))
     rec.results["environment"] = env or {}
-    tables = {}
-    if "correctness" not in skipped:
-        tables["correctness: one DeepSpeed step vs fp32, same batch (relative loss difference)"] = \
-            correctness(steps, a.device)
-    if "packed" not in skipped:
-        tables["packed documents: each attention path vs the padded path, per document"] = packed(steps, a.device)
-    if "throughput" not in skipped:
-        tables["throughput: launchers/pretrain.py on shards on local disk"] = throughput(steps, a.device, a.tiny, env)
-    for title, rows in tables.items():
+    parts = {"correctness": ("correctness: one DeepSpeed step vs fp32, same batch (relative loss difference)",
+                             lambda: correctness(steps, a.device)),
+             "packed": ("packed documents: each attention path vs the padded path, per document",
+                        lambda: packed(steps, a.device)),
+             "throughput": ("throughput: launchers/pretrain.py on shards on local disk",
+                            lambda: throughput(steps, a.device, a.tiny, env))}
+    for part, (title, run_part) in parts.items():
+        if part in skipped:
+            continue
+        rows = run_part()
         rec.table(title, rows)
         print_table(title, rows)
+        summarise(rec, steps, a)
+        if part != list(parts)[-1]:
+            rec.write()  # what finished so far survives a check stopped from outside
+    summarise(rec, steps, a)
+    counts = rec.results["summary"]
+    print(f"\nenvironment: {env}\n{counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"in {counts['seconds']:.0f} s")
+    return steps
+
+
+def summarise(rec: BenchmarkRecord, steps: Steps, a: argparse.Namespace) -> None:
+    """The record's steps, counts and headlines as they stand now."""
     rec.results["steps"] = steps.outcomes
     counts = {s: sum(o["status"] == s for o in steps.outcomes) for s in ("ok", "failed", "skipped")}
-    rec.results["summary"] = {**counts, "seconds": round(time.perf_counter() - started, 1)}
+    rec.results["summary"] = {**counts, "seconds": round(time.perf_counter() - steps.started, 1)}
     headlines(rec, steps, a.device, a.tiny)
-    print(f"\nenvironment: {env}\n{counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped "
-          f"in {time.perf_counter() - started:.0f} s")
-    return steps
 
 
 def _process_group(topology) -> dict[str, Any]:

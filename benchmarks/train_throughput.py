@@ -106,8 +106,9 @@ VARIANTS = {  # name: (what changes, config updates by section)
 
 
 def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, skip: int, out: Path, env: dict,
-         updates: dict) -> tuple[float, float]:
-    """Run launchers/pretrain.py; (seconds per counted step, masked fraction) from its metrics.jsonl."""
+         updates: dict, timeout: float | None = None) -> tuple[float, float]:
+    """Run launchers/pretrain.py (killed after `timeout` seconds); (seconds per counted step, masked fraction)
+    from its metrics.jsonl."""
     config = {
         "model": MODEL, "data": {"shards": str(shards), "tokenizer": str(tokenizer_dir), "num_workers": 0,
                                  "cache_dir": str(out.parent / "token_cache")},
@@ -121,7 +122,8 @@ def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, skip: int, o
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(config))
     done = subprocess.run([sys.executable, "launchers/pretrain.py", "--config", str(path)], cwd=ROOT, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=None if timeout is None else max(1.0, timeout))
     if done.returncode != 0:  # the run's own last words, for whoever records the failure
         raise RuntimeError(f"launchers/pretrain.py exited {done.returncode}: {done.stderr.strip()[-1500:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -35,6 +35,17 @@ def test_a_step_that_raises_is_recorded_as_failed_and_the_next_one_runs():
     assert fine["status"] == "ok" and fine["loss"] == 1.5
 
 
+def test_past_its_budget_a_step_is_skipped_as_out_of_time_without_running():
+    steps = gpu_check.Steps(budget_s=3600)
+    assert steps.attempt("early", lambda: {"x": 1}) == {"x": 1}
+    steps.budget_s = 0
+    ran = []
+    assert steps.attempt("late", lambda: ran.append(1)) is None
+    assert ran == [] and steps.outcomes[-1]["status"] == "skipped"
+    assert steps.outcomes[-1]["reason"].startswith("out of time") and steps.seconds_left() < 0
+    assert gpu_check.Steps().seconds_left() is None  # no budget: never out of time
+
+
 def test_the_nominal_peak_is_the_data_sheets_dense_figure_by_gpu_name():
     assert gpu_check.nominal_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert gpu_check.nominal_tflops("NVIDIA H100 PCIe") == 756.0

@@ -50,6 +50,16 @@ def test_a_record_holds_the_command_date_machine_load_and_commit(tmp_path, monke
     assert data["results"]["headline"]["ours vs HF"] == {"value": "2.84×", "target": "≥ 2×", "met": True}
 
 
+def test_a_copy_without_git_records_the_commit_its_caller_names_and_no_dirty_state(tmp_path, monkeypatch):
+    import result_record
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    monkeypatch.setenv("BENCHMARK_GIT_COMMIT", "a" * 40)
+    assert result_record.git_state(copy) == {"commit": "a" * 40, "dirty": None}
+    assert result_record.git_state(ROOT)["commit"] != "a" * 40  # a real checkout's own commit wins
+
+
 def test_a_benchmark_that_fails_writes_no_result(tmp_path):
     with pytest.raises(RuntimeError), BenchmarkRecord("broken", argv=["x"], out_dir=tmp_path) as rec:
         rec.table("half", [{"a": 1}])
