@@ -365,7 +365,9 @@ def make_shards(tmp: Path, tiny: bool, seq_lens: set[int], packed_lens: set[int]
     return {"tokenizer": str(tok), "shards": shards}
 
 
-def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | None) -> list[dict[str, Any]]:
+def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | None,
+               loader_workers: int | None = None, models: tuple[str, ...] = tuple(SHAPES)) -> list[dict[str, Any]]:
+    """Every model eager first, then compiled: under a budget, the eager figures come before any compile."""
     from train_throughput import MASKED, ours
 
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
@@ -375,7 +377,7 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
 
     shapes = {name: ({**(TINY_SHAPE if tiny else keys), **({"architecture": "modernbert"} if is_packed else {})},
                      64 if tiny else seq_len, 4 if tiny else batch, is_packed)
-              for name, (keys, seq_len, batch, is_packed) in SHAPES.items()}
+              for name, (keys, seq_len, batch, is_packed) in ((m, SHAPES[m]) for m in models)}
     n_steps, skip = (4, 2) if tiny else (30, 10)
     # FlexAttention has no backward on CPU: the toy run trains packed rows with SDPA's dense mask
     packed_attention = ("sdpa" if device == "cpu" else
@@ -391,8 +393,8 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
         tmp = Path(tmp)
         made = steps.attempt("throughput/shards", lambda: make_shards(
             tmp, tiny, {s for _, s, _, p in shapes.values() if not p}, {s for _, s, _, p in shapes.values() if p}))
-        for name, (keys, seq_len, batch, is_packed) in shapes.items():
-            for compiled in (False, True):
+        for compiled in (False, True):
+            for name, (keys, seq_len, batch, is_packed) in shapes.items():
                 def cell(name=name, keys=keys, seq_len=seq_len, batch=batch, is_packed=is_packed, compiled=compiled):
                     if made is None:
                         raise Skipped("no shards (the shard step failed)")
@@ -402,7 +404,8 @@ def throughput(steps: Steps, device: str, tiny: bool, peaks: dict[str, Any] | No
                                         if is_packed else {})}
                     updates = {"model": model, "train": {"compile": compiled, "precision": "bf16", "zero_stage": 0},
                                # masking in worker processes on a GPU node, as a user trains; in process on the toy run
-                               "data": {"num_workers": 0 if tiny else 2}}
+                               "data": {"num_workers": (0 if tiny else 2) if loader_workers is None
+                                        else loader_workers}}
                     run_dir = tmp / f"{name}-{'compiled' if compiled else 'eager'}"
                     shards = Path(made["shards"][f"{'doc-packed' if is_packed else 'full'}-{seq_len}"])
                     seconds, _ = ours(shards, tok, n_steps, batch, skip, run_dir, env, updates,
@@ -461,10 +464,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="toy sizes (the test suite's run); the same code")
     p.add_argument("--skip", default="", help="comma-separated steps to leave out: correctness, packed, throughput")
+    p.add_argument("--models", default=",".join(SHAPES),
+                   help=f"throughput models, comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--loader-workers", type=int, default=None,
+                   help="data.num_workers of the throughput runs (default 2; 0 in the toy run): masking in process")
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="skip the steps that would start later than this (a lent machine's lease); the record is "
                         "also written after each part, so a check stopped from outside keeps the parts it finished")
     a = p.parse_args(argv)
+    a.models = tuple(m.strip() for m in a.models.split(",") if m.strip())
+    if unknown := [m for m in a.models if m not in SHAPES]:
+        p.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
     if a.budget_minutes is not None and a.budget_minutes <= 0:
         p.error(f"--budget-minutes {a.budget_minutes:g}: give a positive number of minutes")
     skipped = {s for s in a.skip.split(",") if s}
@@ -487,7 +497,8 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
              "packed": ("packed documents: each attention path vs the padded path, per document",
                         lambda: packed(steps, a.device)),
              "throughput": ("throughput: launchers/pretrain.py on shards on local disk",
-                            lambda: throughput(steps, a.device, a.tiny, env))}
+                            lambda: throughput(steps, a.device, a.tiny, env, getattr(a, "loader_workers", None),
+                                               tuple(getattr(a, "models", None) or SHAPES)))}
     for part, (title, run_part) in parts.items():
         if part in skipped:
             continue

@@ -132,6 +132,19 @@ def train_loader(batches: MaskedBatches, shuffle: StepOrder, *, rank: int, start
                       worker_init_fn=ignore_stop_signals if num_workers else None)
 
 
+def shut_down_workers(batches: object) -> None:
+    """Stop a DataLoader iterator's worker processes now (a no-op for anything else).
+
+    Workers ignore SIGTERM (`ignore_stop_signals`), so a worker still alive at interpreter exit hangs the
+    process: multiprocessing's exit handler terminates (SIGTERM) and then joins it. The iterator stops its
+    workers when it is freed, but a reference that outlives the loop (seen under `train.compile` on CPU and
+    on CUDA) delays that to exit. `_shutdown_workers` is what the iterator's own `__del__` calls.
+    """
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
+
+
 def ignore_stop_signals(worker_id: int) -> None:
     """In a DataLoader worker: leave SIGTERM and SIGINT to the rank, which stops after its step and checkpoints.
 

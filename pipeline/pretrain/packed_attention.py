@@ -145,8 +145,8 @@ def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position
         return {"input_ids": input_ids, "position_ids": position_ids,
                 "attention_mask": document_block_mask(document_ids)}
     mask = block_diagonal_mask(document_ids)
-    if attn_implementation == "eager":  # eager attention adds the mask to the scores: 0 or the dtype's minimum
-        mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    if attn_implementation == "eager":
+        mask = _as_eager(mask)
     return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask}
 
 
@@ -157,8 +157,9 @@ def sliding_window_band(length: int, half_window: int, device=None) -> torch.Ten
 
 
 def _as_eager(mask: torch.Tensor) -> torch.Tensor:
-    """Eager attention adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere."""
-    return torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    """Eager attention adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere; on the
+    mask's own device (a CPU tensor here failed every eager packed step on CUDA)."""
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
 
 
 def windowed_encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,

@@ -26,7 +26,7 @@ from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.anneal import resolve_anneal
-from pipeline.pretrain.batches import real_tokens
+from pipeline.pretrain.batches import real_tokens, shut_down_workers
 from pipeline.pretrain.cadence import Cadence, StepGuard, ThroughputWindow
 from pipeline.pretrain.checkpointer import Checkpointer
 from pipeline.pretrain.config import PretrainConfig
@@ -224,23 +224,26 @@ class Pretrainer:
         self.sync = StepSync(self.plan.world_size)
         stopped_by = None
         self.engine.train()
-        while not self.cadence.done(self.step):
-            micro_batches = next(steps)  # a hand-over builds the next phase's data: not under the watchdog
-            with guard.around(self.step):
-                lr = self.train_step(micro_batches)
-                stop_now = self.sync.stop_requested(stop.requested)
-            self.step += 1
-            window.add(samples=self.plan.global_batch_size)  # phases may change the batch
-            due = self.cadence.due(self.step)
-            if due.any or stop_now:  # only then do the losses come to the host
-                self._check_losses(due.log, lr, window, progress)
-            if due.evaluate:
-                self._evaluate()
-            if stop_now:
-                stopped_by = stop.signal_name or "a stop signal on another rank"
-                break
-            if due.save:
-                self._checkpoint()
+        try:
+            while not self.cadence.done(self.step):
+                micro_batches = next(steps)  # a hand-over builds the next phase's data: not under the watchdog
+                with guard.around(self.step):
+                    lr = self.train_step(micro_batches)
+                    stop_now = self.sync.stop_requested(stop.requested)
+                self.step += 1
+                window.add(samples=self.plan.global_batch_size)  # phases may change the batch
+                due = self.cadence.due(self.step)
+                if due.any or stop_now:  # only then do the losses come to the host
+                    self._check_losses(due.log, lr, window, progress)
+                if due.evaluate:
+                    self._evaluate()
+                if stop_now:
+                    stopped_by = stop.signal_name or "a stop signal on another rank"
+                    break
+                if due.save:
+                    self._checkpoint()
+        finally:
+            steps.close()  # the loader's workers stop here, not at interpreter exit
         if progress is not None:
             progress.close()
         guard.close()
@@ -267,14 +270,18 @@ class Pretrainer:
     def _step_batches(self) -> Iterator[Iterator[dict[str, torch.Tensor]]]:
         """Each step's micro batches on this rank, read lazily; at a phase's end, the hand-over to the next."""
         loader = None
-        while True:
-            if self.step >= self.phase.end:
-                self._hand_over(phase_at(self.phases, self.step))
-                loader = None
-            if loader is None:  # this phase's batches, up to its end
-                loader = iter(self.data.loader(rank=self.topology.rank, start_step=self.step, end_step=self.phase.end,
-                                               num_workers=self.config.data.num_workers))
-            yield islice(loader, self.plan.accumulation)
+        try:
+            while True:
+                if self.step >= self.phase.end:
+                    self._hand_over(phase_at(self.phases, self.step))
+                    shut_down_workers(loader)
+                    loader = None
+                if loader is None:  # this phase's batches, up to its end
+                    loader = iter(self.data.loader(rank=self.topology.rank, start_step=self.step,
+                                                   end_step=self.phase.end, num_workers=self.config.data.num_workers))
+                yield islice(loader, self.plan.accumulation)
+        finally:
+            shut_down_workers(loader)
 
     def _check_losses(self, log: bool, lr: float, window: ThroughputWindow, progress) -> None:
         """Bring the losses since the last check to the host: stop on a non-finite one, log when due."""

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import textwrap
 import time
 
 import numpy as np
 import psutil
 import pytest
 import torch
+from helpers import PYTHON, ROOT, tiny_pretrain_config
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.data.shard_index import load_index
 from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, eval_keys, ignore_stop_signals, train_loader
+from pipeline.pretrain.batches import (
+    GlobalShuffle,
+    MaskedBatches,
+    eval_keys,
+    ignore_stop_signals,
+    shut_down_workers,
+    train_loader,
+)
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec
 
 
@@ -139,3 +151,40 @@ def test_the_training_loader_installs_the_signal_guard_in_its_workers():
     loader = train_loader(None, GlobalShuffle(64, BatchPlan.derive(8, 8, 1), seed=0), rank=0, start_step=0, end_step=2,
                           num_workers=1)
     assert loader.worker_init_fn is ignore_stop_signals
+
+
+def test_workers_that_ignore_stop_signals_are_shut_down_on_request_while_still_referenced():
+    # multiprocessing's exit handler SIGTERMs and then joins live workers: ones that ignore SIGTERM would hang
+    # the process at exit, so the trainer stops them itself.
+    loader = torch.utils.data.DataLoader(_Numbers(), batch_size=None, num_workers=2, worker_init_fn=ignore_stop_signals)
+    batches = iter(loader)
+    assert next(batches) == 0
+    workers = psutil.Process().children()
+    assert len(workers) == 2
+    shut_down_workers(batches)
+    psutil.wait_procs(workers, timeout=10)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    shut_down_workers(None)  # anything without workers: nothing to do
+
+
+KEEP_LOADERS_ALIVE = textwrap.dedent("""
+    import sys
+    import torch.utils.data as data
+    kept, iterate = [], data.DataLoader.__iter__
+    data.DataLoader.__iter__ = lambda self: kept.append(iterate(self)) or kept[-1]  # alive until exit
+    from pipeline.commands.pretrain import main
+    main(["--config", sys.argv[1]])
+""")
+
+
+@pytest.mark.slow
+def test_a_run_whose_loader_outlives_its_loop_still_exits(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    """Something holding the loader iterator past training (train.compile and CUDA runs did) must not leave its
+    SIGTERM-immune workers for the exit handler to join forever."""
+    config = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "run",
+                                  train={"max_steps": 2, "export": False}, checkpoint={"every": 2},
+                                  data={"num_workers": 2, "cache_dir": str(tmp_path / "cache")})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    done = subprocess.run([PYTHON, "-c", KEEP_LOADERS_ALIVE, str(tmp_path / "config.json")], cwd=ROOT, timeout=240,
+                          capture_output=True, text=True, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -319,6 +319,18 @@ def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
     assert masks["full_attention"].mask_mod(0, 0, torch.tensor(0), torch.tensor(2)).item() is True
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_dense_masks_are_made_on_the_documents_device(attention):
+    """The meta device stands in for CUDA here: a mask made on the CPU beside GPU scores fails every step."""
+    from pipeline.pretrain.packed_attention import encoder_inputs, windowed_encoder_inputs
+
+    document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]], device="meta")
+    ids, positions = torch.zeros(1, 6, dtype=torch.long, device="meta"), torch.zeros(1, 6, device="meta")
+    assert encoder_inputs(ids, document_ids, positions, attention)["attention_mask"].device.type == "meta"
+    masks = windowed_encoder_inputs(ids, document_ids, positions, attention, half_window=1)["attention_mask"]
+    assert {m.device.type for m in masks.values()} == {"meta"}
+
+
 @pytest.mark.parametrize("architecture", ["roberta", "modernbert"])
 def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_dir):
     """transformers' flex path ADDS a tensor mask to the scores: a boolean mask there is refused, not used."""
