@@ -46,8 +46,10 @@ from result_record import BenchmarkRecord  # noqa: E402
 
 ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
 # Relative loss difference allowed against fp32 after one step on the same batch. bf16 keeps 8 bits of
-# mantissa (~0.4% per rounding), fp16 11 bits; a small model's loss sums few roundings.
-TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
+# mantissa (~0.4% per rounding), fp16 11 bits; a small model's loss sums few roundings. Measured on an H200:
+# bf16 5–8e-4 and fp16 4–7e-5 at ZeRO 2; ZeRO 0 was ~1e-2 in both until the engine undid DeepSpeed's
+# zero-gradient state-initialisation step (engine.undo_state_initialisation_step), which these bounds now catch.
+TOLERANCE = {"bf16": 2e-3, "fp16": 5e-4}
 # Dense bf16/fp16 tensor-core peaks from NVIDIA's data sheets (TFLOP/s, without sparsity), by name fragment.
 NOMINAL_TFLOPS = (("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
                   ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0), ("L4", 121.0))

@@ -155,9 +155,32 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         lr_scheduler=lambda optimizer: lr_scheduler(optimizer, config, phases, lr_multiplier),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
+    undo_state_initialisation_step(engine)
     if config.train.compile:
         compile_engine(engine)
     return engine
+
+
+def undo_state_initialisation_step(engine) -> None:
+    """Undo the zero-gradient optimizer step DeepSpeed takes when it wraps a torch optimizer at ZeRO 0 in bf16/fp16.
+
+    `FP16_UnfusedOptimizer.initialize_optimizer_states` steps once with zero gradients. That leaves AdamW's step
+    counter at 1, so the first real step bias-corrects as step 2 (its update ~0.74× fp32's at β2 0.98), and
+    applies the decoupled weight decay to the fp32 master copies once. The GPU check saw it as one step ~1e-2
+    away from fp32 at ZeRO 0 against ~5e-4 at ZeRO 2 (bf16, on an H200 and on CPU). The optimizers here create
+    their states on the first step, so clearing them and re-copying the masters from the model gives the step
+    fp32 takes.
+    """
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    wrapper = engine.optimizer
+    if not isinstance(wrapper, FP16_UnfusedOptimizer):
+        return
+    wrapper.optimizer.state.clear()
+    with torch.no_grad():
+        for masters, halves in zip(wrapper.fp32_groups, wrapper.fp16_groups, strict=True):
+            for master, half in zip(masters, halves, strict=True):
+                master.copy_(half)
 
 
 def set_phase_batch(engine, plan: BatchPlan) -> None:

@@ -353,17 +353,20 @@ class Pretrainer:
         eval_sets = self.data.eval_sets(self.config.train.eval_sequences, self.plan.micro_batch_size,
                                         self.topology.rank, self.topology.world_size)
         self.engine.eval()
-        totals = torch.zeros(len(eval_sets), 2, dtype=torch.float64)  # per corpus: loss × masked, masked
+        # Per corpus: loss × masked, masked. On the engine's device: NCCL reduces no CPU tensor (a CPU one here
+        # failed every CUDA run's last evaluation), and the batches' losses come to the host once, not each.
+        totals = torch.zeros(len(eval_sets), 2, dtype=torch.float64, device=self.engine.device)
         for corpus, keys in enumerate(eval_sets):
             for key in keys:
                 batch = {k: v.to(self.engine.device) for k, v in self.data.val_batches[key].items()}
                 out = self.engine(**batch)
-                masked = (batch["labels"] != IGNORE_INDEX).sum().item()
-                totals[corpus] += torch.tensor([out.get("mlm_loss", out["loss"]).float().item() * masked, masked],
-                                               dtype=torch.float64)
+                masked = (batch["labels"] != IGNORE_INDEX).sum()
+                totals[corpus, 0] += out.get("mlm_loss", out["loss"]).detach().double() * masked
+                totals[corpus, 1] += masked
         self.engine.train()
         dist.all_reduce(totals)
-        metrics = {**self.data.eval_metrics(totals.numpy()), "eval/mask_rate": eval_probability(self.config.masking)}
+        metrics = {**self.data.eval_metrics(totals.cpu().numpy()),
+                   "eval/mask_rate": eval_probability(self.config.masking)}
         if self.topology.is_main:
             metrics.update(self._plateau_metrics(metrics))
         self.metrics.log(metrics, self.step)
