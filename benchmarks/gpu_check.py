@@ -31,6 +31,7 @@ import argparse
 import importlib.metadata
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -256,8 +257,11 @@ def correctness(steps: Steps, device: str) -> list[dict[str, Any]]:
 
 
 def _note(outcome: dict[str, Any]) -> str:
-    """A failure's or skip's last words on one line: the end of a traceback or a run's stderr names the error."""
-    text = " ".join((outcome.get("error") or outcome.get("reason") or "").split())
+    """A failure's or skip's last words on one line: the last `SomeError: ...` line of a run's stderr (warnings
+    printed after it at exit are not the cause), else the end of the text."""
+    raw = outcome.get("error") or outcome.get("reason") or ""
+    raised = re.findall(r"\b(\w+(?:Error|Exception): .*)", raw)
+    text = " ".join((raised[-1] if raised and "\n" in raw else raw).split())
     return text if len(text) <= 160 else "…" + text[-159:]
 
 

@@ -157,7 +157,8 @@ def render_result(data: dict[str, Any], machine: str | None = None) -> str:
     for table in tables_of(results.get("tables")):
         lines += render_table(table)
     items = render_headline(results.get("headline") or {})
-    rest = {k: v for k, v in results.items() if k not in ("tables", "headline")}
+    # `steps`: a per-step log (the GPU check's, tracebacks included) whose figures its tables already show
+    rest = {k: v for k, v in results.items() if k not in ("tables", "headline", "steps")}
     if rest:  # figures a benchmark recorded outside tables: shown as written, so none is left out
         items.append("- Other figures: `" + json.dumps(rest, ensure_ascii=False) + "`")
     items += [f"- *Note:* {note}" for note in data.get("notes") or []]

@@ -77,11 +77,11 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
-    if commit is None and os.environ.get("BENCHMARK_GIT_COMMIT"):
-        # A copy of a checkout without its .git (a lent GPU machine gets the files alone): the caller names the
-        # commit it copied; whether the copy had changes is then unknown.
+    if os.environ.get("BENCHMARK_GIT_COMMIT"):
+        # A copy of a checkout made elsewhere (a lent GPU machine's copy carried a stale .git whose HEAD was not
+        # the files'): the caller names the commit it copied; whether the copy had changes is then unknown.
         return {"commit": os.environ["BENCHMARK_GIT_COMMIT"], "dirty": None}
+    commit = git("rev-parse", "HEAD")
     # The results and the page rendered from them are outputs, not what was measured.
     status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results",
                  ":!docs/benchmarks.md")

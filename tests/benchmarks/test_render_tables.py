@@ -50,14 +50,24 @@ def test_a_record_holds_the_command_date_machine_load_and_commit(tmp_path, monke
     assert data["results"]["headline"]["ours vs HF"] == {"value": "2.84×", "target": "≥ 2×", "met": True}
 
 
-def test_a_copy_without_git_records_the_commit_its_caller_names_and_no_dirty_state(tmp_path, monkeypatch):
+def test_a_copy_records_the_commit_its_caller_names_and_no_dirty_state(tmp_path, monkeypatch):
     import result_record
 
     copy = tmp_path / "copy"
     copy.mkdir()
     monkeypatch.setenv("BENCHMARK_GIT_COMMIT", "a" * 40)
     assert result_record.git_state(copy) == {"commit": "a" * 40, "dirty": None}
-    assert result_record.git_state(ROOT)["commit"] != "a" * 40  # a real checkout's own commit wins
+    assert result_record.git_state(ROOT) == {"commit": "a" * 40, "dirty": None}  # even beside a .git of its own
+    monkeypatch.delenv("BENCHMARK_GIT_COMMIT")
+    assert result_record.git_state(ROOT)["commit"] != "a" * 40
+
+
+def test_a_step_log_stays_in_the_record_and_off_the_page(tmp_path):
+    data = synthetic_result(tmp_path)
+    data["results"]["steps"] = [{"step": "a", "status": "failed", "traceback": "Traceback (most recent call last)"}]
+    data["results"]["summary"] = {"ok": 1}
+    page = render_tables.render_result(data)
+    assert "Traceback" not in page and '"summary": {"ok": 1}' in page
 
 
 def test_a_benchmark_that_fails_writes_no_result(tmp_path):
