@@ -23,15 +23,22 @@ spec.loader.exec_module(parity)
 
 @pytest.fixture(scope="module")
 def process_group():
+    """A world of one for the in-process engines, gone afterwards with the variables it set."""
+    import torch.distributed as dist
+
+    saved = dict(os.environ)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from pipeline.common.topology import prepare_environment
 
     prepare_environment()
     import deepspeed
-    import torch.distributed as dist
 
-    if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo")
+    assert not dist.is_initialized()
+    deepspeed.init_distributed(dist_backend="gloo")
+    yield
+    dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[int]]:
