@@ -159,13 +159,16 @@ def test_workers_that_ignore_stop_signals_are_shut_down_on_request_while_still_r
     others = {child.pid for child in psutil.Process().children()}  # other tests' helpers, if any
     loader = torch.utils.data.DataLoader(_Numbers(), batch_size=None, num_workers=2, worker_init_fn=ignore_stop_signals)
     batches = iter(loader)
-    assert next(batches) == 0
-    workers = [child for child in psutil.Process().children() if child.pid not in others]
-    assert len(workers) == 2
-    shut_down_workers(batches)
-    psutil.wait_procs(workers, timeout=10)
-    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
-    shut_down_workers(None)  # anything without workers: nothing to do
+    try:
+        assert next(batches) == 0
+        workers = [child for child in psutil.Process().children() if child.pid not in others]
+        assert len(workers) == 2
+        shut_down_workers(batches)
+        psutil.wait_procs(workers, timeout=10)
+        assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+        shut_down_workers(None)  # anything without workers: nothing to do
+    finally:  # a failed assertion must not leave SIGTERM-immune workers behind to hang pytest's exit
+        shut_down_workers(batches)
 
 
 KEEP_LOADERS_ALIVE = textwrap.dedent("""
