@@ -18,9 +18,11 @@ from the page's. The page's machine (the one most measured results ran on) is na
     ...
     <!-- end generated -->
 
-A result transcribed from an older README says so, and its command regenerates it. A result with no
-region yet is appended under "Other results", so a new benchmark's figure shows up (and `--check`
-fails) until someone places it in the page.
+A region may also sit on another docs page, beside the subject it measures (the data stage's scale
+table in docs/data.md, the GPU check in docs/gpu-nodes.md); `--check` covers every page. A result
+transcribed from an older README says so, and its command regenerates it. A result with no region
+on any page is appended to docs/benchmarks.md under "Other results", so a new benchmark's figure
+shows up (and `--check` fails) until someone places it.
 """
 
 from __future__ import annotations
@@ -188,31 +190,49 @@ def region(name: str, body: str) -> str:
 
 
 def render_page(text: str, results: dict[str, dict[str, Any]]) -> str:
-    """`text` with every generated region re-rendered, and regions appended for results the page lacks."""
+    """`text` (docs/benchmarks.md) with every generated region re-rendered, and regions appended for results
+    the page lacks."""
+    return render_pages(text, {}, results)[0]
+
+
+def render_pages(text: str, others: dict[str, str], results: dict[str, dict[str, Any]]
+                 ) -> tuple[str, dict[str, str]]:
+    """docs/benchmarks.md's `text` and the `others` pages (texts by name) with every region re-rendered;
+    a result no page places is appended to `text`."""
     placed = set()
 
-    def fill(match: re.Match) -> str:
-        name = match["name"]
-        if name not in results:
-            raise PipelineError(f"docs/benchmarks.md has a region for benchmarks/results/{name}.json, which does "
-                                f"not exist: run the benchmark, or remove the region")
-        if name in placed:  # e.g. appended under "Other results", then placed in a section as well
-            raise PipelineError(f"docs/benchmarks.md has two regions for benchmarks/results/{name}.json: keep one")
-        placed.add(name)
-        return region(name, render_result(results[name], machine))
+    def filler(page: str):
+        def fill(match: re.Match) -> str:
+            name = match["name"]
+            if name not in results:
+                raise PipelineError(f"{page} has a region for benchmarks/results/{name}.json, which does "
+                                    f"not exist: run the benchmark, or remove the region")
+            if name in placed:  # e.g. appended under "Other results", then placed in a section as well
+                raise PipelineError(f"two regions for benchmarks/results/{name}.json (the second in {page}): "
+                                    f"keep one")
+            placed.add(name)
+            return region(name, render_result(results[name], machine))
+        return fill
 
     # Without the machine region every result names its own machine, so none goes unstated.
     machine = page_machine(results) if MACHINE_REGION.search(text) else None
     text = MACHINE_REGION.sub(lambda _: f"{MACHINE_START}\nUnless a result says otherwise, it ran on: "
                               f"{machine or 'no result recorded yet'}.\n{END}", text)
-    text = REGION.sub(fill, text)
+    text = REGION.sub(filler("docs/benchmarks.md"), text)
+    rendered = {name: REGION.sub(filler(name), other) for name, other in others.items()}
     missing = [name for name in results if name not in placed]
     if missing:
         if OTHER_HEADING not in text:
             text = text.rstrip("\n") + f"\n\n{OTHER_HEADING}\n\nResults not yet placed in a section above.\n"
         for name in missing:
             text = text.rstrip("\n") + f"\n\n### `{name}`\n\n{region(name, render_result(results[name], machine))}\n"
-    return text
+    return text, rendered
+
+
+def pages_beside(page: Path) -> dict[Path, str]:
+    """The other pages of `page`'s folder that hold a generated region, with their texts."""
+    texts = {p: p.read_text() for p in sorted(page.parent.glob("*.md")) if p != page}
+    return {p: text for p, text in texts.items() if REGION.search(text)}
 
 
 @exit_on_pipeline_error
@@ -224,21 +244,26 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not a.page.exists():
         raise PipelineError(f"{a.page}: no such page; give --page")
-    text = a.page.read_text()
-    new = render_page(text, load_results(a.results))
+    others = pages_beside(a.page)
+    old = {a.page: a.page.read_text(), **others}
+    main_text, rendered = render_pages(old[a.page], {str(p): text for p, text in others.items()},
+                                       load_results(a.results))
+    new = {a.page: main_text, **{Path(p): text for p, text in rendered.items()}}
+    changed = [p for p in old if new[p] != old[p]]
     if a.check:
-        if new != text:
-            stale = sorted({m["name"] for m in REGION.finditer(new)} - {
-                m["name"] for m in REGION.finditer(text) if m.group(0) in new})
-            print(f"{a.page} is stale against {a.results}: regions {', '.join(stale) or '(none)'} differ. "
+        for page in changed:
+            stale = sorted({m["name"] for m in REGION.finditer(new[page])} - {
+                m["name"] for m in REGION.finditer(old[page]) if m.group(0) in new[page]})
+            print(f"{page} is stale against {a.results}: regions {', '.join(stale) or '(none)'} differ. "
                   f"Run: python benchmarks/render_tables.py", file=sys.stderr)
+        if changed:
             return 1
-        print(f"{a.page} matches {a.results}")
+        print(f"{', '.join(str(p) for p in old)} match {a.results}")
         return 0
-    if new != text:
-        write_text_atomic(a.page, new)
-        print(f"rewrote {a.page}")
-    else:
+    for page in changed:
+        write_text_atomic(page, new[page])
+        print(f"rewrote {page}")
+    if not changed:
         print(f"{a.page} already up to date")
     return 0
 

@@ -238,3 +238,12 @@ def test_every_command_on_the_page_and_in_the_results_parses(monkeypatch):
         monkeypatch.setattr(sys, "argv", [script, *args])
         with pytest.raises(Parsed):
             runpy.run_path(str(ROOT / script), run_name="__main__")
+
+
+def test_a_result_may_sit_on_the_page_of_its_subject_and_is_then_not_appended(tmp_path):
+    results = tmp_path / "results"
+    synthetic_result(results, "scale_bench")
+    main, others = render_tables.render_pages("# Benchmarks\n", {"docs/data.md": page_with_region("scale_bench")},
+                                              render_tables.load_results(results))
+    assert render_tables.OTHER_HEADING not in main
+    assert "| ours | 5162 |" in others["docs/data.md"]
