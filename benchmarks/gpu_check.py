@@ -214,7 +214,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     plan = phases[0].plan(1)
     torch.manual_seed(0)
     model = build_model(config.model, small_tokenizer(), 32)
-    engine = initialize_engine(model, config, plan, phases=phases)
+    engine = initialize_engine(model, config, plan)
     engine.train()
     batch = fixed_batch(device, small_tokenizer().vocab_size)
     loss = engine(**batch)["loss"]

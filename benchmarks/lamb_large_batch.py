@@ -5,7 +5,7 @@
 Both optimizers train the same freshly initialised encoder (2 layers, hidden 128, sparse MLM
 head, the embedded corpus tokenized with a 4,000-entry BPE trained here) on the same batches and
 masks, with the pipeline's own pieces: `parameter_groups` (no decay on biases and LayerNorm),
-the warmup-then-linear-decay schedule (`lr_multiplier`, warmup a quarter of the steps), gradient
+the warmup-then-linear-decay schedule (schedules.py, warmup a quarter of the steps), gradient
 clipping at 1.0, and, for LAMB, the optimizer `engine.client_optimizer` gives a CPU run; AdamW is
 torch's, as DeepSpeed's `torch_adam` path builds it. The loop is plain torch rather than DeepSpeed
 to keep the comparison about the optimizer step alone. Reported: the MLM loss on a fixed
@@ -47,10 +47,11 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer, train_tokenizer
     from pipeline.pretrain.config import MaskingConfig, ModelConfig, PretrainConfig, ScheduleConfig
-    from pipeline.pretrain.engine import client_optimizer, lr_multiplier, optimizer_groups
+    from pipeline.pretrain.engine import client_optimizer, lr_scheduler, optimizer_groups
     from pipeline.pretrain.masking import EVAL_STREAM, build_masker
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.plateau import unigram_entropy_nats
+    from pipeline.pretrain.schedules import Schedule, segments
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +85,8 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
         o = config.optimizer
         optimizer = client_optimizer(groups, config, cuda=False) or torch.optim.AdamW(
             groups, lr=o.lr, betas=o.betas, eps=o.eps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, schedule, args.steps))
+        scheduler = lr_scheduler(optimizer, Schedule(segments(schedule, start=0, end=args.steps,
+                                                              warmup=schedule.warmup_steps)))
 
         def val_loss() -> float:
             model.eval()

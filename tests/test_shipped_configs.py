@@ -87,7 +87,8 @@ def test_a_shard_config_is_checked_as_its_command_line_will_be(tmp_path):
 def test_the_budget_recipe_keeps_crammings_choices_at_tiny_size():
     """configs/budget-tiny.json: tiny's model size (compared like for like), pre-LN, no dropout, a triangle."""
     from pipeline.pretrain.config import load_pretrain_config
-    from pipeline.pretrain.engine import lr_multiplier
+    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.schedules import lr_schedule
 
     budget = load_pretrain_config(CONFIGS / "budget-tiny.json", check_files=False)
     tiny = load_pretrain_config(CONFIGS / "tiny.json", check_files=False)
@@ -95,7 +96,8 @@ def test_the_budget_recipe_keeps_crammings_choices_at_tiny_size():
     assert [getattr(budget.model, k) for k in size] == [getattr(tiny.model, k) for k in size]
     assert budget.model.architecture == "roberta-prelayernorm"
     assert budget.model.hidden_dropout_prob == budget.model.attention_probs_dropout_prob == 0.0
-    steps, s = budget.train.max_steps, budget.schedule
-    peak = max(range(steps), key=lambda i: lr_multiplier(i, s, steps))
+    steps = budget.train.max_steps
+    lr = lr_schedule(budget, resolve_phases(budget)).multiplier
+    peak = max(range(steps), key=lr)
     assert 0.2 * steps <= peak <= 0.5 * steps  # one cycle: up for a fifth to a half of the run, then down
-    assert lr_multiplier(steps - 1, s, steps) < 0.01
+    assert lr(steps - 1) < 0.01

@@ -62,7 +62,7 @@ def main(argv=None) -> None:
     from pipeline.common.config_tree import to_dict
     from pipeline.common.shipped_configs import find_config
     from pipeline.pretrain.config import load_pretrain_config
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.phases import resolve_phases, resolve_stretches
 
     try:
         config = load_pretrain_config(find_config(args.config, "pretrain"), overrides(args),
@@ -79,16 +79,17 @@ def main(argv=None) -> None:
         print(slow_bf16, file=sys.stderr)
     if args.print_config:
         phases = resolve_phases(config)
-        plans = [phase.plan(topology.world_size) for phase in phases]
+        stretches = resolve_stretches(config, phases, config.train.max_steps)
+        plans = [stretch.plan(topology.world_size) for stretch in stretches]
         report = {"config": to_dict(config), "world_size": topology.world_size,
                   "gradient_accumulation": plans[0].accumulation}
         if config.phases:  # each phase's steps and accumulation
             report["phases"] = [{"name": p.name, "steps": [p.start, p.end], "gradient_accumulation": plan.accumulation}
                                 for p, plan in zip(phases, plans, strict=True)]
         elif config.train.batch_warmup_tokens:  # each global batch of the warmup, and its steps
-            report["batch_warmup"] = [{"steps": [p.start, p.end], "global_batch_size": p.global_batch_size,
+            report["batch_warmup"] = [{"steps": [s.start, s.end], "global_batch_size": s.global_batch_size,
                                        "gradient_accumulation": plan.accumulation}
-                                      for p, plan in zip(phases, plans, strict=True)]
+                                      for s, plan in zip(stretches, plans, strict=True)]
         print(json.dumps(report, indent=2))
         return
     from pipeline.common.console import quiet_frameworks

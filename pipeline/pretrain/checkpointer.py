@@ -4,7 +4,7 @@
 whether DeepSpeed must be told of a universal checkpoint; it reads files only (rank 0 verifies the
 checksums, one broadcast). `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer
 loads its checkpoint there: the conversion to a universal checkpoint (on another world size), the
-engine's load and the LR put back. The files and their marker are checkpoints.py's.
+engine's load and the scheduler's step. The files and their marker are checkpoints.py's.
 
 A run starts from the newest intact checkpoint of its own folder (`checkpoint.resume: auto`);
 without one, from `train.anneal_from` when set (anneal.py); else from step 0.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.topology import Topology
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.anneal import Anneal
-from pipeline.pretrain.phases import Phase, phase_at
+from pipeline.pretrain.engine import restore_step
+from pipeline.pretrain.phases import Stretch, stretch_at
 from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
 
 
@@ -35,6 +35,8 @@ class StartPoint:
 
     checkpoint: Path
     step: int
+    written_by: int | None
+    """The number of ranks that wrote it (None: not recorded)."""
     universal: bool
     """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint."""
 
@@ -42,15 +44,14 @@ class StartPoint:
 class Checkpointer:
     """Finds, loads and saves this run's checkpoints on one rank."""
 
-    def __init__(self, root: Path, topology: Topology, phases: list[Phase], *, resume: bool,
+    def __init__(self, root: Path, topology: Topology, stretches: list[Stretch], *, resume: bool,
                  anneal: Anneal | None = None):
         self.root = root
         self.topology = topology
-        self.phases = phases
+        self.stretches = stretches
         self.resume = resume
         self.anneal = anneal
         self.verify_seconds = self.load_seconds = 0.0
-        self.loaded_from: Path | None = None
 
     def find(self) -> StartPoint | None:
         """Where this run starts: its own newest intact checkpoint, else the anneal's source, else None."""
@@ -63,27 +64,24 @@ class Checkpointer:
         step = int(marker["step"])
         saved = marker.get("batch_plan", {})
         # The batch that trained the checkpoint's last step, in this config: the order of the data depends on it.
-        last = phase_at(self.phases, step - 1)
+        last = stretch_at(self.stretches, step - 1)
         if saved.get("global_batch_size") != last.global_batch_size:
-            where = f" (phase {last.name})" if last.name else ""
+            where = f" (phase {last.phase.name})" if last.phase.name else ""
             raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
                                 f"this run has {last.global_batch_size} at step {step}{where}; resuming "
                                 f"would change the data order (use another train.output_dir, or the same global batch)")
-        return StartPoint(newest, step, needs_universal(newest, saved.get("world_size"), self.topology.world_size))
+        return StartPoint(newest, step, saved.get("world_size"),
+                          needs_universal(newest, saved.get("world_size"), self.topology.world_size))
 
-    def load(self, engine, start: StartPoint, lr_multiplier: Callable[[int], float]) -> int:
+    def load(self, engine, start: StartPoint) -> int:
         """Load `start` into the engine on every rank; returns the step to continue from.
 
-        The optimizer comes back with the LR it had; the schedule's LR for the next step is put in
-        place, which differs when train.max_steps or the schedule changed for the resume, or for an anneal.
+        The resume restores the step (`engine.restore_step`); the LR follows from the run's schedule.
         """
         started = time.perf_counter()
         load_root = start.checkpoint.parent
         if start.universal:
             if self.topology.is_main:
-                saved = checkpoints.read_marker(start.checkpoint).get("batch_plan", {}).get("world_size")
-                self._print(f"checkpoint {start.checkpoint.name} was written by {saved} ranks, this run has "
-                            f"{self.topology.world_size}: converting it to a universal checkpoint")
                 convert_to_universal(start.checkpoint)
             dist.barrier()
             load_root = start.checkpoint / UNIVERSAL_DIR
@@ -92,11 +90,7 @@ class Checkpointer:
             raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
         state = client_state.get("train_state") or checkpoints.read_marker(start.checkpoint)["train_state"]
         step = int(state["step"])
-        scheduler = engine.lr_scheduler
-        scheduler.last_epoch = step
-        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base * lr_multiplier(step)
-        self.loaded_from = start.checkpoint
+        restore_step(engine.lr_scheduler, step)
         self.load_seconds = time.perf_counter() - started
         return step
 
@@ -131,9 +125,3 @@ class Checkpointer:
     def _warn(self, message: str) -> None:
         if self.topology.is_main:
             print(f"warning: {message}", file=sys.stderr, flush=True)
-
-    def _print(self, message: str) -> None:
-        if self.topology.is_main:
-            from tqdm.auto import tqdm
-
-            tqdm.write(message)

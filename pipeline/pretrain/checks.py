@@ -28,7 +28,7 @@ from pathlib import Path
 from pipeline.common import size_limits as lim
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain import checkpoints
-from pipeline.pretrain.anneal import DECAY_SHAPES, source_checkpoint
+from pipeline.pretrain.anneal import source_checkpoint
 from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
 from pipeline.pretrain.config import (
     MODERNBERT_DEFAULTS,
@@ -41,7 +41,7 @@ from pipeline.pretrain.config import (
 )
 from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, owned_key_problems
 from pipeline.pretrain.phases import phase_ends
-from pipeline.pretrain.schedules import WSD_DECAYS, wsd_decay_steps
+from pipeline.pretrain.schedules import DECAYS, WSD_DECAYS, wsd_decay_steps
 
 
 def pretrain_problems(config: PretrainConfig, *, world_size: int, cuda: bool, check_files: bool) -> list[str]:
@@ -385,9 +385,9 @@ def anneal_problems(config: PretrainConfig, *, check_files: bool) -> list[str]:
     if config.phases:
         problems.append("train.anneal_from with phases: annealing runs one decay on one data stream; give the "
                         "config of the phase to anneal (its shards, batch and LR) without phases")
-    if config.schedule.decay not in DECAY_SHAPES:
+    if config.schedule.decay not in DECAYS:
         problems.append(f"train.anneal_from with schedule.decay {config.schedule.decay!r}: the anneal is a decay; "
-                        f"choose one of {', '.join(DECAY_SHAPES)}")
+                        f"choose one of {', '.join(DECAYS)}")
     if not check_files:
         return problems
     try:

@@ -1,4 +1,4 @@
-"""The DeepSpeed engine: its config derived from ours, AdamW, LAMB or StableAdamW groups, and the LR schedule.
+"""The DeepSpeed engine: its config derived from ours, AdamW, LAMB or StableAdamW groups, and the LR scheduler.
 
 LAMB: on GPU, DeepSpeed's fused `Lamb` built from the config; on CPU (no CUDA build of it), ours
 (pipeline/pretrain/lamb.py) passed to `deepspeed.initialize` as a client optimizer. Both correct
@@ -19,22 +19,17 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.compilation import compile_engine
-from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
-from pipeline.pretrain.phases import Phase, phase_at
-from pipeline.pretrain.schedules import lr_multiplier
-
-__all__ = ["client_optimizer", "deepspeed_config", "initialize_engine", "lr_multiplier", "lr_scheduler",
-           "optimizer_groups", "phase_lr_multiplier", "set_phase_batch"]
+from pipeline.pretrain.phases import resolve_phases
+from pipeline.pretrain.schedules import Schedule, lr_schedule
 
 ZERO_STABLEADAMW_CAVEAT = (
     "optimizer.name stableadamw with {how}: DeepSpeed gives the optimizer flat partitions of the flattened "
@@ -84,25 +79,21 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     return ds
 
 
-def phase_lr_multiplier(step: int, phases: list[Phase], schedule: ScheduleConfig, base_lr: float) -> float:
-    """LR at global optimizer step `step` as a fraction of `base_lr` (optimizer.lr, the groups' base LR).
+def lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule) -> torch.optim.lr_scheduler.LambdaLR:
+    """Each group's base LR × `schedule.multiplier(step)` (schedules.py, the one owner of the LR)."""
+    # A function, not the Schedule object: LambdaLR saves a callable object's __dict__ in its state and puts it back
+    # on load, which would replace this run's segments with the checkpoint's (an anneal's source, say).
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule.multiplier(step))
 
-    Each phase runs `lr_multiplier` over its own steps: warmup from its start to its `lr`, then
-    `schedule.decay` to `schedule.end_lr_ratio` of that peak at its end (with WSD, over its own last
-    `decay_steps`). One phase of the whole run gives `lr_multiplier(step, schedule, train.max_steps)` exactly.
+
+def restore_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
+    """Put a loaded scheduler at optimizer step `step`; its LambdaLR sets each group's LR from the run's schedule.
+
+    A resume restores the step, not the LR the checkpoint's optimizer saved: the two differ for an anneal (the
+    source run's schedule saved it) and for a resume with another train.max_steps.
     """
-    phase = phase_at(phases, step)
-    own = replace(schedule, warmup_steps=phase.warmup_steps)
-    return lr_multiplier(step - phase.schedule_start, own, phase.schedule_steps, phase.decay_steps) * (
-        phase.lr / base_lr)
-
-
-def lr_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig, phases: list[Phase],
-                 multiplier: Callable[[int], float] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
-    """The run's LR schedule over `optimizer`'s groups: each group's base LR × `phase_lr_multiplier` of the
-    run's `phases` (or × `multiplier(step)`, which replaces it: an anneal's decay, anneal.py)."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, multiplier or (lambda step: phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr)))
+    scheduler.last_epoch = step - 1
+    scheduler.step()
 
 
 def optimizer_groups(model: torch.nn.Module, config: PretrainConfig, cuda: bool) -> list[dict]:
@@ -131,12 +122,11 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
-                      lr_multiplier: Callable[[int], float] | None = None, *, phases: list[Phase]):
+                      *, schedule: Schedule | None = None):
     """`deepspeed.initialize` with our derived config; returns the engine.
 
-    `phases` are the run's (`resolve_phases`, resolved once by the caller) and give the LR schedule;
-    `plan` is the batch of the phase the run starts (or resumes) in; `set_phase_batch` changes it later.
-    `lr_multiplier(step)` replaces the phases' schedule (an anneal's decay, anneal.py).
+    `plan` is the batch of the stretch the run starts (or resumes) in; `set_batch_plan` changes it later.
+    `schedule` is the run's LR (None: the config's own; the trainer passes its own, an anneal's included).
     """
     import deepspeed
     from deepspeed.accelerator import get_accelerator
@@ -152,7 +142,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         model=model,
         model_parameters=groups,
         optimizer=client_optimizer(groups, config, cuda),
-        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, config, phases, lr_multiplier),
+        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule or lr_schedule(config, resolve_phases(config))),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     undo_state_initialisation_step(engine)
@@ -183,8 +173,8 @@ def undo_state_initialisation_step(engine) -> None:
                 master.copy_(half)
 
 
-def set_phase_batch(engine, plan: BatchPlan) -> None:
-    """Hand-over: give the engine the next phase's micro batch and accumulation, keeping weights and moments.
+def set_batch_plan(engine, plan: BatchPlan) -> None:
+    """Hand-over: give the engine the next stretch's micro batch and accumulation, keeping weights and moments.
 
     DeepSpeed's own setters change its batch config; the optimizer and its states are untouched.
     The engine decides an accumulation boundary by `(micro_steps + 1) % accumulation`, and

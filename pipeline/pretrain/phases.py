@@ -16,10 +16,15 @@ at its peak, so ModernBERT's stable, context-extension and decay phases are thre
 A ModernBERT phase may change the rotary bases (`global_rope_theta`, `local_rope_theta`) with its
 longer shards; a phase that names none keeps the previous phase's (rope.py applies them).
 
-A phase that reads the same folder as an earlier one continues that folder's data stream: it
-starts at the epoch and position the earlier phase stopped at, rounded up to a whole batch of
-its own (`stream_start`), rather than at sample 0. Masks are keyed by (epoch, sequence), so they
-stay the ones the uninterrupted stream would use.
+A stretch is a phase at one global batch: a phase, or under a batch warmup (which ramps the one
+phase's batch up, `batch_plan.batch_ramp`) each step range of one batch of the ramp. Each stretch
+has its own batch plan and data stream, and the loop hands over from one to the next. A stretch
+that reads the same folder as an earlier one continues that folder's data stream: it starts at
+the epoch and position the earlier one stopped at, rounded up to a whole batch of its own
+(`stream_start`), rather than at sample 0. Masks are keyed by (epoch, sequence), so they stay the
+ones the uninterrupted stream would use.
+
+The LR schedule is schedules.py's; it counts optimizer steps, whatever the batch.
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ from pipeline.pretrain.config import DataConfig, PretrainConfig
 # The checks of `phases` and `train.batch_warmup_*` as written are config checks: checks.py.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Phase:
-    """One phase with every default filled in and its steps resolved."""
+    """One configured phase (or the whole run, when the config lists none) with every default filled in."""
 
     index: int
     name: str
@@ -48,38 +53,50 @@ class Phase:
     data: DataConfig
     """`data` with this phase's shard folder."""
     global_batch_size: int
+    """The phase's global batch (a batch warmup ramps up to it, `Stretch`)."""
     micro_batch_size: int
     lr: float
     warmup_steps: int
-    seq_len: int | None
+    seq_len: int | None = None
     """The sequence length the config says the phase's shards hold (None: not stated)."""
     decay_steps: int | None = None
-    """schedule.kind wsd: the phase's decay in steps (None for the other kinds)."""
+    """schedule.kind wsd: the phase's own decay length (None: the schedule's, schedules.py)."""
     global_rope_theta: float | None = None
     """modernbert: the global layers' rotary base in this phase (None: other architectures)."""
     local_rope_theta: float | None = None
     """modernbert: the local layers' rotary base in this phase."""
-    schedule_span: tuple[int, int] | None = None
-    """The steps its LR schedule spans when that differs from [start, end): a batch-warmup segment's run."""
 
     @property
     def steps(self) -> int:
         return self.end - self.start
 
-    @property
-    def schedule_start(self) -> int:
-        return self.schedule_span[0] if self.schedule_span else self.start
+    def plan(self, world_size: int, global_batch_size: int | None = None) -> BatchPlan:
+        """The phase's batch plan; `global_batch_size` replaces the phase's own (a batch warmup's stretch)."""
+        key = f"phases[{self.index}]"
+        return BatchPlan.derive(global_batch_size or self.global_batch_size, self.micro_batch_size, world_size,
+                                keys=(f"{key}.global_batch_size", f"{key}.micro_batch_size"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stretch:
+    """Optimizer steps [start, end) of one phase at one global batch: what one data stream and batch plan serve.
+
+    A phase is one stretch; under a batch warmup (`batch_plan.batch_ramp`) the run's one phase is one
+    stretch per global batch of the ramp. The loop hands over from one stretch to the next.
+    """
+
+    index: int
+    start: int
+    end: int
+    phase: Phase
+    global_batch_size: int
 
     @property
-    def schedule_steps(self) -> int:
-        """Steps of the LR schedule this phase is part of (warmup, then decay to its end)."""
-        start, end = self.schedule_span or (self.start, self.end)
-        return end - start
+    def steps(self) -> int:
+        return self.end - self.start
 
     def plan(self, world_size: int) -> BatchPlan:
-        key = f"phases[{self.index}]"
-        return BatchPlan.derive(self.global_batch_size, self.micro_batch_size, world_size,
-                                keys=(f"{key}.global_batch_size", f"{key}.micro_batch_size"))
+        return self.phase.plan(world_size, self.global_batch_size)
 
 
 def phase_ends(fractions: list[float], max_steps: int) -> list[int]:
@@ -93,63 +110,59 @@ def phase_ends(fractions: list[float], max_steps: int) -> list[int]:
 
 def resolve_phases(config: PretrainConfig) -> list[Phase]:
     """The run's phases; one phase of the whole run when the config lists none."""
-    from pipeline.pretrain.schedules import wsd_decay_steps
-
     t, o, s, m = config.train, config.optimizer, config.schedule, config.model
-    wsd = s.kind == "wsd"
     theta = (m.global_rope_theta, m.local_rope_theta) if m.architecture == "modernbert" else (None, None)
-    if not config.phases and t.batch_warmup_tokens:
-        return batch_warmup_phases(config)
     if not config.phases:
-        return [Phase(0, "", 0, t.max_steps, config.data, t.global_batch_size, t.micro_batch_size, o.lr,
-                      s.warmup_steps, None, wsd_decay_steps(s, t.max_steps) if wsd else None, *theta)]
+        return [Phase(index=0, name="", start=0, end=t.max_steps, data=config.data,
+                      global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size, lr=o.lr,
+                      warmup_steps=s.warmup_steps, global_rope_theta=theta[0], local_rope_theta=theta[1])]
     phases, start = [], 0
     for i, (p, end) in enumerate(zip(config.phases, phase_ends([p.steps_fraction for p in config.phases],
                                                                t.max_steps), strict=True)):
-        decay = (wsd_decay_steps(s, end - start) if p.decay_steps is None else p.decay_steps) if wsd else None
         if theta[0] is not None:  # a phase that names no base keeps the previous phase's
             theta = (theta[0] if p.global_rope_theta is None else p.global_rope_theta,
                      theta[1] if p.local_rope_theta is None else p.local_rope_theta)
         phases.append(Phase(
-            i, p.name, start, end, replace(config.data, shards=p.shards),
-            t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
-            t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size,
-            o.lr if p.lr is None else p.lr,
-            s.warmup_steps if p.warmup_steps is None else p.warmup_steps, p.seq_len, decay, *theta))
+            index=i, name=p.name, start=start, end=end, data=replace(config.data, shards=p.shards),
+            global_batch_size=t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
+            micro_batch_size=t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size,
+            lr=o.lr if p.lr is None else p.lr,
+            warmup_steps=s.warmup_steps if p.warmup_steps is None else p.warmup_steps, seq_len=p.seq_len,
+            decay_steps=p.decay_steps, global_rope_theta=theta[0], local_rope_theta=theta[1]))
         start = end
     return phases
 
 
-def batch_warmup_phases(config: PretrainConfig) -> list[Phase]:
-    """A batch warmup as phases of one LR schedule: one per global batch of `batch_plan.batch_ramp`.
+def resolve_stretches(config: PretrainConfig, phases: list[Phase], end: int) -> list[Stretch]:
+    """The run's stretches up to step `end`: one per phase, or one per global batch of a batch warmup.
 
-    Each segment continues the shard folder's stream where the previous one stopped (`stream_start`),
-    checkpoints record its batch, and a resume picks the segment of its step, as for phases. The LR
-    schedule counts optimizer steps over the whole run (`schedule_span`), whatever the batch.
+    A batch warmup (one phase, one folder: config checks) ramps as `batch_plan.batch_ramp` says over
+    `train.max_steps`; each of its stretches continues the folder's stream where the previous one
+    stopped (`stream_start`). `end` past `train.max_steps` (an anneal) lengthens the last stretch.
     """
-    from pipeline.data.shard_index import load_index
+    t = config.train
+    if t.batch_warmup_tokens:
+        from pipeline.data.shard_index import load_index
 
-    t, o, s = config.train, config.optimizer, config.schedule
-    seq_len = load_index(config.data.shards)["seq_len"]
-    ramp = batch_ramp(t.global_batch_size, t.batch_warmup_start or t.micro_batch_size, t.batch_warmup_tokens,
-                      seq_len, t.max_steps)
-    from pipeline.pretrain.schedules import wsd_decay_steps
-
-    m = config.model
-    decay = wsd_decay_steps(s, t.max_steps) if s.kind == "wsd" else None  # one schedule over the whole run
-    theta = (m.global_rope_theta, m.local_rope_theta) if m.architecture == "modernbert" else (None, None)
-    return [Phase(i, "", r.start, r.end, config.data, r.global_batch_size, t.micro_batch_size, o.lr, s.warmup_steps,
-                  None, decay, *theta, schedule_span=(0, t.max_steps)) for i, r in enumerate(ramp)]
-
-
-def phase_at(phases: list[Phase], step: int) -> Phase:
-    """The phase that trains optimizer step `step` (0-based); past the end, the last phase."""
-    return next((p for p in phases if p.start <= step < p.end), phases[-1])
+        seq_len = load_index(config.data.shards)["seq_len"]
+        ramp = batch_ramp(t.global_batch_size, t.batch_warmup_start or t.micro_batch_size, t.batch_warmup_tokens,
+                          seq_len, t.max_steps)
+        spans = [(r.start, r.end, phases[0], r.global_batch_size) for r in ramp]
+    else:
+        spans = [(p.start, p.end, p, p.global_batch_size) for p in phases]
+    kept = [span for span in spans if span[0] < end]
+    kept[-1] = (kept[-1][0], end, *kept[-1][2:])
+    return [Stretch(index=i, start=a, end=b, phase=p, global_batch_size=g) for i, (a, b, p, g) in enumerate(kept)]
 
 
-def samples_consumed(phases: list[Phase], step: int) -> int:
-    """Training sequences drawn by the first `step` optimizer steps, each phase at its own global batch."""
-    return sum(p.global_batch_size * (min(step, p.end) - p.start) for p in phases if p.start < step)
+def stretch_at(stretches: list[Stretch], step: int) -> Stretch:
+    """The stretch that trains optimizer step `step` (0-based); past the end, the last one."""
+    return next((s for s in stretches if s.start <= step < s.end), stretches[-1])
+
+
+def samples_consumed(stretches: list[Stretch], step: int) -> int:
+    """Training sequences drawn by the first `step` optimizer steps, each stretch at its own global batch."""
+    return sum(s.global_batch_size * (min(step, s.end) - s.start) for s in stretches if s.start < step)
 
 
 def longest_seq_len(phases: list[Phase]) -> int:
@@ -159,26 +172,26 @@ def longest_seq_len(phases: list[Phase]) -> int:
     return max(load_index(s.path)["seq_len"] for p in phases for s in p.data.corpora())
 
 
-def same_folder(a: Phase, b: Phase) -> bool:
-    if isinstance(a.data.shards, list) or isinstance(b.data.shards, list):
+def same_folder(a: Stretch, b: Stretch) -> bool:
+    if a.phase.data.mixed or b.phase.data.mixed:
         return False
-    return Path(a.data.shards).resolve() == Path(b.data.shards).resolve()
+    return Path(a.phase.data.shards).resolve() == Path(b.phase.data.shards).resolve()
 
 
-def stream_start(phases: list[Phase], k: int, num_sequences: int) -> int:
-    """The step of phase k's own shuffle order (`batches.GlobalShuffle` at its global batch) it starts at.
+def stream_start(stretches: list[Stretch], k: int, num_sequences: int) -> int:
+    """The step of stretch k's own shuffle order (`batches.GlobalShuffle` at its global batch) it starts at.
 
-    0 for a phase whose folder no earlier phase read. Otherwise the position where the last such
-    phase stopped: the same epoch (so the same permutation), at the first whole batch of phase
-    k's size not before the samples already drawn. Nothing is repeated, and at most one batch
-    minus one sample is skipped per hand-over.
+    0 for a stretch whose folder no earlier stretch read. Otherwise the position where the last
+    such stretch stopped: the same epoch (so the same permutation), at the first whole batch of
+    stretch k's size not before the samples already drawn. Nothing is repeated, and at most one
+    batch minus one sample is skipped per hand-over.
     """
     epoch, position = 0, 0  # where the folder's stream stands: epoch, samples into its permutation
-    for phase in [p for p in phases[:k] if same_folder(p, phases[k])] + [phases[k]]:
-        per_epoch = num_sequences // phase.global_batch_size
-        first = epoch * per_epoch + math.ceil(position / phase.global_batch_size)
-        if phase is phases[k]:
+    for stretch in [s for s in stretches[:k] if same_folder(s, stretches[k])] + [stretches[k]]:
+        per_epoch = num_sequences // stretch.global_batch_size
+        first = epoch * per_epoch + math.ceil(position / stretch.global_batch_size)
+        if stretch is stretches[k]:
             return first
-        epoch, within = divmod(first + phase.steps, per_epoch)
-        position = within * phase.global_batch_size
-    raise AssertionError("unreachable: the loop returns at phase k")
+        epoch, within = divmod(first + stretch.steps, per_epoch)
+        position = within * stretch.global_batch_size
+    raise AssertionError("unreachable: the loop returns at stretch k")

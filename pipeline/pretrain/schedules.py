@@ -1,50 +1,90 @@
-"""The LR schedule's shape: a multiplier of the peak LR at each optimizer step of a run (or of one phase).
+"""The learning rate: the one owner of it, a closed form of the optimizer step over the run's segments.
 
-Every schedule starts with the pipeline's linear warmup, which begins at 1/(warmup+1) of the peak
-rather than 0 so that no step is spent at LR 0 (DeepSpeed's WarmupDecayLR spends two there). After it:
+The LR at optimizer step n (0-based), as a multiple of `optimizer.lr`, is the value at n of the
+segment that holds n. Each phase (phases.py; a run without phases is one phase) gives its own:
 
-- `kind: warmup-decay` decays over all the remaining steps: `linear`, `polynomial` (exponent
-  `power`), `cosine` (a half cosine), or `constant`;
-- `kind: wsd` (warmup–stable–decay, the "trapezoidal" schedule of ModernBERT, Ettin and mmBERT)
-  holds the peak, then decays over the last `decay_steps` (or `decay_fraction` of the steps):
-  `linear`, `cosine` or `1-sqrt`. ModernBERT's 1-sqrt decay (its `OneMinusSqrtScheduler`) is
-  f(n) = α + (1 − α)(1 − √((n − (N − D)) / D)) with α = `end_lr_ratio`.
+- warmup: linear, (n − start + 1) / (warmup + 1) of the phase's peak, so that no step is spent at
+  LR 0 (DeepSpeed's WarmupDecayLR spends two there);
+- `kind: warmup-decay`: one decay over all the steps after the warmup: `linear` 1 − p,
+  `polynomial` (1 − p)^power, `cosine` (1 + cos πp)/2, or `constant` (the peak throughout);
+- `kind: wsd` (warmup–stable–decay, the "trapezoidal" schedule of ModernBERT, Ettin and mmBERT):
+  the peak held, then a decay over the phase's last `decay_steps` (or `decay_fraction` of its steps):
+  `linear`, `cosine` or `1-sqrt` 1 − √p (ModernBERT's `OneMinusSqrtScheduler`); `decay_steps: 0`
+  holds the peak to the phase's end.
 
-Both decays end at `end_lr_ratio` of the peak at step N (one past the last step). The cosine and
-WSD shapes after the warmup are transformers' own (`get_cosine_with_min_lr_schedule_with_warmup`,
-`get_wsd_schedule`) evaluated from the warmup's end; tests/pretrain/test_schedules.py checks them
-against the closed forms.
+A decay runs from `high` to `low` as low + (high − low) · shape(p), p = (n − start) / (end − start):
+from the phase's peak to `schedule.end_lr_ratio` of it, which it reaches at the phase's end. The
+closed forms are written here rather than borrowed from transformers' `get_*_schedule` because those
+exist only as LambdaLR objects over an optimizer; tests/pretrain/test_schedules.py checks them
+against transformers' own functions.
+
+An anneal (`train.anneal_from`, anneal.py) is one more segment: a decay of `schedule.decay` over
+its steps S … S + N − 1, from the LR the source run's own schedule gave step S (built here from the
+config recorded in its checkpoint) to `schedule.end_lr_ratio`.
+
+The engine's scheduler is a LambdaLR over `Schedule.multiplier` (engine.py); a resume restores the
+scheduler's step, and the LR follows from it.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # nothing at run time: the config's checks import this module
+    from pipeline.pretrain.anneal import Anneal
+    from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
+    from pipeline.pretrain.phases import Phase
 
-from pipeline.pretrain.config import ScheduleConfig
-
+# The decay shapes of p ∈ [0, 1]: 1 at p = 0, 0 at p = 1. "cosine" and "1-sqrt" are WSD's (Hägele et al.
+# 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations").
+DECAYS: dict[str, Callable[[float, float], float]] = {
+    "linear": lambda p, power: 1.0 - p,
+    "polynomial": lambda p, power: (1.0 - p) ** power,
+    "cosine": lambda p, power: 0.5 * (1.0 + math.cos(math.pi * p)),
+    "1-sqrt": lambda p, power: 1.0 - math.sqrt(p),
+}
 WSD_DECAYS = ("linear", "cosine", "1-sqrt")
 
 
-def warmup_multiplier(step: int, warmup_steps: int) -> float:
-    """Linear warmup: (step + 1) / (warmup + 1), so the first step already learns."""
-    return (step + 1) / (warmup_steps + 1)
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """Optimizer steps [start, end) whose LR follows one piece of the schedule, as a multiple of optimizer.lr."""
+
+    start: int
+    end: int
+    shape: Literal["warmup", "constant", "linear", "polynomial", "cosine", "1-sqrt"]
+    high: float
+    """The peak: what a warmup rises to, a constant holds, a decay starts from."""
+    low: float = 0.0
+    """A decay's level at `end`."""
+    power: float = 1.0
+    """The polynomial decay's exponent."""
+
+    def at(self, step: int) -> float:
+        if self.shape == "warmup":
+            return self.high * (step - self.start + 1) / (self.end - self.start + 1)
+        if self.shape == "constant":
+            return self.high
+        p = (step - self.start) / (self.end - self.start)
+        return self.low + (self.high - self.low) * DECAYS[self.shape](p, self.power)
 
 
-@functools.lru_cache(maxsize=64)
-def _transformers_lambda(factory_name: str, **kwargs) -> Callable[[int], float]:
-    """transformers' schedule function `factory_name` as a step → multiplier function.
+@dataclass(frozen=True)
+class Schedule:
+    """A run's LR: its segments, in order, each starting where the previous one ends."""
 
-    transformers exposes its schedules only as LambdaLR objects over an optimizer; the function is the
-    LambdaLR's `lr_lambdas[0]`, taken here from one built over a throwaway parameter.
-    """
-    import transformers.optimization as schedules
+    segments: tuple[Segment, ...]
 
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    return getattr(schedules, factory_name)(optimizer, **kwargs).lr_lambdas[0]
+    def multiplier(self, step: int) -> float:
+        """LR at optimizer step `step` (0-based) as a multiple of optimizer.lr; past the end, the end's value."""
+        for segment in self.segments:
+            if step < segment.end:
+                return segment.at(max(step, segment.start))
+        last = self.segments[-1]
+        return last.at(last.end)
 
 
 def wsd_decay_steps(schedule: ScheduleConfig, steps: int) -> int:
@@ -54,28 +94,39 @@ def wsd_decay_steps(schedule: ScheduleConfig, steps: int) -> int:
     return math.floor((schedule.decay_fraction or 0.0) * steps)
 
 
-def lr_multiplier(step: int, schedule: ScheduleConfig, max_steps: int, decay_steps: int | None = None) -> float:
-    """LR at optimizer step `step` (0-based) of `max_steps` as a fraction of the peak.
+def segments(schedule: ScheduleConfig, *, start: int, end: int, warmup: int, peak: float = 1.0,
+             decay_steps: int | None = None) -> tuple[Segment, ...]:
+    """One phase's warmup, stable part and decay over steps [start, end), at `peak` (a multiple of optimizer.lr).
 
-    `decay_steps` (WSD only) overrides the schedule's own, as a phase may (phases.py).
+    `decay_steps` (WSD) replaces the schedule's own decay length, as a phase may (phases.py).
     """
-    warmup = schedule.warmup_steps
-    if step < warmup:
-        return warmup_multiplier(step, warmup)
-    after, length = step - warmup, max(1, max_steps - warmup)  # steps since the warmup, and how many follow it
-    if schedule.kind == "wsd":
-        decay = wsd_decay_steps(schedule, max_steps) if decay_steps is None else decay_steps
-        if decay == 0:  # a stable phase: the decay comes in a later one
-            return 1.0
-        return _transformers_lambda("get_wsd_schedule", num_warmup_steps=0, num_decay_steps=decay,
-                                    num_stable_steps=max(0, max_steps - warmup - decay), decay_type=schedule.decay,
-                                    min_lr_ratio=schedule.end_lr_ratio)(after)
-    if schedule.decay == "constant":
-        return 1.0
-    if schedule.decay == "cosine":
-        return _transformers_lambda("get_cosine_with_min_lr_schedule_with_warmup", num_warmup_steps=0,
-                                    num_training_steps=length, min_lr_rate=schedule.end_lr_ratio)(min(after, length))
-    # transformers' polynomial schedule ends at an absolute LR and starts its warmup at 0; this one is short.
-    remaining = max(0.0, 1.0 - after / length)
-    power = 1.0 if schedule.decay == "linear" else schedule.power
-    return schedule.end_lr_ratio + (1.0 - schedule.end_lr_ratio) * remaining**power
+    s, after = schedule, start + warmup  # the warmup's end
+    parts = [Segment(start=start, end=after, shape="warmup", high=peak)]
+    if s.kind == "wsd":
+        decay = wsd_decay_steps(s, end - start) if decay_steps is None else decay_steps
+        stable_end = max(after, end - decay) if decay else end
+        parts.append(Segment(start=after, end=stable_end, shape="constant", high=peak))
+        if decay:
+            parts.append(Segment(start=stable_end, end=stable_end + decay, shape=s.decay, high=peak,
+                                 low=peak * s.end_lr_ratio))
+    elif s.decay == "constant":
+        parts.append(Segment(start=after, end=end, shape="constant", high=peak))
+    else:
+        parts.append(Segment(start=after, end=after + max(1, end - after), shape=s.decay, high=peak,
+                             low=peak * s.end_lr_ratio, power=s.power))
+    # A phase that is all warmup has no decay inside it; a 1-step decay there would start past its end.
+    return tuple(part for part in parts if part.start < part.end and part.start < end)
+
+
+def lr_schedule(config: PretrainConfig, phases: list[Phase], anneal: Anneal | None = None) -> Schedule:
+    """The run's schedule: its `phases`' segments (`resolve_phases(config)`), or with an anneal its decay, from the
+    LR the source run's own schedule gave its step to `schedule.end_lr_ratio`."""
+    if anneal is None:
+        return Schedule(tuple(part for p in phases for part in segments(
+            config.schedule, start=p.start, end=p.end, warmup=p.warmup_steps, peak=p.lr / config.optimizer.lr,
+            decay_steps=p.decay_steps)))
+    source = lr_schedule(anneal.source, anneal.source_phases)
+    start = source.multiplier(anneal.start) * anneal.source.optimizer.lr / config.optimizer.lr
+    s = config.schedule
+    return Schedule((Segment(start=anneal.start, end=anneal.end, shape=s.decay, high=start, low=s.end_lr_ratio,
+                             power=s.power),))

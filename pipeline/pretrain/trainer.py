@@ -1,5 +1,5 @@
-"""The pretraining loop: load, step, log, evaluate, save; the cadence (cadence.py) says when, the checkpointer
-(checkpointer.py) where a run starts."""
+"""The pretraining loop: load, hand over, step, log, evaluate, save; the cadence (cadence.py) says when, the
+checkpointer (checkpointer.py) where a run starts, the stretches (phases.py) which data and batch a step has."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -30,21 +30,23 @@ from pipeline.pretrain.batches import real_tokens, shut_down_workers
 from pipeline.pretrain.cadence import Cadence, StepGuard, ThroughputWindow
 from pipeline.pretrain.checkpointer import Checkpointer
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.engine import initialize_engine, phase_lr_multiplier, set_phase_batch
+from pipeline.pretrain.engine import initialize_engine, set_batch_plan
 from pipeline.pretrain.flops import mfu, model_flops_per_token
 from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, eval_probability, splitmix64
 from pipeline.pretrain.mixture import PretrainData
 from pipeline.pretrain.model import build_model, first_position_id
 from pipeline.pretrain.phases import (
-    Phase,
+    Stretch,
     longest_seq_len,
-    phase_at,
     resolve_phases,
+    resolve_stretches,
     samples_consumed,
     stream_start,
+    stretch_at,
 )
 from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
 from pipeline.pretrain.rope import set_rope_theta
+from pipeline.pretrain.schedules import lr_schedule
 from pipeline.pretrain.step_sync import CheckedLosses, StepSync
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
@@ -76,13 +78,12 @@ class Pretrainer:
         self.layout = config.layout
         self.topology = topology
         self.phases = resolve_phases(config)
-        for phase in self.phases:  # every phase's batch arithmetic, before any process group starts
-            phase.plan(topology.world_size)
-        self.anneal = resolve_anneal(config, self.phases)
-        if self.anneal is not None:  # one phase (anneal.py; with a batch warmup, its segments) ending with the decay
-            kept = [p for p in self.phases if p.start < self.anneal.end]
-            self.phases = [*kept[:-1], replace(kept[-1], end=self.anneal.end)]
+        self.anneal = resolve_anneal(config)
+        self.schedule = lr_schedule(config, self.phases, self.anneal)
         self.end_step = self.anneal.end if self.anneal else config.train.max_steps
+        self.stretches = resolve_stretches(config, self.phases, self.end_step)
+        for stretch in self.stretches:  # every batch's arithmetic, before any process group starts
+            stretch.plan(topology.world_size)
         self.cadence = Cadence(self.end_step, config.train.log_every, config.train.eval_every, config.checkpoint.every)
         init_process_group(topology, config.train.collective_timeout_s)
         self.tokenizer = load_tokenizer(config.data.tokenizer)
@@ -96,7 +97,7 @@ class Pretrainer:
                                          self.tokenizer_info.mask_id, config.train.seed, evaluation=True))
         self._entropies: dict[str, float] = {}
         """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
-        self.checkpointer = Checkpointer(self.layout.checkpoints, topology, self.phases,
+        self.checkpointer = Checkpointer(self.layout.checkpoints, topology, self.stretches,
                                          resume=config.checkpoint.resume == "auto", anneal=self.anneal)
         self.start = self.checkpointer.find()  # files only; train() loads it, before the loop
         self.step = self.start.step if self.start else 0
@@ -109,54 +110,47 @@ class Pretrainer:
             self._print(model.init_note)
         self.model_config = model.config
         self.num_parameters = sum(p.numel() for p in model.parameters())
-        self._use_phase(phase_at(self.phases, self.step))
+        self._use_stretch(stretch_at(self.stretches, self.step))
         self._use_rope(model)
         # A universal checkpoint must be announced before DeepSpeed builds its optimizer.
         universal = bool(self.start and self.start.universal)
-        self.engine = initialize_engine(model, config, self.plan, universal, lr_multiplier=self.lr_multiplier,
-                                        phases=self.phases)
+        self.engine = initialize_engine(model, config, self.plan, universal, schedule=self.schedule)
         self.metrics = self._open_metrics()
-
-    def _stable_lr_multiplier(self, step: int) -> float:
-        """The config's own schedule (its phases') at `step`, as a fraction of optimizer.lr."""
-        return phase_lr_multiplier(step, self.phases, self.config.schedule, self.config.optimizer.lr)
-
-    def lr_multiplier(self, step: int) -> float:
-        """The run's LR at optimizer step `step` (0-based) as a fraction of optimizer.lr: the anneal's decay, or the
-        schedule's."""
-        return self.anneal.multiplier(step) if self.anneal else self._stable_lr_multiplier(step)
 
     @property
     def phased(self) -> bool:
         """True when the config lists phases (a run without them logs no phase)."""
         return bool(self.config.phases)
 
-    def _use_phase(self, phase: Phase) -> None:
-        """This phase's batch plan, data (continuing its folder's stream, see phases.py) and FLOPs per token."""
+    def _use_stretch(self, stretch: Stretch) -> None:
+        """This stretch's phase, batch plan, data (continuing its folder's stream, phases.py) and FLOPs per token."""
         c, info = self.config, self.tokenizer_info
-        self.phase = phase
-        self.plan = phase.plan(self.topology.world_size)
-        self.data = PretrainData(phase.data, self.plan, self.masker, seed=c.train.seed, cache_dir=c.cache_dir,
+        self.stretch, self.phase = stretch, stretch.phase
+        self.plan = stretch.plan(self.topology.world_size)
+        self.data = PretrainData(self.phase.data, self.plan, self.masker, seed=c.train.seed, cache_dir=c.cache_dir,
                                  tokenizer_fingerprint=info.fingerprint,
                                  with_segments=c.model.architecture == "bert",  # where the shards hold pairs
                                  # doc-packed rows restart positions per document from the first position id
                                  position_offset=first_position_id(c.model.architecture, info.pad_id),
                                  eval_masker=self.eval_masker)
-        if phase.index:
-            self.data.step_shift = stream_start(self.phases, phase.index, self.data.num_train_sequences) - phase.start
+        if stretch.index:
+            self.data.step_shift = (stream_start(self.stretches, stretch.index, self.data.num_train_sequences)
+                                    - stretch.start)
         self.seq_len = self.data.seq_len
         self.flops_per_token = model_flops_per_token(self.model_config, self.seq_len, c.masking.probability)
 
-    def _hand_over(self, phase: Phase) -> None:
-        """Start the next phase: its data and batch settings; weights, optimizer moments and step carry on."""
-        self._use_phase(phase)
+    def _hand_over(self, stretch: Stretch) -> None:
+        """Start the next stretch (a phase, or the batch warmup's next batch): its data, batch and RoPE bases;
+        weights, optimizer moments, the step and so the LR carry on."""
+        self._use_stretch(stretch)
         self._use_rope(self.engine.module)
-        set_phase_batch(self.engine, self.plan)
+        set_batch_plan(self.engine, self.plan)
         batch = {"global_batch_size": self.plan.global_batch_size, "accumulation": self.plan.accumulation}
-        if not self.phased:  # a batch warmup's next batch
+        if not self.phased:  # the batch warmup's next batch
             self.metrics.event(batch, self.step)
             self._print(f"step {self.step}: batch warmup, global batch {self.plan.global_batch_size}")
             return
+        phase = self.phase
         self.metrics.set_tags({"phase": phase.name})
         self.metrics.event({"phase": phase.name, **batch, "seq_len": self.seq_len}, self.step)
         self._print(f"step {self.step}: phase {phase.name} ({phase.steps} steps, seq_len {self.seq_len}, "
@@ -195,16 +189,20 @@ class Pretrainer:
         """Continue from the start the checkpointer found (own checkpoint, or the anneal's source), if any."""
         if self.start is None:
             return
-        ckpt = self.checkpointer
-        self.step = ckpt.load(self.engine, self.start, self.lr_multiplier)
-        self.resumed_from = self.start.checkpoint
+        ckpt, start = self.checkpointer, self.start
+        if start.universal:
+            self._print(f"checkpoint {start.checkpoint.name} was written by {start.written_by} ranks, this run has "
+                        f"{self.topology.world_size}: converting it to a universal checkpoint")
+        self.step = ckpt.load(self.engine, start)
+        self.resumed_from = start.checkpoint
         event = {"resumed_from": str(self.resumed_from), "resume_load_seconds": round(ckpt.load_seconds, 3),
                  "checkpoint_verify_seconds": round(ckpt.verify_seconds, 3)}
         if self.anneal is not None and self.resumed_from == self.anneal.checkpoint:
             a, peak = self.anneal, self.config.optimizer.lr
             event["anneal_steps"] = a.steps
+            lr_from, lr_to = (self.schedule.multiplier(step) * peak for step in (a.start, a.end))
             self._print(f"annealing from {a.checkpoint} (step {a.start}) for {a.steps} steps: LR "
-                        f"{a.start_multiplier * peak:.3g} to {a.floor * peak:.3g} ({a.decay})")
+                        f"{lr_from:.3g} to {lr_to:.3g} ({self.config.schedule.decay})")
         else:
             self._print(f"resumed from {self.resumed_from} (step {self.step})")
         self.metrics.event(event, self.step)
@@ -212,26 +210,30 @@ class Pretrainer:
     # --- the loop ---------------------------------------------------------------------------
 
     def train(self) -> RunResult:
-        """Load, then step until the end or a stop signal: log, evaluate and save when the cadence says."""
+        """Load, then step until the end or a stop signal: hand over to the next stretch at its start; log, evaluate
+        and save when the cadence says."""
         self._load_checkpoint()
         stop = StopRequest().install()
         if self.cadence.done(self.step):  # a rerun of a finished run: only a missing export is redone
             self._print(f"already trained to step {self.step} (the run ends at step {self.end_step})")
             return self._finish(stop, None, already_done=True)
-        steps = self._step_batches()
         progress = self._progress_bar()
         window, guard = ThroughputWindow(), StepGuard(self.step, self._watchdog)
         self.sync = StepSync(self.plan.world_size)
-        stopped_by = None
+        stopped_by, batches = None, None
         self.engine.train()
         try:
+            batches = self._batches()
             while not self.cadence.done(self.step):
-                micro_batches = next(steps)  # a hand-over builds the next phase's data: not under the watchdog
+                if self.step >= self.stretch.end:  # the next phase, or the batch warmup's next batch
+                    shut_down_workers(batches)
+                    self._hand_over(stretch_at(self.stretches, self.step))  # builds data: not under the watchdog
+                    batches = self._batches()
                 with guard.around(self.step):
-                    lr = self.train_step(micro_batches)
+                    lr = self.train_step(islice(batches, self.plan.accumulation))
                     stop_now = self.sync.stop_requested(stop.requested)
                 self.step += 1
-                window.add(samples=self.plan.global_batch_size)  # phases may change the batch
+                window.add(samples=self.plan.global_batch_size)  # a hand-over may change the batch
                 due = self.cadence.due(self.step)
                 if due.any or stop_now:  # only then do the losses come to the host
                     self._check_losses(due.log, lr, window, progress)
@@ -243,7 +245,7 @@ class Pretrainer:
                 if due.save:
                     self._checkpoint()
         finally:
-            steps.close()  # the loader's workers stop here, not at interpreter exit
+            shut_down_workers(batches)  # the loader's workers stop here, not at interpreter exit
         if progress is not None:
             progress.close()
         guard.close()
@@ -267,21 +269,10 @@ class Pretrainer:
         self.sync.record(self.step + 1, losses, extra, tokens)
         return lr
 
-    def _step_batches(self) -> Iterator[Iterator[dict[str, torch.Tensor]]]:
-        """Each step's micro batches on this rank, read lazily; at a phase's end, the hand-over to the next."""
-        loader = None
-        try:
-            while True:
-                if self.step >= self.phase.end:
-                    self._hand_over(phase_at(self.phases, self.step))
-                    shut_down_workers(loader)
-                    loader = None
-                if loader is None:  # this phase's batches, up to its end
-                    loader = iter(self.data.loader(rank=self.topology.rank, start_step=self.step,
-                                                   end_step=self.phase.end, num_workers=self.config.data.num_workers))
-                yield islice(loader, self.plan.accumulation)
-        finally:
-            shut_down_workers(loader)
+    def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's micro batches from the current step to the stretch's end, read lazily."""
+        return iter(self.data.loader(rank=self.topology.rank, start_step=self.step, end_step=self.stretch.end,
+                                     num_workers=self.config.data.num_workers))
 
     def _check_losses(self, log: bool, lr: float, window: ThroughputWindow, progress) -> None:
         """Bring the losses since the last check to the host: stop on a non-finite one, log when due."""
@@ -399,7 +390,7 @@ class Pretrainer:
 
     def _checkpoint(self) -> None:
         plan = self.plan
-        state = {"step": self.step, "samples_consumed": samples_consumed(self.phases, self.step),
+        state = {"step": self.step, "samples_consumed": samples_consumed(self.stretches, self.step),
                  "epoch": self.data.epoch_state(self.step)}
         if self.phased:  # the phase that trained the last step; a resume picks its own from the step
             state["phase"] = self.phase.name

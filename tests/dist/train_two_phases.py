@@ -41,11 +41,11 @@ def main() -> None:
     class RecordingHandOver(Pretrainer):
         """The full run, noting what the hand-over kept and changed."""
 
-        def _hand_over(self, phase):
+        def _hand_over(self, stretch):
             engine = self.engine
             before = copy.deepcopy(engine.optimizer.state_dict()["state"])
             batch_before = [engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()]
-            super()._hand_over(phase)
+            super()._hand_over(stretch)
             after = engine.optimizer.state_dict()["state"]
             moments = [float((before[i][k] - after[i][k]).abs().max()) for i in before
                        for k in ("exp_avg", "exp_avg_sq")]

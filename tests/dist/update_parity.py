@@ -111,7 +111,7 @@ def main() -> None:
         model = build_model(config.model, tokenizer_info(), SEQ_LEN)
         if stage == 0 and topology.is_main:
             torch.save(model.state_dict(), out / "initial.pt")
-        engine = initialize_engine(model, config, plan, phases=phases)
+        engine = initialize_engine(model, config, plan)
         engine.train()
         losses, lrs = [], []
         for step in range(STEPS):

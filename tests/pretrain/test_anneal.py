@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,11 +11,20 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.anneal import Anneal
-from pipeline.pretrain.config import load_pretrain_config
+from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
+from pipeline.pretrain.phases import resolve_phases
+from pipeline.pretrain.schedules import lr_schedule
 
 
-def anneal(decay: str, power: float = 1.0) -> Anneal:
-    return Anneal(checkpoint=None, start=100, steps=10, start_multiplier=0.8, floor=0.1, decay=decay, power=power)
+def anneal(decay: str, power: float = 1.0):
+    """The schedule of a 10-step anneal from step 100 of a run whose LR there was 0.8 of the peak."""
+    from pipeline.pretrain.config import PretrainConfig
+
+    source = PretrainConfig(schedule=ScheduleConfig(warmup_steps=0, decay="constant"))
+    (phase,) = resolve_phases(source)
+    phases = [dataclasses.replace(phase, end=1000, warmup_steps=0, lr=0.8 * source.optimizer.lr)]
+    config = PretrainConfig(schedule=ScheduleConfig(decay=decay, power=power, end_lr_ratio=0.1))
+    return Anneal(checkpoint=None, start=100, steps=10, source=source, source_phases=phases), config
 
 
 @pytest.mark.parametrize(("decay", "shape"), [
@@ -24,12 +34,13 @@ def anneal(decay: str, power: float = 1.0) -> Anneal:
     ("1-sqrt", lambda p: 1 - math.sqrt(p)),
 ])
 def test_the_decay_runs_from_the_checkpoints_lr_towards_the_floor_in_the_schedules_shape(decay, shape):
-    a = anneal(decay, power=2.0)
+    a, config = anneal(decay, power=2.0)
     assert a.end == 110
-    assert a.multiplier(100) == pytest.approx(0.8)  # the first annealed step keeps the checkpoint's LR
+    schedule = lr_schedule(config, resolve_phases(config), a)
+    assert schedule.multiplier(100) == pytest.approx(0.8)  # the first annealed step keeps the checkpoint's LR
     for k in range(10):
-        assert a.multiplier(100 + k) == pytest.approx(0.1 + 0.7 * shape(k / 10))
-    assert a.multiplier(110) == pytest.approx(0.1)  # past the end: the floor
+        assert schedule.multiplier(100 + k) == pytest.approx(0.1 + 0.7 * shape(k / 10))
+    assert schedule.multiplier(110) == pytest.approx(0.1)  # past the end: the floor
 
 
 def write(tmp_path, roberta_shards, bpe_tokenizer_dir, **train):
@@ -109,7 +120,6 @@ def test_the_decay_starts_from_the_lr_of_the_checkpoints_own_schedule(tmp_path, 
     """A stable phase at constant LR (as WSD's) anneals from its peak, whatever the anneal config's own schedule."""
     from pipeline.common.config_tree import to_dict
     from pipeline.pretrain.anneal import resolve_anneal
-    from pipeline.pretrain.phases import resolve_phases
 
     stable = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=100),
                                   ["schedule.decay=constant", "schedule.warmup_steps=10"])
@@ -119,6 +129,7 @@ def test_the_decay_starts_from_the_lr_of_the_checkpoints_own_schedule(tmp_path, 
     config = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, anneal_from=str(checkpoint),
                                         anneal_steps=20, global_batch_size=16),
                                   ["schedule.end_lr_ratio=0.1"], check_files=False)
-    a = resolve_anneal(config, resolve_phases(config))
-    assert (a.start, a.end, a.start_multiplier, a.floor) == (60, 80, 1.0, 0.1)
-    assert a.multiplier(70) == pytest.approx(0.55)
+    a = resolve_anneal(config)
+    schedule = lr_schedule(config, resolve_phases(config), a)
+    assert (a.start, a.end, schedule.multiplier(60), schedule.multiplier(80)) == (60, 80, 1.0, 0.1)
+    assert schedule.multiplier(70) == pytest.approx(0.55)

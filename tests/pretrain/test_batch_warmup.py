@@ -10,8 +10,8 @@ from helpers import tiny_pretrain_config
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import batch_ramp
 from pipeline.pretrain.config import load_pretrain_config
-from pipeline.pretrain.engine import phase_lr_multiplier
-from pipeline.pretrain.phases import resolve_phases, samples_consumed
+from pipeline.pretrain.phases import resolve_phases, resolve_stretches, samples_consumed
+from pipeline.pretrain.schedules import lr_schedule
 
 
 def batches(segments) -> list[int]:
@@ -45,19 +45,23 @@ def write(tmp_path, roberta_shards, bpe_tokenizer_dir, **train):
     return path
 
 
-def test_the_run_has_one_lr_schedule_by_steps_and_counts_samples_at_each_steps_batch(tmp_path, roberta_shards,
-                                                                                       bpe_tokenizer_dir):
+def test_the_ramp_is_one_phase_in_stretches_of_one_batch_each_continuing_the_folders_stream(
+        tmp_path, roberta_shards, bpe_tokenizer_dir):
     config = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=20,
                                         global_batch_size=16, batch_warmup_tokens=4000, batch_warmup_start=4))
     plain = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=20,
                                        global_batch_size=16))
-    segments, one = resolve_phases(config), resolve_phases(plain)
-    assert len(segments) > 1 and segments[0].global_batch_size == 4 and segments[-1].global_batch_size == 16
-    for step in range(20):  # the LR is the plain run's at every step
-        assert phase_lr_multiplier(step, segments, config.schedule, config.optimizer.lr) == \
-            phase_lr_multiplier(step, one, plain.schedule, plain.optimizer.lr)
-    per_step = [s.global_batch_size for s in segments for _ in range(s.start, s.end)]
-    assert [samples_consumed(segments, n) for n in range(21)] == [sum(per_step[:n]) for n in range(21)]
+    (phase,) = resolve_phases(config)
+    assert (phase.start, phase.end, phase.global_batch_size) == (0, 20, 16)  # the ramp is no phase of its own
+    stretches = resolve_stretches(config, [phase], 20)
+    assert len(stretches) > 1 and stretches[0].global_batch_size == 4 and stretches[-1].global_batch_size == 16
+    assert all(s.phase is phase for s in stretches)
+    assert all(a.end == b.start for a, b in zip(stretches, stretches[1:], strict=False))  # each where the last ended
+    # The LR counts steps, whatever the batch: the plain run's schedule at every step.
+    ramped, flat = lr_schedule(config, [phase]), lr_schedule(plain, resolve_phases(plain))
+    assert [ramped.multiplier(n) for n in range(21)] == [flat.multiplier(n) for n in range(21)]
+    per_step = [s.global_batch_size for s in stretches for _ in range(s.start, s.end)]
+    assert [samples_consumed(stretches, n) for n in range(21)] == [sum(per_step[:n]) for n in range(21)]
 
 
 @pytest.mark.parametrize(("train", "message"), [

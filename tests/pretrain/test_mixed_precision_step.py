@@ -53,7 +53,7 @@ def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[i
     torch.manual_seed(0)
     model = build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN)
     before = {name: p.detach().float().clone() for name, p in model.named_parameters()}
-    engine = initialize_engine(model, config, phases[0].plan(1), phases=phases)
+    engine = initialize_engine(model, config, phases[0].plan(1))
     engine.train()
     for index in range(parity.ACCUMULATION):
         engine.backward(engine(**parity.micro_batch(0, index))["loss"])

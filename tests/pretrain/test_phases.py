@@ -16,8 +16,15 @@ from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle
 from pipeline.pretrain.config import load_pretrain_config
-from pipeline.pretrain.engine import lr_multiplier, phase_lr_multiplier
-from pipeline.pretrain.phases import phase_ends, resolve_phases, samples_consumed, stream_start
+from pipeline.pretrain.phases import (
+    Phase,
+    phase_ends,
+    resolve_phases,
+    resolve_stretches,
+    samples_consumed,
+    stream_start,
+)
+from pipeline.pretrain.schedules import Schedule, lr_schedule, segments
 
 
 def phased_config(tmp_path: Path, short: Path, long: Path, tokenizer: Path, **sections) -> dict:
@@ -63,8 +70,13 @@ def test_a_config_without_phases_is_one_phase_of_the_whole_run(tmp_path):
     assert (phase.start, phase.end, phase.global_batch_size, phase.lr) == (0, 8, 16, 2e-3)
     assert phase.data.shards == "shards"
     # The LR is exactly the single-schedule one it was before phases existed.
-    assert [phase_lr_multiplier(s, [phase], config.schedule, 2e-3) for s in range(9)] == \
-           [lr_multiplier(s, config.schedule, 8) for s in range(9)]
+    one = Schedule(segments(config.schedule, start=0, end=8, warmup=config.schedule.warmup_steps))
+    assert [lr_schedule(config, [phase]).multiplier(s) for s in range(9)] == [one.multiplier(s) for s in range(9)]
+
+
+def test_a_phase_is_built_from_keywords_only():
+    with pytest.raises(TypeError):
+        Phase(0, "", 0, 8, None, 16, 4, 1e-3, 2)
 
 
 def test_each_phase_warms_up_to_its_own_peak_and_decays_to_its_own_end(tmp_path):
@@ -72,17 +84,18 @@ def test_each_phase_warms_up_to_its_own_peak_and_decays_to_its_own_end(tmp_path)
     phases = resolve_phases(config)
     assert [(p.name, p.start, p.end, p.global_batch_size, p.micro_batch_size) for p in phases] == \
            [("seq32", 0, 6, 16, 8), ("seq64", 6, 8, 8, 1)]
-    lrs = [2e-3 * phase_lr_multiplier(s, phases, config.schedule, config.optimizer.lr) for s in range(8)]
+    lrs = [2e-3 * lr_schedule(config, phases).multiplier(s) for s in range(8)]
     # Phase 1: warmup 1/3, 2/3 of 2e-3, peak at step 2, linear decay to 0 at step 6.
     # Phase 2 re-warms up from its own start (1/2 of its 1e-3 peak), then decays over its last step.
     expected = [2e-3 / 3, 4e-3 / 3, 2e-3, 1.5e-3, 1e-3, 0.5e-3, 0.5e-3, 1e-3]
     assert lrs == pytest.approx(expected)
-    assert samples_consumed(phases, 7) == 6 * 16 + 8
+    assert samples_consumed(resolve_stretches(config, phases, 8), 7) == 6 * 16 + 8
 
 
 def test_a_later_phase_on_the_same_folder_continues_its_data_stream(tmp_path):
     config = load(tmp_path, phased_config(tmp_path, Path("same"), Path("same"), Path("tok")), check_files=False)
-    phases = resolve_phases(config)  # 6 steps of 16, then batches of 8 from the same 200 sequences
+    # 6 steps of 16, then batches of 8 from the same 200 sequences
+    phases = resolve_stretches(config, resolve_phases(config), 8)
     assert stream_start(phases, 1, 200) == 12  # phase 2's step 12 of batch 8 is sample 96, where phase 1 stopped
     one = GlobalShuffle(200, BatchPlan.derive(16, 4, 1), seed=0)
     two = GlobalShuffle(200, BatchPlan.derive(8, 2, 1), seed=0)
@@ -93,9 +106,8 @@ def test_a_later_phase_on_the_same_folder_continues_its_data_stream(tmp_path):
     # Across an epoch: 6 steps of 16 from 40 sequences (2 per epoch) end at epoch 3, position 0.
     assert stream_start(phases, 1, 40) == 3 * 5
     # Another folder starts its own stream at its beginning.
-    other = resolve_phases(load(tmp_path, phased_config(tmp_path, Path("a"), Path("b"), Path("tok")),
-                                check_files=False))
-    assert stream_start(other, 1, 200) == 0
+    other = load(tmp_path, phased_config(tmp_path, Path("a"), Path("b"), Path("tok")), check_files=False)
+    assert stream_start(resolve_stretches(other, resolve_phases(other), 8), 1, 200) == 0
 
 
 def test_bad_phases_are_all_reported_up_front_naming_their_keys(tmp_path):

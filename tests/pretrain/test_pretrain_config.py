@@ -12,8 +12,9 @@ from pipeline.common.config_tree import ConfigError, apply_overrides, parse_over
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
-from pipeline.pretrain.engine import client_optimizer, deepspeed_config, lr_multiplier, optimizer_groups
+from pipeline.pretrain.engine import client_optimizer, deepspeed_config, optimizer_groups
 from pipeline.pretrain.lamb import Lamb
+from pipeline.pretrain.schedules import Schedule, segments
 
 
 def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
@@ -173,11 +174,11 @@ def test_deepspeed_receives_the_derived_sizes_and_the_users_own_keys(tmp_path, r
 
 def test_schedule_warms_up_linearly_then_decays_to_the_end_ratio():
     schedule = ScheduleConfig(warmup_steps=4, decay="linear", end_lr_ratio=0.1)
-    lrs = [lr_multiplier(step, schedule, 14) for step in range(15)]
+    lrs = [Schedule(segments(schedule, start=0, end=14, warmup=4)).multiplier(step) for step in range(15)]
     assert lrs[:4] == [0.2, 0.4, 0.6, 0.8] and lrs[4] == 1.0
     assert lrs[14] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
     poly = ScheduleConfig(warmup_steps=0, decay="polynomial", power=2.0)
-    assert lr_multiplier(5, poly, 10) == pytest.approx(0.25)
+    assert Schedule(segments(poly, start=0, end=10, warmup=0)).multiplier(5) == pytest.approx(0.25)
 
 
 def test_lamb_is_deepspeeds_fused_lamb_on_gpu_and_ours_on_cpu(tmp_path, roberta_shards, bpe_tokenizer_dir):

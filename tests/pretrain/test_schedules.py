@@ -1,5 +1,6 @@
-"""LR schedules: each equals its closed form at every step, phases included, and a scheduler resumed from
-its state_dict goes on with the same LRs."""
+"""LR schedules: each equals its closed form (and transformers' own schedule) at every step, phases included, a
+scheduler resumed from its state_dict goes on with the same LRs, and a resume that changes the schedule (an anneal)
+takes the new schedule's LR at its step."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ from test_phases import load
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.pretrain.config import ScheduleConfig
-from pipeline.pretrain.engine import lr_scheduler, phase_lr_multiplier
+from pipeline.pretrain.engine import lr_scheduler, restore_step
 from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.schedules import lr_multiplier
+from pipeline.pretrain.schedules import Schedule, lr_schedule, segments
+
+
+def lr_multiplier(step: int, s: ScheduleConfig, steps: int) -> float:
+    """The schedule of one phase of `steps` at the peak."""
+    return Schedule(segments(s, start=0, end=steps, warmup=s.warmup_steps)).multiplier(step)
 
 
 def warmup(step: int, w: int) -> float:
@@ -76,8 +82,8 @@ def test_a_wsd_phase_with_decay_steps_0_stays_at_its_peak_and_the_last_phase_dec
                       {"name": "long", "steps_fraction": 0.5, "shards": "b", "warmup_steps": 0, "lr": 1e-3}]
     config = load(tmp_path, data, check_files=False)
     phases = resolve_phases(config)
-    assert [p.decay_steps for p in phases] == [0, 4]
-    lrs = [phase_lr_multiplier(step, phases, config.schedule, config.optimizer.lr) for step in range(20)]
+    schedule = lr_schedule(config, phases)
+    lrs = [schedule.multiplier(step) for step in range(20)]
     assert lrs[:10] == pytest.approx([1 / 3, 2 / 3] + [1.0] * 8)
     assert lrs[10:] == pytest.approx([0.5 * wsd_formula(s, 0, 4, 10, 0.0, "1-sqrt") for s in range(10)])
 
@@ -93,7 +99,7 @@ def test_a_scheduler_restored_from_its_state_dict_goes_on_with_the_formulas_lrs(
 
     def build():
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=peak)
-        return optimizer, lr_scheduler(optimizer, config, resolve_phases(config))
+        return optimizer, lr_scheduler(optimizer, lr_schedule(config, resolve_phases(config)))
 
     optimizer, scheduler = build()
     seen = []
@@ -113,6 +119,53 @@ def test_a_scheduler_restored_from_its_state_dict_goes_on_with_the_formulas_lrs(
         resumed.step()
     assert after == seen[7:]
     assert seen == pytest.approx([peak * lr_multiplier(step, config.schedule, 16) for step in range(16)], abs=0)
+
+
+@pytest.mark.parametrize(("factory", "kwargs", "ours"), [
+    ("get_cosine_with_min_lr_schedule_with_warmup", {"num_warmup_steps": 0, "num_training_steps": 37,
+                                                     "min_lr_rate": 0.1},
+     ScheduleConfig(warmup_steps=0, decay="cosine", end_lr_ratio=0.1)),
+    *[("get_wsd_schedule", {"num_warmup_steps": 0, "num_stable_steps": 25, "num_decay_steps": 12, "decay_type": shape,
+                            "min_lr_ratio": 0.05},
+       ScheduleConfig(kind="wsd", warmup_steps=0, decay=shape, decay_steps=12, end_lr_ratio=0.05))
+      for shape in ("linear", "cosine", "1-sqrt")],
+])
+def test_the_closed_forms_are_transformers_schedules(factory, kwargs, ours):
+    import transformers.optimization as schedules
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    theirs = getattr(schedules, factory)(optimizer, **kwargs).lr_lambdas[0]
+    assert [lr_multiplier(n, ours, 37) for n in range(38)] == pytest.approx([theirs(n) for n in range(38)],
+                                                                             abs=1e-12)
+
+
+def test_a_resume_restores_the_step_and_the_lr_follows_from_the_resumed_runs_schedule():
+    """An anneal loads a checkpoint its source run's scheduler and optimizer saved; its own schedule gives the LR."""
+    source = Schedule(segments(ScheduleConfig(warmup_steps=2, decay="constant"), start=0, end=100, warmup=2))
+    anneal = Schedule(segments(ScheduleConfig(warmup_steps=0, decay="cosine", end_lr_ratio=0.1), start=0, end=20,
+                               warmup=0))
+
+    def build(schedule):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+        return optimizer, lr_scheduler(optimizer, schedule)
+
+    optimizer, scheduler = build(source)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    saved = (optimizer.state_dict(), scheduler.state_dict())
+    resumed_optimizer, resumed = build(anneal)
+    resumed_optimizer.load_state_dict(saved[0])  # as DeepSpeed's load_checkpoint does
+    resumed.load_state_dict(saved[1])
+    assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # the source's LR, saved with it
+    restore_step(resumed, 10)
+    seen = []
+    for _ in range(10, 20):
+        seen.append(resumed_optimizer.param_groups[0]["lr"])
+        resumed_optimizer.step()
+        resumed.step()
+    assert seen == pytest.approx([1e-3 * anneal.multiplier(n) for n in range(10, 20)], abs=1e-15)
+    assert seen[0] < 1e-3
 
 
 @pytest.mark.parametrize(("schedule", "expected"), [

@@ -100,6 +100,7 @@ def test_the_modernbert_recipe_spends_the_anchors_token_budgets():
     """1.719T tokens at 4,608 × 1,024, then 250B and 50B at 576 × 8,192 (each stage's max_duration)."""
     from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.schedules import lr_schedule
 
     config = load_pretrain_config(RECIPES / "modernbert-base.json", world_size=8, cuda=True, check_files=False)
     tokens = [p.steps * p.global_batch_size * p.seq_len for p in resolve_phases(config)]
@@ -108,7 +109,10 @@ def test_the_modernbert_recipe_spends_the_anchors_token_budgets():
     assert config.phases[0].warmup_steps * 4608 * 1024 == pytest.approx(3e9, rel=1e-3)  # t_warmup: 3B tokens
     # warmup-stable-decay: only the last stage decays (1 - sqrt, over its whole length, to 0.001 of the peak)
     phases = resolve_phases(config)
-    assert [p.decay_steps for p in phases] == [0, 0, phases[2].steps] and config.schedule.decay == "1-sqrt"
+    assert [p.decay_steps for p in phases[:2]] == [0, 0] and config.schedule.decay == "1-sqrt"
+    lr, peak = lr_schedule(config, phases).multiplier, phases[2].lr / config.optimizer.lr
+    assert lr(phases[1].end - 1) == lr(phases[2].start) == peak > lr(phases[2].start + 1)
+    assert lr(phases[2].end) == pytest.approx(0.001 * peak)
     assert [p.global_rope_theta for p in phases] == [10_000, 160_000, 160_000]  # the context extension's base
 
 
