@@ -7,7 +7,8 @@ Run it online, in the checkout the device tool sends (the session's own), before
   runs with tracking off) and without the wheels the node's image already has (`LEAVE_OUT`);
 - `OUT/data`: the data folder's layout, cut to what the check reads: the first `--reviews` IMDB reviews
   (recompressed) and SST-2's train and dev files;
-- `OUT/commit`: the commit the copy is made from (the node's `.git` may be stale).
+- `OUT/commit`: the commit the copy is made from (the node's `.git` may be stale): bundle again after a commit
+  (the wheels are kept while they hold the pinned versions).
 The tool carries at most 64 MiB with the tree; the bundle's size is checked against that.
 """
 
@@ -24,6 +25,7 @@ import zstandard
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from gpu_check import pinned_versions  # noqa: E402
 from gpu_runs import IMDB, SST2  # noqa: E402
 
 CARRY_LIMIT_MIB = 64  # the device tool's limit on the tree and the carried paths together
@@ -72,7 +74,9 @@ def main() -> None:
     if missing:
         raise SystemExit(f"error: {', '.join(missing)} not found: give --data, a folder laid out as /work/shared/data")
     wheels = out / "wheels"
-    if not wheels.is_dir():  # a download takes minutes: kept between bundles
+    pins = [f"{name}-{version}-*.whl" for name, version in pinned_versions().items()]
+    if not all(any(wheels.glob(pin)) for pin in pins):  # a download takes minutes: kept while the pins hold
+        shutil.rmtree(wheels, ignore_errors=True)
         env = {**os.environ, "MLFLOW": "none", "LEAVE_OUT": IMAGE_HAS, "PYTHON": sys.executable}
         subprocess.run(["bash", "launchers/wheelhouse.sh", "download", str(wheels), NODE_PYTHON], cwd=ROOT, env=env,
                        check=True)
@@ -80,7 +84,7 @@ def main() -> None:
     reviews = first_reviews(data / IMDB, out / "data" / IMDB, a.reviews)
     (out / "data" / SST2).mkdir(parents=True)
     for name in ("train.tsv", "dev.tsv"):
-        shutil.copy(data / SST2 / name, out / "data" / SST2 / name)
+        shutil.copyfile(data / SST2 / name, out / "data" / SST2 / name)  # not the source's read-only mode
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
     (out / "commit").write_text(commit.stdout.strip() + "\n")
     bundle, tree = size_mib([out]), tree_mib()

@@ -1,28 +1,20 @@
-"""Where the GPU path stands, in one command and one record: environment, correctness, throughput and MFU.
+"""Where the GPU path stands, in one command and one record: faults, correctness, throughput, MFU, a run to the end.
 
-    python benchmarks/gpu_check.py                      # on a CUDA machine (about 15 minutes on one H100)
-    python benchmarks/gpu_check.py --device cpu --tiny  # the same code at toy size, so it cannot rot
+    python benchmarks/gpu_check.py --data DIR --budget-minutes 8   # on a CUDA machine, inside a lease
+    python benchmarks/gpu_check.py --device cpu --tiny --data DIR   # the same code at toy size, so it cannot rot
 
-Steps, in order; each one's failure is caught, recorded with its error, and the check goes on:
-- **environment**: torch, CUDA, GPU name and memory, deepspeed / transformers / flash-attn versions; the
-  measured dense matmul peak (bf16 and fp16 on CUDA; bf16 and fp32 on CPU), best of several products;
-- **correctness**, per architecture (roberta, roberta-prelayernorm, bert, modernbert) at a small size:
-  one DeepSpeed step (the pipeline's `initialize_engine`) in bf16 and fp16 at ZeRO 0 and 2 against
-  fp32 on the same batch and the same initial weights. Compared: the loss before the step and the
-  loss on the same batch after it, within `TOLERANCE` (relative). fp16 on CPU is recorded as skipped:
-  DeepSpeed does not support it there;
-- **packed documents**: each packed attention path here (sdpa, eager, flex_attention, and
-  flash_attention_2 where flash-attn is installed on CUDA) gives, per document, what the padded path
-  gives for that document alone (largest absolute difference of the encoder's outputs, fp32);
-- **throughput**: the pipeline's own training run (`launchers/pretrain.py`, through
-  train_throughput.py's `ours`; 2 loader workers, none in the toy run) on shards that the shard
-  stage writes to local disk from the embedded corpus: RoBERTa-base and RoBERTa-large at seq 512
-  bf16, ModernBERT-base at seq 1024 doc-packed bf16 (flash_attention_2 where installed, else
-  flex_attention; sdpa on CPU, where FlexAttention has no backward), each with and without
-  `train.compile`. Tokens/s, and MFU against the measured and the nominal peak
-  (pipeline/pretrain/flops.py's model FLOPs).
+Parts, in order of value (a lease stopped early keeps what matters most); each step's failure is caught,
+recorded with its error, and the check goes on; the record is written after each part:
+- **environment**: versions (transformers and tokenizers against the wheelhouse's pins), GPU, matmul peak;
+- **correctness**, per architecture at a small size: one DeepSpeed step (`initialize_engine`) in bf16 and
+  fp16 at ZeRO 0 and 2 against fp32, same batch, same initial weights, within `TOLERANCE` (relative);
+- **packed documents**: each packed attention path gives, per document, what the padded path gives alone;
+- **faults**: the four faults the H200 found, each shown fixed (gpu_runs.py's run that must end, and the
+  cells above that show the others);
+- **throughput** (eager), **the run to the end**, then **throughput** compiled: gpu_runs.py.
 
 The record goes through result_record.py (`gpu_check.json`; `gpu_check.cpu-tiny.json` for the toy run).
+docs/gpu-nodes.md says how a lease runs it.
 """
 
 from __future__ import annotations
