@@ -140,9 +140,10 @@ def start_run(config: dict[str, Any], run_dir: Path, env: dict[str, str], in_mem
     path.write_text(json.dumps(config, indent=1))
     command = ([sys.executable, __file__, "in-memory", str(path)] if in_memory
                else [sys.executable, "launchers/pretrain.py", "--config", str(path)])
-    log = open(run_dir.parent / f"{run_dir.name}.log", "w")  # noqa: SIM115 (the child holds it; closed in finish)
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    # its own session: a kill reaches its loader workers too
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:  # the child keeps its own copy open
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def finish(process: subprocess.Popen, run_dir: Path, timeout: float | None) -> float:
