@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_runs import SHAPES, Scale, end_to_end, ending_run, find_data, make_data, throughput_row  # noqa: E402
+from gpu_runs import SHAPES, Scale, end_to_end, ending_run, find_data, prepared_data, throughput_row  # noqa: E402
 from result_record import BenchmarkRecord  # noqa: E402
 
 ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
@@ -486,6 +486,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", default=None,
                    help="a folder laid out as /work/shared/data (corpus/imdb-reviews.jsonl.zst, glue/SST-2); "
                         "default: shared/data in the checkout, else ../shared/data beside it")
+    p.add_argument("--work-dir", default=None,
+                   help="where the tokenizer, shards and runs go (default: a temporary folder); a rerun with the "
+                        "same folder reuses the tokenizer and shards")
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="skip the steps that would start later than this (a lent machine's lease); the record is "
                         "also written after each part, so a check stopped from outside keeps the parts it finished")
@@ -519,13 +522,14 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
         n: {"installed": installed_version(n), "pinned": v} for n, v in pinned_versions().items()}
     rec.results["data"] = str(a.data) if a.data else None
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        work = Path(tmp)
+        work = Path(a.work_dir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         made: dict[str, Any] | None = None
 
         def prepared() -> dict[str, Any] | None:
             nonlocal made
             if made is None and "data" not in {o["step"] for o in steps.outcomes}:
-                made = steps.attempt("data", lambda: make_data(work, scale, a.data))
+                made = steps.attempt("data", lambda: prepared_data(work, scale, a.data))
             return made
 
         parts = {

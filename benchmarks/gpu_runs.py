@@ -113,6 +113,18 @@ def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     return {"source": source, "documents": len(texts), "tokenizer": str(tokenizer), "shards": shards}
 
 
+def prepared_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
+    """`make_data`'s result, made once per folder: a rerun on a warm machine with the same `--work-dir` reuses it
+    (its `data.json`, written last, says what was made from what)."""
+    record = folder / "data.json"
+    wanted = {"tiny": scale.tiny, "data": str(data) if data else None}
+    if record.is_file() and (found := json.loads(record.read_text())).get("made_from") == wanted:
+        return {**found, "reused": True}
+    made = {**make_data(folder, scale, data), "made_from": wanted}
+    record.write_text(json.dumps(made))
+    return made
+
+
 # ---------------------------------------------------------------- one pretraining run
 
 def pretrain_config(folder: Path, made: dict[str, Any], *, model: dict, packed: bool,
@@ -182,6 +194,8 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def run(config: dict[str, Any], run_dir: Path, env: dict[str, str], timeout: float | None,
         in_memory: bool = False) -> float:
+    """A fresh run to its end (a folder left by an earlier check would make it resume)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     return finish(start_run(config, run_dir, env, in_memory), run_dir, timeout)
 
 
@@ -312,6 +326,8 @@ def end_to_end(folder: Path, made: dict[str, Any], scale: Scale, data: Path | No
     env, started = clean_env(scale), time.perf_counter()
     limit = min(timeout or 600, 600)
     reference_dir, resumed_dir = folder / "e2e-uninterrupted", folder / "e2e-killed"
+    for stale in (reference_dir, resumed_dir, folder / "sst2"):  # from an earlier check in the same folder
+        shutil.rmtree(stale, ignore_errors=True)
     reference = start_run(config, reference_dir, env)  # alongside: the comparison needs both, not their speed
     resumed_config = {**config, "train": {**config["train"], "export": True}}
     killed = start_run(resumed_config, resumed_dir, env)

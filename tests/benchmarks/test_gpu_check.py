@@ -102,6 +102,18 @@ def test_the_data_folder_is_given_or_found_in_the_checkout_or_beside_it(tmp_path
     assert gpu_runs.find_data(None) == inside
 
 
+def test_a_rerun_in_the_same_work_folder_reuses_the_data_made_from_the_same_input(tmp_path, monkeypatch):
+    made = []
+    monkeypatch.setattr(gpu_runs, "make_data", lambda folder, scale, data: made.append(data) or {"tokenizer": "t"})
+    cpu = gpu_runs.Scale("cpu", tiny=True)
+    first = gpu_runs.prepared_data(tmp_path, cpu, tmp_path / "data")
+    again = gpu_runs.prepared_data(tmp_path, cpu, tmp_path / "data")
+    assert len(made) == 1 and again == {**first, "reused": True}
+    gpu_runs.prepared_data(tmp_path, cpu, None)  # other input: made again
+    gpu_runs.prepared_data(tmp_path, gpu_runs.Scale("cuda", tiny=False), None)  # other sizes: made again
+    assert made == [tmp_path / "data", None, None]
+
+
 def test_a_version_other_than_the_pinned_one_fails_the_versions_step(monkeypatch):
     pins = gpu_check.pinned_versions()
     assert set(pins) == {"transformers", "tokenizers"}
