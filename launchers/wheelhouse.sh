@@ -8,10 +8,13 @@
 #     bash launchers/wheelhouse.sh install WHEELHOUSE
 #
 # What is fetched is launchers/wheelhouse-packages.txt (names, and how each is got), at the version
-# ranges of pyproject.toml. `image` packages (torch, transformers, ...) are neither downloaded nor
+# ranges of pyproject.toml; `pin` packages (transformers, tokenizers) at exactly the listed version,
+# installed over the image's. `image` packages (torch, numpy, ...) are neither downloaded nor
 # touched; WITH_IMAGE=1 downloads them too (torch never). MLFLOW=full|skinny|none (default skinny:
 # mlflow-skinny + sqlalchemy + alembic, enough for a local sqlite store; none: tracking.enabled=false).
-# DRY_RUN=1 prints the commands instead of running them. PYTHON picks the interpreter (default python3).
+# LEAVE_OUT="name ..." drops those wheels after the download (what the node's image has beyond the list,
+# e.g. pandas: a smaller wheelhouse). DRY_RUN=1 prints the commands instead of running them.
+# PYTHON picks the interpreter (default python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
@@ -34,7 +37,7 @@ wanted = set(sys.argv[3:])
 for line in open(sys.argv[2]):
     fields = line.split("#", 1)[0].split()
     if len(fields) >= 2 and fields[1] in wanted:
-        print(by_name.get(fields[0].lower(), fields[0]))
+        print(f"{fields[0]}=={fields[2]}" if fields[1] == "pin" else by_name.get(fields[0].lower(), fields[0]))
 PY
 }
 
@@ -76,13 +79,14 @@ for wheel in house.glob("*.whl"):
 PY
   fi)
   if [ "${#needs[@]}" -gt 0 ]; then run "$PYTHON" -m pip download "${target[@]}" "${needs[@]}"; fi
-  mapfile -t binary < <(specs binary; tracking_specs)
+  mapfile -t binary < <(specs binary pin; tracking_specs)
   if [ "${WITH_IMAGE:-0}" = 1 ]; then mapfile -t -O "${#binary[@]}" binary < <(specs image | grep -v '^torch'); fi
   run "$PYTHON" -m pip download "${target[@]}" "${binary[@]}"
   # pip download brings every dependency; what the image has (numpy, pyarrow, ...: tens of MiB) goes again
   if [ "${WITH_IMAGE:-0}" != 1 ]; then
     local name; for name in $image; do run find "$house" -maxdepth 1 -iname "${name//-/_}-*.whl" -delete; done
   fi
+  local left; for left in ${LEAVE_OUT:-}; do run find "$house" -maxdepth 1 -iname "${left//-/_}-*.whl" -delete; done
   echo "wheelhouse: $house ($(du -sh "$house" 2>/dev/null | cut -f1)) for Python $py on $platform"
 }
 
@@ -95,7 +99,7 @@ install() {
     exit 2; }
   local pin; pin="$(mktemp)"; trap 'rm -f "$pin"' RETURN
   echo "torch==$torch_before" > "$pin"  # the resolver may keep this torch and nothing else
-  mapfile -t wanted < <(specs build binary; tracking_specs)
+  mapfile -t wanted < <(specs build binary pin; tracking_specs)
   run "$PYTHON" -m pip install --no-index --find-links "$house" -c "$pin" "${wanted[@]}"
   # the project itself: its dependencies are now all there (mlflow-skinny stands in for mlflow)
   run "$PYTHON" -m pip install --no-index --no-deps --no-build-isolation -e "$ROOT"

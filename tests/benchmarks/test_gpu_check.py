@@ -10,13 +10,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT
+from helpers import PYTHON, ROOT, make_documents
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other as top-level modules, as when run
 
 import gpu_check  # noqa: E402
+import gpu_runs  # noqa: E402
 
 
 def test_a_step_that_raises_is_recorded_as_failed_and_the_next_one_runs():
@@ -62,6 +64,23 @@ def run_check(tmp_path, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
     return record, done
 
 
+def data_folder(root: Path) -> Path:
+    """A folder laid out as /work/shared/data, with made-up text: reviews and SST-2-like labelled sentences."""
+    import zstandard
+
+    reviews = make_documents(300, seed=1, min_words=20, max_words=150)
+    corpus = root / "corpus" / "imdb-reviews.jsonl.zst"
+    corpus.parent.mkdir(parents=True)
+    lines = "".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(reviews))
+    corpus.write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    sst2 = root / "glue" / "SST-2"
+    sst2.mkdir(parents=True)
+    for name, rows, seed in (("train.tsv", 96, 2), ("dev.tsv", 32, 3)):
+        texts = make_documents(rows, seed=seed, max_words=12)
+        sst2.joinpath(name).write_text("sentence\tlabel\n" + "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(texts)))
+    return root
+
+
 def cpu_compiler() -> bool:
     from torch._inductor import exc
     from torch._inductor.cpp_builder import get_cpp_compiler
@@ -73,9 +92,40 @@ def cpu_compiler() -> bool:
     return True
 
 
+def test_the_data_folder_is_given_or_found_in_the_checkout_or_beside_it(tmp_path, monkeypatch):
+    assert gpu_runs.find_data(str(tmp_path)) == tmp_path.resolve()
+    monkeypatch.setattr(gpu_runs, "ROOT", tmp_path / "checkout")
+    assert gpu_runs.find_data(None) is None
+    beside = data_folder(tmp_path / "shared" / "data")
+    assert gpu_runs.find_data(None) == beside
+    inside = data_folder(tmp_path / "checkout" / "shared" / "data")  # how the device tool carries shared/
+    assert gpu_runs.find_data(None) == inside
+
+
+def test_a_rerun_in_the_same_work_folder_reuses_the_data_made_from_the_same_input(tmp_path, monkeypatch):
+    made = []
+    monkeypatch.setattr(gpu_runs, "make_data", lambda folder, scale, data: made.append(data) or {"tokenizer": "t"})
+    cpu = gpu_runs.Scale("cpu", tiny=True)
+    first = gpu_runs.prepared_data(tmp_path, cpu, tmp_path / "data")
+    again = gpu_runs.prepared_data(tmp_path, cpu, tmp_path / "data")
+    assert len(made) == 1 and again == {**first, "reused": True}
+    gpu_runs.prepared_data(tmp_path, cpu, None)  # other input: made again
+    gpu_runs.prepared_data(tmp_path, gpu_runs.Scale("cuda", tiny=False), None)  # other sizes: made again
+    assert made == [tmp_path / "data", None, None]
+
+
+def test_a_version_other_than_the_pinned_one_fails_the_versions_step(monkeypatch):
+    pins = gpu_check.pinned_versions()
+    assert set(pins) == {"transformers", "tokenizers"}
+    assert gpu_check.versions() == {n: {"installed": v, "pinned": v} for n, v in pins.items()}  # as installed here
+    monkeypatch.setattr(gpu_check, "installed_version", lambda name: "5.17.0" if name == "transformers" else pins[name])
+    with pytest.raises(AssertionError, match=r"transformers 5.17.0 \(pinned 5.24"):
+        gpu_check.versions()
+
+
 @pytest.mark.slow
 def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and_the_check_ends(tmp_path):
-    record, done = run_check(tmp_path, "--device", "cuda", "--skip", "throughput")
+    record, done = run_check(tmp_path, "--device", "cuda", "--skip", "faults,throughput,e2e,compiled")
     results = record["results"]
     outcome = {o["step"]: o for o in results["steps"]}
     assert outcome["environment"]["status"] == "failed" and results["environment"] == {}
@@ -91,18 +141,24 @@ def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and
 
 
 @pytest.mark.slow
-def test_the_cpu_tiny_check_writes_one_record_of_every_step(tmp_path):
-    """`--device cpu --tiny`: each cell ok, fp16 skipped with DeepSpeed's reason; without a C++ compiler the
-    inductor cells (FlexAttention, train.compile) are recorded as failed and the rest still runs."""
-    record, done = run_check(tmp_path, "--device", "cpu", "--tiny")
+def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
+    """`--device cpu --tiny`: the GPU check's own code at toy size, every part. The four faults' rows pass; each
+    throughput row (eager and compiled, loader on and off) trains and is measured; the run to the end is killed
+    with SIGKILL mid-run, resumes with the same losses as the uninterrupted run, exports and fine-tunes."""
+    data = data_folder(tmp_path / "data")
+    out = tmp_path / "record"
+    out.mkdir()
+    record, done = run_check(out, "--device", "cpu", "--tiny", "--data", str(data), "--models", "ModernBERT-base")
     assert record["benchmark"] == "gpu_check.cpu-tiny" and record["provenance"] == "measured"
     results = record["results"]
     assert results["environment"]["torch"] and set(results["environment"]["peak_tflops"]) == {"bf16", "fp32"}
+    assert results["versions"]["transformers"]["installed"] == results["versions"]["transformers"]["pinned"]
+    assert results["data"] == str(data)
     outcome = {o["step"]: o for o in results["steps"]}
     needs_compiler = [*(f"packed/{arch}/flex_attention" for arch in gpu_check.ARCHITECTURES),
-                      *(f"throughput/{model}/compile" for model in gpu_check.SHAPES)]
+                      *(f"throughput/ModernBERT-base/compile/{b}" for b in ("loader", "in-memory"))]
     failed = sorted(o["step"] for o in results["steps"] if o["status"] == "failed")
-    assert failed == ([] if cpu_compiler() else sorted(needs_compiler)), failed
+    assert failed == ([] if cpu_compiler() else sorted(needs_compiler)), [outcome[f] for f in failed]
 
     for arch in gpu_check.ARCHITECTURES:
         assert outcome[f"correctness/{arch}/fp32"]["status"] == "ok"
@@ -114,15 +170,25 @@ def test_the_cpu_tiny_check_writes_one_record_of_every_step(tmp_path):
         for attention in ("sdpa", "eager"):
             packed = outcome[f"packed/{arch}/{attention}"]
             assert packed["status"] == "ok" and packed["max_abs_difference"] <= 1e-4
-    for model in gpu_check.SHAPES:
-        eager = outcome[f"throughput/{model}/eager"]
-        assert eager["status"] == "ok" and eager["tokens_per_s"] > 0 and 0 < eager["mfu_measured_peak"]
-        assert eager["mfu_nominal_peak"] is None  # no data-sheet peak for a CPU
-    assert outcome["throughput/ModernBERT-base/eager"]["attention"] == "sdpa"  # no FlexAttention backward on CPU
+    tables = {t["title"].split(":")[0]: t["rows"] for t in results["tables"]}
+    assert list(tables) == ["correctness", "packed documents", "faults found on the H200, each shown fixed",
+                            "throughput, eager", "the run to the end", "throughput, train.compile"]
+    faults = tables["faults found on the H200, each shown fixed"]
+    assert [row["status"] for row in faults] == ["ok"] * 4
+    assert faults[3]["shown by"].startswith("4 of 8 steps") and "not supported" in faults[3]["note"]  # no fp16 here
+    assert outcome["faults/ending-run"]["loader_workers"] == 1
 
-    titles = [t["title"] for t in results["tables"]]
-    assert [t.split(":")[0] for t in titles] == ["correctness", "packed documents", "throughput"]
-    assert [len(t["rows"]) for t in results["tables"]] == [16, 12, 6]
+    for kind in ("eager", "compile"):
+        for batches in ("loader", "in-memory"):
+            row = outcome[f"throughput/ModernBERT-base/{kind}/{batches}"]
+            if row["status"] == "failed":
+                continue  # no C++ compiler (asserted above)
+            assert row["tokens_per_s"] > 0 and row["mfu_measured_peak"] > 0 and row["mfu_nominal_peak"] is None
+            assert row["attention"] == "sdpa" and row["seq_len"] == 64  # no FlexAttention backward on CPU
+    e2e = outcome["e2e/pretrain-kill-resume-export-finetune"]
+    assert e2e["status"] == "ok" and e2e["identical_losses"] and e2e["max_abs_loss_difference"] == 0.0
+    assert e2e["resumed_at_step"] < e2e["killed_at_step"] < e2e["steps"]  # killed mid-run, past a checkpoint
+    assert e2e["sst2_metric"] == "accuracy" and 0 <= e2e["sst2_dev"] <= 1
     summary = results["summary"]
     assert summary["ok"] + summary["failed"] + summary["skipped"] == len(results["steps"])
-    assert summary["skipped"] == 8 and "| architecture | precision | zero |" in done.stdout
+    assert "| fault | status |" in done.stdout

@@ -13,7 +13,7 @@ import tomllib
 from helpers import PYTHON, ROOT
 
 LIST = ROOT / "launchers" / "wheelhouse-packages.txt"
-HOWS = {"image", "binary", "build", "tracking"}
+HOWS = {"image", "pin", "binary", "build", "tracking"}
 
 
 def listed() -> dict[str, str]:
@@ -48,6 +48,22 @@ def test_every_dependency_in_pyproject_is_listed_once_with_how_it_is_got():
     assert rows["deepspeed"] == rows["seqeval"] == "build"  # sdists only on PyPI
 
 
+def pins() -> dict[str, str]:
+    """name → version of the `pin` rows."""
+    return {fields[0]: fields[2] for line in LIST.read_text().splitlines()
+            if len(fields := line.split("#", 1)[0].split()) >= 3 and fields[1] == "pin"}
+
+
+def test_transformers_and_tokenizers_are_pinned_to_the_versions_the_tests_run_with():
+    """A GPU node's image had transformers 5.17 where these tests had 5.23, and two tests differed there: the
+    wheelhouse brings the tests' own versions. When this environment upgrades, the pins must follow."""
+    from importlib.metadata import version
+
+    assert set(pins()) == {"transformers", "tokenizers"}
+    for name, pinned in pins().items():
+        assert version(name) == pinned, f"{LIST.name} pins {name} {pinned}; the tests run {version(name)}: update it"
+
+
 def test_a_dependency_added_to_pyproject_later_would_fail_the_check(tmp_path):
     text = (ROOT / "pyproject.toml").read_text().replace('"torch>=2.4",', '"torch>=2.4",\n    "einops>=0.8",')
     added = {re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0].lower()
@@ -64,7 +80,9 @@ def test_download_builds_the_sdists_without_ops_and_fetches_the_rest_for_the_nod
     assert downloads and all("--only-binary=:all:" in d and "--python-version 3.12" in d for d in downloads)
     fetched = " ".join(downloads)
     assert "zstandard" in fetched and "datasets" in fetched and "mlflow-skinny" in fetched
-    assert not re.search(r"(?<![\w-])torch(?![\w-])", fetched) and "transformers" not in fetched
+    assert not re.search(r"(?<![\w-])torch(?![\w-])", fetched) and "numpy" not in fetched
+    for name, version in pins().items():  # the pinned packages at exactly their version
+        assert f"{name}=={version}" in fetched
     assert not os.path.exists("/tmp/wheelhouse-never-made")
 
 
@@ -77,7 +95,13 @@ def test_install_is_offline_pins_the_installed_torch_and_installs_the_project_wi
     out = dry_run("install", "/tmp/wheelhouse-never-made")
     first, second = [line for line in out.splitlines() if "pip install" in line]
     assert "--no-index" in first and "--find-links" in first and " -c " in first
+    assert all(f"{name}=={version}" in first for name, version in pins().items())  # over the image's own
     asked = first.split(" -c ", 1)[1].split(" ", 1)[1]
     assert not re.search(r"(?<![\w-])torch(?![\w-])", asked)  # torch is never asked for
     assert "--no-index" in second and "--no-deps" in second and "-e" in second
     assert "untouched" in out
+
+
+def test_wheels_the_nodes_image_already_has_can_be_left_out():
+    out = dry_run("download", "/tmp/wheelhouse-never-made", LEAVE_OUT="pandas python-dateutil")
+    assert "-iname pandas-\\*.whl -delete" in out and "-iname python_dateutil-\\*.whl -delete" in out
