@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 from helpers import make_documents, write_jsonl
 
+# No test reaches the network: set before any test module imports huggingface_hub (which reads these once, at
+# import), and inherited by every command a test launches. A hub name then fails at once, not after retries.
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+    os.environ[_name] = "1"
+
 
 @pytest.fixture(scope="session")
 def documents() -> list[str]:

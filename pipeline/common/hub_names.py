@@ -1,4 +1,5 @@
-"""The one rule for telling a local path from a Hugging Face hub name (`roberta-base`, `FacebookAI/roberta-base`)."""
+"""The one rule for telling a local path from a Hugging Face hub name (`roberta-base`, `FacebookAI/roberta-base`),
+and whether the hub may be reached at all (offline mode)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def local_or_hub(text: str | os.PathLike, what: str) -> str:
     if is_hub_name(text):
         return text
     raise PipelineError(f"{what} {text}: no such folder, and not a hub name (NAME or ORG/NAME, e.g. roberta-base)")
+
+
+def hub_offline() -> bool:
+    """`HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`) as set now.
+
+    huggingface_hub reads the variable once, when it is first imported; a command (or test) that sets it
+    later would still wait on the network, retrying, before failing. Loaders pass `local_files_only` instead.
+    """
+    import huggingface_hub.constants
+
+    now = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return huggingface_hub.constants.HF_HUB_OFFLINE or now.strip().upper() in ("1", "ON", "YES", "TRUE")

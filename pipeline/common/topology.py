@@ -87,14 +87,36 @@ def prepare_environment() -> Topology:
     elif "OMP_NUM_THREADS" not in os.environ:
         # Ranks sharing a CPU would otherwise each start one thread per core and fight over them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    import_deepspeed()
     return topology
+
+
+def import_deepspeed():
+    """`import deepspeed`, without the import of mlflow its autotuner makes when mlflow is installed.
+
+    The autotuner never runs here, and importing mlflow is about 2 s of deepspeed's 5-7 s (more on a loaded
+    machine), paid by every pretraining process with tracking off too. The pipeline's MLflow sink imports
+    mlflow itself when tracking is on. Hidden only while deepspeed loads: a later `import mlflow` works.
+    """
+    import sys
+
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    hide = "mlflow" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # `import mlflow` raises ImportError, which deepspeed's autotuner allows
+    try:
+        import deepspeed
+    finally:
+        if hide:
+            del sys.modules["mlflow"]
+    return deepspeed
 
 
 def init_process_group(topology: Topology, timeout_s: float) -> None:
     """The default process group; every collective on it gives up after `timeout_s` (see common/lost_rank.py)."""
     from datetime import timedelta
 
-    import deepspeed
-
+    deepspeed = import_deepspeed()
     deepspeed.init_distributed(dist_backend="nccl" if topology.cuda else "gloo", timeout=timedelta(seconds=timeout_s))
 

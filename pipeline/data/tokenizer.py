@@ -18,7 +18,7 @@ from typing import Literal
 
 from pipeline.common.atomic_files import staged_folder
 from pipeline.common.errors import PipelineError
-from pipeline.common.hub_names import local_or_hub
+from pipeline.common.hub_names import hub_offline, local_or_hub
 
 TokenizerKind = Literal["bpe", "wordpiece"]
 
@@ -162,7 +162,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     if Path(name).is_dir():
         check_tokenizer_files(Path(name))
     try:
-        tok = AutoTokenizer.from_pretrained(name)
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=hub_offline())
     except (OSError, ValueError) as err:
         raise PipelineError(f"cannot load tokenizer {name!r}: {err}") from None
     except Exception as err:  # noqa: BLE001 - the Rust tokenizer's own errors are plain Exceptions

@@ -84,9 +84,15 @@ def span_task_problems(c: FinetuneConfig, check_files: bool = True) -> list[str]
     if d.glue_dir or d.use_datasets:
         add(f"data.glue_dir / data.use_datasets: task {c.task!r} reads data.train_file and data.validation_file")
     if c.task in ("squad", "qa-custom"):
-        if not 0 < d.doc_stride < d.max_seq_len // 2:
-            add(f"data.doc_stride: must be > 0 and under half of data.max_seq_len ({d.max_seq_len}), "
-                f"got {d.doc_stride}")
+        if stride_problem := doc_stride_problem(d.doc_stride, d.max_seq_len):
+            add(stride_problem)
         if d.n_best < 1 or d.max_answer_length < 1:
             add(f"data.n_best and data.max_answer_length must be ≥ 1, got {d.n_best} and {d.max_answer_length}")
     return problems
+
+
+def doc_stride_problem(doc_stride: int, max_seq_len: int) -> str | None:
+    """QA windows overlap by `doc_stride` tokens, so a window must hold more than twice the overlap."""
+    if 0 < doc_stride < max_seq_len // 2:
+        return None
+    return f"data.doc_stride: must be > 0 and under half of data.max_seq_len ({max_seq_len}), got {doc_stride}"

@@ -82,9 +82,17 @@ class FinetuneTrainConfig:
 class FinetuneConfig:
     task: str = "sst2"
     """A GLUE task name, `custom`, a token task (`ner`, `pos`, `token-custom`) or a QA task (`squad`, `qa-custom`)."""
+    name: str | None = None
+    """What tracking and the comparison table call this task; None: `task`. Name each custom task, so that two
+    of them in one MLflow store keep their metrics apart (`keywords/accuracy`, not both `custom/accuracy`)."""
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="finetune"))
+
+    @property
+    def task_name(self) -> str:
+        """The task's name in MLflow tags, run names and the comparison table's columns."""
+        return self.name or self.task
 
     @property
     def output_dir(self) -> Path:

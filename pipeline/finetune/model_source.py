@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import checkpoint_fingerprint
@@ -25,6 +26,12 @@ from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE, FinetuneLayout, PretrainLayout
 from pipeline.pretrain.checkpoints import COMPLETE_MARKER, read_marker, resolve_checkpoint
 from pipeline.pretrain.export import PROVENANCE_FILE
+
+if TYPE_CHECKING:
+    from pipeline.finetune.config import FinetuneConfig
+
+OFFSET_POSITION_MODELS = {"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm"}
+"""Model types that number positions from pad_token_id + 1 (fairseq's convention), not from 0."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,41 @@ class ModelSource:
     """The MLflow run that pretrained an export (for the link from fine-tuning runs)."""
     pretrain_checkpoint: str | None = None
     """The checkpoint an export was made from."""
+
+
+def position_limit(config) -> int:
+    """The longest token sequence a transformers model config's position embeddings cover.
+
+    RoBERTa's family spends pad_token_id + 1 slots of its table before the first position; BERT's table and
+    ModernBERT's `max_position_embeddings` (rotary: the length it was trained for) are the length itself.
+    """
+    offset = config.pad_token_id + 1 if config.model_type in OFFSET_POSITION_MODELS else 0
+    return config.max_position_embeddings - offset
+
+
+def cap_seq_len(config: FinetuneConfig, model: str, *, say: bool = True) -> FinetuneConfig:
+    """`config` with `data.max_seq_len` at most what `model` can take, saying so (with `say`) when it cuts.
+
+    A longer input would index past the position table and crash inside the embeddings; HF's run_glue caps
+    the length the same way. A QA stride that no longer fits the capped windows is an error.
+    """
+    import dataclasses
+
+    from transformers import AutoConfig
+
+    from pipeline.finetune.checks import doc_stride_problem
+
+    limit = position_limit(AutoConfig.from_pretrained(model))
+    asked = config.data.max_seq_len
+    if asked <= limit:
+        return config
+    if config.task in ("squad", "qa-custom") and (problem := doc_stride_problem(config.data.doc_stride, limit)):
+        raise PipelineError(f"{problem}: data.max_seq_len {asked} is capped to {limit}, the most tokens {model} "
+                            f"takes (its position embeddings); lower data.doc_stride")
+    if say:
+        print(f"data.max_seq_len {asked}: {model} takes at most {limit} tokens (its position embeddings); "
+              f"fine-tuning uses {limit}", flush=True)
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, max_seq_len=limit))
 
 
 def default_cache_dir() -> Path:

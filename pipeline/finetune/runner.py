@@ -17,7 +17,7 @@ from pipeline.common.run_kernel import run_tags
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.families import task_family
 from pipeline.finetune.label_curve import check_curve_task, curve_point, per_class_sample, point_config
-from pipeline.finetune.model_source import resolve_model_source
+from pipeline.finetune.model_source import cap_seq_len, resolve_model_source
 from pipeline.finetune.outputs import finished_seed, holds_pretrained_seeds, summarize, write_best_model
 from pipeline.finetune.select_split import SELECT
 from pipeline.finetune.sweep import Sweep, select_setting
@@ -67,9 +67,12 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
     source = resolve_model_source(model, export_to=layout.source_model, is_main=is_main,
                                   barrier=accelerator.wait_for_everyone,
                                   keep_export=holds_pretrained_seeds(layout.root), what="--model")
+    capped = cap_seq_len(config, source.path, say=is_main)
+    if capped is not config:  # the families cut their inputs at data.max_seq_len
+        config, family = capped, task_family(data, capped.data)
     kind = "scratch" if from_scratch else "pretrained"
-    parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{data.spec.name}-{kind}",
-                          tags=run_tags("finetune-summary", plan.world_size, task=config.task, seeds=",".join(
+    parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{config.task_name}-{kind}",
+                          tags=run_tags("finetune-summary", plan.world_size, task=config.task_name, seeds=",".join(
                               map(str, seeds)), from_scratch=str(from_scratch).lower(), model=source.path,
                               pretrain_run_id=source.pretrain_run_id,
                               pretrain_checkpoint=source.pretrain_checkpoint),

@@ -39,7 +39,8 @@ from pipeline.tracking.sinks import open_metrics
 
 # Settings that change where or how fast a run reports, not what it trains: a rerun may differ in them
 # and still skip finished seeds. (`train.seed` is the default seed; each seed's own is in its record.)
-RESULT_NEUTRAL_SETTINGS = ("train.output_dir", "train.eval_batch_size", "train.collective_timeout_s", "train.seed")
+RESULT_NEUTRAL_SETTINGS = ("name", "train.output_dir", "train.eval_batch_size", "train.collective_timeout_s",
+                           "train.seed")
 
 
 def build_accelerator(config: FinetuneConfig, plan: BatchPlan):
@@ -94,8 +95,8 @@ class FineTuner:
             self.watchdog = RankWatchdog(timeout, lambda where: lost_rank_message(
                 accelerator.process_index, plan.world_size, f"in {self.label}, {where}", timeout, RERUN_HINT,
                 f"a micro batch has waited {timeout:g} s"))
-        self.label = (f"{data.spec.name}{f' trial {trial}' if trial else ''}{f' {point}' if point else ''} seed {seed}"
-                      f"{' (scratch)' if from_scratch else ''}")
+        self.label = (f"{config.task_name}{f' trial {trial}' if trial else ''}{f' {point}' if point else ''} "
+                      f"seed {seed}{' (scratch)' if from_scratch else ''}")
 
     def setup(self) -> None:
         from transformers import AutoTokenizer, get_linear_schedule_with_warmup
@@ -136,13 +137,13 @@ class FineTuner:
                                            collate_fn=self.family.collator(self.tokenizer))
 
     def _open_metrics(self) -> MetricsSink:
-        c, spec = self.config, self.data.spec
+        c = self.config
         kind = "scratch" if self.from_scratch else "pretrained"
         source = self.source
         stage, trial = ("finetune-trial", {"trial": self.trial}) if self.trial else ("finetune", {})
         if self.point:
             stage, trial = "finetune-label-curve", {"point": self.point}
-        tags = run_tags(stage, self.plan.world_size, task=c.task, seed=self.seed, **trial,
+        tags = run_tags(stage, self.plan.world_size, task=c.task_name, seed=self.seed, **trial,
                         from_scratch=str(self.from_scratch).lower(), model=source.path,
                         pretrain_run_id=source.pretrain_run_id, pretrain_checkpoint=source.pretrain_checkpoint)
         if self.parent_run_id:
@@ -150,7 +151,7 @@ class FineTuner:
         params = {**flatten(to_dict(c)), "model": self.source.path, "seed": self.seed,
                   "from_scratch": self.from_scratch, "gradient_accumulation": self.plan.accumulation}
         part = f"-trial-{self.trial}" if self.trial else f"-{self.point}" if self.point else ""
-        name = f"{spec.name}-{kind}{part}-seed{self.seed}"
+        name = f"{c.task_name}-{kind}{part}-seed{self.seed}"
         return open_metrics(self.accelerator.is_main_process, tracking=c.tracking, run_name=name, tags=tags,
                             params=params)
 

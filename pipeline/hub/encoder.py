@@ -29,13 +29,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.model_source import ModelSource, resolve_model_source
+from pipeline.finetune.model_source import OFFSET_POSITION_MODELS, ModelSource, position_limit, resolve_model_source
 from pipeline.hub import span_heads
 from pipeline.hub.heads import ClassificationHead, head_of, label_names, new_head
 from pipeline.hub.pseudo_likelihood import DEFAULT_BATCH_TOKENS, Precision, pseudo_log_likelihoods
 
-# Architectures whose positions start after the padding index (RoBERTa's offset of pad_id + 1).
-_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "roberta-prelayernorm"}
 MASK = "<mask>"
 """The mask placeholder in `fill_mask` texts, whatever the tokenizer's own mask token (`[MASK]` for BERT)."""
 NO_HEAD_SAVED = ("{path} holds {architecture} weights without a trained MLM head (a released encoder, such as a "
@@ -74,9 +72,8 @@ class Encoder(nn.Module):
         self.no_lm_head_reason = "it is a fine-tuned model; fill_mask needs a pretraining export or run"
         """Why `lm_head` is None, for fill_mask's error."""
         config = model.config
-        self.offset_positions = config.model_type in _OFFSET_POSITIONS
-        offset = (config.pad_token_id + 1) if self.offset_positions else 0
-        self.max_positions = config.max_position_embeddings - offset
+        self.offset_positions = config.model_type in OFFSET_POSITION_MODELS
+        self.max_positions = position_limit(config)
         """The longest token sequence the position embeddings cover."""
         # BERT-style models tell the two segments apart with token type ids; RoBERTa has one type.
         self.uses_segments = (getattr(config, "type_vocab_size", 1) or 1) > 1

@@ -32,11 +32,27 @@ def test_an_existing_folder_wins_over_a_hub_name(tmp_path, monkeypatch):
 
 
 def test_an_org_slash_name_tokenizer_reaches_the_hub_loader_not_a_folder_check(tmp_path, monkeypatch):
-    """`ORG/NAME` used to be refused as a missing folder; offline it now fails in the hub loader instead."""
+    """`ORG/NAME` used to be refused as a missing folder; offline it now fails in the hub loader instead,
+    at once: offline mode set after huggingface_hub read it is still honoured, and no address is looked up."""
+    import socket
+
+    import huggingface_hub.constants
+
     from pipeline.data.tokenizer import load_tokenizer
 
+    looked_up = []
+
+    def no_network(host, *args, **kwargs):
+        looked_up.append(host)
+        raise OSError("no network in tests")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # as read before the variable was set
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PipelineError) as err:
         load_tokenizer("FacebookAI/roberta-base")
     assert "does not exist" not in str(err.value) and "cannot load tokenizer" in str(err.value)
+    assert looked_up == []
