@@ -61,8 +61,8 @@ def main(argv=None) -> None:
     topology = prepare_environment()
     from pipeline.common.config_tree import to_dict
     from pipeline.common.shipped_configs import find_config
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     try:
         config = load_pretrain_config(find_config(args.config, "pretrain"), overrides(args),

@@ -70,6 +70,25 @@ def span_length_distribution(p: float, max_words: int) -> np.ndarray:
     return weights / weights.sum()
 
 
+def mean_span_words(p: float, max_words: int) -> float:
+    """The mean span length in words of `span_length_distribution(p, max_words)`."""
+    return float(span_length_distribution(p, max_words) @ np.arange(1, max_words + 1))
+
+
+def span_coverage_problem(probability: float, p: float, max_words: int) -> str | None:
+    """Why spans of this length cannot cover `probability` of the words, or None when they can.
+
+    Spans are separated by at least one word, so spans of m words on average cover at most m / (m + 1).
+    """
+    mean = mean_span_words(p, max_words)
+    most = mean / (mean + 1)
+    if probability <= most:
+        return None
+    return (f"masking.probability {probability} is more than spans of {mean:.2f} words on average "
+            f"(masking.span_p {p}, masking.span_max_words {max_words}) can cover with a word "
+            f"between them ({most:.3f}); lower it or lengthen the spans")
+
+
 @dataclass(frozen=True)
 class MaskingSpec:
     vocab_size: int
@@ -85,7 +104,7 @@ class MaskingSpec:
 
     @property
     def mean_span_words(self) -> float:
-        return float(span_length_distribution(self.span_p, self.span_max_words) @ np.arange(1, self.span_max_words + 1))
+        return mean_span_words(self.span_p, self.span_max_words)
 
 
 class Masker:
@@ -108,12 +127,10 @@ class Masker:
         self._ordinary_ids = np.flatnonzero(~self._is_special[: spec.vocab_size])
         self._length_cdf = np.cumsum(span_length_distribution(spec.span_p, spec.span_max_words))
         if spec.unit == "span":
+            if problem := span_coverage_problem(spec.probability, spec.span_p, spec.span_max_words):
+                raise ValueError(problem)
             # Spans cover mean_span / (mean_span + mean_gap) of the words in a long row.
-            mean_span = spec.mean_span_words
-            self._mean_gap = mean_span * (1 - spec.probability) / spec.probability
-            if self._mean_gap < 1:
-                raise ValueError(f"span masking cannot cover {spec.probability} of the words with spans of "
-                                 f"{mean_span:.2f} words on average separated by at least one word")
+            self._mean_gap = spec.mean_span_words * (1 - spec.probability) / spec.probability
 
     def keys(self, epoch: int | np.ndarray, indices: np.ndarray, stream: int = TRAIN_STREAM) -> np.ndarray:
         """One 64-bit key per sequence from (seed, stream, epoch, index); `epoch` is one or one per sequence."""

@@ -26,8 +26,6 @@ import torch
 
 from pipeline.pretrain.config import ScheduleConfig
 
-WSD_DECAYS = ("linear", "cosine", "1-sqrt")
-
 
 def warmup_multiplier(step: int, warmup_steps: int) -> float:
     """Linear warmup: (step + 1) / (warmup + 1), so the first step already learns."""

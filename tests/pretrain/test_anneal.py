@@ -10,7 +10,7 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.anneal import Anneal
-from pipeline.pretrain.config import load_pretrain_config
+from pipeline.pretrain.preflight import load_pretrain_config
 
 
 def anneal(decay: str, power: float = 1.0) -> Anneal:

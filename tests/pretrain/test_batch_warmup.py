@@ -9,9 +9,9 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import batch_ramp
-from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.engine import phase_lr_multiplier
 from pipeline.pretrain.phases import resolve_phases, samples_consumed
+from pipeline.pretrain.preflight import load_pretrain_config
 
 
 def batches(segments) -> list[int]:

@@ -339,9 +339,10 @@ def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_
     from pipeline.pretrain.packed_attention import block_diagonal_mask, check_flex_mask
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    window = {"local_attention": 4} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
     config = hf_config(ModelConfig(architecture=architecture, num_hidden_layers=1, hidden_size=32,
-                                   num_attention_heads=2, intermediate_size=64, local_attention=4,
-                                   attn_implementation="flex_attention"), info, seq_len=16)
+                                   num_attention_heads=2, intermediate_size=64, attention_probs_dropout_prob=0.0,
+                                   attn_implementation="flex_attention", **window), info, seq_len=16)
     model = SPARSE_CLASSES[architecture](config).eval()
     ids = torch.full((1, 8), 10)
     dense = block_diagonal_mask(torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]]))
@@ -366,9 +367,10 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     from pipeline.pretrain.model import encode_modernbert, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    window = {"local_attention": 16} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
     flex_config = hf_config(ModelConfig(architecture=architecture, num_hidden_layers=3, hidden_size=64,
-                                        num_attention_heads=4, intermediate_size=96, local_attention=16,
-                                        attn_implementation="flex_attention"), info, seq_len=64)
+                                        num_attention_heads=4, intermediate_size=96, attention_probs_dropout_prob=0.0,
+                                        attn_implementation="flex_attention", **window), info, seq_len=64)
     sdpa_config = copy.deepcopy(flex_config)
     sdpa_config._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -402,7 +404,7 @@ def test_flex_attention_is_refused_up_front_on_cpu_and_with_attention_dropout(tm
     from helpers import tiny_pretrain_config
 
     from pipeline.common.config_tree import ConfigError
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
                                 model={"attn_implementation": "flex_attention", "attention_probs_dropout_prob": 0.1})

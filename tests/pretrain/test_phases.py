@@ -15,9 +15,9 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle
-from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.engine import lr_multiplier, phase_lr_multiplier
 from pipeline.pretrain.phases import phase_ends, resolve_phases, samples_consumed, stream_start
+from pipeline.pretrain.preflight import load_pretrain_config
 
 
 def phased_config(tmp_path: Path, short: Path, long: Path, tokenizer: Path, **sections) -> dict:

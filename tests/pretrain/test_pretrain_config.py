@@ -11,9 +11,10 @@ from helpers import ROOT, run_script, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError, apply_overrides, parse_override
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
+from pipeline.pretrain.config import ScheduleConfig
 from pipeline.pretrain.engine import client_optimizer, deepspeed_config, lr_multiplier, optimizer_groups
 from pipeline.pretrain.lamb import Lamb
+from pipeline.pretrain.preflight import load_pretrain_config
 
 
 def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:

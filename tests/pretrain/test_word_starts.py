@@ -11,8 +11,8 @@ from helpers import make_documents, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.masking import Masker, MaskingSpec
+from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.word_starts import word_rule, word_start_table
 
 
