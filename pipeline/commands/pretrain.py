@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     from pipeline.pretrain.phases import resolve_phases
     from pipeline.pretrain.preflight import load_pretrain_config
 
-    try:
+    try:  # the preflight: the config, the run it plans, this machine, its files and the checkpoint it starts from
         config = load_pretrain_config(find_config(args.config, "pretrain"), overrides(args),
                                       world_size=topology.world_size, cuda=topology.cuda)
     except PipelineError:

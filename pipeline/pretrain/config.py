@@ -25,7 +25,7 @@ from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, owned_key_problems
-from pipeline.pretrain.masking import span_coverage_problem
+from pipeline.pretrain.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -210,45 +210,6 @@ class DataConfig:
         """Every corpus with its name filled in; a single folder is one corpus of weight 1."""
         sources = self.shards if self.mixed else [CorpusSource(path=self.shards)]
         return [CorpusSource(s.path, s.weight, s.name or Path(s.path).name) for s in sources]
-
-
-@dataclass
-class MaskingConfig:
-    mode: Literal["dynamic", "static"] = "dynamic"
-    probability: float = 0.15
-    """Fraction of tokens (unit token), of words (unit word) or of words covered by spans (unit span)."""
-    eval_probability: float | None = None
-    """The same fraction for validation (None: `probability`). ModernBERT trains at 0.3 and reports at 0.15, so
-    losses compare across recipes; every validation loss is logged beside its rate (`eval/mask_rate`)."""
-    mask_token_fraction: float = 0.8
-    random_token_fraction: float = 0.1
-    unit: Literal["token", "word", "span"] = "token"
-    """What is chosen: single tokens, whole words (all sub-tokens), or SpanBERT spans of whole words."""
-    span_p: float = 0.2
-    """unit span: span lengths in words are geometric with this p (SpanBERT: 0.2, mean 3.8 words)."""
-    span_max_words: int = 10
-    """unit span: the longest span, in words; the geometric distribution is truncated here and renormalised."""
-
-    def __post_init__(self):
-        problems = []
-        add = problems.append
-        if not 0 < self.probability < 1:
-            add(f"masking.probability: must be in (0, 1), got {self.probability}")
-        if self.eval_probability is not None and not 0 < self.eval_probability < 1:
-            add(f"masking.eval_probability: must be in (0, 1) or null (the training rate), got "
-                f"{self.eval_probability}")
-        if min(self.mask_token_fraction, self.random_token_fraction) < 0 \
-                or self.mask_token_fraction + self.random_token_fraction > 1:
-            add(f"masking.mask_token_fraction {self.mask_token_fraction} + masking.random_token_fraction "
-                f"{self.random_token_fraction} must be non-negative and sum to at most 1")
-        if self.unit == "span":
-            if not 0 < self.span_p <= 1 or self.span_max_words < 1:
-                add(f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {self.span_p} and "
-                    f"{self.span_max_words}")
-            elif 0 < self.probability < 1 and (problem := span_coverage_problem(self.probability, self.span_p,
-                                                                                self.span_max_words)):
-                add(problem)
-        refuse(self, problems)
 
 
 @dataclass

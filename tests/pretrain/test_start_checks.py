@@ -110,3 +110,16 @@ def test_a_checkpoint_from_before_the_marker_recorded_the_config_is_not_refused(
     folder.mkdir(parents=True)
     (folder / "complete.json").write_text(json.dumps({"step": 4}))
     assert load_pretrain_config(config).checkpoint.resume == "auto"
+
+
+def test_the_command_refuses_the_anneal_before_any_process_group_with_no_traceback(tmp_path, roberta_shards,
+                                                                                  bpe_tokenizer_dir, vocab_size):
+    from helpers import run_script
+
+    checkpoint = stable_checkpoint(tmp_path, roberta_shards, bpe_tokenizer_dir, vocab_size,
+                                   "optimizer.name=stableadamw")
+    config = write_config(tmp_path, roberta_shards, bpe_tokenizer_dir)
+    proc = run_script("launchers/pretrain.py", "--config", config, "--anneal-from", checkpoint, "--anneal-steps", "4")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "was trained with optimizer stableadamw; this config says adamw (optimizer.name)" in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing started: no run folder
