@@ -39,10 +39,8 @@ def preflight_problems(config: FinetuneConfig, world_size: int = 1, *, check_fil
 def file_problems(config: FinetuneConfig) -> list[str]:
     """The GLUE folder, or the task's files, that the config names and that are not there."""
     d = config.data
-    if config.task not in SPAN_TASKS and config.task != "custom":
-        return [f"data.glue_dir: {d.glue_dir} is not a folder"] if d.glue_dir and not Path(d.glue_dir).is_dir() \
-            else []
-    names = ("train_file", "validation_file", "test_file") if config.task in SPAN_TASKS else ("train_file",
-                                                                                           "validation_file")
-    return [f"data.{name}: {getattr(d, name)} does not exist" for name in names
-            if getattr(d, name) and not Path(getattr(d, name)).is_file()]
+    if config.task not in SPAN_TASKS and config.task != "custom":  # a GLUE task
+        return [f"data.glue_dir: {d.glue_dir} is not a folder"] if d.glue_dir and not Path(d.glue_dir).is_dir() else []
+    names = ["train_file", "validation_file"] + (["test_file"] if config.task in SPAN_TASKS else [])
+    named = {name: getattr(d, name) for name in names if getattr(d, name)}
+    return [f"data.{name}: {path} does not exist" for name, path in named.items() if not Path(path).is_file()]
