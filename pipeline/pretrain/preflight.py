@@ -32,7 +32,8 @@ def load_pretrain_config(path: str | Path, overrides: list[str] = (), *, world_s
                          check_files: bool = True) -> PretrainConfig:
     """Read, override and check a pretraining config for a run of `world_size` ranks; all problems in one error.
 
-    `typed` is False when a value had the wrong type (its default stands in): the files are then not read.
+    The files are read only with `check_files` and when every key and type is right (a wrong value's default
+    stands in for it, and would send the checks to the wrong files).
     """
     return load_config(PretrainConfig, path, overrides, lambda config, typed: preflight_problems(
         config, world_size=world_size, cuda=cuda, check_files=check_files and typed))
