@@ -61,9 +61,9 @@ RANKS = 2
 def arm_shape(arm: str, overrides: list[str], tokenizer: Path) -> tuple[int, float, float]:
     """(parameters, training FLOPs per token, masking probability) of an arm's model, built as the trainer builds it."""
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.flops import model_flops_per_token
     from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     config = load_pretrain_config(ROOT / BASE, [*ARMS[arm], *overrides, "data.shards=x", "data.tokenizer=x"],
                                   world_size=RANKS, check_files=False)

@@ -42,7 +42,7 @@ MARGIN = 1.0
 
 
 def load(config: str, sets: list[str]):
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     return load_pretrain_config(ROOT / config, sets, world_size=RANKS, check_files=False)
 

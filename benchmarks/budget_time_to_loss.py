@@ -142,7 +142,7 @@ def run_capped(cmd: list[str], env: dict, deadline: float, log: Path) -> None:
 
 def recipe_config(recipe: str, a, shards: Path, tokenizer: Path, overrides: list[str]):
     """The pretraining config a recipe runs (hf-same, hf-run_mlm: the budget config, for its model and recipe)."""
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     path = TINY_CONFIG if recipe == "tiny" else a.budget_config
     return load_pretrain_config(ROOT / path, [*overrides, f"data.shards={shards}", f"data.tokenizer={tokenizer}"],

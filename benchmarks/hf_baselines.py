@@ -145,9 +145,9 @@ def worker(spec: dict) -> None:
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
     from pipeline.pretrain.batches import MaskedBatches, eval_keys
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.masking import build_masker
     from pipeline.pretrain.model import first_position_id
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     recipe, seed, launched, cap = spec["recipe"], spec["seed"], spec["launched_at"], 60 * spec["max_minutes"]
     config = load_pretrain_config(spec["config"], [*spec["overrides"], f"data.shards={spec['shards']}",

@@ -167,8 +167,8 @@ def main() -> None:
 
 
 def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.plateau import plateau_level
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)

@@ -19,13 +19,13 @@ CONFIGS = ROOT / "configs"
 
 
 def load_pretrain(path: Path) -> None:
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     load_pretrain_config(path, cuda=True, check_files=False)  # the big presets are GPU configs
 
 
 def load_finetune(path: Path) -> None:
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     load_finetune_config(path, check_files=False)
 
@@ -55,7 +55,7 @@ def test_shipped_config_is_valid(path):
 
 
 def test_validity_and_data_presence_are_separate_checks(tmp_path):
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     config = json.loads((CONFIGS / "glue" / "sst2.json").read_text())
     config["data"]["glue_dir"] = str(tmp_path / "missing")
@@ -86,8 +86,8 @@ def test_a_shard_config_is_checked_as_its_command_line_will_be(tmp_path):
 
 def test_the_budget_recipe_keeps_crammings_choices_at_tiny_size():
     """configs/budget-tiny.json: tiny's model size (compared like for like), pre-LN, no dropout, a triangle."""
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.pretrain.schedules import lr_schedule
 
     budget = load_pretrain_config(CONFIGS / "budget-tiny.json", check_files=False)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pipeline.ablation.studies import ArmSpec, Study
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.config import load_pretrain_config
+from pipeline.pretrain.preflight import load_pretrain_config
 
 EVALS_PER_ARM = 5
 """Validation points per arm for the loss curves (the last is always at the final step)."""

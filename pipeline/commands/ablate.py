@@ -93,7 +93,7 @@ def finetune_sweep(args: argparse.Namespace) -> list[str]:
 def check_tasks(tasks: list[str], glue_dir: str | None, finetune_set: list[str]) -> None:
     """Every task's fine-tuning config and data folder, checked before any work."""
     from pipeline.ablation.runner import task_config
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     for task in tasks:
         try:
@@ -112,7 +112,7 @@ def main(argv=None) -> None:
     from pipeline.ablation.studies import RUNNER_KEYS, load_study
     from pipeline.common.config_tree import parse_override
     from pipeline.common.shipped_configs import find_config
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.tracking.mlflow_run import default_tracking_uri
 
     corpus = Path(args.corpus).resolve()

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_sweep(args: argparse.Namespace, world_size: int):
     """The `Sweep` of `--sweep` / `--select-fraction` (None without --sweep); every setting's config checked now."""
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
     from pipeline.finetune.sweep import DEFAULT_SELECT_FRACTION, Setting, Sweep, parse_sweep
 
     if not args.sweep:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from pipeline.common.shipped_configs import find_config
     from pipeline.common.topology import current_topology
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     topology = current_topology()
     args.config_path = find_config(args.config, "finetune")

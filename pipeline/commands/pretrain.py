@@ -61,10 +61,10 @@ def main(argv=None) -> None:
     topology = prepare_environment()
     from pipeline.common.config_tree import to_dict
     from pipeline.common.shipped_configs import find_config
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases, resolve_stretches
+    from pipeline.pretrain.preflight import load_pretrain_config
 
-    try:
+    try:  # the preflight: the config, the run it plans, this machine, its files and the checkpoint it starts from
         config = load_pretrain_config(find_config(args.config, "pretrain"), overrides(args),
                                       world_size=topology.world_size, cuda=topology.cuda)
     except PipelineError:

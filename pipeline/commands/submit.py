@@ -74,7 +74,7 @@ def sets(overrides: list[str]) -> str:
 
 
 def pretrain_scripts(args) -> tuple[Path, list[str]]:
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     procs = procs_per_node(args)
     config_file = find_config(args.config, "pretrain")
@@ -88,7 +88,7 @@ def pretrain_scripts(args) -> tuple[Path, list[str]]:
 
 
 def finetune_scripts(args) -> tuple[Path, list[str]]:
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     if not args.model:
         raise PipelineError("finetune: --model is required (an export folder, a checkpoint, or a hub name)")

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     from pipeline.common.atomic_files import write_json_atomic
     from pipeline.common.shipped_configs import find_config
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
     from pipeline.finetune.task_loading import load_task
     from pipeline.finetune.token_baseline import token_count_baseline
 

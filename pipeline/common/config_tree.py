@@ -4,6 +4,11 @@ Every stage's config is a dataclass whose fields are sections (dataclasses), pla
 of small objects (dataclasses too, such as the corpora of a weighted data mix).
 `build_config` reports unknown keys and wrong types together, naming each key by its dotted path,
 so a user fixes a config in one round instead of one error per launch.
+
+Each section checks its own values when it is built: its `__post_init__` lists every problem and
+hands them to `refuse`, which raises `SectionProblems`. `build_config` collects those too and keeps
+the section as built, so the other sections and the top-level cross-section rules still run and all
+problems reach the user together; code that builds a section directly gets them as a ValueError.
 """
 
 from __future__ import annotations
@@ -27,6 +32,22 @@ class ConfigError(PipelineError):
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"config {source}: {len(problems)} problem{'s' * (len(problems) != 1)}:\n{lines}")
+
+
+class SectionProblems(ValueError):
+    """Every problem of one config section's own values, raised by its `__post_init__` (see `refuse`)."""
+
+    def __init__(self, section: Any, problems: list[str]):
+        self.section = section
+        """The section as built, kept so the checks of the sections around it can still run."""
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def refuse(section: Any, problems: list[str]) -> None:
+    """End a section's `__post_init__`: raise its problems (each naming the key the user typed), if any."""
+    if problems:
+        raise SectionProblems(section, problems)
 
 
 def read_json_config(path: str | Path) -> dict[str, Any]:
@@ -77,19 +98,27 @@ def build_config(cls: type[T], data: dict[str, Any]) -> tuple[T, list[str]]:
     A section may name the keys of an older spelling in a `RENAMED_KEYS` class variable
     (`{old key: what to write now}`); such a key is refused with that advice.
 
-    A value of the wrong type is replaced by its default, so that the caller's cross-field checks
-    can still run and all problems reach the user together.
+    A value of the wrong type is replaced by its default, and a section whose `__post_init__` refuses
+    its values is kept as built, so that every other check still runs and all problems reach the user
+    together.
     """
-    problems: list[str] = []
-    result = _build(cls, data, "", problems)
-    return result, problems
+    config, wrong, refused = build_tree(cls, data)
+    return config, wrong + refused
 
 
-def _build(cls, data: Any, prefix: str, problems: list[str]):
+def build_tree(cls: type[T], data: dict[str, Any]) -> tuple[T, list[str], list[str]]:
+    """`build_config` with its problems in two lists: unknown keys and wrong types (defaults stand in for
+    those values), then what the sections' own checks refused."""
+    wrong: list[str] = []
+    refused: list[str] = []
+    return _build(cls, data, "", wrong, refused), wrong, refused
+
+
+def _build(cls, data: Any, prefix: str, problems: list[str], refused: list[str]):
     where = prefix.rstrip(".") or "the top level"
     if not isinstance(data, dict):
         problems.append(f"{where}: expected an object, got {json.dumps(data)}")
-        return cls()
+        data = {}
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     renamed = getattr(cls, "RENAMED_KEYS", {})
@@ -102,26 +131,39 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
     for name in names & data.keys():
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, data[name], f"{prefix}{name}.", problems)
+            values[name] = _build(hint, data[name], f"{prefix}{name}.", problems, refused)
         else:
             value, problem = _coerce(data[name], hint)
             if not problem:
                 values[name] = value
-            elif (items := _build_items(data[name], hint, f"{prefix}{name}", problems)) is not None:
+            elif (items := _build_items(data[name], hint, f"{prefix}{name}", problems, refused)) is not None:
                 values[name] = items
             else:
                 problems.append(f"{prefix}{name}: expected {problem}, got {json.dumps(data[name])}")
-    return cls(**values)
+    for f in dataclasses.fields(cls):  # a section left out is built here, so its problems are collected too
+        if f.name not in values and dataclasses.is_dataclass(hints[f.name]):
+            make = f.default_factory if f.default_factory is not dataclasses.MISSING else hints[f.name]
+            values[f.name] = _checked(make, refused)
+    return _checked(lambda: cls(**values), refused)
 
 
-def _build_items(value: Any, hint: Any, where: str, problems: list[str]) -> list | None:
+def _checked(make, refused: list[str]):
+    """`make()`; a section's `SectionProblems` join `refused` and the section is kept as built."""
+    try:
+        return make()
+    except SectionProblems as err:
+        refused += err.problems
+        return err.section
+
+
+def _build_items(value: Any, hint: Any, where: str, problems: list[str], refused: list[str]) -> list | None:
     """A list of objects built item by item, naming the item and key of each problem (wrong values take
     their defaults, as in sections); None when `value` is not a list or `hint` offers no list of dataclasses."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for option in options:
         (item,) = typing.get_args(option) if typing.get_origin(option) is list else (None,)
         if isinstance(value, list) and dataclasses.is_dataclass(item):
-            return [_build(item, entry, f"{where}[{i}].", problems) for i, entry in enumerate(value)]
+            return [_build(item, entry, f"{where}[{i}].", problems, refused) for i, entry in enumerate(value)]
     return None
 
 
@@ -158,7 +200,7 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
         return None, f"a list of {len(args)} {_describe(args[0])}s"
     if dataclasses.is_dataclass(hint):
         problems: list[str] = []
-        built = _build(hint, value, "", problems)
+        built = _build(hint, value, "", problems, problems)
         return (built, None) if not problems else (None, _describe(hint))
     if origin is dict or hint is dict:
         return (value, None) if isinstance(value, dict) else (None, "an object")

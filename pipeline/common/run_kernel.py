@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline.common.config_tree import ConfigError, apply_overrides, build_config, read_json_config
+from pipeline.common.config_tree import ConfigError, apply_overrides, build_tree, read_json_config
 
 T = TypeVar("T")
 
@@ -26,13 +26,14 @@ def load_config(cls: type[T], path: str | Path, overrides: list[str] | tuple[str
                 checks: Callable[[T, bool], list[str]]) -> T:
     """Read JSON, apply `--set` overrides, build `cls`, run `checks`; all problems in one ConfigError.
 
-    `checks(config, typed)` returns the cross-field problems; `typed` is False when some value had
-    the wrong type (it was replaced by its default), so checks that read files can stand back.
+    Each section checks its own values as it is built (`config_tree.build_tree`); `checks(config, typed)`
+    returns what else the stage checks (its preflight); `typed` is False when some value had the wrong
+    type or key (its default stands in), so checks that read files can stand back.
     """
     data = apply_overrides(read_json_config(path), list(overrides))
     source = str(path) + (f" (with {len(overrides)} --set override{'s' * (len(overrides) != 1)})" if overrides else "")
-    config, problems = build_config(cls, data)
-    problems += checks(config, not problems)
+    config, wrong, refused = build_tree(cls, data)
+    problems = wrong + refused + checks(config, not wrong)
     if problems:
         raise ConfigError(source, problems)
     return config

@@ -1,4 +1,9 @@
-"""The fine-tuning config (configs/glue/<task>.json): task, data source, training recipe, tracking."""
+"""The fine-tuning config (configs/glue/<task>.json): task, data source, training recipe, tracking.
+
+Each section checks its own values when it is built (`__post_init__`), `FinetuneConfig` the rules
+between the task and its data; preflight.py's `load_finetune_config` reads the file and adds the
+batch on the processes and whether the data exists, all in one ConfigError.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from pipeline.common import size_limits as lim
+from pipeline.common.config_tree import refuse
+from pipeline.common.errors import PipelineError
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
-from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import FinetuneLayout
+from pipeline.finetune.tasks import GLUE_TASKS, task_spec
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import TrackingConfig
 
@@ -49,6 +57,17 @@ class FinetuneDataConfig:
     null_score_diff_threshold: float = 0.0
     """QA with no-answer: answer "" when the no-answer score beats the best span's by more than this (logits)."""
 
+    def __post_init__(self):
+        problems = []
+        if self.max_seq_len < 8:
+            problems.append(f"data.max_seq_len: must be ≥ 8, got {self.max_seq_len}")
+        # Upper bounds only (the lower ones are checked with the task): a typo must not allocate absurd memory.
+        problems += lim.bound_problems([("data.max_seq_len", self.max_seq_len, lim.MAX_SEQ_LEN),
+                                        ("data.doc_stride", self.doc_stride, lim.MAX_SEQ_LEN),
+                                        ("data.max_answer_length", self.max_answer_length, lim.MAX_SEQ_LEN),
+                                        ("data.n_best", self.n_best, lim.MAX_SEQ_LEN)], minimum=-(1 << 62))
+        refuse(self, problems)
+
 
 @dataclass
 class FinetuneTrainConfig:
@@ -77,6 +96,26 @@ class FinetuneTrainConfig:
     """Seconds a process waits on the others (one collective, or one micro batch after the first) before it
     decides one is dead or stuck and exits with an error (see pipeline/common/lost_rank.py)."""
 
+    def __post_init__(self):
+        problems = []
+        add = problems.append
+        for name in ("batch_size", "epochs", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                add(f"train.{name}: must be ≥ 1, got {getattr(self, name)}")
+        if not self.collective_timeout_s > 0:
+            add(f"train.collective_timeout_s: must be > 0 seconds, got {self.collective_timeout_s}")
+        problems += lim.bound_problems([("train.batch_size", self.batch_size, lim.MAX_GLOBAL_BATCH),
+                                        ("train.micro_batch_size", self.micro_batch_size, lim.MAX_MICRO_BATCH),
+                                        ("train.eval_batch_size", self.eval_batch_size, lim.MAX_MICRO_BATCH)],
+                                       minimum=-(1 << 62))
+        if not all(0 <= b < 1 for b in self.adam_betas) or self.adam_eps <= 0:
+            add(f"train.adam_betas must be in [0, 1) and train.adam_eps > 0, got {list(self.adam_betas)} and "
+                f"{self.adam_eps}")
+        if self.learning_rate <= 0 or not 0 <= self.warmup_ratio < 1:
+            add(f"train.learning_rate must be > 0 and train.warmup_ratio in [0, 1), got {self.learning_rate} and "
+                f"{self.warmup_ratio}")
+        refuse(self, problems)
+
 
 @dataclass
 class FinetuneConfig:
@@ -88,6 +127,48 @@ class FinetuneConfig:
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="finetune"))
+
+    def __post_init__(self):
+        """The task against its data section; the data's files are the preflight's (they may not exist here)."""
+        problems = []
+        add = problems.append
+        d = self.data
+        if self.task in SPAN_TASKS:
+            problems += self._span_task_problems()
+        elif self.task != "custom":
+            try:
+                task_spec(self.task)
+            except PipelineError:
+                add(f"task: {self.task!r} is not a GLUE task ({', '.join(GLUE_TASKS)}), 'custom', or one of "
+                    f"{', '.join(SPAN_TASKS)}")
+            if not d.glue_dir and not d.use_datasets:
+                add("data.glue_dir: required for a GLUE task (or set data.use_datasets=true)")
+        else:
+            for name in ("train_file", "validation_file"):
+                if not getattr(d, name):
+                    add(f"data.{name}: required for a custom task")
+            if not 1 <= len(d.text_fields) <= 2:
+                add(f"data.text_fields: a custom task needs 1 or 2 text columns, got {d.text_fields}")
+        refuse(self, problems)
+
+    def _span_task_problems(self) -> list[str]:
+        """A token-tagging or QA task's data section."""
+        problems = []
+        add = problems.append
+        d = self.data
+        for name in ("train_file", "validation_file", "test_file"):
+            value = getattr(d, name)
+            if value is None and name != "test_file" or value == "":
+                add(f"data.{name}: required for task {self.task!r}")
+        if d.glue_dir or d.use_datasets:
+            add(f"data.glue_dir / data.use_datasets: task {self.task!r} reads data.train_file and "
+                "data.validation_file")
+        if self.task in ("squad", "qa-custom"):
+            if stride_problem := doc_stride_problem(d.doc_stride, d.max_seq_len):
+                add(stride_problem)
+            if d.n_best < 1 or d.max_answer_length < 1:
+                add(f"data.n_best and data.max_answer_length must be ≥ 1, got {d.n_best} and {d.max_answer_length}")
+        return problems
 
     @property
     def task_name(self) -> str:
@@ -113,14 +194,8 @@ class FinetuneConfig:
 BATCH_KEYS = ("train.batch_size", "train.micro_batch_size")
 
 
-def load_finetune_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,
-                         check_files: bool = True) -> FinetuneConfig:
-    """Read, override and validate a fine-tuning config for `world_size` processes; all problems at once.
-
-    `check_files=False` checks types, keys and cross-field rules only, not that the data exists.
-    """
-    # checks.py imports this module's sections, so its rules are imported here, not at the top.
-    from pipeline.finetune.checks import finetune_problems
-
-    return load_config(FinetuneConfig, path, overrides,
-                       lambda config, _: finetune_problems(config, world_size, check_files=check_files))
+def doc_stride_problem(doc_stride: int, max_seq_len: int) -> str | None:
+    """QA windows overlap by `doc_stride` tokens, so a window must hold more than twice the overlap."""
+    if 0 < doc_stride < max_seq_len // 2:
+        return None
+    return f"data.doc_stride: must be > 0 and under half of data.max_seq_len ({max_seq_len}), got {doc_stride}"

@@ -70,7 +70,7 @@ def cap_seq_len(config: FinetuneConfig, model: str, *, say: bool = True) -> Fine
 
     from transformers import AutoConfig
 
-    from pipeline.finetune.checks import doc_stride_problem
+    from pipeline.finetune.config import doc_stride_problem
 
     limit = position_limit(AutoConfig.from_pretrained(model))
     asked = config.data.max_seq_len

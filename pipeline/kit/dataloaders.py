@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.masking import Masker, MaskingSpec
+from pipeline.pretrain.masking import Masker, MaskingConfig, MaskingSpec
 
 
 def read_texts(texts: Sequence[str] | str | os.PathLike) -> list[str]:
@@ -137,9 +137,10 @@ def create_mlm_dataloader(texts: Sequence[str] | str | os.PathLike, tokenizer, b
                                 f"{max_length}; pass more text, a smaller max_length, or pack=False")
     else:
         rows = [np.array([cls_id, *p[:max_length - 2], sep_id], dtype=np.int64) for p in pieces]
+    masking = MaskingConfig(mode="static" if static_masking else "dynamic", probability=mask_probability,
+                            mask_token_fraction=mask_token_fraction, random_token_fraction=random_token_fraction)
     spec = MaskingSpec(vocab_size=len(tok), mask_id=tok.mask_token_id, special_ids=tuple(tok.all_special_ids),
-                       probability=mask_probability, mask_token_fraction=mask_token_fraction,
-                       random_token_fraction=random_token_fraction, static=static_masking)
+                       masking=masking)
     return torch.utils.data.DataLoader(
         MaskedSequences(rows), batch_sampler=EpochBatches(len(rows), batch_size, shuffle, seed, drop_last),
         collate_fn=MaskingCollator(Masker(spec, seed), tok.pad_token_id), num_workers=num_workers)

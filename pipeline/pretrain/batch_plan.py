@@ -41,7 +41,7 @@ class BatchPlan:
 
 
 # batch_problem and ramp_problems stay here, beside the arithmetic they check: BatchPlan.derive raises
-# batch_problem's answer, and both stages' config checks (pretrain/checks.py, finetune/checks.py) call them.
+# batch_problem's answer, and both stages' preflights (pretrain/preflight.py, finetune/preflight.py) call them.
 def batch_problem(global_batch_size: int, micro_batch_size: int, world_size: int, *,
                   keys: tuple[str, str] = ("train.global_batch_size", "train.micro_batch_size")) -> str | None:
     """Why these sizes cannot form a step, or None when they can."""

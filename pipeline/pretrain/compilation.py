@@ -1,4 +1,4 @@
-"""`train.compile`: torch.compile of the training model (checks.py checks it before any heavy work).
+"""`train.compile`: torch.compile of the training model (preflight.py checks it before any heavy work).
 
 DeepSpeed's `engine.compile()` calls `nn.Module.compile()`, which compiles the module in place:
 the state-dict keys stay the model's own (no `_orig_mod.` prefix), so checkpoints, resume and the
@@ -9,7 +9,8 @@ size and then reuses.
 
 from __future__ import annotations
 
-# Whether `train.compile` can work here is a config check: checks.py (`compile_problems`, `inductor_problem`).
+# Whether `train.compile` can work here is the preflight's to say (preflight.py, `inductor_problem`); ZeRO-3
+# is refused by the train section itself (config.py).
 
 
 def compile_engine(engine) -> None:

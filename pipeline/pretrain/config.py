@@ -1,31 +1,50 @@
-"""The pretraining config: one dataclass per section, validated as a whole before any process group starts.
+"""The pretraining config: one dataclass per section, each checking its own values when it is built.
 
-`load_pretrain_config(path, overrides, world_size=)` reads JSON, applies `--set` overrides, checks
-types and unknown keys (`config_tree`), then every cross-field rule (checks.py, `pretrain_problems`),
-and raises one ConfigError listing all problems. The `deepspeed`
-section holds only DeepSpeed's own further keys, checked against DeepSpeed's config models
-(pipeline/pretrain/deepspeed_section.py); precision and the ZeRO stage are typed keys of `train`.
+A section's `__post_init__` lists every problem of its own fields, each naming the key the user
+typed; `PretrainConfig.__post_init__` holds the rules between sections, in one place. Built by
+`config_tree.build_config` (preflight.py's `load_pretrain_config` reads the JSON and `--set`
+overrides), all of them come back together in one ConfigError. What needs the run's arithmetic
+(phase steps, the decay's length, the batch on a world size), this machine or files is the
+preflight's (pipeline/pretrain/preflight.py). This module imports nothing that imports it back.
+
+The `deepspeed` section holds only DeepSpeed's own further keys, checked against DeepSpeed's config
+models (pipeline/pretrain/deepspeed_section.py); precision and the ZeRO stage are typed keys of `train`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
+from pipeline.common import size_limits as lim
+from pipeline.common.config_tree import refuse
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
-from pipeline.common.run_kernel import load_config
 from pipeline.common.run_layout import PretrainLayout
+from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, owned_key_problems
+from pipeline.pretrain.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
+Decay = Literal["linear", "polynomial", "cosine", "constant", "1-sqrt"]
 
-# ModernBERT's own shape keys and their defaults (ModernBERT-base, Warner et al. 2024); other architectures
-# have no such setting and refuse a value other than these.
-MODERNBERT_DEFAULTS = {"local_attention": 128, "global_attn_every_n_layers": 3, "global_rope_theta": 160_000.0,
-                       "local_rope_theta": 10_000.0, "classifier_pooling": "mean"}
+WSD_DECAYS = ("linear", "cosine", "1-sqrt")
+"""The decays `schedule.kind: wsd` offers (pipeline/pretrain/schedules.py computes them)."""
+
+MODERNBERT_KEYS = ("local_attention", "global_attn_every_n_layers", "global_rope_theta", "local_rope_theta",
+                   "classifier_pooling")
+"""ModelConfig's keys that only ModernBERT has; the other architectures refuse a value other than the default."""
+
+# MLflow accepts these in metric keys; '/' is kept out of names because it separates the key's parts.
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def bad_metric_name(name: str | None) -> bool:
+    """True when `name` cannot be part of a metric key or tag (empty, or a character MLflow refuses)."""
+    return not name or not set(name) <= _NAME_CHARS or not name[0].isalnum()
 
 
 @dataclass
@@ -69,6 +88,62 @@ class ModelConfig:
     the first token's output, and a small, briefly pretrained model's `cls` feature then barely depends on the
     input (docs/benchmarks.md, pretraining gain)."""
 
+    def __post_init__(self):
+        problems = []
+        add = problems.append
+        for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                add(f"model.{name}: must be ≥ 1, got {getattr(self, name)}")
+        if self.num_attention_heads >= 1 and self.hidden_size % self.num_attention_heads:
+            add(f"model.hidden_size {self.hidden_size} is not divisible by model.num_attention_heads "
+                f"{self.num_attention_heads}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0 <= getattr(self, name) < 1:
+                add(f"model.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if self.architecture == "bert" and self.type_vocab_size is not None and self.type_vocab_size < 2:
+            add(f"model.type_vocab_size: BERT's next-sentence task needs 2 segments, got {self.type_vocab_size}")
+        if self.architecture != "bert" and not self.next_sentence_loss:
+            add(f"model.next_sentence_loss: false applies to model.architecture bert only ({self.architecture} has "
+                "no next-sentence head); leave it out")
+        if self.attn_implementation == "flex_attention" and self.attention_probs_dropout_prob:
+            # transformers' flex path raises at the first training step: FlexAttention has no attention dropout.
+            add(f"model.attention_probs_dropout_prob: flex_attention has no attention dropout, got "
+                f"{self.attention_probs_dropout_prob}; set it to 0 (ModernBERT's own default) or use another "
+                "model.attn_implementation")
+        problems += self._modernbert_problems()
+        # Upper bounds only (the lower ones are above): a typo must not allocate absurd memory.
+        problems += lim.bound_problems(
+            [(f"model.{name}", getattr(self, name), lim.MAX_MODEL_WIDTH) for name in ("hidden_size",
+                                                                                     "intermediate_size")]
+            + [(f"model.{name}", getattr(self, name), lim.MAX_LAYERS) for name in ("num_hidden_layers",
+                                                                                  "num_attention_heads")]
+            + [("model.type_vocab_size", self.type_vocab_size, lim.MAX_VOCAB)], minimum=-(1 << 62))
+        refuse(self, problems)
+
+    def _modernbert_problems(self) -> list[str]:
+        """ModernBERT's own keys: in range for modernbert, left at their defaults (unused) for the others."""
+        if self.architecture != "modernbert":
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            return [f"model.{key}: applies to model.architecture modernbert only ({self.architecture} has no such "
+                    "setting); leave it out" for key in MODERNBERT_KEYS if getattr(self, key) != defaults[key]]
+        problems = []
+        if self.local_attention < 2 or self.local_attention % 2:
+            problems.append(f"model.local_attention: the window must be an even number ≥ 2 of tokens (half on "
+                            f"each side), got {self.local_attention}")
+        if self.global_attn_every_n_layers < 1:
+            problems.append(f"model.global_attn_every_n_layers: must be ≥ 1 (1: every layer global), got "
+                            f"{self.global_attn_every_n_layers}")
+        for key in ("global_rope_theta", "local_rope_theta"):
+            if getattr(self, key) <= 1:
+                problems.append(f"model.{key}: a rotary base must be > 1, got {getattr(self, key)}")
+        if self.type_vocab_size is not None:
+            problems.append("model.type_vocab_size: modernbert has no segment embeddings; leave it out")
+        heads, width = self.num_attention_heads, self.hidden_size
+        if heads >= 1 and width % heads == 0 and (width // heads) % 2:
+            problems.append(f"model.hidden_size / model.num_attention_heads = {width // heads}: rotary positions "
+                            "need an even head size")
+        return problems
+
 
 @dataclass
 class CorpusSource:
@@ -93,6 +168,39 @@ class DataConfig:
     cache_dir: str | None = None
     """Where the decompressed token cache lives; None: `<train.output_dir>/token_cache`."""
 
+    def __post_init__(self):
+        problems = []
+        if not self.tokenizer:
+            problems.append("data.tokenizer: required (the tokenizer folder or hub name the shards were made with)")
+        if self.num_workers < 0:
+            problems.append(f"data.num_workers: must be ≥ 0, got {self.num_workers}")
+        if self.mixed:
+            problems += self._mix_problems()
+        refuse(self, problems)
+
+    def _mix_problems(self) -> list[str]:
+        """A weighted list of corpora: paths, weights, names (their shares of a batch are PretrainConfig's)."""
+        problems = []
+        add = problems.append
+        corpora = self.corpora()
+        for i, source in enumerate(corpora):
+            key = f"data.shards[{i}]"
+            if not source.path:
+                add(f"{key}.path: required (a folder written by data_prep/shard.py)")
+            if not 0 < source.weight < float("inf"):
+                add(f"{key}.weight: must be a positive number, got {source.weight}")
+            if bad_metric_name(source.name):
+                add(f"{key}.name: {source.name!r} (from the folder's name unless set) must start with a letter or "
+                    f"digit and hold only letters, digits, '_', '-' and '.', as it becomes part of metric keys; "
+                    f"set {key}.name")
+        names = [s.name for s in corpora]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            add(f"data.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
+        paths = [str(Path(s.path).resolve()) for s in corpora if s.path]
+        for path in sorted({p for p in paths if paths.count(p) > 1}):
+            add(f"data.shards: {path} is listed {paths.count(path)} times; give it one entry with the summed weight")
+        return problems
+
     @property
     def mixed(self) -> bool:
         """True when `shards` is a list of weighted corpora (even a list of one)."""
@@ -102,24 +210,6 @@ class DataConfig:
         """Every corpus with its name filled in; a single folder is one corpus of weight 1."""
         sources = self.shards if self.mixed else [CorpusSource(path=self.shards)]
         return [CorpusSource(s.path, s.weight, s.name or Path(s.path).name) for s in sources]
-
-
-@dataclass
-class MaskingConfig:
-    mode: Literal["dynamic", "static"] = "dynamic"
-    probability: float = 0.15
-    """Fraction of tokens (unit token), of words (unit word) or of words covered by spans (unit span)."""
-    eval_probability: float | None = None
-    """The same fraction for validation (None: `probability`). ModernBERT trains at 0.3 and reports at 0.15, so
-    losses compare across recipes; every validation loss is logged beside its rate (`eval/mask_rate`)."""
-    mask_token_fraction: float = 0.8
-    random_token_fraction: float = 0.1
-    unit: Literal["token", "word", "span"] = "token"
-    """What is chosen: single tokens, whole words (all sub-tokens), or SpanBERT spans of whole words."""
-    span_p: float = 0.2
-    """unit span: span lengths in words are geometric with this p (SpanBERT: 0.2, mean 3.8 words)."""
-    span_max_words: int = 10
-    """unit span: the longest span, in words; the geometric distribution is truncated here and renormalised."""
 
 
 @dataclass
@@ -138,6 +228,21 @@ class OptimizerConfig:
     """stableadamw: fully decoupled weight decay, each step shrinking weights by weight_decay × LR / optimizer.lr
     (ModernBERT's `decoupled_stableadamw`, weight_decay 1e-5) instead of AdamW's weight_decay × LR."""
 
+    def __post_init__(self):
+        problems = []
+        add = problems.append
+        if self.lr <= 0:
+            add(f"optimizer.lr: must be > 0, got {self.lr}")
+        if not all(0 <= b < 1 for b in self.betas):
+            add(f"optimizer.betas: each must be in [0, 1), got {list(self.betas)}")
+        if self.fused and self.name != "adamw":
+            add(f"optimizer.fused: only for optimizer.name adamw, got {self.name}")
+        if self.decouple_lr and self.name != "stableadamw":
+            add(f"optimizer.decouple_lr: only for optimizer.name stableadamw, got {self.name}")
+        if self.eps <= 0 or self.weight_decay < 0:
+            add(f"optimizer.eps must be > 0 and optimizer.weight_decay ≥ 0, got {self.eps} and {self.weight_decay}")
+        refuse(self, problems)
+
 
 @dataclass
 class ScheduleConfig:
@@ -146,7 +251,7 @@ class ScheduleConfig:
     kind: Literal["warmup-decay", "wsd"] = "warmup-decay"
     """warmup-decay: decay over every step after the warmup; wsd: hold the peak, decay over the last steps only."""
     warmup_steps: int = 0
-    decay: Literal["linear", "polynomial", "cosine", "constant", "1-sqrt"] = "linear"
+    decay: Decay = "linear"
     """The decay's shape: linear, polynomial, cosine or constant (warmup-decay); linear, cosine or 1-sqrt (wsd)."""
     power: float = 1.0
     """Exponent of the polynomial decay (1.0 is linear)."""
@@ -156,6 +261,32 @@ class ScheduleConfig:
     """wsd: the decay's length in optimizer steps (per phase with phases); the stable part is what the warmup leaves."""
     decay_fraction: float | None = None
     """wsd: the decay's length as a share of train.max_steps (of each phase's steps), rounded down; or decay_steps."""
+
+    def __post_init__(self):
+        problems = []
+        add = problems.append
+        if not 0 <= self.end_lr_ratio <= 1 or self.power <= 0:
+            add(f"schedule.end_lr_ratio must be in [0, 1] and schedule.power > 0, got {self.end_lr_ratio} and "
+                f"{self.power}")
+        if self.kind == "wsd":
+            if self.decay not in WSD_DECAYS:
+                add(f"schedule.decay: kind wsd decays as one of {', '.join(WSD_DECAYS)}, got {self.decay!r}")
+            if (self.decay_steps is None) == (self.decay_fraction is None):
+                add("schedule.decay_steps or schedule.decay_fraction: kind wsd needs exactly one (the decay's length "
+                    "in steps, or its share of the steps)")
+            if self.decay_steps is not None and self.decay_steps < 0:
+                add(f"schedule.decay_steps: must be ≥ 0, got {self.decay_steps}")
+            if self.decay_fraction is not None and not 0 <= self.decay_fraction <= 1:
+                add(f"schedule.decay_fraction: must be in [0, 1], got {self.decay_fraction}")
+        else:
+            if self.decay == "1-sqrt":
+                add("schedule.decay: 1-sqrt is a WSD decay; set schedule.kind wsd (with schedule.decay_steps or "
+                    "schedule.decay_fraction)")
+            for key in ("decay_steps", "decay_fraction"):
+                if getattr(self, key) is not None:
+                    add(f"schedule.{key}: only for schedule.kind wsd (kind {self.kind} decays over all steps after "
+                        "the warmup); leave it out")
+        refuse(self, problems)
 
 
 @dataclass
@@ -197,6 +328,38 @@ class TrainConfig:
     zero_stage: ZeroStage = 0
     """DeepSpeed ZeRO stage: 0 (data parallel), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters)."""
 
+    def __post_init__(self):
+        problems = []
+        add = problems.append
+        if self.max_steps < 1:
+            add(f"train.max_steps: must be ≥ 1, got {self.max_steps}")
+        if self.gradient_clipping < 0:
+            add(f"train.gradient_clipping: must be ≥ 0 (0 turns it off), got {self.gradient_clipping}")
+        for name in ("log_every", "eval_sequences"):
+            if getattr(self, name) < 1:
+                add(f"train.{name}: must be ≥ 1, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            add(f"train.eval_every: must be ≥ 0, got {self.eval_every}")
+        if not self.collective_timeout_s > 0:
+            add(f"train.collective_timeout_s: must be > 0 seconds, got {self.collective_timeout_s}")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            add(f"train.peak_tflops: must be > 0 or null, got {self.peak_tflops}")
+        if self.compile and self.zero_stage == 3:
+            # ZeRO-3 gathers each parameter in forward hooks; plain torch.compile does not trace those
+            # (DeepSpeed's own answer is DeepCompile), and this pipeline has not tested the pairing.
+            add("train.compile with train.zero_stage 3: not supported by this pipeline (ZeRO-3 gathers parameters "
+                "in hooks that torch.compile does not trace); use stage 0-2 or train.compile=false")
+        if (self.anneal_from is None) != (self.anneal_steps is None) or self.anneal_from == "":
+            add("train.anneal_from and train.anneal_steps: give both (the checkpoint to decay from and the decay's "
+                "steps; launchers/pretrain.py --anneal-from CKPT --anneal-steps N), or neither")
+        elif self.anneal_steps is not None and self.anneal_steps < 1:
+            add(f"train.anneal_steps: must be ≥ 1, got {self.anneal_steps}")
+        problems += lim.bound_problems([("train.global_batch_size", self.global_batch_size, lim.MAX_GLOBAL_BATCH),
+                                        ("train.micro_batch_size", self.micro_batch_size, lim.MAX_MICRO_BATCH),
+                                        ("train.eval_sequences", self.eval_sequences, lim.MAX_GLOBAL_BATCH)],
+                                       minimum=-(1 << 62))
+        refuse(self, problems)
+
 
 @dataclass
 class CheckpointConfig:
@@ -204,6 +367,11 @@ class CheckpointConfig:
     keep_last: int = 2
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the newest complete checkpoint in `<output_dir>/checkpoints`."""
+
+    def __post_init__(self):
+        if self.every < 1 or self.keep_last < 1:
+            refuse(self, [f"checkpoint.every and checkpoint.keep_last must be ≥ 1, got {self.every} and "
+                          f"{self.keep_last}"])
 
 
 @dataclass
@@ -217,6 +385,10 @@ class TrackingConfig:
     """Seconds between waits for MLflow's background logging (also at evals, checkpoints, the end)."""
     registered_model: str | None = None
     """Also register the run's model (the export; each fine-tuning seed's saved model) under this registry name."""
+
+    def __post_init__(self):
+        if not self.experiment:
+            refuse(self, ["tracking.experiment: must not be empty"])
 
 
 @dataclass
@@ -262,6 +434,106 @@ class PretrainConfig:
     phases: list[PhaseConfig] = field(default_factory=list)
     """Train in phases, each on its own shard folder, batch, LR peak and warmup (empty: one phase, `data.shards`)."""
 
+    def __post_init__(self):
+        """The rules between sections; each section's own are in its `__post_init__`."""
+        c, t, s = self, self.train, self.schedule
+        problems = []
+        add = problems.append
+        if c.phases:
+            problems += self._phase_problems()
+        elif not c.data.shards:
+            add("data.shards: required (the folder written by data_prep/shard.py, or a list of {path, weight})")
+        elif c.data.mixed:
+            problems += self._share_problems()
+        if s.warmup_steps < 0 or s.warmup_steps > t.max_steps:
+            add(f"schedule.warmup_steps {s.warmup_steps} must be between 0 and train.max_steps {t.max_steps}")
+        if t.batch_warmup_tokens > 0 and c.phases:
+            add("train.batch_warmup_tokens with phases: give the phases their own global batches "
+                "(phases[i].global_batch_size), or drop the batch warmup")
+        if t.batch_warmup_tokens > 0 and c.data.mixed:
+            add("train.batch_warmup_tokens with a mix of corpora (data.shards as a list): the warmup continues one "
+                "folder's stream; use one folder")
+        if t.anneal_from and c.phases:
+            add("train.anneal_from with phases: annealing runs one decay on one data stream; give the config of the "
+                "phase to anneal (its shards, batch and LR) without phases")
+        if t.anneal_from and s.decay == "constant":
+            decays = [d for d in get_args(Decay) if d != "constant"]
+            add(f"train.anneal_from with schedule.decay 'constant': the anneal is a decay; choose one of "
+                f"{', '.join(decays)}")
+        problems += self._deepspeed_problems()
+        refuse(self, problems)
+
+    def _share_problems(self) -> list[str]:
+        """Each corpus of a mix must get at least one sequence of a global batch (see mixture.py)."""
+        corpora, batch = self.data.corpora(), self.train.global_batch_size
+        if any(not 0 < s.weight < float("inf") for s in corpora) or batch < 1:
+            return []  # the data and train sections report these
+        return [f"data.shards: {source.name} has weight {source.weight}, a share of {float(share):.3g}: less than "
+                f"one of the {batch} sequences of a global batch; each corpus needs a share ≥ "
+                f"1/train.global_batch_size = {1 / batch:.3g} (raise its weight or the global batch)"
+                for source, share in zip(corpora, corpus_shares([s.weight for s in corpora]), strict=True)
+                if share * batch < 1]  # so each step's quota is never negative
+
+    def _phase_problems(self) -> list[str]:
+        """`phases` as written: names, fractions, folders, LR, decay, RoPE bases, sizes (their steps: preflight.py)."""
+        problems = []
+        add = problems.append
+        if self.data.shards:
+            add("data.shards and phases: with phases each phase names its folder in phases[i].shards; remove "
+                "data.shards")
+        names = [p.name for p in self.phases]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            add(f"phases: {names.count(name)} phases are named {name!r}; give each a distinct name")
+        fractions = [p.steps_fraction for p in self.phases]
+        total = sum(Fraction(repr(float(f))) for f in fractions)
+        if total != 1:
+            add(f"phases[*].steps_fraction: must sum to 1, got {' + '.join(map(str, fractions))} = {float(total):g}")
+        modernbert = self.model.architecture == "modernbert"
+        for i, p in enumerate(self.phases):
+            key = f"phases[{i}]"
+            if bad_metric_name(p.name):
+                add(f"{key}.name: {p.name!r} must start with a letter or digit and hold only letters, digits, '_', "
+                    "'-' and '.' (it becomes an MLflow tag and a checkpoint field)")
+            if not p.shards:
+                add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase)")
+            if not 0 < p.steps_fraction <= 1:
+                add(f"{key}.steps_fraction: must be in (0, 1], got {p.steps_fraction}")
+            if p.seq_len is not None and p.seq_len < 1:
+                add(f"{key}.seq_len: must be ≥ 1 or null, got {p.seq_len}")
+            if p.lr is not None and p.lr <= 0:
+                add(f"{key}.lr: must be > 0 or null, got {p.lr}")
+            if p.decay_steps is not None and self.schedule.kind != "wsd":
+                add(f"{key}.decay_steps: only for schedule.kind wsd (kind {self.schedule.kind} decays over each "
+                    "whole phase); leave it out")
+            for theta in ("global_rope_theta", "local_rope_theta"):
+                value = getattr(p, theta)
+                if value is not None and not modernbert:
+                    add(f"{key}.{theta}: applies to model.architecture modernbert only ({self.model.architecture} "
+                        "has no rotary positions); leave it out")
+                elif value is not None and value <= 1:
+                    add(f"{key}.{theta}: a rotary base must be > 1, got {value}")
+            problems += lim.bound_problems([(f"{key}.seq_len", p.seq_len, lim.MAX_SEQ_LEN),
+                                            (f"{key}.global_batch_size", p.global_batch_size, lim.MAX_GLOBAL_BATCH),
+                                            (f"{key}.micro_batch_size", p.micro_batch_size, lim.MAX_MICRO_BATCH)],
+                                           minimum=-(1 << 62))
+        return problems
+
+    def _deepspeed_problems(self) -> list[str]:
+        """The `deepspeed` section (pipeline/pretrain/deepspeed_section.py) and the optimizers it cannot offload."""
+        ds = self.deepspeed
+        problems = owned_key_problems(ds)
+        zero = ds.get("zero_optimization")
+        offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+        offloaded = (offload or {}).get("device", "none") not in ("none", None)
+        if self.optimizer.name == "lamb" and offloaded:
+            problems.append("optimizer.name lamb with deepspeed.zero_optimization.offload_optimizer: DeepSpeed has no "
+                            "CPU Lamb for offloaded optimizer states; drop the offload or use optimizer.name adamw")
+        if self.optimizer.name == "stableadamw" and offloaded:
+            problems.append("optimizer.name stableadamw with deepspeed.zero_optimization.offload_optimizer: "
+                            "DeepSpeed offloads only its own CPU Adam's states; drop the offload or use "
+                            "optimizer.name adamw")
+        return problems + deepspeed_key_problems(ds)
+
     @property
     def output_dir(self) -> Path:
         return Path(self.train.output_dir)
@@ -293,19 +565,3 @@ def corpus_shares(weights: list[float]) -> list[Fraction]:
     exact = [Fraction(repr(float(w))) for w in weights]
     total = sum(exact)
     return [w / total for w in exact]
-
-
-def load_pretrain_config(
-    path: str | Path,
-    overrides: list[str] = (),
-    *,
-    world_size: int = 1,
-    cuda: bool = False,
-    check_files: bool = True,
-) -> PretrainConfig:
-    """Read, override and validate a pretraining config; all problems come in one ConfigError."""
-    # checks.py imports this module's sections, so its rules are imported here, not at the top.
-    from pipeline.pretrain.checks import pretrain_problems
-
-    return load_config(PretrainConfig, path, overrides, lambda config, typed: pretrain_problems(
-        config, world_size=world_size, cuda=cuda, check_files=check_files and typed))

@@ -7,7 +7,7 @@ make: a top-level key DeepSpeed never reads (a typo such as `zero_optimisation`)
 it, since DeepSpeed would ignore it silently; and the sections DeepSpeed models with pydantic
 (`zero_optimization`, `bf16`, `fp16`) are validated by those models, which forbid unknown keys.
 DeepSpeed is imported only when the section holds something to check (`import deepspeed` takes seconds).
-These checks stay beside the key tables they read; pipeline/pretrain/checks.py runs them with the others.
+These checks stay beside the key tables they read; the top-level config (config.py) runs them when built.
 """
 
 from __future__ import annotations

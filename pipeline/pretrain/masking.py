@@ -9,7 +9,7 @@ Written by hand rather than using transformers' `DataCollatorForLanguageModeling
   run serves it, and a new one every epoch. `static` mode drops the epoch from the key (RoBERTa's
   ablation: one mask per sequence for the whole run).
 
-Three units of masking (`MaskingSpec.unit`):
+Three units of masking (`MaskingConfig.unit`):
 - `token`: each ordinary token is chosen with probability `probability` (BERT, RoBERTa);
 - `word`: each word is chosen with probability `probability` and all its sub-tokens are masked
   (whole-word masking); 80/10/10 is still decided per token, as fairseq does;
@@ -32,10 +32,12 @@ into the next; in rows of many short documents this masks slightly less than `pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+
+from pipeline.common.config_tree import refuse
 
 IGNORE_INDEX = -100
 """Label of positions that are not predicted (the value PyTorch's cross-entropy ignores)."""
@@ -46,8 +48,6 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 # Salts that separate the span draws (gap, length, 80/10/10 kind, phase) from each other and from the token draws.
 _GAP, _LENGTH, _KIND, _PHASE = (np.uint64(s) for s in (0x243F6A8885A308D3, 0x13198A2E03707344,
                                                         0xA4093822299F31D0, 0x082EFA98EC4E6C89))
-
-MaskingUnit = Literal["token", "word", "span"]
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -70,22 +70,88 @@ def span_length_distribution(p: float, max_words: int) -> np.ndarray:
     return weights / weights.sum()
 
 
+def mean_span_words(p: float, max_words: int) -> float:
+    """The mean span length in words of `span_length_distribution(p, max_words)`."""
+    return float(span_length_distribution(p, max_words) @ np.arange(1, max_words + 1))
+
+
+def span_coverage_problem(key: str, probability: float, p: float, max_words: int) -> str | None:
+    """Why spans of this length cannot cover `probability` (the value of `key`) of the words, or None.
+
+    Spans are separated by at least one word, so spans of m words on average cover at most m / (m + 1).
+    """
+    mean = mean_span_words(p, max_words)
+    most = mean / (mean + 1)
+    if probability <= most:
+        return None
+    return (f"{key} {probability} is more than spans of {mean:.2f} words on average "
+            f"(masking.span_p {p}, masking.span_max_words {max_words}) can cover with a word "
+            f"between them ({most:.3f}); lower it or lengthen the spans")
+
+
+@dataclass
+class MaskingConfig:
+    """The config's `masking` section, declared here beside the masker that reads it (config.py uses it)."""
+
+    mode: Literal["dynamic", "static"] = "dynamic"
+    probability: float = 0.15
+    """Fraction of tokens (unit token), of words (unit word) or of words covered by spans (unit span)."""
+    eval_probability: float | None = None
+    """The same fraction for validation (None: `probability`). ModernBERT trains at 0.3 and reports at 0.15, so
+    losses compare across recipes; every validation loss is logged beside its rate (`eval/mask_rate`)."""
+    mask_token_fraction: float = 0.8
+    random_token_fraction: float = 0.1
+    unit: Literal["token", "word", "span"] = "token"
+    """What is chosen: single tokens, whole words (all sub-tokens), or SpanBERT spans of whole words."""
+    span_p: float = 0.2
+    """unit span: span lengths in words are geometric with this p (SpanBERT: 0.2, mean 3.8 words)."""
+    span_max_words: int = 10
+    """unit span: the longest span, in words; the geometric distribution is truncated here and renormalised."""
+
+    def __post_init__(self):
+        problems = []
+        add = problems.append
+        if not 0 < self.probability < 1:
+            add(f"masking.probability: must be in (0, 1), got {self.probability}")
+        if self.eval_probability is not None and not 0 < self.eval_probability < 1:
+            add(f"masking.eval_probability: must be in (0, 1) or null (the training rate), got "
+                f"{self.eval_probability}")
+        if min(self.mask_token_fraction, self.random_token_fraction) < 0 \
+                or self.mask_token_fraction + self.random_token_fraction > 1:
+            add(f"masking.mask_token_fraction {self.mask_token_fraction} + masking.random_token_fraction "
+                f"{self.random_token_fraction} must be non-negative and sum to at most 1")
+        if self.unit == "span":
+            if not 0 < self.span_p <= 1 or self.span_max_words < 1:
+                add(f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {self.span_p} and "
+                    f"{self.span_max_words}")
+            else:  # each rate a masker is built with (the Masker relies on it)
+                rates = {"masking.probability": self.probability, "masking.eval_probability": self.eval_probability}
+                problems += [problem for key, rate in rates.items() if rate is not None and 0 < rate < 1
+                             and (problem := span_coverage_problem(key, rate, self.span_p, self.span_max_words))]
+        refuse(self, problems)
+
+
 @dataclass(frozen=True)
 class MaskingSpec:
+    """What a Masker needs: the vocabulary's ids and the `masking` section (`evaluation`: at its validation rate)."""
+
     vocab_size: int
     mask_id: int
     special_ids: tuple[int, ...]
-    probability: float = 0.15
-    mask_token_fraction: float = 0.8
-    random_token_fraction: float = 0.1
-    static: bool = False
-    unit: MaskingUnit = "token"
-    span_p: float = 0.2
-    span_max_words: int = 10
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    evaluation: bool = False
+
+    @property
+    def probability(self) -> float:
+        return eval_probability(self.masking) if self.evaluation else self.masking.probability
+
+    @property
+    def static(self) -> bool:
+        return self.masking.mode == "static"
 
     @property
     def mean_span_words(self) -> float:
-        return float(span_length_distribution(self.span_p, self.span_max_words) @ np.arange(1, self.span_max_words + 1))
+        return mean_span_words(self.masking.span_p, self.masking.span_max_words)
 
 
 class Masker:
@@ -93,8 +159,8 @@ class Masker:
 
     def __init__(self, spec: MaskingSpec, seed: int, word_starts: np.ndarray | None = None):
         """`word_starts` (from `word_starts.word_start_table`) is required for the `word` and `span` units."""
-        if spec.unit != "token" and word_starts is None:
-            raise ValueError(f"masking unit {spec.unit!r} needs the vocabulary's word-start table")
+        if spec.masking.unit != "token" and word_starts is None:
+            raise ValueError(f"masking unit {spec.masking.unit!r} needs the vocabulary's word-start table")
         self.spec = spec
         self.seed = seed
         size = max(spec.vocab_size, max(spec.special_ids, default=0) + 1, len(word_starts) if word_starts is not None
@@ -106,14 +172,11 @@ class Masker:
             self._starts_word[: len(word_starts)] = word_starts
         # Random replacements are ordinary tokens only: a random <s> or <pad> would teach nothing.
         self._ordinary_ids = np.flatnonzero(~self._is_special[: spec.vocab_size])
-        self._length_cdf = np.cumsum(span_length_distribution(spec.span_p, spec.span_max_words))
-        if spec.unit == "span":
-            # Spans cover mean_span / (mean_span + mean_gap) of the words in a long row.
-            mean_span = spec.mean_span_words
-            self._mean_gap = mean_span * (1 - spec.probability) / spec.probability
-            if self._mean_gap < 1:
-                raise ValueError(f"span masking cannot cover {spec.probability} of the words with spans of "
-                                 f"{mean_span:.2f} words on average separated by at least one word")
+        self._length_cdf = np.cumsum(span_length_distribution(spec.masking.span_p, spec.masking.span_max_words))
+        if spec.masking.unit == "span":
+            # Spans cover mean_span / (mean_span + mean_gap) of the words in a long row; MaskingConfig has
+            # checked that both of its rates leave a gap of at least one word (span_coverage_problem).
+            self._mean_gap = spec.mean_span_words * (1 - spec.probability) / spec.probability
 
     def keys(self, epoch: int | np.ndarray, indices: np.ndarray, stream: int = TRAIN_STREAM) -> np.ndarray:
         """One 64-bit key per sequence from (seed, stream, epoch, index); `epoch` is one or one per sequence."""
@@ -132,11 +195,11 @@ class Masker:
         positions = np.arange(length, dtype=np.uint64) * _GOLDEN
         bits = splitmix64(keys[:, None] ^ positions[None, :])
         special = self._is_special[ids]
-        if spec.unit == "token":
+        if spec.masking.unit == "token":
             chosen = (_uniform(bits) < spec.probability) & ~special
         else:
             starts = self.word_starts(ids, special)
-            if spec.unit == "word":
+            if spec.masking.unit == "word":
                 # A word is chosen by the draw at its first token; its other tokens follow it.
                 owner = np.maximum.accumulate(np.where(starts, np.arange(length), 0), axis=1)
                 chosen_start = starts & (_uniform(bits) < spec.probability)
@@ -148,13 +211,13 @@ class Masker:
         # A second, independent draw for the chosen positions only: which corruption, which token.
         rows_i, cols_i = np.nonzero(chosen)
         second = splitmix64(bits[rows_i, cols_i] ^ _M2)
-        if spec.unit == "span":  # one draw per span, keyed by the span's slot in its row
+        if spec.masking.unit == "span":  # one draw per span, keyed by the span's slot in its row
             kind = _uniform(splitmix64(keys[rows_i] ^ ((span_slot[rows_i, cols_i] + np.uint64(1)) * _GOLDEN) ^ _KIND))
         else:
             kind = _uniform(second)
         corrupted = ids.copy()
-        to_mask = kind < spec.mask_token_fraction
-        to_random = (~to_mask) & (kind < spec.mask_token_fraction + spec.random_token_fraction)
+        to_mask = kind < spec.masking.mask_token_fraction
+        to_random = (~to_mask) & (kind < spec.masking.mask_token_fraction + spec.masking.random_token_fraction)
         corrupted[rows_i[to_mask], cols_i[to_mask]] = spec.mask_id
         random_pick = splitmix64(second[to_random]) % np.uint64(len(self._ordinary_ids))
         corrupted[rows_i[to_random], cols_i[to_random]] = self._ordinary_ids[random_pick.astype(np.int64)]
@@ -182,7 +245,7 @@ class Masker:
         gap_u = 1.0 - _uniform(splitmix64(slot_keys ^ _GAP))
         gaps = 1 + (np.floor(np.log(gap_u) / np.log1p(-q)) if q < 1 else np.zeros_like(gap_u)).astype(np.int64)
         lengths = 1 + np.searchsorted(self._length_cdf, _uniform(splitmix64(slot_keys ^ _LENGTH)), side="right")
-        lengths = np.minimum(lengths, spec.span_max_words)
+        lengths = np.minimum(lengths, spec.masking.span_max_words)
         phase = np.floor(_uniform(splitmix64(keys ^ _PHASE)) * cycle).astype(np.int64)
         span_start = -phase[:, None] + np.cumsum(gaps, axis=1) + np.cumsum(lengths, axis=1) - lengths
         span_end = span_start + lengths
@@ -218,22 +281,20 @@ class Masker:
         return chosen, token_slot.astype(np.uint64)
 
 
-def eval_probability(masking) -> float:
+def eval_probability(masking: MaskingConfig) -> float:
     """The validation masking rate of a `MaskingConfig`: `eval_probability`, else the training `probability`."""
     return masking.probability if masking.eval_probability is None else masking.eval_probability
 
 
-def build_masker(masking, tokenizer, vocab_size: int, mask_id: int, seed: int, *, evaluation: bool = False) -> Masker:
+def build_masker(masking: MaskingConfig, tokenizer, vocab_size: int, mask_id: int, seed: int, *,
+                 evaluation: bool = False) -> Masker:
     """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary).
 
     `evaluation`: the validation masker, at `eval_probability`; with the training rate it is the training masker.
     """
     from pipeline.pretrain.word_starts import word_start_table
 
-    probability = eval_probability(masking) if evaluation else masking.probability
-    spec = MaskingSpec(vocab_size, mask_id, tuple(sorted(set(tokenizer.all_special_ids))), probability,
-                       masking.mask_token_fraction, masking.random_token_fraction, static=masking.mode == "static",
-                       unit=masking.unit, span_p=masking.span_p, span_max_words=masking.span_max_words)
+    spec = MaskingSpec(vocab_size, mask_id, tuple(sorted(set(tokenizer.all_special_ids))), masking, evaluation)
     table = word_start_table(tokenizer, vocab_size) if masking.unit != "token" else None
     return Masker(spec, seed, table)
 

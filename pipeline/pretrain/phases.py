@@ -37,7 +37,8 @@ from pathlib import Path
 from pipeline.pretrain.batch_plan import BatchPlan, batch_ramp
 from pipeline.pretrain.config import DataConfig, PretrainConfig
 
-# The checks of `phases` and `train.batch_warmup_*` as written are config checks: checks.py.
+# `phases` and `train.batch_warmup_*` as written are checked by the config (config.py), their steps and
+# batches on a world size by the preflight (preflight.py).
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,7 +46,6 @@ DECAYS: dict[str, Callable[[float, float], float]] = {
     "cosine": lambda p, power: 0.5 * (1.0 + math.cos(math.pi * p)),
     "1-sqrt": lambda p, power: 1.0 - math.sqrt(p),
 }
-WSD_DECAYS = ("linear", "cosine", "1-sqrt")
 
 
 @dataclass(frozen=True, kw_only=True)

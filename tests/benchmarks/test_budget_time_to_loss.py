@@ -14,7 +14,7 @@ import budget_time_to_loss as bench  # noqa: E402
 import hf_baselines  # noqa: E402
 
 from pipeline.data.tokenizer import TokenizerInfo  # noqa: E402
-from pipeline.pretrain.config import load_pretrain_config  # noqa: E402
+from pipeline.pretrain.preflight import load_pretrain_config  # noqa: E402
 from pipeline.tracking.loss_curve import EvalPoint  # noqa: E402
 
 TOKENIZER = TokenizerInfo("test", "sha256:0", 500, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")

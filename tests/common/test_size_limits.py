@@ -63,7 +63,7 @@ def assert_names_the_bound(err: ConfigError, key: str, bound: int) -> None:
 @GENERATED
 @given(data=st.data())
 def test_absurd_pretraining_sizes_are_refused_at_load(pretrain_config, data):
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     count("config values allocating absurd memory")
     if data.draw(st.booleans(), label="a phase key"):
@@ -86,7 +86,7 @@ def test_absurd_pretraining_sizes_are_refused_at_load(pretrain_config, data):
 @GENERATED
 @given(key=st.sampled_from(sorted(FINETUNE_KEYS)), data=st.data())
 def test_absurd_fine_tuning_sizes_are_refused_at_load(key, data):
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     count("config values allocating absurd memory")
     bound = FINETUNE_KEYS[key]
@@ -119,7 +119,7 @@ def test_absurd_shard_and_tokenizer_options_are_refused(which, data):
 
 def test_the_shipped_configs_are_far_inside_the_bounds():
     """The bounds refuse typos, never a real run: the largest shipped preset uses a small fraction of each."""
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     large = load_pretrain_config(ROOT / "configs" / "large.json", cuda=True, check_files=False)
     assert large.train.global_batch_size * 100 < lim.MAX_GLOBAL_BATCH

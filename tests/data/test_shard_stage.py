@@ -229,7 +229,7 @@ def json_parts(folder: Path) -> list[dict]:
 
 
 def test_shards_made_with_default_options_are_accepted_by_pretraining(tmp_path, corpus_jsonl, bpe_tokenizer_dir):
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     proc = run_script("data_prep/shard.py", "--input", corpus_jsonl, "--tokenizer", bpe_tokenizer_dir, "--seq-len", 64,
                       "--out", tmp_path / "s", "--workers", 1, check=True)  # no --val-fraction: 5% held out
@@ -244,7 +244,7 @@ def test_shards_made_with_default_options_are_accepted_by_pretraining(tmp_path, 
 def test_a_corpus_too_small_for_a_validation_split_is_warned_about_and_pretraining_names_the_fix(
         tmp_path, bpe_tokenizer_dir):
     from pipeline.common.config_tree import ConfigError
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     corpus = write_jsonl(tmp_path / "small.jsonl", make_documents(12, seed=5))
     proc = run_script("data_prep/shard.py", "--input", corpus, "--tokenizer", bpe_tokenizer_dir, "--seq-len", 16,

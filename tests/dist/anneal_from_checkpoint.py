@@ -34,9 +34,10 @@ def main() -> None:
     args = p.parse_args()
     topology = prepare_environment()
 
+    from pipeline.common.config_tree import ConfigError
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.pretrain.trainer import Pretrainer
 
     root = Path(args.out_root)
@@ -64,6 +65,11 @@ def main() -> None:
     run("stable")
     source = PretrainLayout(root / "stable").checkpoints / checkpoints.tag_for(args.start)
     anneal = [f"train.anneal_from={json.dumps(str(source))}", f"train.anneal_steps={args.steps}"]
+    try:  # the stable run trained with AdamW: an anneal under StableAdamW is refused before it starts
+        load_pretrain_config(args.config, [f"train.output_dir={root / 'refused'}", *anneal, "optimizer.name=stableadamw"],
+                             world_size=topology.world_size, cuda=topology.cuda)
+    except ConfigError as err:
+        (root / "refused.txt").write_text(str(err))
     run("anneal", *anneal)
     shutil.copytree(root / "anneal", root / "resumed")
     done = checkpoints.complete_checkpoints(PretrainLayout(root / "resumed").checkpoints)

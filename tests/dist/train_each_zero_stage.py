@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--local_rank", type=int, default=None)
     args = p.parse_args()
     topology = prepare_environment()
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.pretrain.trainer import run_pretraining
 
     for stage in (0, 1, 2, 3):

@@ -34,7 +34,7 @@ def main() -> None:
 
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.pretrain.trainer import run_pretraining
 
     root = Path(args.out_root)

@@ -28,7 +28,7 @@ def main() -> None:
     args = p.parse_args()
     topology = prepare_environment()
 
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.pretrain.trainer import run_pretraining
 
     for recipe, overrides in json.loads(Path(args.plan).read_text()).items():

@@ -93,7 +93,7 @@ def main() -> None:
     topology = prepare_environment()
     import torch.distributed as dist
 
-    from pipeline.pretrain.checks import config_problems
+    from pipeline.pretrain.preflight import plan_problems
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
@@ -102,7 +102,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for stage in (0, 2):
         config = parity_config(topology.world_size, stage)
-        problems = config_problems(config, world_size=topology.world_size, cuda=topology.cuda)
+        problems = plan_problems(config, world_size=topology.world_size, cuda=topology.cuda)  # its own: when built
         assert not problems, problems
         phases = resolve_phases(config)
         plan = phases[0].plan(topology.world_size)

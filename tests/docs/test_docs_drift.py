@@ -64,7 +64,7 @@ from doc_pages import (
 )
 
 from pipeline.ablation.studies import Study, study_problems
-from pipeline.common.config_tree import apply_overrides, build_config
+from pipeline.common.config_tree import apply_overrides, build_config, build_tree
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.pretrain.config import PretrainConfig
 
@@ -272,7 +272,8 @@ def json_snippet_problems(obj: dict) -> list[str]:
     if not kinds:
         return [f"top-level keys {sorted(obj)} are neither a pretraining nor a fine-tuning config's sections "
                 "(show other JSON as ```text)"]
-    found = {name: build_config(cls, obj)[1] for name, cls in kinds.items()}
+    # A fragment's keys and types; the values' rules need the whole config, which a fragment is not.
+    found = {name: build_tree(cls, obj)[1] for name, cls in kinds.items()}
     return [] if any(not p for p in found.values()) else [f"{n} config: {p}" for n, ps in found.items() for p in ps]
 
 

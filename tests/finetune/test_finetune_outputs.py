@@ -49,7 +49,7 @@ def small_task(tmp_path_factory, bpe_tokenizer_dir):
 
 
 def load(small_task, tmp_path, *overrides: str, world_size: int = 1):
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(small_task["config"]))
@@ -113,7 +113,7 @@ def test_a_rerun_skips_finished_seeds_and_still_summarizes_them(finetuned, small
 
 
 def test_a_rerun_with_another_recipe_is_refused_naming_the_setting(finetuned, small_task):
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
     from pipeline.finetune.runner import run_finetuning
 
     out = finetuned["out"]

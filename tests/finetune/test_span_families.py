@@ -249,7 +249,7 @@ def test_qa_run_answers_across_windows_and_the_saved_model_answers_the_same(tmp_
 
 def test_shipped_task_configs_load_and_bad_ones_list_every_problem(tmp_path):
     from pipeline.common.config_tree import ConfigError
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     for name in ("train", "dev", "test"):
         (tmp_path / name).write_text("x O\n")

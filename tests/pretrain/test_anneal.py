@@ -11,8 +11,9 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.anneal import Anneal
-from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
+from pipeline.pretrain.config import ScheduleConfig
 from pipeline.pretrain.phases import resolve_phases
+from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import lr_schedule
 
 
@@ -91,6 +92,9 @@ def test_an_anneal_continues_the_stable_runs_data_decays_by_formula_and_resumes_
         train={"export": False, "max_steps": 10}, checkpoint={"every": 2, "keep_last": 10},
         optimizer={"lr": peak}, schedule={"warmup_steps": 2, "end_lr_ratio": 0.1}))
     launch([], "tests/dist/anneal_from_checkpoint.py", config, tmp_path, start, steps, timeout=400)
+    # The real checkpoint's optimizer against another: refused before any step, naming both.
+    assert "was trained with optimizer adamw; this config says stableadamw (optimizer.name)" in (
+        tmp_path / "refused.txt").read_text()
     seen = {name: {int(k): v for k, v in json.loads((tmp_path / f"{name}-batches.json").read_text()).items()}
             for name in ("stable", "anneal", "resumed")}
     # The data stream: the anneal's first steps draw the batches the stable run drew after its checkpoint.

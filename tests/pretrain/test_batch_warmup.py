@@ -9,8 +9,8 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import batch_ramp
-from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.phases import resolve_phases, resolve_stretches, samples_consumed
+from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import lr_schedule
 
 

@@ -9,6 +9,7 @@ import pytest
 from pipeline.pretrain.masking import (
     IGNORE_INDEX,
     Masker,
+    MaskingConfig,
     MaskingSpec,
     mask_statistics,
     span_length_distribution,
@@ -22,7 +23,7 @@ UNITS = ("token", "word", "span")
 
 
 def make_masker(seed: int = 0, **spec) -> Masker:
-    return Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, **spec), seed, WORD_STARTS)
+    return Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(**spec)), seed, WORD_STARTS)
 
 
 def random_rows(rows: int, length: int, seed: int = 1) -> np.ndarray:
@@ -77,7 +78,7 @@ def test_dynamic_masks_differ_across_epochs_and_static_ones_do_not(unit):
     indices = np.arange(32)
     dynamic = make_masker(unit=unit)
     assert not np.array_equal(dynamic(ids, 0, indices)[1], dynamic(ids, 1, indices)[1])
-    static = make_masker(static=True, unit=unit)
+    static = make_masker(mode="static", unit=unit)
     assert np.array_equal(static(ids, 0, indices)[1], static(ids, 5, indices)[1])
 
 
@@ -155,7 +156,7 @@ def test_spans_start_at_word_boundaries_and_words_are_never_split():
 def test_a_word_begins_after_every_special_token():
     ids = np.array([[0, 7, 8, 2, 9, 10, 2, 1]])
     table = np.zeros(VOCAB, dtype=bool)  # no entry begins a word by itself
-    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, unit="word"), 0, table)
+    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(unit="word")), 0, table)
     assert masker.word_starts(ids).tolist() == [[False, True, False, False, True, False, False, False]]
 
 
@@ -163,7 +164,7 @@ def test_mask_statistics_agree_with_a_plain_count():
     ids = np.array([[0, 10, 11, 12, 13, 14, 15, 2]])
     table = np.zeros(VOCAB, dtype=bool)
     table[[12, 14]] = True  # words: [10 11] [12 13] [14 15]
-    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, unit="word"), 0, table)
+    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(unit="word")), 0, table)
     labels = np.full_like(ids, IGNORE_INDEX)
     labels[0, [1, 2, 3]] = ids[0, [1, 2, 3]]  # first word whole, second word half
     stats = mask_statistics(masker, ids, labels)
@@ -173,7 +174,7 @@ def test_mask_statistics_agree_with_a_plain_count():
 
 def test_word_and_span_units_need_the_word_start_table():
     with pytest.raises(ValueError, match="word-start table"):
-        Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, unit="span"), 0)
+        Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(unit="span")), 0)
 
 
 def test_a_span_never_runs_from_one_packed_document_into_the_next():
@@ -184,8 +185,8 @@ def test_a_span_never_runs_from_one_packed_document_into_the_next():
     table[5:] = True  # every ordinary token is a word
     document = [0, -1, -1, -1, 2]
     ids = np.array([[t if t >= 0 else rng.integers(5, VOCAB) for t in document * 20] for _ in range(256)])
-    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, unit="span", probability=0.45, span_p=0.05,
-                                span_max_words=10), 0, table)
+    masking = MaskingConfig(unit="span", probability=0.45, span_p=0.05, span_max_words=10)
+    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, masking), 0, table)
     chosen, slot = masker._spans(masker.keys(0, np.arange(len(ids))), masker.word_starts(ids), masker._is_special[ids])
     document_of_token = np.cumsum(masker._is_special[ids], axis=1)
     rows, cols = np.nonzero(chosen)

@@ -14,9 +14,9 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle
-from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec
 from pipeline.pretrain.mixture import MixedShuffle, PretrainData
+from pipeline.pretrain.preflight import load_pretrain_config
 
 
 def shard(tmp_path_factory, tokenizer: Path, name: str, seed: int, **args) -> Path:

@@ -13,7 +13,7 @@ import torch
 from pipeline.data.packers import make_packer
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig, MaskingSpec
 from pipeline.pretrain.model import SPARSE_CLASSES, encode, hf_config
 from pipeline.pretrain.packed_attention import document_layout
 
@@ -94,7 +94,8 @@ def test_positions_restart_at_every_document_from_the_architectures_first_positi
 def test_masks_never_fall_on_a_neighbours_framing_tokens(bpe_tokenizer_dir):
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     rows, _ = pack(documents(200))
-    masker = Masker(MaskingSpec(400, info.mask_id, (CLS, PAD, SEP, info.mask_id), probability=0.5), seed=0)
+    masker = Masker(MaskingSpec(400, info.mask_id, (CLS, PAD, SEP, info.mask_id), MaskingConfig(probability=0.5)),
+                    seed=0)
     _, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     framing = np.isin(rows["input_ids"], [CLS, SEP, PAD])
     assert (labels[framing] == IGNORE_INDEX).all() and (labels != IGNORE_INDEX).mean() > 0.3
@@ -143,7 +144,7 @@ def test_the_sparse_mlm_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     docs = [d % (info.vocab_size - 10) + 10 for d in documents(10, seed=5)]
     rows, _ = _pack_with(docs, info)
     masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id,
-                                                               info.mask_id), probability=0.3), seed=1)
+                                                               info.mask_id), MaskingConfig(probability=0.3)), seed=1)
     corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64,
                                                  info.pad_id + 1)
@@ -237,7 +238,7 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     docs = [d % (info.vocab_size - 10) + 10 for d in documents(10, seed=5)]
     rows, _ = _pack_with(docs, info)
     masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id,
-                                                               info.mask_id), probability=0.3), seed=1)
+                                                               info.mask_id), MaskingConfig(probability=0.3)), seed=1)
     corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, 0)
     with torch.no_grad():
@@ -339,9 +340,10 @@ def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_
     from pipeline.pretrain.packed_attention import block_diagonal_mask, check_flex_mask
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    window = {"local_attention": 4} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
     config = hf_config(ModelConfig(architecture=architecture, num_hidden_layers=1, hidden_size=32,
-                                   num_attention_heads=2, intermediate_size=64, local_attention=4,
-                                   attn_implementation="flex_attention"), info, seq_len=16)
+                                   num_attention_heads=2, intermediate_size=64, attention_probs_dropout_prob=0.0,
+                                   attn_implementation="flex_attention", **window), info, seq_len=16)
     model = SPARSE_CLASSES[architecture](config).eval()
     ids = torch.full((1, 8), 10)
     dense = block_diagonal_mask(torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]]))
@@ -366,9 +368,10 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     from pipeline.pretrain.model import encode_modernbert, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
+    window = {"local_attention": 16} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
     flex_config = hf_config(ModelConfig(architecture=architecture, num_hidden_layers=3, hidden_size=64,
-                                        num_attention_heads=4, intermediate_size=96, local_attention=16,
-                                        attn_implementation="flex_attention"), info, seq_len=64)
+                                        num_attention_heads=4, intermediate_size=96, attention_probs_dropout_prob=0.0,
+                                        attn_implementation="flex_attention", **window), info, seq_len=64)
     sdpa_config = copy.deepcopy(flex_config)
     sdpa_config._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -402,7 +405,7 @@ def test_flex_attention_is_refused_up_front_on_cpu_and_with_attention_dropout(tm
     from helpers import tiny_pretrain_config
 
     from pipeline.common.config_tree import ConfigError
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
                                 model={"attn_implementation": "flex_attention", "attention_probs_dropout_prob": 0.1})

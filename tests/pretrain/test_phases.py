@@ -15,7 +15,6 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle
-from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.phases import (
     Phase,
     phase_ends,
@@ -24,6 +23,7 @@ from pipeline.pretrain.phases import (
     samples_consumed,
     stream_start,
 )
+from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import Schedule, lr_schedule, segments
 
 

@@ -11,9 +11,10 @@ from helpers import ROOT, run_script, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError, apply_overrides, parse_override
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.config import ScheduleConfig, load_pretrain_config
+from pipeline.pretrain.config import ScheduleConfig
 from pipeline.pretrain.engine import client_optimizer, deepspeed_config, optimizer_groups
 from pipeline.pretrain.lamb import Lamb
+from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import Schedule, segments
 
 
@@ -263,3 +264,28 @@ def test_modernbert_presets_have_the_published_shape_and_30_percent_masking():
     tiny = load_pretrain_config(ROOT / "configs/modernbert-tiny.json", check_files=False)
     assert base.masking.probability == tiny.masking.probability == 0.3
     assert tiny.model.architecture == "modernbert" and tiny.model.num_hidden_layers == 3  # one global, two local
+
+
+def test_each_section_checks_its_own_keys_when_built_and_the_top_level_the_rules_between_them():
+    """litgpt's and torchtitan's `__post_init__`: a section made in code is checked as one read from a file."""
+    from pipeline.common.config_tree import SectionProblems
+    from pipeline.pretrain.config import (
+        DataConfig,
+        ModelConfig,
+        OptimizerConfig,
+        PhaseConfig,
+        PretrainConfig,
+        TrainConfig,
+    )
+
+    with pytest.raises(SectionProblems, match=r"optimizer\.lr: must be > 0, got -1") as err:
+        OptimizerConfig(lr=-1, fused=True, name="lamb")
+    assert len(err.value.problems) == 2  # and fused is for adamw only
+    with pytest.raises(SectionProblems, match="model.local_attention: applies to model.architecture modernbert only"):
+        ModelConfig(local_attention=64)
+    with pytest.raises(SectionProblems) as err:
+        PretrainConfig(data=DataConfig(tokenizer="tok"), train=TrainConfig(anneal_from="ckpt", anneal_steps=4),
+                       phases=[PhaseConfig(name="a", steps_fraction=1.0, shards="s")])
+    assert err.value.problems == ["train.anneal_from with phases: annealing runs one decay on one data stream; give "
+                                  "the config of the phase to anneal (its shards, batch and LR) without phases"]
+    assert PretrainConfig(data=DataConfig(shards="shards", tokenizer="tok")).model.architecture == "roberta"

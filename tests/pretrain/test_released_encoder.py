@@ -16,8 +16,9 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 from model_folders import save_export, save_headless_bert
 
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.config import ModelConfig, load_pretrain_config
+from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.model import build_model
+from pipeline.pretrain.preflight import load_pretrain_config
 
 
 def wordpiece_shards(factory, corpus, tokenizer, pack: str):

@@ -74,7 +74,7 @@ def test_every_recipe_is_here_and_the_scale_down_is_documented():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_tiny_variant_of_each_recipe_is_valid_on_two_cpu_ranks(name, tmp_path):
-    from pipeline.pretrain.config import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     overrides = tiny_overrides(RECIPES / f"{name}.json", tmp_path / "shards", tmp_path / "tokenizer")
     config = load_pretrain_config(RECIPES / f"{name}.json", overrides, world_size=2, cuda=False, check_files=False)
@@ -84,8 +84,8 @@ def test_the_tiny_variant_of_each_recipe_is_valid_on_two_cpu_ranks(name, tmp_pat
 
 def test_the_nvidia_recipe_keeps_its_two_phases_steps_batches_and_warmups():
     """DeepLearningExamples' BERT: 7,038 steps of 65,536 × 128 at 6e-3, then 1,563 of 32,768 × 512 at 4e-3."""
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.preflight import load_pretrain_config
 
     config = load_pretrain_config(RECIPES / "nvidia-bert-large-lamb.json", world_size=8, cuda=True,
                                   check_files=False)
@@ -98,8 +98,8 @@ def test_the_nvidia_recipe_keeps_its_two_phases_steps_batches_and_warmups():
 
 def test_the_modernbert_recipe_spends_the_anchors_token_budgets():
     """1.719T tokens at 4,608 × 1,024, then 250B and 50B at 576 × 8,192 (each stage's max_duration)."""
-    from pipeline.pretrain.config import load_pretrain_config
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.pretrain.schedules import lr_schedule
 
     config = load_pretrain_config(RECIPES / "modernbert-base.json", world_size=8, cuda=True, check_files=False)

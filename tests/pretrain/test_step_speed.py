@@ -15,8 +15,8 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.config import load_pretrain_config
 from pipeline.pretrain.engine import deepspeed_config
+from pipeline.pretrain.preflight import load_pretrain_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
 

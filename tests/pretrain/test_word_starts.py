@@ -11,8 +11,8 @@ from helpers import make_documents, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.pretrain.config import load_pretrain_config
-from pipeline.pretrain.masking import Masker, MaskingSpec
+from pipeline.pretrain.masking import Masker, MaskingConfig, MaskingSpec
+from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.word_starts import word_rule, word_start_table
 
 
@@ -21,7 +21,7 @@ def starts_from_table_and_from_tokenizer(tokenizer_dir, texts):
     tokenizer = load_tokenizer(str(tokenizer_dir))
     table = word_start_table(tokenizer, len(tokenizer))
     masker = Masker(MaskingSpec(len(tokenizer), tokenizer.mask_token_id, tuple(tokenizer.all_special_ids),
-                                unit="word"), 0, table)
+                                MaskingConfig(unit="word")), 0, table)
     ours, theirs = [], []
     for text in texts:
         encoding = tokenizer(text)

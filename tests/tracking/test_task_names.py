@@ -57,7 +57,7 @@ def test_two_custom_tasks_have_their_own_tags_run_names_and_table_columns(tmp_pa
 def test_the_name_is_the_task_unless_the_config_or_a_flag_gives_one():
     from helpers import ROOT
 
-    from pipeline.finetune.config import load_finetune_config
+    from pipeline.finetune.preflight import load_finetune_config
 
     assert load_finetune_config(ROOT / "configs/glue/sst2.json", check_files=False).task_name == "sst2"
     keywords = ROOT / "configs/glue/embedded-docs.json"

@@ -1,0 +1,238 @@
+"""Before a pretraining run starts: its config, the run it plans, this machine, and the files it names.
+
+`load_pretrain_config(path, overrides, world_size=, cuda=)` reads JSON and `--set` overrides, builds
+the config (each section checks itself, the top-level config the rules between them: config.py),
+then adds, in one ConfigError with every problem naming its key:
+
+- the run's plan (`plan_problems`): each phase's steps (phases.py's arithmetic), the WSD decay's
+  length (schedules.py's), batches on this world size and the batch warmup's ramp (batch_plan.py's),
+  precision and FlexAttention on CPU or GPU;
+- this machine (`machine_problems`): a compiler for `train.compile` and for FlexAttention on GPU;
+- with `check_files`, the files (`file_problems`): shard indexes, the tokenizer, `model.init_from`'s
+  folder, and the checkpoint a resume or an anneal starts from (start_checks.py).
+
+The command runs it before any process group, model or engine exists; `check_files=False` checks a
+config where its data does not exist (the ablation runner, tests of shipped configs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.common.errors import PipelineError
+from pipeline.common.run_kernel import load_config
+from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.phases import phase_ends
+from pipeline.pretrain.schedules import wsd_decay_steps
+from pipeline.pretrain.start_checks import init_from_problems, start_problems
+
+
+def load_pretrain_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1, cuda: bool = False,
+                         check_files: bool = True) -> PretrainConfig:
+    """Read, override and check a pretraining config for a run of `world_size` ranks; all problems in one error.
+
+    The files are read only with `check_files` and when every key and type is right (a wrong value's default
+    stands in for it, and would send the checks to the wrong files).
+    """
+    return load_config(PretrainConfig, path, overrides, lambda config, typed: preflight_problems(
+        config, world_size=world_size, cuda=cuda, check_files=check_files and typed))
+
+
+def preflight_problems(config: PretrainConfig, *, world_size: int, cuda: bool, check_files: bool) -> list[str]:
+    """What the config cannot tell alone: the plan on `world_size` ranks, this machine, and (`check_files`) files."""
+    problems = plan_problems(config, world_size=world_size, cuda=cuda) + machine_problems(config, cuda=cuda)
+    if check_files:
+        problems += file_problems(config)
+    return problems
+
+
+def plan_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
+    """The run's arithmetic as this config and launch give it: phase steps, the decay's length, batches."""
+    t, s = config.train, config.schedule
+    problems = phase_step_problems(config, world_size) if config.phases else []
+    if not config.phases and (problem := batch_problem(t.global_batch_size, t.micro_batch_size, world_size)):
+        problems.append(problem)  # with phases, each phase's batch is checked in phase_step_problems
+    fraction_ok = s.decay_fraction is None or 0 <= s.decay_fraction <= 1  # else the schedule section says so
+    if s.kind == "wsd" and fraction_ok and t.max_steps >= 1 \
+            and s.warmup_steps + wsd_decay_steps(s, t.max_steps) > t.max_steps:
+        problems.append(f"schedule.warmup_steps {s.warmup_steps} + the decay's {wsd_decay_steps(s, t.max_steps)} "
+                        f"steps exceed train.max_steps {t.max_steps}; shorten one of them")
+    problems += ramp_problems(t.global_batch_size, t.batch_warmup_start, t.batch_warmup_tokens, t.micro_batch_size,
+                              world_size)
+    if t.precision == "fp16" and not cuda:
+        problems.append("train.precision: fp16 needs a GPU (DeepSpeed does not support it on CPU); use bf16 on a "
+                        "CPU with native bf16, fp32 elsewhere")
+    if config.model.attn_implementation == "flex_attention" and not cuda:  # torch raises at the first backward
+        problems.append("model.attn_implementation flex_attention: FlexAttention has no backward on CPU, so it "
+                        "cannot train there; use sdpa on CPU (packed documents work with it too)")
+    return problems
+
+
+def phase_step_problems(config: PretrainConfig, world_size: int) -> list[str]:
+    """Each phase's steps (phases.py's `phase_ends`), its batch on `world_size` ranks, its warmup and decay in them."""
+    problems = []
+    add = problems.append
+    t, s = config.train, config.schedule
+    ends = phase_ends([p.steps_fraction for p in config.phases], max(t.max_steps, 1))
+    for i, (p, start, end) in enumerate(zip(config.phases, [0, *ends], ends, strict=False)):
+        key = f"phases[{i}]"
+        if 0 < p.steps_fraction <= 1 and end <= start:
+            add(f"{key}.steps_fraction {p.steps_fraction} of train.max_steps {t.max_steps} gives the phase 0 steps "
+                f"(steps {start} to {end}); raise its fraction or train.max_steps, or drop the phase")
+        problem = batch_problem(t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
+                                t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size, world_size,
+                                keys=(f"{key}.global_batch_size (or train.global_batch_size)",
+                                      f"{key}.micro_batch_size (or train.micro_batch_size)"))
+        if problem:
+            add(problem)
+        warmup, source = ((p.warmup_steps, f"{key}.warmup_steps") if p.warmup_steps is not None
+                          else (s.warmup_steps, f"schedule.warmup_steps (the default of {key})"))
+        if not 0 <= warmup <= max(end - start, 0):
+            add(f"{source} {warmup} must be between 0 and the phase's {end - start} steps")
+        if s.kind == "wsd" and end > start:
+            decay, source = ((p.decay_steps, f"{key}.decay_steps") if p.decay_steps is not None else
+                             (wsd_decay_steps(s, end - start), "the schedule's decay"))
+            if not 0 <= decay <= max(end - start - warmup, 0):
+                add(f"{source} ({decay} steps) must be between 0 and the {end - start - warmup} steps that {key}'s "
+                    "warmup leaves")
+    return problems
+
+
+def machine_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
+    """What this machine lacks for the config: a compiler for `train.compile`, Triton for FlexAttention on GPU."""
+    problems = []
+    if config.train.compile and (problem := inductor_problem("train.compile", "train.compile=false", cuda=cuda)):
+        problems.append(problem)
+    if config.model.attn_implementation == "flex_attention" and cuda:  # transformers runs it through torch.compile
+        if problem := inductor_problem("model.attn_implementation flex_attention", "model.attn_implementation=sdpa",
+                                       cuda=cuda):
+            problems.append(problem)
+    return problems
+
+
+def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
+    """Why inductor cannot compile here (no Triton on GPU, no C++ compiler on CPU) as a problem of `key`, or None.
+
+    `train.compile` needs it, and so does `model.attn_implementation: flex_attention`, which transformers
+    runs through torch.compile'd FlexAttention.
+    """
+    if cuda:
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return f"{key}: torch.compile on GPU needs Triton, which is not installed; install triton or set {fix}"
+        return None
+    from torch._inductor import exc
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        return (f"{key}: torch.compile on CPU needs a C++ compiler (g++ or clang++ on PATH, or $CXX); install one "
+                f"or set {fix}")
+    return None
+
+
+def file_problems(config: PretrainConfig) -> list[str]:
+    """The shard folders, the tokenizer, `model.init_from` and the checkpoint the run starts from."""
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+
+    problems, indexes = index_problems(config)
+    tokenizer = info = None
+    if config.data.tokenizer and not problems and indexes:
+        try:
+            tokenizer = load_tokenizer(config.data.tokenizer)
+            info = describe_tokenizer(tokenizer, config.data.tokenizer)
+        except PipelineError as err:
+            problems.append(f"data.tokenizer: {err}")
+    if info is not None:
+        problems += data_problems(config, tokenizer, info, indexes)
+    return problems + start_problems(config, info)
+
+
+def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
+    """Each shard folder's index.json, read and checked (data/shard_index.py); the problems and the indexes."""
+    from pipeline.data.shard_index import load_index
+
+    if config.phases:
+        key, folders = "phases[{}].shards", [p.shards for p in config.phases]
+    else:
+        key = "data.shards" if not config.data.mixed else "data.shards[{}].path"
+        folders = [source.path for source in config.data.corpora()] if config.data.shards else []
+    indexes, problems = {}, []
+    for i, folder in enumerate(folders):
+        if folder and folder not in indexes:
+            try:
+                indexes[folder] = load_index(folder)
+            except PipelineError as err:
+                problems.append(f"{key.format(i)}: {err}")
+    return problems, indexes
+
+
+def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, dict]) -> list[str]:
+    """The shard folders against each other, the tokenizer and the model, without loading shards."""
+    problems = []
+    if config.masking.unit != "token":
+        from pipeline.pretrain.word_starts import word_rule
+
+        try:
+            word_rule(tokenizer)
+        except PipelineError as err:
+            problems.append(f"masking.unit {config.masking.unit}: {err}")
+    (first, first_index), *others = indexes.items()
+    for folder, index in others if config.data.mixed else ():  # a mix feeds one model: one length, one layout
+        for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
+            if index[entry] != first_index[entry]:
+                problems.append(f"data.shards: mixed corpora must share one {what}: {first} has {entry} "
+                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
+        if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
+            problems.append(f"data.shards: mixed corpora must share one tokenizer: {first} was made with "
+                            f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
+                            f"{folder} with {index['tokenizer']['name']} "
+                            f"({index['tokenizer']['fingerprint'][:19]}…)")
+    for folder, index in indexes.items():
+        if info.fingerprint != index["tokenizer"]["fingerprint"]:
+            problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
+                            f"{folder} was made with ({index['tokenizer']['name']})")
+        if config.model.architecture == "bert" and config.model.next_sentence_loss and index["pack"] != "pairs":
+            problems.append(f"model.architecture is bert with model.next_sentence_loss true (MLM + next-sentence "
+                            f"prediction), which needs shards packed with --pack pairs; {folder} holds "
+                            f"{index['pack']!r} sequences: re-shard with --pack pairs, or set "
+                            "model.next_sentence_loss false to train MLM alone on them")
+        if index["splits"]["val"]["sequences"] == 0:
+            held_out = index["totals"].get("val_documents", 0)
+            problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "
+                            f"with --val-fraction {index['args'].get('val_fraction')}); re-run data_prep/shard.py "
+                            "with a larger --val-fraction (and --overwrite), or on more text")
+    if config.phases:
+        problems += phase_file_problems(config, indexes)
+    train = sum(index["splits"]["train"]["sequences"] for index in indexes.values())
+    if not config.data.mixed and not config.phases and train < config.train.global_batch_size:
+        problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
+                        f"(train.global_batch_size {config.train.global_batch_size})")
+    for folder, index in indexes.items():
+        if config.data.mixed and index["splits"]["train"]["sequences"] == 0:
+            problems.append(f"data.shards: {folder} has no train sequences")
+    if config.model.init_from:  # positions are sized for the longest phase
+        problems += init_from_problems(config, info, max(index["seq_len"] for index in indexes.values()))
+    return problems
+
+
+def phase_file_problems(config: PretrainConfig, indexes: dict[str, dict]) -> list[str]:
+    """Each phase against its folder's index: the seq_len it states, a train split of at least one batch."""
+    problems = []
+    for i, phase in enumerate(config.phases):
+        index = indexes.get(phase.shards)
+        if index is None:
+            continue
+        if phase.seq_len is not None and index["seq_len"] != phase.seq_len:
+            problems.append(f"phases[{i}].seq_len is {phase.seq_len}, but phases[{i}].shards {phase.shards} holds "
+                            f"sequences of {index['seq_len']} tokens (its index.json); point the phase at shards "
+                            f"made with --seq-len {phase.seq_len}, or correct the seq_len")
+        batch = phase.global_batch_size or config.train.global_batch_size
+        train = index["splits"]["train"]["sequences"]
+        if train < batch:
+            problems.append(f"phases[{i}].shards: the train split of {phase.shards} holds {train} sequences, fewer "
+                            f"than one global batch of the phase ({batch})")
+    return problems
