@@ -19,12 +19,14 @@ from pipeline.pretrain.schedules import lr_schedule
 
 def anneal(decay: str, power: float = 1.0):
     """The schedule of a 10-step anneal from step 100 of a run whose LR there was 0.8 of the peak."""
-    from pipeline.pretrain.config import PretrainConfig
+    from pipeline.pretrain.config import DataConfig, PretrainConfig
 
-    source = PretrainConfig(schedule=ScheduleConfig(warmup_steps=0, decay="constant"))
+    data = DataConfig(shards="shards", tokenizer="tokenizer")
+    source = PretrainConfig(data=data, schedule=ScheduleConfig(warmup_steps=0, decay="constant"))
     (phase,) = resolve_phases(source)
     phases = [dataclasses.replace(phase, end=1000, warmup_steps=0, lr=0.8 * source.optimizer.lr)]
-    config = PretrainConfig(schedule=ScheduleConfig(decay=decay, power=power, end_lr_ratio=0.1))
+    wsd = {"kind": "wsd", "decay_fraction": 0.2} if decay == "1-sqrt" else {}  # a WSD-only shape
+    config = PretrainConfig(data=data, schedule=ScheduleConfig(decay=decay, power=power, end_lr_ratio=0.1, **wsd))
     return Anneal(checkpoint=None, start=100, steps=10, source=source, source_phases=phases), config
 
 
