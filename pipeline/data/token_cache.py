@@ -49,6 +49,10 @@ class TokenCache:
     def seq_len(self) -> int:
         return self.source.seq_len
 
+    @property
+    def num_tokens(self) -> int:
+        return self.source.num_tokens
+
     def _build_once(self, root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
         with open(root / ".lock", "w") as lock:
