@@ -118,3 +118,8 @@ class EpochOrder:
         """(first position, end position) of the block that `position` falls in."""
         b = int(np.searchsorted(self._block_start, position, side="right") - 1)
         return int(self._block_start[b]), int(self._block_start[b + 1])
+
+    def shards_before(self, position: int) -> np.ndarray:
+        """The shards of the blocks wholly read before the block that `position` falls in."""
+        b = int(np.searchsorted(self._block_start, position, side="right") - 1)
+        return np.concatenate([np.zeros(0, np.int64), *self._blocks[:b]])

@@ -41,7 +41,6 @@ from pipeline.pretrain.config import DataConfig, corpus_shares
 from pipeline.pretrain.masking import Masker
 
 _ORDER, _MIX = 1, 2  # RNG salts: a corpus's epoch permutation, a step's shuffle
-_COUNT_CHUNK = 1 << 20  # sequences whose lengths are summed at once when counting tokens seen
 
 
 class MixedShuffle(StepOrder):
@@ -122,13 +121,16 @@ class PretrainData:
         self.seq_len = train[0].seq_len
         self.shares = [float(s) for s in corpus_shares([s.weight for s in self.corpora])]
         self._train, self._val_sizes = train, [len(v) for v in val]
-        self._counted: dict[int, tuple[int, int, int]] = {}  # corpus → (epoch, position, tokens) last counted
+        self._shard_tokens = [np.array([s["tokens"] for s in t.source.shards], dtype=np.int64) for t in train]
+        self._counted: dict[int, tuple[tuple[int, int], int, int]] = {}
+        """Per corpus: ((epoch, block start), position, tokens from the block start) at the last count."""
         if self.mixed:
             train_rows, val_rows = ConcatenatedCaches(train), ConcatenatedCaches(val)
-            self.order: StepOrder = MixedShuffle([len(t) for t in train], [s.weight for s in self.corpora], plan, seed)
+            weights = [s.weight for s in self.corpora]
+            self.order: StepOrder = MixedShuffle([t.layout for t in train], weights, plan, seed)
         else:
             train_rows, val_rows = train[0], val[0]
-            self.order = GlobalShuffle(len(train[0]), plan, seed)
+            self.order = GlobalShuffle(train[0].layout, plan, seed)
         self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments,
                                            position_offset=position_offset)
         self.val_batches = MaskedBatches(val_rows, eval_masker or masker, with_segments=with_segments,
@@ -188,19 +190,22 @@ class PretrainData:
     def _tokens(self, corpus: int, drawn: int) -> int:
         """Real (unpadded) tokens in corpus `corpus`'s first `drawn` draws: exact, from the epoch's order.
 
-        Counted on from the last call (the logs ask at increasing steps), so each call reads only the
-        lengths of the sequences drawn since.
+        The blocks already read count by index.json's per-shard tokens; the block being read by the lengths
+        of the sequences drawn from it, counted on from the last call (the logs ask at increasing steps).
+        So no shard is read for this that training did not read.
         """
         cache = self._train[corpus]
         if "length" not in cache.fields:  # full packing: every sequence is seq_len real tokens
             return drawn * cache.seq_len
         epoch, position = divmod(drawn, len(cache))
-        counted_epoch, counted, tokens = self._counted.get(corpus, (epoch, 0, 0))
-        if counted_epoch != epoch or counted > position:
-            counted, tokens = 0, 0
         order = self.order.order(corpus, epoch)
-        for start in range(counted, position, _COUNT_CHUNK):
-            rows = order.rows(np.arange(start, min(start + _COUNT_CHUNK, position)))
+        block_start, _ = order.block_of(position)
+        counted_at, counted, tokens = self._counted.get(corpus, ((epoch, block_start), block_start, 0))
+        if counted_at != (epoch, block_start) or counted > position:
+            counted, tokens = block_start, 0
+        if position > counted:
+            rows = order.rows(np.arange(counted, position))
             tokens += int(cache.fields["length"][rows].astype(np.int64).sum())
-        self._counted[corpus] = (epoch, position, tokens)
-        return epoch * cache.num_tokens + tokens
+        self._counted[corpus] = ((epoch, block_start), position, tokens)
+        before = int(self._shard_tokens[corpus][order.shards_before(position)].sum())
+        return epoch * cache.num_tokens + before + tokens
