@@ -1,7 +1,7 @@
 """Data at scale: what a run costs before and at its first step as the corpus grows, measured and extrapolated.
 
     python benchmarks/data_at_scale.py --work /big/disk/das [--synthetic-tokens 1e7 1e8 1e9]
-        [--real-copies 5] [--imdb-copies 1 4] [--files 1000 --slurm-parts 4] [--corpus IMDB.jsonl.zst]
+        [--real-copies 5] [--imdb-copies 1 4] [--files 1000 --files-copies 5 --slurm-parts 4] [--corpus C.jsonl.zst]
 
 Cases (each can be left out by giving it nothing: `--synthetic-tokens`, `--real-copies 0`, `--imdb-copies`,
 `--files 0`):
@@ -10,7 +10,8 @@ Cases (each can be left out by giving it nothing: `--synthetic-tokens`, `--real-
 - **real**: the corpus (IMDB reviews by default) repeated `--real-copies` times through `shard.py` with
   two tokenizer workers (≥ 100M tokens at 5 copies);
 - **imdb ×k**: the corpus repeated k times, for the one-copy-against-four comparison;
-- **many files**: the corpus cut into `--files` files, sharded by the SLURM array path
+- **many files**: the corpus repeated `--files-copies` times (≥ 100M tokens at 5) and cut into `--files` files,
+  sharded by the SLURM array path
   (`launchers/submit.py shard --parts N`: an array job, then the combine job that writes the index
   and verifies every shard) on a one-node cluster stood up here (`tests/slurm/setup.sh`; needs root).
 
@@ -215,16 +216,20 @@ def extrapolate(rows: list[dict], key: str) -> float:
     return y2 + max(0.0, (y2 - y1) / (t2 - t1)) * (EXTRAPOLATE_TO - t2)
 
 
-def many_files(corpus: Path, files: int, parts: int, tokenizer: Path, work: Path) -> dict:
-    """The corpus cut into `files` files, sharded by the SLURM array path into one verified folder."""
+def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Path, work: Path) -> dict:
+    """The corpus, repeated `copies` times, cut into `files` files and sharded by the SLURM array path into one
+    verified folder."""
     from pipeline.data.shard_index import verify_folder
 
     inputs = work / "many-files"
     shutil.rmtree(inputs, ignore_errors=True)
     inputs.mkdir(parents=True)
     handles = [open(inputs / f"part{i:04d}.jsonl", "w", encoding="utf-8") for i in range(files)]
-    for i, line in enumerate(read_jsonl(corpus)):
-        handles[i % files].write(line)
+    i = 0
+    for _ in range(copies):
+        for line in read_jsonl(corpus):
+            handles[i % files].write(line)
+            i += 1
     for h in handles:
         h.close()
     base = Path("/tmp") / f"das-slurm-{os.getpid()}"  # munge needs an a+x path to its socket
@@ -255,7 +260,8 @@ def many_files(corpus: Path, files: int, parts: int, tokenizer: Path, work: Path
         shutil.rmtree(base, ignore_errors=True)
     problems = verify_folder(out)
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else {}
-    result = {"files": files, "parts": parts, "cluster_start_s": cluster_s, "array_and_combine_s": seconds,
+    result = {"files": files, "copies": copies, "parts": parts, "cluster_start_s": cluster_s,
+              "array_and_combine_s": seconds,
               "combine_job_state": "COMPLETED" if "JobState=COMPLETED" in shown else shown[:200],
               "tokens": index.get("splits", {}).get("train", {}).get("tokens"),
               "parts_in_index": len(index.get("parts", [])), "verify_problems": len(problems)}
@@ -271,6 +277,7 @@ def main() -> None:
     p.add_argument("--real-copies", type=int, default=5)
     p.add_argument("--imdb-copies", type=int, nargs="*", default=[1, 4])
     p.add_argument("--files", type=int, default=1000)
+    p.add_argument("--files-copies", type=int, default=5, help="the corpus repeated this many times before the cut")
     p.add_argument("--slurm-parts", type=int, default=4)
     p.add_argument("--keep", action="store_true", help="keep the synthetic shard folders")
     p.add_argument("--variant", default=None, help="record as data_at_scale.VARIANT (a partial run)")
@@ -299,13 +306,15 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
                             "seconds": f"{made['seconds']:.1f}", "shard MB": f"{disk_bytes(folder) / 1e6:,.0f}"})
         real.append(measure_folder(folder.name, folder, tokenizer, work))
     if args.files:
-        slurm = many_files(args.corpus, args.files, args.slurm_parts, tokenizer, work)
-        rec.table(f"{args.files:,} input files through the SLURM array path ({args.slurm_parts} array tasks, then the "
-                  "combine job) into one folder, verified", [slurm])
+        slurm = many_files(args.corpus, args.files, args.files_copies, args.slurm_parts, tokenizer, work)
+        rec.table(f"{args.files:,} input files (the corpus ×{args.files_copies}) through the SLURM array path "
+                  f"({args.slurm_parts} array tasks, then the combine job) into one folder, verified", [slurm])
         rec.headline("many files through SLURM: one verified folder",
                      f"{slurm['parts_in_index']} parts, {slurm['verify_problems']} problems",
                      target="every part, 0 problems",
                      met=slurm["parts_in_index"] == args.slurm_parts and slurm["verify_problems"] == 0)
+        if slurm["verify_problems"] == 0:
+            real.append(measure_folder(f"slurm-{args.files}-files", Path(slurm["shards"]), tokenizer, work))
     rec.table("shard folders made", preparation)
     columns = {"first step (s)": "first_step_s", "3-step run (s)": "run_s", "peak RSS (MB)": "peak_rss_mb",
                "cache written (MB)": "cache_bytes", "resume at 90% of the epoch, data to first batch (s)":
