@@ -225,11 +225,9 @@ def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Pat
     shutil.rmtree(inputs, ignore_errors=True)
     inputs.mkdir(parents=True)
     handles = [open(inputs / f"part{i:04d}.jsonl", "w", encoding="utf-8") for i in range(files)]
-    i = 0
-    for _ in range(copies):
-        for line in read_jsonl(corpus):
-            handles[i % files].write(line)
-            i += 1
+    for copy in range(copies):  # a copy's documents go to other files than the last copy's: repeats stay apart
+        for i, line in enumerate(read_jsonl(corpus)):
+            handles[(i + copy * 7919) % files].write(line)
     for h in handles:
         h.close()
     base = Path("/tmp") / f"das-slurm-{os.getpid()}"  # munge needs an a+x path to its socket
