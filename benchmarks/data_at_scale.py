@@ -215,6 +215,67 @@ def extrapolate(rows: list[dict], key: str) -> float:
     return y2 + max(0.0, (y2 - y1) / (t2 - t1)) * (EXTRAPOLATE_TO - t2)
 
 
+def index_at_scale(tokens: float, tokenizer: Path, work: Path) -> dict:
+    """The part of a start that grows with the corpus, measured at `tokens` without writing them.
+
+    An index.json listing every shard of a `tokens`-token folder, and each shard as a sparse file of its
+    listed size (no disk used): before step 1 the run reads the index, stats every shard and builds the
+    epoch order, and reads only the shards its first batch touches. So a fresh process times and sizes
+    `TokenCache` and the order at a late step of that folder (no shard is read: the batch is not gathered).
+    """
+    import dataclasses
+
+    from pipeline.common.atomic_files import write_json_atomic
+    from pipeline.data.shard_format import FORMAT_VERSION
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+
+    out = work / f"index-{tokens / 1e9:g}B"
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "train").mkdir(parents=True)
+    (out / "val").mkdir()
+    per_shard, shard_bytes = 8192, 1_900_000  # sequences and compressed bytes of a synthetic seq-128 shard
+    count = int(tokens // (per_shard * SEQ_LEN))
+    splits = {}
+    for split, n in (("train", count), ("val", 1)):
+        shards = []
+        for i in range(n):
+            name = f"{split}/part00000-shard{i:06d}.zst"
+            with open(out / name, "wb") as f:
+                f.truncate(shard_bytes)
+            shards.append({"file": name, "sequences": per_shard, "tokens": per_shard * SEQ_LEN, "bytes": shard_bytes,
+                           "sha256": "0" * 64})
+        splits[split] = {"shards": shards, "sequences": per_shard * n, "tokens": per_shard * SEQ_LEN * n}
+    info = describe_tokenizer(load_tokenizer(tokenizer))
+    write_json_atomic(out / "index.json", {
+        "format_version": FORMAT_VERSION, "seq_len": SEQ_LEN, "pack": "full", "dtype": "uint16",
+        "fields": ["input_ids"],
+        "tokenizer": {k: v for k, v in dataclasses.asdict(info).items() if k != "backend_json"}, "splits": splits,
+        "totals": {}, "args": {"placeholder": True}})
+    code = f"""
+import json, sys, time, tracemalloc
+sys.path.insert(0, {str(ROOT)!r})
+from pipeline.data.token_cache import TokenCache
+from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import GlobalShuffle
+def start():
+    cache = TokenCache("{out}", "train", "{work / 'unused-cache'}")
+    shuffle = GlobalShuffle(cache.layout, BatchPlan.derive(32, 16, 1), seed=0)
+    shuffle.micro_batch(int(0.9 * shuffle.steps_per_epoch), 1)
+    return len(cache.layout.sizes)
+started = time.monotonic()
+shards = start()
+seconds = time.monotonic() - started
+tracemalloc.start()  # a second time, traced (tracing slows allocation, so not timed)
+start()
+print(json.dumps({{"shards": shards, "start_s": seconds, "traced_mb": tracemalloc.get_traced_memory()[1] / 1e6}}))
+"""
+    done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    shutil.rmtree(out)
+    if done.returncode != 0:
+        raise SystemExit(f"the index probe failed:\n{done.stderr[-3000:]}")
+    return {"tokens": int(tokens)} | json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Path, work: Path) -> dict:
     """The corpus, repeated `copies` times, cut into `files` files and sharded by the SLURM array path into one
     verified folder."""
@@ -276,6 +337,8 @@ def main() -> None:
     p.add_argument("--files", type=int, default=1000)
     p.add_argument("--files-copies", type=int, default=5, help="the corpus repeated this many times before the cut")
     p.add_argument("--slurm-parts", type=int, default=4)
+    p.add_argument("--index-tokens", type=float, nargs="*", default=[1e9, 1e10, 1e11],
+                   help="sizes whose index and shard stats are measured with sparse placeholder shards")
     p.add_argument("--keep", action="store_true", help="keep the synthetic shard folders")
     p.add_argument("--variant", default=None, help="record as data_at_scale.VARIANT (a partial run)")
     args = p.parse_args()
@@ -313,6 +376,14 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
                      met=slurm["parts_in_index"] == args.slurm_parts and slurm["verify_problems"] == 0)
         if slurm["verify_problems"] == 0:
             real.append(measure_folder(f"slurm-{args.files}-files", Path(slurm["shards"]), tokenizer, work))
+    if args.index_tokens:
+        probes = [index_at_scale(t, tokenizer, work) for t in args.index_tokens]
+        for row in probes:
+            print(json.dumps(row), flush=True)
+        rec.table("what grows with the corpus before step 1, measured with sparse placeholder shards: reading "
+                  "index.json, a stat per shard, the epoch order at 90% of the epoch (fresh process)",
+                  [{"tokens": f"{r['tokens']:,}", "shards": f"{r['shards']:,}", "seconds": f"{r['start_s']:.2f}",
+                    "Python allocations, peak (MB)": f"{r['traced_mb']:.1f}"} for r in probes])
     rec.table("shard folders made", preparation)
     columns = {"first step (s)": "first_step_s", "3-step run (s)": "run_s", "peak RSS (MB)": "peak_rss_mb",
                "cache written (MB)": "cache_bytes", "resume at 90% of the epoch, data to first batch (s)":
