@@ -46,10 +46,12 @@ def test_a_small_run_measures_each_size_and_records_measured_and_extrapolated_ro
     env = {**os.environ, "BENCHMARK_RESULTS_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "benchmarks/data_at_scale.py", "--work", str(work), "--corpus",
                            str(corpus_jsonl), "--synthetic-tokens", "2e4", "2e5", "--imdb-copies", "--real-copies",
-                           "0", "--files", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                           "0", "--files", "0", "--index-tokens", "2e9"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     tables = json.loads((tmp_path / "data_at_scale.json").read_text())["results"]["tables"]
-    made, runs = tables
+    index, made, runs = tables
+    assert [r["shards"] for r in index["rows"]] == [f"{2_000_000_000 // (8192 * bench.SEQ_LEN):,}"]
     assert [r["case"] for r in made["rows"]] == ["synthetic-0.02M", "synthetic-0.2M"]
     assert [r["figures"] for r in runs["rows"]][:2] == ["measured", "measured"]
     assert runs["rows"][2]["case"] == "100B tokens" and runs["rows"][2]["figures"].startswith("extrapolated")
