@@ -92,7 +92,11 @@ def decode(data: bytes, name: str = "shard", max_bytes: int = MAX_SHARD_BYTES) -
     Decompression stops at `max_bytes` (a reader passes the bound its index's counts imply), and
     the header is checked field by field before any array is made from it.
     """
-    raw = decompress_bounded(data, name, max_bytes)
+    return parse(decompress_bounded(data, name, max_bytes), name)
+
+
+def parse(raw: bytes | memoryview, name: str = "shard") -> tuple[dict[str, np.ndarray], dict]:
+    """Decompressed container bytes (or a memory map of them) → zero-copy arrays and metadata."""
     if raw[: len(MAGIC)] != MAGIC or len(raw) < len(MAGIC) + 4:
         raise ShardFormatError(f"{name}: not a shard file (bad magic bytes)")
     (header_len,) = struct.unpack_from("<I", raw, len(MAGIC))

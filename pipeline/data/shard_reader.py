@@ -10,6 +10,7 @@ naming the file instead of feeding garbage to training.
 from __future__ import annotations
 
 import bisect
+import mmap
 from collections import OrderedDict
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from pipeline.common.atomic_files import sha256_bytes
 from pipeline.common.errors import PipelineError
-from pipeline.data.shard_format import ShardFormatError, decode
+from pipeline.data.shard_format import ShardFormatError, decompress_bounded, parse
 from pipeline.data.shard_index import SPLITS, load_index, shard_byte_bound, shard_path
 
 
@@ -76,13 +77,32 @@ class ShardedDataset:
         if shard in self._cache:
             self._cache.move_to_end(shard)
             return self._cache[shard]
+        arrays = self.arrays(shard, self.decompressed(shard))
+        self._cache[shard] = arrays
+        if len(self._cache) > self._cache_shards:
+            self._cache.popitem(last=False)
+        return arrays
+
+    def check_size(self, shard: int) -> Path:
+        """Shard `shard`'s file, once it is there with the size index.json lists (a stat: no byte is read)."""
         entry = self.shards[shard]
         path = shard_path(self.folder, entry["file"])
         try:
             size = path.stat().st_size
-            if "bytes" in entry and size != entry["bytes"]:  # checked before reading: a huge file is not read
-                raise PipelineError(f"shard {path} is corrupt or truncated: {size:,} bytes, index.json says "
-                                    f"{entry['bytes']:,} (run data_prep/verify_shards.py {self.folder})")
+        except OSError:
+            raise PipelineError(f"shard {path} is missing (listed in index.json); run "
+                                f"data_prep/verify_shards.py {self.folder}") from None
+        if "bytes" in entry and size != entry["bytes"]:  # checked before reading: a huge file is not read
+            raise PipelineError(f"shard {path} is corrupt or truncated: {size:,} bytes, index.json says "
+                                f"{entry['bytes']:,} (run data_prep/verify_shards.py {self.folder})")
+        return path
+
+    def decompressed(self, shard: int) -> bytes:
+        """Shard `shard`'s container bytes, once its size and sha256 match index.json (decompression bounded
+        by its counts)."""
+        entry = self.shards[shard]
+        path = self.check_size(shard)
+        try:
             data = path.read_bytes()
         except OSError as err:
             raise PipelineError(f"shard {path}: cannot read: {err.strerror or err}") from None
@@ -90,7 +110,17 @@ class ShardedDataset:
             raise PipelineError(f"shard {path} is corrupt or truncated: its sha256 does not match "
                                 f"index.json (run data_prep/verify_shards.py {self.folder})")
         try:
-            arrays, _ = decode(data, str(path), shard_byte_bound(entry, self.seq_len, self.index.get("fields")))
+            return decompress_bounded(data, str(path), shard_byte_bound(entry, self.seq_len, self.index.get("fields")))
+        except ShardFormatError as err:
+            raise PipelineError(str(err)) from None
+
+    def arrays(self, shard: int, raw: bytes | mmap.mmap) -> dict[str, np.ndarray]:
+        """Shard `shard`'s arrays from its decompressed bytes (or a memory map of them), their shapes checked
+        against index.json."""
+        entry = self.shards[shard]
+        path = self.folder / entry["file"]
+        try:
+            arrays, _ = parse(raw, str(path))
         except ShardFormatError as err:
             raise PipelineError(str(err)) from None
         ids = arrays.get("input_ids")
@@ -102,7 +132,4 @@ class ShardedDataset:
         if len(arrays["input_ids"]) != entry["sequences"]:
             raise PipelineError(f"shard {path}: holds {len(arrays['input_ids'])} sequences, "
                                 f"index.json says {entry['sequences']}")
-        self._cache[shard] = arrays
-        if len(self._cache) > self._cache_shards:
-            self._cache.popitem(last=False)
         return arrays

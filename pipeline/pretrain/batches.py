@@ -1,7 +1,8 @@
-"""Training and evaluation batches: a seeded global shuffle per epoch, a disjoint slice per rank.
+"""Training and evaluation batches: a seeded shuffle per epoch, a disjoint slice per rank.
 
 The data order is a pure function of (seed, optimizer step): step `s` takes the global batch
-`s mod steps_per_epoch` of epoch `s // steps_per_epoch`'s permutation (the last partial batch of an
+`s mod steps_per_epoch` of epoch `s // steps_per_epoch`'s order (`data/epoch_order.py`, evaluated
+for just the positions a micro batch needs) (the last partial batch of an
 epoch is dropped), and micro batch `k` of it is `BatchPlan`'s slice. So the only data state a
 checkpoint needs is the step (and `samples_consumed = step × global batch`), a resumed run sees
 exactly the batches and masks an uninterrupted one would, and a run resumed at another world size
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from pipeline.data.epoch_order import EpochOrder, ShardLayout
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
@@ -52,26 +54,31 @@ class StepOrder:
 
 
 class GlobalShuffle(StepOrder):
-    """The epoch permutations and the step → sequence mapping shared by every rank."""
+    """The epoch orders and the step → sequence mapping shared by every rank.
 
-    def __init__(self, num_sequences: int, plan: BatchPlan, seed: int):
-        self.num_sequences = num_sequences
+    `layout`: the folder's shards and shuffle blocks (`TokenCache.layout`), or a bare sequence count
+    (one block). Epoch e's order is `EpochOrder(layout, [seed, e])`: computed per micro batch, never
+    held as an array, so its memory does not grow with the corpus.
+    """
+
+    def __init__(self, layout: ShardLayout | int, plan: BatchPlan, seed: int):
+        self.layout = ShardLayout.of(layout)
+        self.num_sequences = self.layout.num_sequences
         self.plan = plan
         self.seed = seed
-        self.steps_per_epoch = num_sequences // plan.global_batch_size
-        self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
+        self.steps_per_epoch = self.num_sequences // plan.global_batch_size
+        self._order = EpochOrder(self.layout, [seed, 0])
 
-    def order(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._epoch, self._order = epoch, rng.permutation(self.num_sequences)
+    def order(self, epoch: int) -> EpochOrder:
+        if self._order.key != [self.seed, epoch]:
+            self._order = EpochOrder(self.layout, [self.seed, epoch])
         return self._order
 
     def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
         """Micro batch `micro_index` (0 ≤ k < world × accumulation) of optimizer step `step`."""
         epoch, within = divmod(step, self.steps_per_epoch)
         start = within * self.plan.global_batch_size + micro_index * self.plan.micro_batch_size
-        return MicroBatchKey(epoch, self.order(epoch)[start: start + self.plan.micro_batch_size])
+        return MicroBatchKey(epoch, self.order(epoch).rows(np.arange(start, start + self.plan.micro_batch_size)))
 
 
 class MaskedBatches(torch.utils.data.Dataset):

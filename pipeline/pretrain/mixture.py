@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader
 
+from pipeline.data.epoch_order import EpochOrder, ShardLayout
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, MicroBatchKey, StepOrder, eval_keys, train_loader
@@ -45,13 +46,15 @@ _ORDER, _MIX = 1, 2  # RNG salts: a corpus's epoch permutation, a step's shuffle
 class MixedShuffle(StepOrder):
     """Step → micro batches drawn from several corpora in proportion to their weights (see the module doc)."""
 
-    def __init__(self, sizes: list[int], weights: list[float], plan: BatchPlan, seed: int):
-        self.sizes = [int(n) for n in sizes]
+    def __init__(self, sizes: list[ShardLayout | int], weights: list[float], plan: BatchPlan, seed: int):
+        """`sizes`: each corpus's shard layout (`TokenCache.layout`), or its sequence count (one block)."""
+        self.layouts = [ShardLayout.of(size) for size in sizes]
+        self.sizes = [layout.num_sequences for layout in self.layouts]
         self.offsets = np.cumsum([0] + self.sizes[:-1])
         self.plan = plan
         self.seed = seed
         self._bounds = [Fraction(0), *accumulate(corpus_shares(weights))]  # the last is exactly 1
-        self._orders: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._orders: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
         self._step, self._batch = -1, (np.empty(0, np.int64), np.empty(0, np.int64))
 
     def drawn(self, step: int) -> np.ndarray:
@@ -59,13 +62,12 @@ class MixedShuffle(StepOrder):
         n = step * self.plan.global_batch_size
         return np.diff([b.numerator * n // b.denominator for b in self._bounds]).astype(np.int64)
 
-    def order(self, corpus: int, epoch: int) -> np.ndarray:
+    def order(self, corpus: int, epoch: int) -> EpochOrder:
         """Corpus `corpus`'s sequence order in its epoch `epoch`; the last few are kept (one corpus at a time
         crosses an epoch boundary, and the logs ask about the current ones)."""
         key = (corpus, epoch)
         if key not in self._orders:
-            rng = np.random.default_rng([self.seed, _ORDER, corpus, epoch])
-            self._orders[key] = rng.permutation(self.sizes[corpus])
+            self._orders[key] = EpochOrder(self.layouts[corpus], [self.seed, _ORDER, corpus, epoch])
             while len(self._orders) > 2 * len(self.sizes):
                 self._orders.popitem(last=False)
         self._orders.move_to_end(key)
@@ -81,7 +83,7 @@ class MixedShuffle(StepOrder):
                 local = np.empty_like(position)
                 for e in np.unique(epoch):
                     now = epoch == e
-                    local[now] = self.order(c, int(e))[position[now]]
+                    local[now] = self.order(c, int(e)).rows(position[now])
                 rows.append(self.offsets[c] + local)
                 epochs.append(epoch)
             mix = np.random.default_rng([self.seed, _MIX, step]).permutation(self.plan.global_batch_size)
@@ -119,13 +121,16 @@ class PretrainData:
         self.seq_len = train[0].seq_len
         self.shares = [float(s) for s in corpus_shares([s.weight for s in self.corpora])]
         self._train, self._val_sizes = train, [len(v) for v in val]
-        self._prefix: dict[tuple[int, int], np.ndarray] = {}
+        self._shard_tokens = [np.array([s["tokens"] for s in t.source.shards], dtype=np.int64) for t in train]
+        self._counted: dict[int, tuple[tuple[int, int], int, int]] = {}
+        """Per corpus: ((epoch, block start), position, tokens from the block start) at the last count."""
         if self.mixed:
             train_rows, val_rows = ConcatenatedCaches(train), ConcatenatedCaches(val)
-            self.order: StepOrder = MixedShuffle([len(t) for t in train], [s.weight for s in self.corpora], plan, seed)
+            weights = [s.weight for s in self.corpora]
+            self.order: StepOrder = MixedShuffle([t.layout for t in train], weights, plan, seed)
         else:
             train_rows, val_rows = train[0], val[0]
-            self.order = GlobalShuffle(len(train[0]), plan, seed)
+            self.order = GlobalShuffle(train[0].layout, plan, seed)
         self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments,
                                            position_offset=position_offset)
         self.val_batches = MaskedBatches(val_rows, eval_masker or masker, with_segments=with_segments,
@@ -183,15 +188,24 @@ class PretrainData:
                                                             strict=True)}
 
     def _tokens(self, corpus: int, drawn: int) -> int:
-        """Real (unpadded) tokens in corpus `corpus`'s first `drawn` draws: exact, from the epoch's order."""
+        """Real (unpadded) tokens in corpus `corpus`'s first `drawn` draws: exact, from the epoch's order.
+
+        The blocks already read count by index.json's per-shard tokens; the block being read by the lengths
+        of the sequences drawn from it, counted on from the last call (the logs ask at increasing steps).
+        So no shard is read for this that training did not read.
+        """
         cache = self._train[corpus]
         if "length" not in cache.fields:  # full packing: every sequence is seq_len real tokens
             return drawn * cache.seq_len
         epoch, position = divmod(drawn, len(cache))
-        key = (corpus, epoch)
-        if key not in self._prefix:
-            lengths = np.asarray(cache.fields["length"], dtype=np.int64)
-            self._prefix = {k: v for k, v in self._prefix.items() if k[0] != corpus}  # one epoch per corpus
-            self._prefix[key] = np.concatenate([[0], np.cumsum(lengths[self.order.order(corpus, epoch)])])
-        prefix = self._prefix[key]
-        return int(epoch * prefix[-1] + prefix[position])
+        order = self.order.order(corpus, epoch)
+        block_start, _ = order.block_of(position)
+        counted_at, counted, tokens = self._counted.get(corpus, ((epoch, block_start), block_start, 0))
+        if counted_at != (epoch, block_start) or counted > position:
+            counted, tokens = block_start, 0
+        if position > counted:
+            rows = order.rows(np.arange(counted, position))
+            tokens += int(cache.fields["length"][rows].astype(np.int64).sum())
+        self._counted[corpus] = ((epoch, block_start), position, tokens)
+        before = int(self._shard_tokens[corpus][order.shards_before(position)].sum())
+        return epoch * cache.num_tokens + before + tokens

@@ -1,0 +1,140 @@
+"""Loader capacity: the sequences per second one DataLoader worker delivers, against what one H100 consumes.
+
+    python benchmarks/loader_capacity.py [--input CORPUS] [--seq-lens 512 1024] [--micro-batch 32] [--batches 60]
+
+For each sequence length and masking unit (token, whole-word, span), the training loader as the
+trainer builds it (`train_loader`: the shard cache, the epoch order, `MaskedBatches` with dynamic
+masking, one worker process, tensors handed to the main process) is read for `--batches` micro
+batches after a warm-up; its rate is sequences per second of one worker.
+
+What one H100 consumes, at the GPU targets:
+- RoBERTa-large (24 layers, hidden 1,024, FFN 4,096, vocabulary 50,265, sparse MLM head at 15%) at
+  45% MFU: 0.45 × 989 TFLOP/s (H100 SXM bf16 dense peak) ÷ `flops.training_flops_per_token`;
+- ModernBERT-base at 300k tokens/s.
+The goal: two workers per GPU deliver twice what it consumes, i.e. one worker at least 1× the
+demand. Text: `--input` (any `shard.py` input), by default the embedded corpus (Python's
+documentation), tokenized with an 8k BPE trained here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from result_record import BenchmarkRecord  # noqa: E402
+
+H100_BF16_DENSE_TFLOPS = 989.0
+"""H100 SXM bf16 dense tensor-core peak (NVIDIA's datasheet: 1,979 with 2:4 sparsity)."""
+ROBERTA_LARGE_MFU = 0.45
+MODERNBERT_BASE_TOKENS_PER_S = 300_000
+WORKERS_PER_GPU, HEADROOM = 2, 2.0
+UNITS = ("token", "word", "span")
+
+
+def gpu_demand(seq_len: int) -> dict[str, float]:
+    """Sequences per second one H100 consumes at each target."""
+    from pipeline.pretrain.flops import training_flops_per_token
+
+    flops = training_flops_per_token(layers=24, hidden=1024, intermediate=4096, seq_len=seq_len, vocab=50265,
+                                     masked_fraction=0.15)
+    roberta = ROBERTA_LARGE_MFU * H100_BF16_DENSE_TFLOPS * 1e12 / flops
+    return {"RoBERTa-large, 45% MFU": roberta / seq_len,
+            "ModernBERT-base, 300k tokens/s": MODERNBERT_BASE_TOKENS_PER_S / seq_len}
+
+
+def worker_rate(shards: Path, cache_dir: Path, tokenizer_dir: Path, unit: str, micro_batch: int,
+                batches: int) -> float:
+    """Sequences per second one DataLoader worker delivers through the training loader."""
+    from transformers import AutoTokenizer
+
+    from pipeline.data.token_cache import TokenCache
+    from pipeline.data.tokenizer import describe_tokenizer
+    from pipeline.pretrain.batch_plan import BatchPlan
+    from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, shut_down_workers, train_loader
+    from pipeline.pretrain.config import MaskingConfig
+    from pipeline.pretrain.masking import build_masker
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    info = describe_tokenizer(tokenizer)
+    cache = TokenCache(shards, "train", cache_dir)
+    masker = build_masker(MaskingConfig(unit=unit), tokenizer, info.vocab_size, info.mask_id, seed=0)
+    shuffle = GlobalShuffle(cache.layout, BatchPlan.derive(micro_batch, micro_batch, 1), seed=0)
+    warm = 4
+    steps = warm + batches  # past an epoch the order wraps: the rate is the same
+    loader = iter(train_loader(MaskedBatches(cache, masker, with_segments=False), shuffle, rank=0, start_step=0,
+                               end_step=steps, num_workers=1))
+    try:
+        for _ in range(warm):  # the worker's start, its first shard fills and prefetch queue
+            next(loader)
+        start = time.perf_counter()
+        for _ in range(batches):
+            next(loader)
+        return batches * micro_batch / (time.perf_counter() - start)
+    finally:
+        shut_down_workers(loader)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--input", default=None, help="corpus for shard.py; default: the embedded corpus")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--micro-batch", type=int, default=32)
+    p.add_argument("--batches", type=int, default=60, help="micro batches timed per configuration")
+    args = p.parse_args()
+    with BenchmarkRecord("loader_capacity", argv=sys.argv) as rec:
+        measure(args, rec)
+
+
+def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
+    import json
+
+    import torch
+
+    from pipeline.data.default_corpus import write_embedded_corpus
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.tokenizer import train_tokenizer
+
+    torch.set_num_threads(1)
+    rows, worst = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        corpus = Path(args.input) if args.input else tmp / "corpus.jsonl"
+        if not args.input:
+            write_embedded_corpus(corpus)
+        texts = []
+        with open(corpus, encoding="utf-8") as f:
+            for line, _ in zip(f, range(20_000), strict=False):
+                texts.append(json.loads(line)["text"])
+        train_tokenizer(texts, "bpe", 8000, tmp / "tok", model_max_length=max(args.seq_lens))
+        for seq_len in args.seq_lens:
+            shards = tmp / f"shards{seq_len}"
+            run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tmp / "tok"), seq_len=seq_len,
+                                         out=str(shards), workers=2, val_fraction=0.01, quiet=True))
+            demand = gpu_demand(seq_len)
+            for unit in UNITS:
+                rate = worker_rate(shards, tmp / "cache", tmp / "tok", unit, args.micro_batch, args.batches)
+                for target, need in demand.items():
+                    ratio = rate / need  # one worker against one GPU: ≥ 1 is 2 workers with 2× headroom
+                    rows.append({"seq_len": seq_len, "masking": unit, "one worker (seq/s)": f"{rate:,.0f}",
+                                 "GPU target": target, "H100 consumes (seq/s)": f"{need:,.0f}",
+                                 "2 workers ÷ demand": f"{WORKERS_PER_GPU * ratio:.1f}×"})
+                    print(f"seq {seq_len} {unit:>5}: one worker {rate:8,.0f} seq/s; {target}: {need:6,.0f} seq/s "
+                          f"→ 2 workers give {WORKERS_PER_GPU * ratio:.1f}× the demand", flush=True)
+                    if worst is None or ratio < worst[0]:
+                        worst = (ratio, seq_len, unit, target)
+    rec.table(f"one DataLoader worker (micro batch {args.micro_batch}, {args.batches} batches timed, 1 torch thread) "
+              "against one H100's consumption", rows)
+    ratio, seq_len, unit, target = worst
+    rec.headline("2 workers per GPU ÷ the GPU's consumption, worst case",
+                 f"{WORKERS_PER_GPU * ratio:.1f}× (seq {seq_len}, {unit} masking, {target})",
+                 target=f"≥ {HEADROOM:.0f}×", met=WORKERS_PER_GPU * ratio >= HEADROOM)
+
+
+if __name__ == "__main__":
+    main()
