@@ -21,7 +21,7 @@ from result_record import BenchmarkRecord  # noqa: E402
 
 # modules, not benchmarks
 HELPERS = {"bench_corpus.py", "result_record.py", "render_tables.py", "hf_baselines.py", "matmul_peak.py",
-           "logged_command.py"}
+           "logged_command.py", "gpu_runs.py", "gpu_bundle.py"}
 
 
 def synthetic_result(out: Path, name: str = "toy_bench") -> dict:
