@@ -28,13 +28,15 @@ from pipeline.common.errors import PipelineError
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.select_split import SelectionSplit, selection_task, split_for_selection
 from pipeline.finetune.task_data import TaskData
-from pipeline.finetune.trainer import FineTuner
+from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS, FineTuner
 
 DEFAULT_SELECT_FRACTION = 0.1
 
-UNSWEEPABLE = ("task", "train.output_dir", "train.seed", "train.mixed_precision", "train.collective_timeout_s",
-               "train.eval_batch_size")
-"""Keys a sweep may not vary: they name the task or the run, are fixed per launch, or change no result."""
+FIXED_PER_LAUNCH = ("task", "train.precision")
+"""Keys read once per launch, before any trial: the task's data, and the precision the one accelerator of the
+process is built for (a swept precision would train every trial in the first setting's).
+A sweep refuses these, the trainer's `RESULT_NEUTRAL_SETTINGS` (they change no result: the rerun skip rule
+and the sweep name the same keys), `tracking.*`, and the `data.*` keys outside `SWEEPABLE_DATA`."""
 
 SWEEPABLE_DATA = ("data.max_seq_len", "data.label_all_tokens", "data.doc_stride", "data.n_best",
                   "data.max_answer_length", "data.version_2_with_negative", "data.null_score_diff_threshold")
@@ -54,9 +56,12 @@ def parse_sweep(specs: list[str]) -> list[tuple[str, ...]]:
             raise PipelineError(f"--sweep {spec!r}: expected KEY=V1,V2,... (e.g. train.learning_rate=1e-4,3e-4,1e-3)")
         if key in keys:
             raise PipelineError(f"--sweep {key}: given twice; list all its values in one --sweep")
-        if key in UNSWEEPABLE or key.startswith("tracking."):
-            raise PipelineError(f"--sweep {key}: cannot be swept (it names the task or the run, or changes no "
-                                "result); set it with --set")
+        if key in FIXED_PER_LAUNCH:
+            raise PipelineError(f"--sweep {key}: cannot be swept (it is read once per launch, before any trial); "
+                                "set it with --set, or run one launch per value")
+        if key in RESULT_NEUTRAL_SETTINGS or key.startswith("tracking."):
+            raise PipelineError(f"--sweep {key}: cannot be swept (it names the run or changes no result); set it "
+                                "with --set")
         if key.startswith("data.") and key not in SWEEPABLE_DATA:
             raise PipelineError(f"--sweep {key}: the task's data is read once, before the sweep; of the data keys "
                                 f"only {', '.join(SWEEPABLE_DATA)} can be swept")

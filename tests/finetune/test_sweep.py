@@ -17,12 +17,15 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, WORDS
 
+from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
 from pipeline.finetune import trainer
 from pipeline.finetune.qa_data import QAExample, QASplit
 from pipeline.finetune.select_split import select_score, split_for_selection
-from pipeline.finetune.sweep import parse_sweep
+from pipeline.finetune.config import FinetuneConfig
+from pipeline.finetune.sweep import FIXED_PER_LAUNCH, SWEEPABLE_DATA, parse_sweep
 from pipeline.finetune.task_data import Split
+from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS
 from pipeline.finetune.token_data import TaggedSplit
 
 # ----------------------------------------------------------------------------- the grid and the slice
@@ -37,10 +40,18 @@ def test_the_grid_is_the_product_of_the_swept_keys_in_the_order_given():
     (["train.learning_rate"], "expected KEY=V1,V2"), (["train.learning_rate=1e-4,"], "expected KEY=V1,V2"),
     (["train.epochs=2", "train.epochs=3"], "given twice"), (["train.seed=1,2"], "cannot be swept"),
     (["train.output_dir=a,b"], "cannot be swept"), (["train.epochs=2,2"], "listed twice"),
-    (["data.max_train_examples=8,32"], "read once, before the sweep")])
+    (["data.max_train_examples=8,32"], "read once, before the sweep"),
+    (["train.precision=fp32,bf16"], "read once per launch"), (["task=sst2,rte"], "read once per launch"),
+    (["train.eval_batch_size=32,64"], "changes no result"), (["tracking.experiment=a,b"], "changes no result")])
 def test_a_bad_sweep_is_an_error_naming_it(spec, message):
     with pytest.raises(PipelineError, match=message):
         parse_sweep(spec)
+
+
+def test_every_key_a_sweep_refuses_by_name_is_a_config_key_today():
+    """A renamed key left in these lists would let its new name be swept unchecked."""
+    keys = set(flatten(to_dict(FinetuneConfig())))
+    assert set(FIXED_PER_LAUNCH + RESULT_NEUTRAL_SETTINGS + SWEEPABLE_DATA) <= keys
 
 
 def sentence_split(n: int, start: int = 0) -> Split:
