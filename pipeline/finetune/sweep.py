@@ -13,6 +13,11 @@ reported on dev as the median. Dev never takes part in a choice.
 Each trial is a fine-tuning run of its own (`<output_dir>/selection/trial_<id>/seed_N/`, an MLflow
 child run under the task's run, tagged `stage=finetune-trial`); its `complete.json` makes a rerun
 skip it, as finished seeds are skipped.
+
+The selection seed's final training on the chosen setting would repeat the winning trial step for
+step (the same data, setting, seed and slice picking the epoch), so that seed takes the trial's best
+epoch over (`FineTuner.take_over`) and only scores dev on it: one training fewer per sweep. A trial
+skipped as finished keeps no weights, so then the seed trains as usual, to the same result.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.select_split import SelectionSplit, selection_task, split_for_selection
 from pipeline.finetune.task_data import TaskData
-from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS, FineTuner
+from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS, FineTuner, RunInputs, TrainedRun
 
 DEFAULT_SELECT_FRACTION = 0.1
 
@@ -113,6 +118,8 @@ class Selection:
     seed: int
     trials: list[dict]
     cut: SelectionSplit
+    trained: TrainedRun | None = None
+    """The chosen setting's trial, when it trained in this process: the selection seed takes it over."""
 
     def protocol(self) -> dict:
         """What the final seeds' completion records must match: the slice and the chosen setting."""
@@ -125,10 +132,11 @@ class Selection:
 
 
 def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int, from_scratch: bool,
-                   parent_run_id: str | None, root_config: FinetuneConfig) -> Selection:
+                   parent_run_id: str | None, root_config: FinetuneConfig, inputs: RunInputs) -> Selection:
     """Train every setting on the training split minus the slice, score it on the slice; keep the best.
 
-    `data.dev` is not given to any trial: the trials see `selection_task(data, cut)` alone.
+    `data.dev` is not given to any trial: the trials see `selection_task(data, cut)` alone. `inputs`: the
+    run's tokenizer and encodings (trials with the same data options share one family, so one encoding).
     """
     from pipeline.finetune.families import task_family
     from pipeline.finetune.outputs import finished_seed
@@ -141,25 +149,32 @@ def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int,
         print(f"selection: {len(sweep.settings)} setting(s), seed {seed}, trained on {len(cut.fit)} training "
               f"examples, scored on {len(cut.held_out)} held out ({sweep.fraction:g} of train; dev unused)",
               flush=True)
-    trials, scores = [], []
+    trials, scores, families = [], [], {}
+    best_trained: TrainedRun | None = None
     for setting in sweep.settings:
         folder = layout.trial(setting.name)
         config = dataclasses.replace(setting.config, train=dataclasses.replace(
             setting.config.train, output_dir=str(folder.root)))
         plan = config.batch_plan(accelerator.num_processes)
         accelerator.gradient_accumulation_steps = plan.accumulation  # a swept batch size changes it
-        family = task_family(task, config.data)
+        if repr(config.data) not in families:
+            families[repr(config.data)] = task_family(task, config.data)
+        family = families[repr(config.data)]
         tuner = FineTuner(config, task, family, source, accelerator, plan, seed, from_scratch, parent_run_id,
-                          protocol={"slice": cut.record(), "setting": list(setting.overrides)}, trial=setting.name)
+                          protocol={"slice": cut.record(), "setting": list(setting.overrides)}, trial=setting.name,
+                          inputs=inputs)
         done = finished_seed(folder.seed(seed), tuner.completion_key(), needs_model=False)
+        trained = None
         if done is not None:
             if is_main:
                 print(f"{tuner.label}: finished before ({folder.seed(seed).complete}), skipped", flush=True)
             best, epoch = done["metrics"], done["best_epoch"]
         else:
             result = tuner.run()
-            best, epoch = result.best, result.best_epoch
+            best, epoch, trained = result.best, result.best_epoch, tuner.trained(result)
         score = best[f"select_{family.main_metric}"]
+        if not scores or score > max(scores):  # the best so far (the first on a tie): keep its weights only
+            best_trained = trained
         scores.append(score)
         trials.append({"trial": setting.name, "setting": setting.values, "score": score, "best_epoch": epoch,
                        "metrics": best})
@@ -168,7 +183,7 @@ def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int,
                   flush=True)
     best_index = max(range(len(scores)), key=lambda i: (scores[i], -i))  # the first setting on a tie
     chosen = sweep.settings[best_index]
-    selection = Selection(chosen, scores[best_index], family.main_metric, seed, trials, cut)
+    selection = Selection(chosen, scores[best_index], family.main_metric, seed, trials, cut, best_trained)
     if is_main:
         layout.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(layout.selection_record, selection.record())
