@@ -306,7 +306,9 @@ class FineTuner:
             write_json_atomic(out.history, result.history)
             artifacts = [out.metrics, out.history]
             best = self.best_evaluation
-            artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels)
+            # Figures for the seeds that keep their model; a trial or a curve point reports in files alone.
+            artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels,
+                                                       figures=self.keeps_weights)
             for name, values in test_predictions.items():
                 artifacts += self.family.write_test_predictions(out, name, self.data.test[name], values)
             if self.keeps_weights:  # a trial's setting is retrained over the seeds; a curve point only reports

@@ -247,6 +247,10 @@ def test_the_selection_seed_takes_the_winning_trial_over_with_the_result_of_trai
     finetune(*args, "--set", f"train.output_dir={tmp_path / 'took-over'}")
     assert [r["took_over"] for r in spy.runs] == [False, False, True, False]  # two trials, seed 1, seed 2
     assert len(fits) == 3 and not any(label.startswith("custom seed 1") for label in fits)
+    # Figures for the seeds that keep a model; a trial reports in files alone.
+    assert (tmp_path / "took-over" / "seed_1" / "confusion_dev.png").exists()
+    assert not list((tmp_path / "took-over" / "selection").rglob("*.png"))
+    assert list((tmp_path / "took-over" / "selection").rglob("dev_predictions.tsv"))
 
     shutil.copytree(tmp_path / "took-over" / "selection", tmp_path / "trained" / "selection")
     fits.clear()
