@@ -155,8 +155,11 @@ class FineTuner:
         dev_loaders = [self.eval_loader(split) for split in self.data.dev.values()]
         if self.held_out is not None:
             dev_loaders.append(self.eval_loader(self.held_out))
+        # Fused: one kernel over all parameters, HF Trainer's default too (`adamw_torch_fused`). torch's default
+        # on CPU is a Python loop over tensors, which took 10× as long per step on a 15M-parameter encoder: on a
+        # small model, longer than its forward and backward.
         optimizer = torch.optim.AdamW(parameter_groups(model, t.weight_decay), lr=t.learning_rate,
-                                      betas=tuple(t.adam_betas), eps=t.adam_eps)
+                                      betas=tuple(t.adam_betas), eps=t.adam_eps, fused=True)
         # Optimizer steps per epoch: accelerate hands each process every world_size-th micro batch
         # (the last ones repeated to even them out), and steps once per `accumulation` of them.
         micro_per_process = math.ceil(len(train_loader) / self.plan.world_size)
