@@ -236,10 +236,9 @@ class FineTuner:
         if self.held_out is None:
             raise ValueError("take_over: only a seed whose best epoch the selection slice picks repeats a trial")
         done = trained.result
-        for entry in done.history:
-            self.metrics.log({"train/loss": entry["train_loss"], **{f"select/{k.removeprefix('select_')}": v
-                                                                    for k, v in entry.items() if
-                                                                    k.startswith("select_")}}, entry["epoch"])
+        for entry in done.history:  # as `fit` logged them: the loss and the slice's scores, per epoch
+            scores = {f"select/{k.removeprefix('select_')}": v for k, v in entry.items() if k.startswith("select_")}
+            self.metrics.log({"train/loss": entry["train_loss"], **scores}, entry["epoch"])
         self.best_state = trained.state
         return self._score_dev_once(SeedResult(self.seed, dict(done.best), done.best_epoch, list(done.history)))
 
