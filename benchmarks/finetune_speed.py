@@ -1,13 +1,15 @@
 """Whole fine-tuning runs, start-up included: the pipeline's `roberta-finetune` against HF `Trainer`.
 
     python benchmarks/finetune_speed.py [--model NAME=DIR ...] [--train 400] [--dev 200] [--epochs 2]
-        [--seeds 1,2] [--max-seq-len 64] [--batch 16] [--threads 1] [--out DIR] [--smoke]
+        [--seeds 1,2] [--max-seq-len 64] [--batch 16] [--threads 1] [--no-tracking] [--out DIR] [--smoke]
 
 Each model (default: `2-layer`, the main job's export in runs/default/pretrain/export, made by
 `bash launchers/demo.sh`: ModernBERT, 2 layers, hidden 128; and `MiniLM`, MiniLM-L6-H384 from the
 `[reference]` extra) is fine-tuned on the same data with the same recipe, twice:
 1. the pipeline: one launch of `python -m pipeline.commands.finetune --config custom --seeds …`, as a
-   user types it (tracking as shipped: a local MLflow store; each seed's best epoch saved as an HF folder);
+   user types it (tracking as shipped: a new local MLflow store, each seed's model logged to it; each seed's
+   best epoch saved as an HF folder). `--no-tracking` turns MLflow off, as HF's side has none (its own
+   record, finetune_speed.no-tracking);
 2. HF: one launch of this file's `hf` side, a run_glue-style script: the same jsonl files read and tokenized
    once, then for each seed `AutoModelForSequenceClassification.from_pretrained` + `Trainer` (evaluating
    every epoch, no checkpoints) and `save_model` at the end. One process for every seed is the fastest a
@@ -71,14 +73,15 @@ def timed(cmd: list[str], threads: int) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def pipeline_side(model: Path, task: Path, recipe: dict, seeds: str, out: Path, threads: int) -> dict:
+def pipeline_side(model: Path, task: Path, recipe: dict, seeds: str, out: Path, threads: int, tracking: bool) -> dict:
     """One `roberta-finetune` launch over every seed; each seed's best dev accuracy from its metrics.json."""
     sets = {"data.train_file": task / "train.jsonl", "data.validation_file": task / "dev.jsonl",
             "data.max_seq_len": recipe["max_seq_len"], "train.output_dir": out, "train.learning_rate": recipe["lr"],
             "train.batch_size": recipe["batch"], "train.epochs": recipe["epochs"], "train.warmup_ratio": WARMUP_RATIO,
             "train.weight_decay": WEIGHT_DECAY, "train.adam_betas": json.dumps(list(BETAS)), "train.adam_eps": EPS,
             "train.max_grad_norm": MAX_GRAD_NORM, "train.eval_batch_size": EVAL_BATCH,
-            "tracking.uri": f"sqlite:///{out / 'mlflow.db'}", "tracking.experiment": "finetune-speed"}
+            **({"tracking.uri": f"sqlite:///{out / 'mlflow.db'}", "tracking.experiment": "finetune-speed"} if tracking
+               else {"tracking.enabled": "false"})}
     out.mkdir(parents=True, exist_ok=True)
     wall, cpu = timed([sys.executable, "-m", "pipeline.commands.finetune", "--config", "custom", "--model", model,
                        "--seeds", seeds, *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")]], threads)
@@ -157,6 +160,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--max-seq-len", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both sides")
+    p.add_argument("--no-tracking", action="store_true", help="the pipeline without MLflow (HF's side has none)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "finetune-speed")
     p.add_argument("--smoke", action="store_true", help="a check that the script runs: its record stays in --out")
     a = p.parse_args()
@@ -174,13 +178,13 @@ def main() -> None:
                     "models with --model NAME=DIR")
         models = {"2-layer": export, "MiniLM": reference_encoder_folder()}
     recipe = {"lr": a.lr, "epochs": a.epochs, "batch": a.batch, "max_seq_len": a.max_seq_len}
-    name = "finetune_speed.smoke" if a.smoke else "finetune_speed"
+    name = "finetune_speed" + (".no-tracking" if a.no_tracking else "") + (".smoke" if a.smoke else "")
     with BenchmarkRecord(name, argv=sys.argv, out_dir=out if a.smoke else None) as rec:
         task = write_task(a.glue, out / "task", a.train, a.dev)
         rows = []
         for model_name, folder in models.items():
             runs = out / "runs" / model_name
-            ours = pipeline_side(folder, task, recipe, a.seeds, runs / "pipeline", a.threads)
+            ours = pipeline_side(folder, task, recipe, a.seeds, runs / "pipeline", a.threads, not a.no_tracking)
             hf = hf_side(folder, task, recipe, a.seeds, runs / "hf", a.threads)
             wall, cpu = hf["wall_s"] / ours["wall_s"], hf["cpu_s"] / ours["cpu_s"]
             rows.append({"model": model_name, "pipeline wall s": f"{ours['wall_s']:.1f}",
@@ -194,7 +198,8 @@ def main() -> None:
                          met=None if target is None else cpu >= target)
         rec.table(f"whole runs, start-up included: {len(a.seeds.split(','))} seeds, SST-2 first {a.train} train / "
                   f"{a.dev} dev sentences, {a.epochs} epochs, batch {a.batch}, LR {a.lr:g}, max_seq_len "
-                  f"{a.max_seq_len}, {a.threads} thread(s) each", rows)
+                  f"{a.max_seq_len}, {a.threads} thread(s) each; pipeline tracking "
+                  f"{'off' if a.no_tracking else 'on (a new MLflow store)'}", rows)
         for row in rows:
             print(json.dumps(row, ensure_ascii=False))
 
