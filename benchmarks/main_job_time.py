@@ -50,6 +50,12 @@ def machine() -> dict:
             "platform": platform.platform()}
 
 
+def target_seconds(cpu: str) -> int:
+    """The job's time target on this machine's CPU draw: 300 s on the faster (AMD EPYC), 600 s on the slower
+    (Intel Xeon, about half as fast on this job), and 600 s on a CPU not seen yet."""
+    return 300 if "AMD EPYC" in cpu else 600
+
+
 def built_ops(extensions: Path) -> dict[str, float]:
     """Every compiled op under the extensions folder, with its modification time."""
     return {str(p.relative_to(extensions)): p.stat().st_mtime for p in extensions.glob("**/*.so")}
@@ -128,8 +134,9 @@ def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
     if result["one_off_s"]:
         rec.table("one-off costs", [{"one-off": what, "s": f"{seconds:.1f}"}
                                     for what, seconds in result["one_off_s"].items()])
-    rec.headline("fresh run, wall", f"{result['fresh']['total_s']:.0f} s", target="≤ 600 s on 2 cores",
-                 met=result["fresh"]["total_s"] <= 600)
+    target = target_seconds(result["machine"]["cpu"])
+    rec.headline("fresh run, wall", f"{result['fresh']['total_s']:.0f} s", target=f"≤ {target} s on 2 cores",
+                 met=result["fresh"]["total_s"] <= target)
     record_downstream(rec, run_dir)
     write_json_atomic(out / "main_job_time.json", result)
     print(f"written {out / 'main_job_time.json'}")

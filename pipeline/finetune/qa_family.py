@@ -118,8 +118,9 @@ class QuestionAnsweringFamily(TaskFamily):
                 "null_score_diff_threshold": o.null_score_diff_threshold}
 
     def write_dev_reports(self, seed: SeedLayout, splits: dict[str, QASplit], predictions: dict[str, np.ndarray],
-                          labels: dict) -> list[Path]:
-        """`predictions.json` in the official format (`predictions_<split>.json` for several dev splits)."""
+                          labels: dict, figures: bool = True) -> list[Path]:
+        """`predictions.json` in the official format (`predictions_<split>.json` for several dev splits); no
+        figures."""
         written = []
         for name, split in splits.items():
             path = seed.answers(name, len(splits))

@@ -8,6 +8,7 @@ training is `trainer.FineTuner`; choosing a setting on the held-out slice is `sw
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
@@ -23,7 +24,7 @@ from pipeline.finetune.select_split import SELECT
 from pipeline.finetune.sweep import Sweep, select_setting
 from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.task_loading import load_task
-from pipeline.finetune.trainer import RERUN_HINT, FineTuner, build_accelerator
+from pipeline.finetune.trainer import RERUN_HINT, FineTuner, RunInputs, build_accelerator
 from pipeline.tracking.sinks import open_metrics
 
 
@@ -40,6 +41,10 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
     from pipeline.common.topology import current_topology
 
     topology = current_topology()
+    # What is alive now (the frameworks' modules, above all) lives to the end: frozen out of the collector's
+    # sight, the full collection after each training (accelerate's `free_memory`) stops re-scanning it.
+    gc.collect()
+    gc.freeze()
     try:
         return _run_finetuning(config, model, seeds, from_scratch, sweep, labels_per_class or [])
     except Exception as err:
@@ -47,6 +52,8 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
             raise
         raise lost_rank_error(err, topology.rank, topology.world_size, "while fine-tuning",
                               config.train.collective_timeout_s, RERUN_HINT) from None
+    finally:
+        gc.unfreeze()
 
 
 def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
@@ -70,6 +77,7 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
     capped = cap_seq_len(config, source.path, say=is_main)
     if capped is not config:  # the families cut their inputs at data.max_seq_len
         config, family = capped, task_family(data, capped.data)
+    inputs = RunInputs(source.path)  # one tokenizer and one encoding per split for every training below
     kind = "scratch" if from_scratch else "pretrained"
     parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{config.task_name}-{kind}",
                           tags=run_tags("finetune-summary", plan.world_size, task=config.task_name, seeds=",".join(
@@ -79,7 +87,8 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
                           params={**flatten(to_dict(config)), "model": source.path, "seeds": ",".join(map(str, seeds))})
     selection, held_out, protocol, best_metric = None, None, None, family.main_metric
     if sweep is not None:
-        selection = select_setting(sweep, data, source, accelerator, seeds[0], from_scratch, parent.run_id, config)
+        selection = select_setting(sweep, data, source, accelerator, seeds[0], from_scratch, parent.run_id, config,
+                                   inputs)
         config = dataclasses.replace(selection.chosen.config, train=dataclasses.replace(
             selection.chosen.config.train, output_dir=config.train.output_dir))
         plan = config.batch_plan(plan.world_size)
@@ -92,16 +101,21 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
     results: dict[int, dict[str, float]] = {}
     for seed in seeds:
         tuner = FineTuner(config, data, family, source, accelerator, plan, seed, from_scratch, parent.run_id,
-                          held_out=held_out, protocol=protocol)
+                          held_out=held_out, protocol=protocol, inputs=inputs)
         done = finished_seed(layout.seed(seed), tuner.completion_key())
         if done is not None:
             if is_main:
                 print(f"{tuner.label}: finished before ({layout.seed(seed).complete}), skipped", flush=True)
             results[seed] = done["metrics"]
             continue
-        results[seed] = tuner.run().best
+        # The selection seed on the chosen setting repeats the winning trial exactly: it takes that training over.
+        trained = selection.trained if selection is not None and seed == selection.seed else None
+        if trained is not None and is_main:
+            print(f"{tuner.label}: the chosen trial's training (same data, setting and seed), taken over; dev "
+                  "scored on its best epoch", flush=True)
+        results[seed] = tuner.run(trained).best
     curve = [_curve_point(n, config, data, family, source, accelerator, plan, seeds, from_scratch, parent.run_id,
-                          held_out, protocol) for n in labels_per_class]
+                          held_out, protocol, inputs) for n in labels_per_class]
     summary = summarize(list(results.values()), data.spec.metrics)
     report = {**summary, "metric": family.main_metric, "task": data.spec.name, "seeds": seeds,
               "from_scratch": from_scratch, "model": source.path,
@@ -129,7 +143,8 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
 
 
 def _curve_point(per_class: int, config: FinetuneConfig, data: TaskData, family, source, accelerator, plan,
-                 seeds: list[int], from_scratch: bool, parent_run_id: str | None, held_out, protocol) -> dict:
+                 seeds: list[int], from_scratch: bool, parent_run_id: str | None, held_out, protocol,
+                 inputs: RunInputs) -> dict:
     """Every seed of one label-curve point, trained (or skipped when finished) on its own draw of the examples."""
     results, epochs, examples = [], config.train.epochs, 0
     for seed in seeds:
@@ -138,7 +153,8 @@ def _curve_point(per_class: int, config: FinetuneConfig, data: TaskData, family,
         epochs, examples = point.train.epochs, len(train)
         tuner = FineTuner(point, TaskData(data.spec, train, data.dev, {}), family, source, accelerator, plan, seed,
                           from_scratch, parent_run_id, held_out=held_out,
-                          protocol={**(protocol or {}), "labels_per_class": per_class}, point=f"{per_class}-per-class")
+                          protocol={**(protocol or {}), "labels_per_class": per_class}, point=f"{per_class}-per-class",
+                          inputs=inputs)
         done = finished_seed(point.layout.seed(seed), tuner.completion_key(), needs_model=False)
         if done is not None:
             if accelerator.is_main_process:

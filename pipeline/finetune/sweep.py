@@ -13,6 +13,11 @@ reported on dev as the median. Dev never takes part in a choice.
 Each trial is a fine-tuning run of its own (`<output_dir>/selection/trial_<id>/seed_N/`, an MLflow
 child run under the task's run, tagged `stage=finetune-trial`); its `complete.json` makes a rerun
 skip it, as finished seeds are skipped.
+
+The selection seed's final training on the chosen setting would repeat the winning trial step for
+step (the same data, setting, seed and slice picking the epoch), so that seed takes the trial's best
+epoch over (`FineTuner.take_over`) and only scores dev on it: one training fewer per sweep. A trial
+skipped as finished keeps no weights, so then the seed trains as usual, to the same result.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ from pipeline.common.errors import PipelineError
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.select_split import SelectionSplit, selection_task, split_for_selection
 from pipeline.finetune.task_data import TaskData
-from pipeline.finetune.trainer import FineTuner
+from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS, FineTuner, RunInputs, TrainedRun
 
 DEFAULT_SELECT_FRACTION = 0.1
 
-UNSWEEPABLE = ("task", "train.output_dir", "train.seed", "train.mixed_precision", "train.collective_timeout_s",
-               "train.eval_batch_size")
-"""Keys a sweep may not vary: they name the task or the run, are fixed per launch, or change no result."""
+FIXED_PER_LAUNCH = ("task", "train.precision")
+"""Keys read once per launch, before any trial: the task's data, and the precision the one accelerator of the
+process is built for (a swept precision would train every trial in the first setting's).
+A sweep refuses these, the trainer's `RESULT_NEUTRAL_SETTINGS` (they change no result: the rerun skip rule
+and the sweep name the same keys), `tracking.*`, and the `data.*` keys outside `SWEEPABLE_DATA`."""
 
 SWEEPABLE_DATA = ("data.max_seq_len", "data.label_all_tokens", "data.doc_stride", "data.n_best",
                   "data.max_answer_length", "data.version_2_with_negative", "data.null_score_diff_threshold")
@@ -54,9 +61,12 @@ def parse_sweep(specs: list[str]) -> list[tuple[str, ...]]:
             raise PipelineError(f"--sweep {spec!r}: expected KEY=V1,V2,... (e.g. train.learning_rate=1e-4,3e-4,1e-3)")
         if key in keys:
             raise PipelineError(f"--sweep {key}: given twice; list all its values in one --sweep")
-        if key in UNSWEEPABLE or key.startswith("tracking."):
-            raise PipelineError(f"--sweep {key}: cannot be swept (it names the task or the run, or changes no "
-                                "result); set it with --set")
+        if key in FIXED_PER_LAUNCH:
+            raise PipelineError(f"--sweep {key}: cannot be swept (it is read once per launch, before any trial); "
+                                "set it with --set, or run one launch per value")
+        if key in RESULT_NEUTRAL_SETTINGS or key.startswith("tracking."):
+            raise PipelineError(f"--sweep {key}: cannot be swept (it names the run or changes no result); set it "
+                                "with --set")
         if key.startswith("data.") and key not in SWEEPABLE_DATA:
             raise PipelineError(f"--sweep {key}: the task's data is read once, before the sweep; of the data keys "
                                 f"only {', '.join(SWEEPABLE_DATA)} can be swept")
@@ -108,6 +118,8 @@ class Selection:
     seed: int
     trials: list[dict]
     cut: SelectionSplit
+    trained: TrainedRun | None = None
+    """The chosen setting's trial, when it trained in this process: the selection seed takes it over."""
 
     def protocol(self) -> dict:
         """What the final seeds' completion records must match: the slice and the chosen setting."""
@@ -120,10 +132,11 @@ class Selection:
 
 
 def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int, from_scratch: bool,
-                   parent_run_id: str | None, root_config: FinetuneConfig) -> Selection:
+                   parent_run_id: str | None, root_config: FinetuneConfig, inputs: RunInputs) -> Selection:
     """Train every setting on the training split minus the slice, score it on the slice; keep the best.
 
-    `data.dev` is not given to any trial: the trials see `selection_task(data, cut)` alone.
+    `data.dev` is not given to any trial: the trials see `selection_task(data, cut)` alone. `inputs`: the
+    run's tokenizer and encodings (trials with the same data options share one family, so one encoding).
     """
     from pipeline.finetune.families import task_family
     from pipeline.finetune.outputs import finished_seed
@@ -136,25 +149,32 @@ def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int,
         print(f"selection: {len(sweep.settings)} setting(s), seed {seed}, trained on {len(cut.fit)} training "
               f"examples, scored on {len(cut.held_out)} held out ({sweep.fraction:g} of train; dev unused)",
               flush=True)
-    trials, scores = [], []
+    trials, scores, families = [], [], {}
+    best_trained: TrainedRun | None = None
     for setting in sweep.settings:
         folder = layout.trial(setting.name)
         config = dataclasses.replace(setting.config, train=dataclasses.replace(
             setting.config.train, output_dir=str(folder.root)))
         plan = config.batch_plan(accelerator.num_processes)
         accelerator.gradient_accumulation_steps = plan.accumulation  # a swept batch size changes it
-        family = task_family(task, config.data)
+        if repr(config.data) not in families:
+            families[repr(config.data)] = task_family(task, config.data)
+        family = families[repr(config.data)]
         tuner = FineTuner(config, task, family, source, accelerator, plan, seed, from_scratch, parent_run_id,
-                          protocol={"slice": cut.record(), "setting": list(setting.overrides)}, trial=setting.name)
+                          protocol={"slice": cut.record(), "setting": list(setting.overrides)}, trial=setting.name,
+                          inputs=inputs)
         done = finished_seed(folder.seed(seed), tuner.completion_key(), needs_model=False)
+        trained = None
         if done is not None:
             if is_main:
                 print(f"{tuner.label}: finished before ({folder.seed(seed).complete}), skipped", flush=True)
             best, epoch = done["metrics"], done["best_epoch"]
         else:
             result = tuner.run()
-            best, epoch = result.best, result.best_epoch
+            best, epoch, trained = result.best, result.best_epoch, tuner.trained(result)
         score = best[f"select_{family.main_metric}"]
+        if not scores or score > max(scores):  # the best so far (the first on a tie): keep its weights only
+            best_trained = trained
         scores.append(score)
         trials.append({"trial": setting.name, "setting": setting.values, "score": score, "best_epoch": epoch,
                        "metrics": best})
@@ -163,7 +183,7 @@ def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int,
                   flush=True)
     best_index = max(range(len(scores)), key=lambda i: (scores[i], -i))  # the first setting on a tie
     chosen = sweep.settings[best_index]
-    selection = Selection(chosen, scores[best_index], family.main_metric, seed, trials, cut)
+    selection = Selection(chosen, scores[best_index], family.main_metric, seed, trials, cut, best_trained)
     if is_main:
         layout.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(layout.selection_record, selection.record())

@@ -54,7 +54,9 @@ class TaskFamily:
         return {"task": self.spec.name, "task_type": self.task_type, "labels": list(self.spec.class_names or [])}
 
     def write_dev_reports(self, seed: SeedLayout, splits: dict[str, Split], predictions: dict[str, np.ndarray],
-                          labels: dict[str, np.ndarray]) -> list[Path]:
+                          labels: dict[str, np.ndarray], figures: bool = True) -> list[Path]:
+        """Write the dev reports of a finished seed; return the files written. `figures=False` leaves out the
+        drawn ones (a trial or label-curve point: a plot costs more than its training's last epoch)."""
         raise NotImplementedError
 
     def write_test_predictions(self, seed: SeedLayout, name: str, split: Split, predictions: np.ndarray
@@ -120,8 +122,9 @@ class SequenceTask(TaskFamily):
         return format(float(value), ".9g") if self.spec.is_regression else self.spec.class_names[int(value)]
 
     def write_dev_reports(self, seed: SeedLayout, splits: dict[str, Split], predictions: dict[str, np.ndarray],
-                          labels: dict[str, np.ndarray]) -> list[Path]:
-        """`dev_predictions[_<split>].tsv` (index, prediction, label) and, for classes, confusion matrices."""
+                          labels: dict[str, np.ndarray], figures: bool = True) -> list[Path]:
+        """`dev_predictions[_<split>].tsv` (index, prediction, label) and, for classes with `figures`, confusion
+        matrices."""
         written = []
         for name, split in splits.items():
             path = seed.dev_predictions(name, len(splits))
@@ -129,7 +132,7 @@ class SequenceTask(TaskFamily):
             write_text_atomic(path, "index\tprediction\tlabel\n"
                               + "".join(f"{i}\t{self.show(p)}\t{self.show(g)}\n" for i, p, g in rows))
             written.append(path)
-        if not self.spec.is_regression:
+        if figures and not self.spec.is_regression:
             written += [self._confusion(seed.confusion(name), name, predictions[name], labels[name])
                         for name in predictions]
         return written

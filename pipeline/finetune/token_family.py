@@ -153,8 +153,9 @@ class TokenTaggingFamily(TaskFamily):
                 "label_all_tokens": self.label_all_tokens, "entity_level": self.entity_level}
 
     def write_dev_reports(self, seed: SeedLayout, splits: dict[str, TaggedSplit],
-                          predictions: dict[str, np.ndarray], labels: dict[str, np.ndarray]) -> list[Path]:
-        """`dev_predictions.conll` (`dev_predictions_<split>.conll` for several dev splits)."""
+                          predictions: dict[str, np.ndarray], labels: dict[str, np.ndarray],
+                          figures: bool = True) -> list[Path]:
+        """`dev_predictions.conll` (`dev_predictions_<split>.conll` for several dev splits); no figures."""
         written = []
         for name, split in splits.items():
             path = seed.dev_predictions(name, len(splits), ".conll")

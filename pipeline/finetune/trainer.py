@@ -12,6 +12,7 @@ import json
 import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,6 +71,44 @@ class SeedResult:
     history: list[dict] = field(default_factory=list)
 
 
+@dataclass
+class TrainedRun:
+    """A finished training's best-epoch weights (on the CPU) and result: what a seed that would repeat the very
+    same training (the selection seed on the chosen setting, see sweep.py) takes over instead of retraining."""
+
+    state: dict[str, torch.Tensor]
+    result: SeedResult
+
+
+class RunInputs:
+    """What every training of one run shares, made once: the tokenizer, and each split's encoding.
+
+    A run with a sweep, seeds and a label curve trains a dozen times on the same few splits; loading
+    the tokenizer and tokenizing a split once per run, not once per training, is the fixed cost saved.
+    An encoding is kept per (family, split, max_seq_len): a family's options (a token task's
+    `label_all_tokens`, QA's stride) change what it encodes. The encodings are read-only datasets.
+    """
+
+    def __init__(self, model_path: str):
+        self.model_path = model_path
+        self._tokenizer = None
+        self._encodings: dict[tuple[int, int, int], tuple[Any, Any, torch.utils.data.Dataset]] = {}
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    def encoded(self, family: TaskFamily, split, max_seq_len: int) -> torch.utils.data.Dataset:
+        key = (id(family), id(split), max_seq_len)
+        if key not in self._encodings:  # the value holds the family and split too, so their ids are never reused
+            self._encodings[key] = (family, split, family.encode(split, self.tokenizer, max_seq_len))
+        return self._encodings[key][2]
+
+
 class FineTuner:
     """One seed: `setup()` builds model, data and optimizer; `fit()` trains and keeps the best dev
     epoch; `validate()` scores the dev splits; `save()` writes the seed's folder, `complete.json` last."""
@@ -77,13 +116,15 @@ class FineTuner:
     def __init__(self, config: FinetuneConfig, data: TaskData, family: TaskFamily, source: ModelSource,
                  accelerator, plan: BatchPlan, seed: int, from_scratch: bool, parent_run_id: str | None = None,
                  *, held_out=None, protocol: dict | None = None, trial: str | None = None,
-                 point: str | None = None):
+                 point: str | None = None, inputs: RunInputs | None = None):
         """`held_out`: a split of training data (the selection slice) that picks the best epoch; dev is then
         scored once, on that epoch (the family must know the slice as `SELECT`). `protocol`: what the
         completion record must also match (the selection slice, the trial's setting). `trial`: a selection
         trial of that name: its own MLflow run name and tags, and no saved weights. `point`: a point of the
-        label-efficiency curve (`label_curve.py`, e.g. "8-per-class"): named and tagged so, no saved weights."""
+        label-efficiency curve (`label_curve.py`, e.g. "8-per-class"): named and tagged so, no saved weights.
+        `inputs`: the run's shared tokenizer and encodings (default: this training's own)."""
         self.config, self.data, self.family, self.source = config, data, family, source
+        self.inputs = inputs or RunInputs(source.path)
         self.accelerator, self.plan, self.seed, self.from_scratch = accelerator, plan, seed, from_scratch
         self.parent_run_id = parent_run_id
         self.held_out, self.protocol, self.trial, self.point = held_out, protocol, trial, point
@@ -99,24 +140,27 @@ class FineTuner:
                       f"seed {seed}{' (scratch)' if from_scratch else ''}")
 
     def setup(self) -> None:
-        from transformers import AutoTokenizer, get_linear_schedule_with_warmup
+        from transformers import get_linear_schedule_with_warmup
 
         c, t, acc = self.config, self.config.train, self.accelerator
         seed_everything(self.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.source.path)
+        self.tokenizer = self.inputs.tokenizer
         model = self.family.build_model(self.source.path, self.from_scratch)
         if not self.from_scratch and acc.is_main_process:
             print(f"loaded {self.source.path} with a new {self.family.task_type} head", flush=True)
         collate = self.family.collator(self.tokenizer)
-        train_set = self.family.encode(self.data.train, self.tokenizer, c.data.max_seq_len)
+        train_set = self.inputs.encoded(self.family, self.data.train, c.data.max_seq_len)
         train_loader = torch.utils.data.DataLoader(train_set, batch_size=self.plan.micro_batch_size, shuffle=True,
                                                    collate_fn=collate,
                                                    generator=torch.Generator().manual_seed(self.seed))
         dev_loaders = [self.eval_loader(split) for split in self.data.dev.values()]
         if self.held_out is not None:
             dev_loaders.append(self.eval_loader(self.held_out))
+        # Fused: one kernel over all parameters, HF Trainer's default too (`adamw_torch_fused`). torch's default
+        # on CPU is a Python loop over tensors, which took 10× as long per step on a 15M-parameter encoder: on a
+        # small model, longer than its forward and backward.
         optimizer = torch.optim.AdamW(parameter_groups(model, t.weight_decay), lr=t.learning_rate,
-                                      betas=tuple(t.adam_betas), eps=t.adam_eps)
+                                      betas=tuple(t.adam_betas), eps=t.adam_eps, fused=True)
         # Optimizer steps per epoch: accelerate hands each process every world_size-th micro batch
         # (the last ones repeated to even them out), and steps once per `accumulation` of them.
         micro_per_process = math.ceil(len(train_loader) / self.plan.world_size)
@@ -132,7 +176,7 @@ class FineTuner:
         self.metrics = self._open_metrics()
 
     def eval_loader(self, split: Split):
-        dataset = self.family.encode(split, self.tokenizer, self.config.data.max_seq_len)
+        dataset = self.inputs.encoded(self.family, split, self.config.data.max_seq_len)
         return torch.utils.data.DataLoader(dataset, batch_size=self.config.train.eval_batch_size,
                                            collate_fn=self.family.collator(self.tokenizer))
 
@@ -184,11 +228,27 @@ class FineTuner:
                 self.best_state = {k: v.detach().to("cpu", copy=True)
                                    for k, v in acc.get_state_dict(self.model).items()}
         progress.close()
-        if self.held_out is not None:  # dev, read once: on the epoch the slice chose
-            acc.unwrap_model(self.model).load_state_dict(self.best_state)
-            self.best_evaluation = self.validate()
-            result.best = {**self.best_evaluation.metrics, **result.best}
-            self.metrics.log({f"eval/{k}": v for k, v in self.best_evaluation.metrics.items()}, result.best_epoch)
+        return self._score_dev_once(result) if self.held_out is not None else result
+
+    def take_over(self, trained: TrainedRun) -> SeedResult:
+        """The result of `trained`, a training this seed would repeat exactly (the same data, setting and seed,
+        the same slice choosing the epoch): its epochs are logged as this seed's, and dev is scored once, on its
+        best epoch's weights, as `fit` would."""
+        if self.held_out is None:
+            raise ValueError("take_over: only a seed whose best epoch the selection slice picks repeats a trial")
+        done = trained.result
+        for entry in done.history:  # as `fit` logged them: the loss and the slice's scores, per epoch
+            scores = {f"select/{k.removeprefix('select_')}": v for k, v in entry.items() if k.startswith("select_")}
+            self.metrics.log({"train/loss": entry["train_loss"], **scores}, entry["epoch"])
+        self.best_state = trained.state
+        return self._score_dev_once(SeedResult(self.seed, dict(done.best), done.best_epoch, list(done.history)))
+
+    def _score_dev_once(self, result: SeedResult) -> SeedResult:
+        """Dev, read once: on the epoch the selection slice chose."""
+        self.accelerator.unwrap_model(self.model).load_state_dict(self.best_state)
+        self.best_evaluation = self.validate()
+        result.best = {**self.best_evaluation.metrics, **result.best}
+        self.metrics.log({f"eval/{k}": v for k, v in self.best_evaluation.metrics.items()}, result.best_epoch)
         return result
 
     def _train_epoch(self, progress) -> float:
@@ -249,7 +309,9 @@ class FineTuner:
             write_json_atomic(out.history, result.history)
             artifacts = [out.metrics, out.history]
             best = self.best_evaluation
-            artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels)
+            # Figures for the seeds that keep their model; a trial or a curve point reports in files alone.
+            artifacts += self.family.write_dev_reports(out, self.data.dev, best.predictions, best.labels,
+                                                       figures=self.keeps_weights)
             for name, values in test_predictions.items():
                 artifacts += self.family.write_test_predictions(out, name, self.data.test[name], values)
             if self.keeps_weights:  # a trial's setting is retrained over the seeds; a curve point only reports
@@ -292,8 +354,13 @@ class FineTuner:
             key["protocol"] = self.protocol
         return json.loads(json.dumps(key))  # as the record reads back (tuples as lists)
 
-    def run(self) -> SeedResult:
+    def run(self, trained: TrainedRun | None = None) -> SeedResult:
+        """setup → fit (or, given `trained`, `take_over` that training) → save."""
         self.setup()
-        result = self.fit()
+        result = self.fit() if trained is None else self.take_over(trained)
         self.save(result)
         return result
+
+    def trained(self, result: SeedResult) -> TrainedRun:
+        """This finished training's best epoch, for a seed that would repeat it (`run(trained=...)`)."""
+        return TrainedRun(self.best_state, result)

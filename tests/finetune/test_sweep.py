@@ -17,13 +17,16 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, WORDS
 
+from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
 from pipeline.finetune import trainer
+from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.qa_data import QAExample, QASplit
 from pipeline.finetune.select_split import select_score, split_for_selection
-from pipeline.finetune.sweep import parse_sweep
+from pipeline.finetune.sweep import FIXED_PER_LAUNCH, SWEEPABLE_DATA, parse_sweep
 from pipeline.finetune.task_data import Split
 from pipeline.finetune.token_data import TaggedSplit
+from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS
 
 # ----------------------------------------------------------------------------- the grid and the slice
 
@@ -37,10 +40,18 @@ def test_the_grid_is_the_product_of_the_swept_keys_in_the_order_given():
     (["train.learning_rate"], "expected KEY=V1,V2"), (["train.learning_rate=1e-4,"], "expected KEY=V1,V2"),
     (["train.epochs=2", "train.epochs=3"], "given twice"), (["train.seed=1,2"], "cannot be swept"),
     (["train.output_dir=a,b"], "cannot be swept"), (["train.epochs=2,2"], "listed twice"),
-    (["data.max_train_examples=8,32"], "read once, before the sweep")])
+    (["data.max_train_examples=8,32"], "read once, before the sweep"),
+    (["train.precision=fp32,bf16"], "read once per launch"), (["task=sst2,rte"], "read once per launch"),
+    (["train.eval_batch_size=32,64"], "changes no result"), (["tracking.experiment=a,b"], "changes no result")])
 def test_a_bad_sweep_is_an_error_naming_it(spec, message):
     with pytest.raises(PipelineError, match=message):
         parse_sweep(spec)
+
+
+def test_every_key_a_sweep_refuses_by_name_is_a_config_key_today():
+    """A renamed key left in these lists would let its new name be swept unchecked."""
+    keys = set(flatten(to_dict(FinetuneConfig())))
+    assert set(FIXED_PER_LAUNCH + RESULT_NEUTRAL_SETTINGS + SWEEPABLE_DATA) <= keys
 
 
 def sentence_split(n: int, start: int = 0) -> Split:
@@ -139,11 +150,11 @@ class Spy:
         spy = self
         original_run, original_validate = trainer.FineTuner.run, trainer.FineTuner.validate
 
-        def run(tuner):
+        def run(tuner, trained=None):
             spy.runs.append({"trial": tuner.trial, "dev": [s.source for s in tuner.data.dev.values()],
-                             "dev_scored": 0, "train": tuner.data.train.source})
+                             "dev_scored": 0, "train": tuner.data.train.source, "took_over": trained is not None})
             tuner._spy = spy.runs[-1]
-            return original_run(tuner)
+            return original_run(tuner, trained)
 
         def validate(tuner, loaders=None):
             if loaders is None:
@@ -219,6 +230,38 @@ def test_selection_never_reads_dev_and_a_rerun_skips_every_finished_trial(poison
     assert [r["trial"] for r in spy.runs] == [trial for trial in {t["trial"] for t in json.loads(
         (ft / "selection.json").read_text())["trials"]} - {t["trial"] for t in selection["trials"]}]
     assert json.loads((ft / "metrics.json").read_text())["chosen_setting"] == {"train.learning_rate": "1e-3"}
+
+
+def test_the_selection_seed_takes_the_winning_trial_over_with_the_result_of_training_it(poisoned_task, tiny_model,
+                                                                                       monkeypatch, tmp_path):
+    """Seed 1 on the chosen setting would repeat the winning trial step for step: it is not trained again, and
+    its result is the one a training gives (a rerun whose trials were finished before trains seed 1 itself)."""
+    import shutil
+
+    fits = []
+    original_fit = trainer.FineTuner.fit
+    monkeypatch.setattr(trainer.FineTuner, "fit", lambda tuner: fits.append(tuner.label) or original_fit(tuner))
+    spy = Spy(monkeypatch)
+    args = ["--config", poisoned_task / "config.json", "--model", tiny_model, "--from-scratch", "--seeds", "1,2",
+            *SWEEP, "--set", "tracking.enabled=false"]
+    finetune(*args, "--set", f"train.output_dir={tmp_path / 'took-over'}")
+    assert [r["took_over"] for r in spy.runs] == [False, False, True, False]  # two trials, seed 1, seed 2
+    assert len(fits) == 3 and not any(label.startswith("custom seed 1") for label in fits)
+    # Figures for the seeds that keep a model; a trial reports in files alone.
+    assert (tmp_path / "took-over" / "seed_1" / "confusion_dev.png").exists()
+    assert not list((tmp_path / "took-over" / "selection").rglob("*.png"))
+    assert list((tmp_path / "took-over" / "selection").rglob("dev_predictions.tsv"))
+
+    shutil.copytree(tmp_path / "took-over" / "selection", tmp_path / "trained" / "selection")
+    fits.clear()
+    finetune(*args, "--set", f"train.output_dir={tmp_path / 'trained'}")
+    assert len(fits) == 2  # the trials were finished before, so they kept no weights: seeds 1 and 2 train
+    for name in ("metrics.json", "history.json"):
+        took_over, trained = (json.loads((tmp_path / run / "seed_1" / name).read_text())
+                              for run in ("took-over", "trained"))
+        assert took_over == trained
+    assert (tmp_path / "took-over" / "seed_1" / "model" / "model.safetensors").read_bytes() == (
+        tmp_path / "trained" / "seed_1" / "model" / "model.safetensors").read_bytes()
 
 
 def test_a_sweep_of_a_token_task_chooses_on_its_slice(tmp_path, tiny_model):
