@@ -142,21 +142,25 @@ def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and
 
 @pytest.mark.slow
 def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
-    """`--device cpu --tiny`: the GPU check's own code at toy size, every part. The four faults' rows pass; each
-    throughput row (eager and compiled, loader on and off) trains and is measured; the run to the end is killed
-    with SIGKILL mid-run, resumes with the same losses as the uninterrupted run, exports and fine-tunes."""
+    """`--device cpu --tiny`: the GPU check's own code at toy size, every part but `compiled`. The four faults' rows
+    pass; each eager throughput row (loader on and off) trains and is measured; the run to the end is killed with
+    SIGKILL mid-run, resumes with the same losses as the uninterrupted run, exports and fine-tunes."""
     data = data_folder(tmp_path / "data")
     out = tmp_path / "record"
     out.mkdir()
-    record, done = run_check(out, "--device", "cpu", "--tiny", "--data", str(data), "--models", "ModernBERT-base")
+    # Skipped: `compiled` is the `throughput` part's own function and command with train.compile set, so here it
+    # only adds inductor compiling ModernBERT twice (a quarter of this test on an AMD EPYC with inductor's cache
+    # warm, more when cold). train.compile itself is run end to end (trains, matches the plain run, saves,
+    # resumes, exports) by tests/pretrain/test_step_speed.py, and the check on a GPU runs every part.
+    record, done = run_check(out, "--device", "cpu", "--tiny", "--data", str(data), "--models", "ModernBERT-base",
+                             "--skip", "compiled")
     assert record["benchmark"] == "gpu_check.cpu-tiny" and record["provenance"] == "measured"
     results = record["results"]
     assert results["environment"]["torch"] and set(results["environment"]["peak_tflops"]) == {"bf16", "fp32"}
     assert results["versions"]["transformers"]["installed"] == results["versions"]["transformers"]["pinned"]
     assert results["data"] == str(data)
     outcome = {o["step"]: o for o in results["steps"]}
-    needs_compiler = [*(f"packed/{arch}/flex_attention" for arch in gpu_check.ARCHITECTURES),
-                      *(f"throughput/ModernBERT-base/compile/{b}" for b in ("loader", "in-memory"))]
+    needs_compiler = [f"packed/{arch}/flex_attention" for arch in gpu_check.ARCHITECTURES]
     failed = sorted(o["step"] for o in results["steps"] if o["status"] == "failed")
     assert failed == ([] if cpu_compiler() else sorted(needs_compiler)), [outcome[f] for f in failed]
 
@@ -172,19 +176,17 @@ def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
             assert packed["status"] == "ok" and packed["max_abs_difference"] <= 1e-4
     tables = {t["title"].split(":")[0]: t["rows"] for t in results["tables"]}
     assert list(tables) == ["correctness", "packed documents", "faults found on the H200, each shown fixed",
-                            "throughput, eager", "the run to the end", "throughput, train.compile"]
+                            "throughput, eager", "the run to the end"]
     faults = tables["faults found on the H200, each shown fixed"]
     assert [row["status"] for row in faults] == ["ok"] * 4
     assert faults[3]["shown by"].startswith("4 of 8 steps") and "not supported" in faults[3]["note"]  # no fp16 here
     assert outcome["faults/ending-run"]["loader_workers"] == 1
 
-    for kind in ("eager", "compile"):
-        for batches in ("loader", "in-memory"):
-            row = outcome[f"throughput/ModernBERT-base/{kind}/{batches}"]
-            if row["status"] == "failed":
-                continue  # no C++ compiler (asserted above)
-            assert row["tokens_per_s"] > 0 and row["mfu_measured_peak"] > 0 and row["mfu_nominal_peak"] is None
-            assert row["attention"] == "sdpa" and row["seq_len"] == 64  # no FlexAttention backward on CPU
+    assert not [step for step in outcome if "/compile/" in step]  # skipped as asked
+    for batches in ("loader", "in-memory"):
+        row = outcome[f"throughput/ModernBERT-base/eager/{batches}"]
+        assert row["tokens_per_s"] > 0 and row["mfu_measured_peak"] > 0 and row["mfu_nominal_peak"] is None
+        assert row["attention"] == "sdpa" and row["seq_len"] == 64  # no FlexAttention backward on CPU
     e2e = outcome["e2e/pretrain-kill-resume-export-finetune"]
     assert e2e["status"] == "ok" and e2e["identical_losses"] and e2e["max_abs_loss_difference"] == 0.0
     assert e2e["resumed_at_step"] < e2e["killed_at_step"] < e2e["steps"]  # killed mid-run, past a checkpoint
