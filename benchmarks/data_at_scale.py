@@ -167,7 +167,7 @@ def resume_probe(shards: Path, tokenizer: Path, cache: Path, fraction: float = 0
     code = f"""
 import json, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from pipeline.pretrain.config import load_pretrain_config
+from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker

@@ -48,7 +48,12 @@ TOLERANCE = {"bf16": 2e-3, "fp16": 5e-4}
 NOMINAL_TFLOPS = (("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
                   ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0), ("L4", 121.0))
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, local_attention=16)
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def small_model(architecture: str) -> dict[str, Any]:
+    """SMALL as `architecture`'s model section: ModernBERT's window kept small, the others refuse the key."""
+    return {**SMALL, "architecture": architecture, **({"local_attention": 16} if architecture == "modernbert" else {})}
 
 
 class Steps:
@@ -208,7 +213,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     ds: dict[str, Any] = {}
     if precision == "fp16":
         ds["fp16"] = {"initial_scale_power": 8}  # a first step skipped for overflow would compare nothing
-    model_keys = {**SMALL, "architecture": architecture}
+    model_keys = small_model(architecture)
     if architecture == "bert":
         model_keys["next_sentence_loss"] = False
     config = PretrainConfig(model=ModelConfig(**model_keys), data=DataConfig(shards="unused", tokenizer="unused"),
@@ -305,7 +310,7 @@ def packed_difference(architecture: str, attention: str, device: str) -> dict[st
     from pipeline.pretrain.packed_attention import document_layout
 
     info, seq_len = small_tokenizer(), 64
-    keys = {**SMALL, "num_hidden_layers": 3, "architecture": architecture, "attn_implementation": attention}
+    keys = {**small_model(architecture), "num_hidden_layers": 3, "attn_implementation": attention}
     config = hf_config(ModelConfig(**keys), info, seq_len)
     padded_config = copy.deepcopy(config)
     padded_config._attn_implementation = "sdpa"
