@@ -41,3 +41,20 @@ def build_accelerator(precision: Precision, *, accumulation: int = 1, world_size
         handlers = [InitProcessGroupKwargs(backend="gloo" if cpu else "nccl", **timeout)]
     return Accelerator(cpu=cpu, mixed_precision=wanted, gradient_accumulation_steps=accumulation,
                        kwargs_handlers=handlers)
+
+
+def bare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DistributedDataParallel and torch.compile's wrapper.
+
+    accelerate's `unwrap_model` and `get_state_dict` do this too, but their first call imports DeepSpeed
+    to look for its engine (7 s on a 2-core CPU, in every fine-tuning process); fine-tuning never uses it.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model

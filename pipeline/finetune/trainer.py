@@ -23,6 +23,7 @@ from pipeline.common.fingerprints import model_fingerprint
 from pipeline.common.lost_rank import RankWatchdog, lost_rank_message
 from pipeline.common.run_kernel import run_tags, seed_everything
 from pipeline.common.run_layout import SeedLayout
+from pipeline.finetune.accelerator import bare_model
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.model_source import ModelSource
 from pipeline.finetune.outputs import (
@@ -226,7 +227,7 @@ class FineTuner:
             if not result.best or scores[prefix + main_metric] > result.best[prefix + main_metric]:
                 result.best, result.best_epoch, self.best_evaluation = scores, epoch, evaluation
                 self.best_state = {k: v.detach().to("cpu", copy=True)
-                                   for k, v in acc.get_state_dict(self.model).items()}
+                                   for k, v in bare_model(self.model).state_dict().items()}
         progress.close()
         return self._score_dev_once(result) if self.held_out is not None else result
 
@@ -245,7 +246,7 @@ class FineTuner:
 
     def _score_dev_once(self, result: SeedResult) -> SeedResult:
         """Dev, read once: on the epoch the selection slice chose."""
-        self.accelerator.unwrap_model(self.model).load_state_dict(self.best_state)
+        bare_model(self.model).load_state_dict(self.best_state)
         self.best_evaluation = self.validate()
         result.best = {**self.best_evaluation.metrics, **result.best}
         self.metrics.log({f"eval/{k}": v for k, v in self.best_evaluation.metrics.items()}, result.best_epoch)
@@ -298,7 +299,7 @@ class FineTuner:
     def save(self, result: SeedResult) -> None:
         """The best epoch's weights as an HF folder, reports, test predictions; `complete.json` last."""
         acc, out = self.accelerator, self.out
-        acc.unwrap_model(self.model).load_state_dict(self.best_state)
+        bare_model(self.model).load_state_dict(self.best_state)
         test_predictions = {name: self._predict(self.accelerator.prepare(self.eval_loader(split)))[0]
                             for name, split in self.data.test.items()}  # every process takes part
         if acc.is_main_process:
@@ -332,8 +333,8 @@ class FineTuner:
             self.watchdog.close()
 
     def _save_model(self, result: SeedResult) -> None:
-        acc, out = self.accelerator, self.out
-        save_model(out.model, acc.unwrap_model(self.model), self.tokenizer, {
+        out = self.out
+        save_model(out.model, bare_model(self.model), self.tokenizer, {
             **self.family.provenance(), "seed": self.seed, "metrics": result.best,
             "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
             "from_scratch": self.from_scratch, "source_model": self.source.path,

@@ -31,10 +31,6 @@ class BatchPlan:
         return cls(global_batch_size, micro_batch_size, world_size,
                    global_batch_size // (micro_batch_size * world_size))
 
-    @property
-    def micro_batches_per_step(self) -> int:
-        return self.world_size * self.accumulation
-
     def micro_batch_index(self, rank: int, micro_step: int) -> int:
         """Position in the global batch of rank `rank`'s `micro_step`-th micro batch of a step."""
         return micro_step * self.world_size + rank
