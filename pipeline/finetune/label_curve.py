@@ -8,7 +8,9 @@ examples for the same seed, and the spread over seeds includes which examples we
 
 A point with fewer examples gets more epochs, so that it trains about as many optimizer steps as the
 full run (`epochs × full size ÷ point size`), never fewer epochs than the full run and at most
-`MAX_CURVE_EPOCHS`: a handful of steps would measure the step count, not the labels. A point's seeds
+`MAX_CURVE_EPOCHS`: a handful of steps would measure the step count, not the labels. It is scored
+about as often as the full run (every `curve_scoring_interval` epochs, and after the last), and the
+best of those scorings on the selection slice is its result. A point's seeds
 keep no weights (their reports and MLflow runs stay), and a rerun skips finished ones.
 """
 
@@ -47,6 +49,12 @@ def per_class_sample(split: Split, per_class: int, seed: int) -> Split:
                                                                          min(per_class, len(by_label[label]))))
     return Split(f"{split.source} ({per_class} per class, draw {seed})", [split.texts[i] for i in chosen],
                  [split.labels[i] for i in chosen], [split.ids[i] for i in chosen])
+
+
+def curve_scoring_interval(point_epochs: int, full_epochs: int) -> int:
+    """Epochs between a point's scorings on the selection slice: about as many scorings as the full run has
+    (a point of 20 one-step epochs scored after each spent most of its time scoring)."""
+    return max(1, math.ceil(point_epochs / max(full_epochs, 1)))
 
 
 def curve_epochs(epochs: int, full_examples: int, examples: int) -> int:

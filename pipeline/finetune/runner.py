@@ -17,7 +17,13 @@ from pipeline.common.lost_rank import is_lost_peer, lost_rank_error
 from pipeline.common.run_kernel import run_tags
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.families import task_family
-from pipeline.finetune.label_curve import check_curve_task, curve_point, per_class_sample, point_config
+from pipeline.finetune.label_curve import (
+    check_curve_task,
+    curve_point,
+    curve_scoring_interval,
+    per_class_sample,
+    point_config,
+)
 from pipeline.finetune.model_source import cap_seq_len, resolve_model_source
 from pipeline.finetune.outputs import finished_seed, holds_pretrained_seeds, summarize, write_best_model
 from pipeline.finetune.select_split import SELECT
@@ -151,10 +157,11 @@ def _curve_point(per_class: int, config: FinetuneConfig, data: TaskData, family,
         train = per_class_sample(data.train, per_class, seed)
         point = point_config(config, per_class, len(data.train), len(train))
         epochs, examples = point.train.epochs, len(train)
+        score_every = curve_scoring_interval(epochs, config.train.epochs)
         tuner = FineTuner(point, TaskData(data.spec, train, data.dev, {}), family, source, accelerator, plan, seed,
                           from_scratch, parent_run_id, held_out=held_out,
-                          protocol={**(protocol or {}), "labels_per_class": per_class}, point=f"{per_class}-per-class",
-                          inputs=inputs)
+                          protocol={**(protocol or {}), "labels_per_class": per_class, "score_every": score_every},
+                          point=f"{per_class}-per-class", score_every=score_every, inputs=inputs)
         done = finished_seed(point.layout.seed(seed), tuner.completion_key(), needs_model=False)
         if done is not None:
             if accelerator.is_main_process:

@@ -117,18 +117,20 @@ class FineTuner:
     def __init__(self, config: FinetuneConfig, data: TaskData, family: TaskFamily, source: ModelSource,
                  accelerator, plan: BatchPlan, seed: int, from_scratch: bool, parent_run_id: str | None = None,
                  *, held_out=None, protocol: dict | None = None, trial: str | None = None,
-                 point: str | None = None, inputs: RunInputs | None = None):
+                 point: str | None = None, score_every: int = 1, inputs: RunInputs | None = None):
         """`held_out`: a split of training data (the selection slice) that picks the best epoch; dev is then
         scored once, on that epoch (the family must know the slice as `SELECT`). `protocol`: what the
         completion record must also match (the selection slice, the trial's setting). `trial`: a selection
         trial of that name: its own MLflow run name and tags, and no saved weights. `point`: a point of the
-        label-efficiency curve (`label_curve.py`, e.g. "8-per-class"): named and tagged so, no saved weights.
+        label-efficiency curve (`label_curve.py`, e.g. "8-per-class"): named and tagged so, no saved weights;
+        `score_every`: its epochs between scorings (the last epoch is always scored).
         `inputs`: the run's shared tokenizer and encodings (default: this training's own)."""
         self.config, self.data, self.family, self.source = config, data, family, source
         self.inputs = inputs or RunInputs(source.path)
         self.accelerator, self.plan, self.seed, self.from_scratch = accelerator, plan, seed, from_scratch
         self.parent_run_id = parent_run_id
         self.held_out, self.protocol, self.trial, self.point = held_out, protocol, trial, point
+        self.score_every = score_every
         self.keeps_weights = trial is None and point is None
         self.out: SeedLayout = config.layout.seed(seed)
         self.watchdog: RankWatchdog | None = None
@@ -218,6 +220,10 @@ class FineTuner:
                         mininterval=1.0)
         for epoch in range(1, epochs + 1):
             train_loss = self._train_epoch(progress)
+            if epoch % self.score_every and epoch < epochs:  # a curve point's short epochs: scored every few
+                result.history.append({"epoch": epoch, "train_loss": train_loss})
+                self.metrics.log({"train/loss": train_loss}, epoch)
+                continue
             evaluation = self.validate(choose)
             scores = {f"{prefix}{k}": v for k, v in evaluation.metrics.items()}
             result.history.append({"epoch": epoch, "train_loss": train_loss, **scores})

@@ -12,6 +12,7 @@ from pipeline.finetune.label_curve import (
     MAX_CURVE_EPOCHS,
     check_curve_task,
     curve_epochs,
+    curve_scoring_interval,
     parse_labels_per_class,
     per_class_sample,
 )
@@ -46,6 +47,12 @@ def test_fewer_examples_get_more_epochs_within_bounds():
     assert curve_epochs(3, full_examples=500, examples=250) == 6  # about the full run's steps
     assert curve_epochs(3, full_examples=500, examples=10) == MAX_CURVE_EPOCHS
     assert curve_epochs(30, full_examples=500, examples=10) == 30  # never fewer than the full run
+
+
+def test_a_point_is_scored_about_as_often_as_the_full_run():
+    assert curve_scoring_interval(MAX_CURVE_EPOCHS, full_epochs=4) == 5  # epochs 5, 10, 15, 20
+    assert curve_scoring_interval(6, full_epochs=3) == 2
+    assert curve_scoring_interval(3, full_epochs=3) == 1  # a point as long as the full run: every epoch
 
 
 def test_only_classification_tasks_have_a_curve():
@@ -88,6 +95,11 @@ def test_each_point_trains_every_seed_on_its_draw_and_a_rerun_skips_them(keyword
             seed_dir = ft / f"labels_{n}_per_class" / f"seed_{seed}"
             record = json.loads((seed_dir / "complete.json").read_text())
             assert record["protocol"]["labels_per_class"] == n
+            history = json.loads((seed_dir / "history.json").read_text())
+            scored = [e["epoch"] for e in history if "select_accuracy" in e]
+            every = record["protocol"]["score_every"]
+            assert scored == list(range(every, point["epochs"] + 1, every)) and scored[-1] == point["epochs"]
+            assert len(scored) <= 2 and len(history) == point["epochs"]  # as often as the full run's 2 epochs
             assert "select_accuracy" in record["metrics"]  # the slice chose its epoch, dev only reports
             assert not (seed_dir / "model").exists()  # a point keeps no weights
         assert point["median"] == sorted(point["per_seed"])[0] + (
