@@ -84,6 +84,18 @@ LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "M
 
 
 @pytest.fixture(autouse=True)
+def tracking_uri_restored():
+    """`mlflow.set_tracking_uri` in a test also sets $MLFLOW_TRACKING_URI, which every later launch of the
+    same pytest worker would inherit and track into; it is put back after each test."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+@pytest.fixture(autouse=True)
 def no_launcher_variables_leak():
     """A test that sets up a world of one in-process must not hand its rendezvous port to later tests."""
     before = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}

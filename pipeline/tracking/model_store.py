@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +80,9 @@ def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str |
     info_file = model_dir / FINETUNE_PROVENANCE_FILE
     metadata = {"kind": "classifier" if classifier else "masked-lm",
                 **({"task": json.loads(info_file.read_text()).get("task")} if info_file.is_file() else {})}
-    previous = mlflow.get_tracking_uri()
+    # set_tracking_uri also writes $MLFLOW_TRACKING_URI, which every process started later would inherit
+    # (a launch after this call tracked into the wrong store): both are put back as they were.
+    previous, previous_env = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(tracking_uri or default_tracking_uri())
     try:
         with mlflow.start_run(run_id=run_id):
@@ -92,6 +95,10 @@ def log_encoder_model(model_dir: str | Path, run_id: str, *, tracking_uri: str |
                 registered_model_name=registered_model_name)
     finally:
         mlflow.set_tracking_uri(previous)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
     return info.model_uri
 
 

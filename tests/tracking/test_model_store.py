@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,9 @@ def test_a_logged_export_fills_masks_like_the_hub_interface(store, bpe_tokenizer
 
     export = save_export(bpe_tokenizer_dir, store["root"] / "export")
     run = store["client"].create_run(store["experiment"], run_name="pretrain").info.run_id
+    tracking_before = os.environ.get("MLFLOW_TRACKING_URI")
     log_encoder_model(export, run, tracking_uri=store["uri"])
+    assert os.environ.get("MLFLOW_TRACKING_URI") == tracking_before  # a later launch tracks where it was told
     mlflow.set_tracking_uri(store["uri"])
     texts = ["the <mask> encoder", "a model reads the <mask>."]
     predicted = mlflow.pyfunc.load_model(f"runs:/{run}/model").predict(pd.DataFrame({"text": texts}))
