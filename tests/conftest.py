@@ -83,16 +83,22 @@ def pairs_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir) -> Pat
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+def put_back(before: dict[str, str | None]) -> None:
+    """Set each environment variable as it was (unset where it was unset)."""
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def tracking_uri_restored():
     """`mlflow.set_tracking_uri` in a test also sets $MLFLOW_TRACKING_URI, which every later launch of the
     same pytest worker would inherit and track into; it is put back after each test."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+    before = {"MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI")}
     yield
-    if before is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = before
+    put_back(before)
 
 
 @pytest.fixture(autouse=True)
@@ -101,9 +107,5 @@ def no_launcher_variables_leak():
     before = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
     yield
     leaked = [name for name in LAUNCHER_VARIABLES if os.environ.get(name) != before[name]]
-    for name in leaked:
-        if before[name] is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before[name]
+    put_back({name: before[name] for name in leaked})
     assert not leaked, f"the test left launcher variables set: {leaked}"
