@@ -110,6 +110,26 @@ class RunInputs:
         return self._encodings[key][2]
 
 
+class LengthSorted(torch.utils.data.Dataset):
+    """An encoded split read shortest first, so that each evaluation batch pads to rows of about its own length;
+    `unsort` puts predictions made in this order back in the split's order."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset):
+        self.dataset = dataset
+        self.order = np.argsort([len(dataset[i]["input_ids"]) for i in range(len(dataset))], kind="stable")
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.dataset[int(self.order[i])]
+
+    def unsort(self, rows: np.ndarray) -> np.ndarray:
+        restored = np.empty_like(rows)
+        restored[self.order] = rows
+        return restored
+
+
 class FineTuner:
     """One seed: `setup()` builds model, data and optimizer; `fit()` trains and keeps the best dev
     epoch; `validate()` scores the dev splits; `save()` writes the seed's folder, `complete.json` last."""
@@ -144,6 +164,7 @@ class FineTuner:
 
     def setup(self) -> None:
         from transformers import get_linear_schedule_with_warmup
+        from transformers.trainer_pt_utils import LengthGroupedSampler
 
         c, t, acc = self.config, self.config.train, self.accelerator
         seed_everything(self.seed)
@@ -153,9 +174,13 @@ class FineTuner:
             print(f"loaded {self.source.path} with a new {self.family.task_type} head", flush=True)
         collate = self.family.collator(self.tokenizer)
         train_set = self.inputs.encoded(self.family, self.data.train, c.data.max_seq_len)
-        train_loader = torch.utils.data.DataLoader(train_set, batch_size=self.plan.micro_batch_size, shuffle=True,
-                                                   collate_fn=collate,
-                                                   generator=torch.Generator().manual_seed(self.seed))
+        # Batches of similar lengths (HF Trainer's `group_by_length`): shuffled, then sorted within mega-batches of
+        # 50 batches, so a batch pads to a length near its rows' own instead of the longest of 16 random ones.
+        # On short-sentence tasks random batches are mostly padding, and padding costs as much as text.
+        sampler = LengthGroupedSampler(self.plan.micro_batch_size, dataset=train_set,
+                                       generator=torch.Generator().manual_seed(self.seed))
+        train_loader = torch.utils.data.DataLoader(train_set, batch_size=self.plan.micro_batch_size, sampler=sampler,
+                                                   collate_fn=collate)
         dev_loaders = [self.eval_loader(split) for split in self.data.dev.values()]
         if self.held_out is not None:
             dev_loaders.append(self.eval_loader(self.held_out))
@@ -179,7 +204,7 @@ class FineTuner:
         self.metrics = self._open_metrics()
 
     def eval_loader(self, split: Split):
-        dataset = self.inputs.encoded(self.family, split, self.config.data.max_seq_len)
+        dataset = LengthSorted(self.inputs.encoded(self.family, split, self.config.data.max_seq_len))
         return torch.utils.data.DataLoader(dataset, batch_size=self.config.train.eval_batch_size,
                                            collate_fn=self.family.collator(self.tokenizer))
 
@@ -300,7 +325,8 @@ class FineTuner:
             pred, gold = self.accelerator.gather_for_metrics((pred, gold))
             preds.append(pred.cpu())
             golds.append(gold.cpu())
-        return torch.cat(preds).numpy(), torch.cat(golds).numpy() if golds else None
+        unsort = loader.dataset.unsort
+        return unsort(torch.cat(preds).numpy()), unsort(torch.cat(golds).numpy()) if golds else None
 
     def save(self, result: SeedResult) -> None:
         """The best epoch's weights as an HF folder, reports, test predictions; `complete.json` last."""

@@ -202,3 +202,45 @@ def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
                       from_scratch=True)
     tuner.setup()
     assert {(g["betas"], g["eps"]) for g in tuner.optimizer.param_groups} == {((0.9, 0.999), 1e-8)}
+
+
+def test_training_batches_hold_rows_of_similar_length_and_scores_come_back_in_the_files_order(small_task, tmp_path):
+    """Each batch pads to its longest row, so the training batches group rows of similar length (HF's
+    `group_by_length`) and evaluation reads shortest first; predictions and labels return in the file's order."""
+    import numpy as np
+    import torch
+
+    from pipeline.finetune.families import task_family
+    from pipeline.finetune.model_source import ModelSource
+    from pipeline.finetune.task_loading import load_task
+    from pipeline.finetune.trainer import FineTuner, LengthSorted, build_accelerator
+
+    rng = random.Random(5)
+    for name, n in (("train", 640), ("dev", 48)):  # 1 to 24 words, so the lengths differ
+        rows = [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 24))), "label": rng.choice("ab")}
+                for _ in range(n)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = load(small_task, tmp_path, f"data.train_file={tmp_path / 'train.jsonl'}",
+                  f"data.validation_file={tmp_path / 'dev.jsonl'}", "data.test_file=null")
+    data, plan = load_task(config), config.batch_plan(1)
+    tuner = FineTuner(config, data, task_family(data), ModelSource(small_task["model"]),
+                      build_accelerator(config, plan), plan, seed=3, from_scratch=True)
+    tuner.setup()
+
+    def padding(batches) -> float:
+        batches = list(batches)
+        return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(b["input_ids"].numel() for b in batches)
+
+    train_set = tuner.inputs.encoded(tuner.family, data.train, config.data.max_seq_len)
+    shuffled = torch.utils.data.DataLoader(train_set, batch_size=16, shuffle=True, collate_fn=tuner.family.collator(
+        tuner.tokenizer), generator=torch.Generator().manual_seed(0))
+    assert padding(tuner.train_loader) < padding(shuffled) / 2
+    assert sorted(tuner.train_loader.get_sampler()) == list(range(640))  # every row once an epoch
+
+    sorted_dev = tuner.dev_loaders["dev"].dataset
+    lengths = [len(sorted_dev[i]["input_ids"]) for i in range(len(sorted_dev))]
+    assert lengths == sorted(lengths) and lengths != [len(x) for x in train_set.encodings["input_ids"][:48]]
+    evaluation = tuner.validate()
+    assert evaluation.labels["dev"].tolist() == data.dev["dev"].labels
+    assert LengthSorted(train_set).unsort(np.array(sorted(len(x) for x in train_set.encodings["input_ids"]))
+                                          ).tolist() == [len(x) for x in train_set.encodings["input_ids"]]
