@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.compilation import compile_engine
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
@@ -146,8 +145,11 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     undo_state_initialisation_step(engine)
-    if config.train.compile:
-        compile_engine(engine)
+    if config.train.compile:  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
+        # nn.Module.compile() compiles in place: the state-dict keys stay the model's own (no `_orig_mod.`), so
+        # checkpoints, resume and export are the same. The sparse head's gather has a data-dependent size, so
+        # inductor recompiles that graph once with a dynamic size, then reuses it.
+        engine.compile()
     return engine
 
 

@@ -130,24 +130,36 @@ def check_flex_mask(mask, where: str = "attention_mask") -> None:
 
 
 def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,
-                   attn_implementation: str) -> dict:
+                   attn_implementation: str, half_window: int | None = None) -> dict:
     """Keyword arguments for an HF encoder's forward that keep attention inside documents.
 
-    For FlashAttention-2 the batch is returned flattened to one row (`input_ids` (1, B·T)); the
-    caller reshapes the hidden states back to (B, T, C).
+    With `half_window` (ModernBERT) `attention_mask` is a dict by layer type, as ModernBertModel takes it: the
+    local layers also keep the window, which inside a document is the document's own (row distance is document
+    distance). For FlashAttention-2 the batch is flattened to one row (`input_ids` (1, B·T)) whose documents are
+    varlen segments, and transformers hands each layer's window to the kernel; the caller reshapes the hidden
+    states back to (B, T, C).
     """
     if attn_implementation == "flash_attention_2":
         cu, longest = varlen_segments(document_ids)
         return {"input_ids": input_ids.reshape(1, -1), "position_ids": position_ids.reshape(1, -1),
                 "attention_mask": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
                 "max_length_q": longest, "max_length_k": longest}
-    if attn_implementation == FLEX:
-        return {"input_ids": input_ids, "position_ids": position_ids,
-                "attention_mask": document_block_mask(document_ids)}
-    mask = block_diagonal_mask(document_ids)
-    if attn_implementation == "eager":
-        mask = _as_eager(mask)
+    mask = document_mask(document_ids, attn_implementation)
+    if half_window is not None:
+        mask = {"full_attention": mask,
+                "sliding_attention": document_mask(document_ids, attn_implementation, half_window)}
     return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask}
+
+
+def document_mask(document_ids: torch.Tensor, attn_implementation: str, half_window: int | None = None):
+    """Same document (and within `half_window`, if given) in the kernel's form: a BlockMask for flex, a boolean
+    (batch, 1, T, T) mask for SDPA, an additive one for eager; on the documents' device."""
+    if attn_implementation == FLEX:
+        return document_block_mask(document_ids, half_window)
+    mask = block_diagonal_mask(document_ids)
+    if half_window is not None:
+        mask = mask & sliding_window_band(document_ids.shape[1], half_window, document_ids.device)
+    return _as_eager(mask) if attn_implementation == "eager" else mask
 
 
 def sliding_window_band(length: int, half_window: int, device=None) -> torch.Tensor:
@@ -160,24 +172,3 @@ def _as_eager(mask: torch.Tensor) -> torch.Tensor:
     """Eager attention adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere; on the
     mask's own device (a CPU tensor here failed every eager packed step on CUDA)."""
     return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
-
-
-def windowed_encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,
-                            attn_implementation: str, half_window: int) -> dict:
-    """ModernBERT's forward arguments for doc-packed rows: per-document attention, and the window inside it.
-
-    SDPA/eager/flex: `attention_mask` is a dict by layer type (ModernBertModel uses it as given). Within a
-    document, row distance is document distance, so the band on row positions is the document's window.
-    """
-    if attn_implementation == "flash_attention_2":
-        return encoder_inputs(input_ids, document_ids, position_ids, attn_implementation)
-    if attn_implementation == FLEX:
-        return {"input_ids": input_ids, "position_ids": position_ids,
-                "attention_mask": {"full_attention": document_block_mask(document_ids),
-                                   "sliding_attention": document_block_mask(document_ids, half_window)}}
-    full = block_diagonal_mask(document_ids)
-    local = full & sliding_window_band(document_ids.shape[1], half_window, document_ids.device)
-    if attn_implementation == "eager":
-        full, local = _as_eager(full), _as_eager(local)
-    return {"input_ids": input_ids, "position_ids": position_ids,
-            "attention_mask": {"full_attention": full, "sliding_attention": local}}
