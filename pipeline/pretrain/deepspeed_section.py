@@ -68,6 +68,13 @@ def owned_key_problems(ds: dict[str, Any]) -> list[str]:
     return problems
 
 
+def offloads_optimizer(ds: dict[str, Any]) -> bool:
+    """True when the section moves the optimizer's states off the device (`zero_optimization.offload_optimizer`)."""
+    zero = ds.get("zero_optimization")
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    return (offload if isinstance(offload, dict) else {}).get("device", "none") not in ("none", None)
+
+
 def deepspeed_key_problems(ds: dict[str, Any]) -> list[str]:
     """Unknown top-level keys and sections that DeepSpeed's own pydantic models refuse."""
     if not ds:

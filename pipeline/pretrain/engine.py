@@ -25,6 +25,7 @@ import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.deepspeed_section import offloads_optimizer
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
 from pipeline.pretrain.phases import resolve_phases
@@ -46,19 +47,19 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
 
     Without an `optimizer` entry (LAMB on CPU, StableAdamW) DeepSpeed takes the client optimizer instead.
     """
+    o, t = config.optimizer, config.train
     ds = copy.deepcopy(config.deepspeed)
-    ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": config.zero_stage}
+    ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": t.zero_stage}
     for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
-        ds[name] = {**ds.get(name, {}), "enabled": config.precision == name}
+        ds[name] = {**ds.get(name, {}), "enabled": t.precision == name}
     if load_universal:  # resuming on another world size (pipeline/pretrain/universal_resume.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
-    offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-    o = config.optimizer
+    offload = offloads_optimizer(ds)
     ds.update(
         train_batch_size=plan.global_batch_size,
         train_micro_batch_size_per_gpu=plan.micro_batch_size,
         gradient_accumulation_steps=plan.accumulation,
-        gradient_clipping=config.train.gradient_clipping,
+        gradient_clipping=t.gradient_clipping,
     )
     common = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
     if o.name == "adamw":
@@ -69,9 +70,9 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     elif o.name == "lamb" and cuda:
         ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
-    if o.name in ("lamb", "stableadamw") and config.zero_stage > 0:
+    if o.name in ("lamb", "stableadamw") and t.zero_stage > 0:
         ds.setdefault("zero_allow_untested_optimizer", True)
-    if config.precision == "fp16":
+    if t.precision == "fp16":
         ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
     ds.setdefault("steps_per_print", 10**9)  # the pipeline logs itself
     ds.setdefault("wall_clock_breakdown", False)
@@ -131,10 +132,11 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
     from deepspeed.accelerator import get_accelerator
 
     cuda = get_accelerator().device_name() == "cuda"
-    if config.optimizer.name == "lamb" and config.zero_stage > 0:
-        warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
-    if config.optimizer.name == "stableadamw" and (config.zero_stage > 0 or config.precision != "fp32"):
-        how = f"ZeRO stage {config.zero_stage}" if config.zero_stage > 0 else config.precision
+    optimizer, t = config.optimizer.name, config.train
+    if optimizer == "lamb" and t.zero_stage > 0:
+        warnings.warn(ZERO_LAMB_CAVEAT.format(stage=t.zero_stage), stacklevel=2)
+    if optimizer == "stableadamw" and (t.zero_stage > 0 or t.precision != "fp32"):
+        how = f"ZeRO stage {t.zero_stage}" if t.zero_stage > 0 else t.precision
         warnings.warn(ZERO_STABLEADAMW_CAVEAT.format(how=how), stacklevel=2)
     groups = optimizer_groups(model, config, cuda)
     engine, *_ = deepspeed.initialize(
@@ -145,7 +147,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     undo_state_initialisation_step(engine)
-    if config.train.compile:  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
+    if t.compile:  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
         # nn.Module.compile() compiles in place: the state-dict keys stay the model's own (no `_orig_mod.`), so
         # checkpoints, resume and export are the same. The sparse head's gather has a data-dependent size, so
         # inductor recompiles that graph once with a dynamic size, then reuses it.

@@ -278,7 +278,7 @@ class Pretrainer:
         """Bring the losses since the last check to the host: stop on a non-finite one, log when due."""
         checked = self.sync.check()
         window.add(tokens=checked.tokens)
-        if not math.isfinite(checked.window_loss) and self.config.precision != "fp16":
+        if not math.isfinite(checked.window_loss) and self.config.train.precision != "fp16":
             self._stop_on_nonfinite(checked)
         if log:
             self._log_step(checked.loss, checked.extras, lr, *window.rates(), progress)
@@ -397,7 +397,7 @@ class Pretrainer:
         marker = {"batch_plan": {"global_batch_size": plan.global_batch_size, "micro_batch_size": plan.micro_batch_size,
                                  "world_size": plan.world_size, "accumulation": plan.accumulation},
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
-                  "zero_stage": self.config.zero_stage, "precision": self.config.precision,
+                  "zero_stage": self.config.train.zero_stage, "precision": self.config.train.precision,
                   "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {}),
                   # the model's own shape: with model.init_from it is the folder's, not the model section's
                   "hf_config": json.loads(self.model_config.to_json_string())}
@@ -411,7 +411,7 @@ class Pretrainer:
                   samples_per_s: float, progress) -> None:
         engine = self.engine
         grad_norm = engine.get_global_grad_norm()
-        scale = getattr(engine.optimizer, "cur_scale", None) if self.config.precision == "fp16" else 1.0
+        scale = getattr(engine.optimizer, "cur_scale", None) if self.config.train.precision == "fp16" else 1.0
         metrics: dict[str, Any] = {
             "train/loss": loss, **{f"train/{k}": v for k, v in extras.items()},
             "train/lr": lr,
