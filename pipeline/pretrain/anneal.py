@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.common.config_tree import build_config
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.config import PretrainConfig
@@ -50,19 +51,6 @@ def source_checkpoint(config: PretrainConfig) -> Path:
     return checkpoints.resolve_checkpoint(config.train.anneal_from)
 
 
-def recorded_config(marker: dict) -> PretrainConfig | None:
-    """The config a checkpoint's marker recorded (another run's), or None without one."""
-    from pipeline.common.config_tree import build_config
-
-    if not isinstance(marker.get("config"), dict):
-        return None
-    source, problems = build_config(PretrainConfig, marker["config"])
-    if problems:
-        raise PipelineError(f"train.anneal_from: the config recorded in the checkpoint does not load: "
-                            f"{'; '.join(problems)}")
-    return source
-
-
 def resolve_anneal(config: PretrainConfig) -> Anneal | None:
     """The run's decay, or None without `train.anneal_from`."""
     t = config.train
@@ -70,5 +58,10 @@ def resolve_anneal(config: PretrainConfig) -> Anneal | None:
         return None
     checkpoint = source_checkpoint(config)
     marker = checkpoints.read_marker(checkpoint)
-    source = recorded_config(marker) or config  # a checkpoint without a config is taken to share this one's
+    source = config  # a checkpoint without a recorded config is taken to share this one's
+    if isinstance(marker.get("config"), dict):
+        source, problems = build_config(PretrainConfig, marker["config"])
+        if problems:
+            raise PipelineError(f"train.anneal_from: the config recorded in the checkpoint does not load: "
+                                f"{'; '.join(problems)}")
     return Anneal(checkpoint, int(marker["step"]), int(t.anneal_steps), source, resolve_phases(source))

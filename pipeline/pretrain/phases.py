@@ -173,12 +173,6 @@ def longest_seq_len(phases: list[Phase]) -> int:
     return max(load_index(s.path)["seq_len"] for p in phases for s in p.data.corpora())
 
 
-def same_folder(a: Stretch, b: Stretch) -> bool:
-    if a.phase.data.mixed or b.phase.data.mixed:
-        return False
-    return Path(a.phase.data.shards).resolve() == Path(b.phase.data.shards).resolve()
-
-
 def stream_start(stretches: list[Stretch], k: int, num_sequences: int) -> int:
     """The step of stretch k's own shuffle order (`batches.GlobalShuffle` at its global batch) it starts at.
 
@@ -187,8 +181,12 @@ def stream_start(stretches: list[Stretch], k: int, num_sequences: int) -> int:
     stretch k's size not before the samples already drawn. Nothing is repeated, and at most one
     batch minus one sample is skipped per hand-over.
     """
+    def folder(s: Stretch) -> Path | None:  # a mix of corpora has no one stream to continue
+        return None if s.phase.data.mixed else Path(s.phase.data.shards).resolve()
+
     epoch, position = 0, 0  # where the folder's stream stands: epoch, samples into its permutation
-    for stretch in [s for s in stretches[:k] if same_folder(s, stretches[k])] + [stretches[k]]:
+    earlier = [s for s in stretches[:k] if folder(s) is not None and folder(s) == folder(stretches[k])]
+    for stretch in earlier + [stretches[k]]:
         per_epoch = num_sequences // stretch.global_batch_size
         first = epoch * per_epoch + math.ceil(position / stretch.global_batch_size)
         if stretch is stretches[k]:

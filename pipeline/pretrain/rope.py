@@ -17,13 +17,6 @@ import torch
 LAYER_TYPE_OF = {"global": "full_attention", "local": "sliding_attention"}
 
 
-def rotary_embedding(model: torch.nn.Module):
-    """The model's one `ModernBertRotaryEmbedding` module, or None where the model has none."""
-    from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
-
-    return next((m for m in model.modules() if isinstance(m, ModernBertRotaryEmbedding)), None)
-
-
 def rope_thetas(model: torch.nn.Module) -> dict[str, float]:
     """The config's rotary bases, as {"global": θ, "local": θ}."""
     parameters = model.config.rope_parameters
@@ -37,8 +30,9 @@ def set_rope_theta(model: torch.nn.Module, global_theta: float, local_theta: flo
     Returns whether anything changed.
     """
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
 
-    rotary = rotary_embedding(model)
+    rotary = next((m for m in model.modules() if isinstance(m, ModernBertRotaryEmbedding)), None)
     if rotary is None:
         raise ValueError(f"{type(model).__name__} has no ModernBERT rotary embedding to set a RoPE theta on")
     wanted = {"global": float(global_theta), "local": float(local_theta)}

@@ -289,12 +289,8 @@ class Pretrainer:
             return None
         t = self.config.train
         return RankWatchdog(t.collective_timeout_s, lambda where: lost_rank_message(
-            self.topology.rank, self.topology.world_size, where, t.collective_timeout_s, self.resume_hint(),
-            f"the step has waited {t.collective_timeout_s:g} s"))
-
-    def resume_hint(self) -> str:
-        """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
-        return self.checkpointer.resume_hint()
+            self.topology.rank, self.topology.world_size, where, t.collective_timeout_s,
+            self.checkpointer.resume_hint(), f"the step has waited {t.collective_timeout_s:g} s"))
 
     def _finish(self, stop: StopRequest, stopped_by: str | None, already_done: bool = False) -> RunResult:
         c = self.config
@@ -356,10 +352,9 @@ class Pretrainer:
                 totals[corpus, 1] += masked
         self.engine.train()
         dist.all_reduce(totals)
-        metrics = {**self.data.eval_metrics(totals.cpu().numpy()),
+        levels = self._plateau_levels() if self.topology.is_main else None
+        metrics = {**self.data.eval_metrics(totals.cpu().numpy(), levels),
                    "eval/mask_rate": eval_probability(self.config.masking)}
-        if self.topology.is_main:
-            metrics.update(self._plateau_metrics(metrics))
         self.metrics.log(metrics, self.step)
         self.metrics.flush()
         per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
@@ -368,25 +363,12 @@ class Pretrainer:
                     f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
         return metrics
 
-    def _plateau_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The unigram plateau's level beside the loss: the validation tokens' unigram entropy, and the margin below.
-
-        A loss means little on its own: a model that knows only token frequencies reaches the entropy
-        (plateau.py says why). A mix's level weighs each corpus's entropy by its share, as its loss does.
-        """
-        entropies = []
+    def _plateau_levels(self) -> list[float]:
+        """Each corpus's unigram plateau: a loss means little without it (plateau.py says why)."""
         for source in self.data.corpora:
-            key = str(source.path)
-            if key not in self._entropies:  # once per folder: a bincount over its validation shards
-                self._entropies[key] = plateau_level(source.path, self.tokenizer)
-            entropies.append(self._entropies[key])
-        entropy = float(np.dot(self.data.shares, entropies)) if self.data.mixed else entropies[0]
-        out = {"eval/unigram_entropy": entropy, "eval/margin_below_unigram": entropy - metrics["eval/mlm_loss"]}
-        if self.data.mixed:
-            for source, value in zip(self.data.corpora, entropies, strict=True):
-                out[f"eval/{source.name}/unigram_entropy"] = value
-                out[f"eval/{source.name}/margin_below_unigram"] = value - metrics[f"eval/{source.name}/mlm_loss"]
-        return out
+            if source.path not in self._entropies:  # once per folder: a bincount over its validation shards
+                self._entropies[source.path] = plateau_level(source.path, self.tokenizer)
+        return [self._entropies[source.path] for source in self.data.corpora]
 
     def _checkpoint(self) -> None:
         plan = self.plan
@@ -452,7 +434,7 @@ def run_pretraining(config: PretrainConfig, topology: Topology) -> RunResult:
         if topology.world_size == 1 or not is_lost_peer(err):
             raise
         where = "while starting" if trainer is None else f"after step {trainer.step}"
-        hint = trainer.resume_hint() if trainer is not None else "Rerun the same command."
+        hint = trainer.checkpointer.resume_hint() if trainer is not None else "Rerun the same command."
         if trainer is not None and hasattr(trainer, "metrics"):
             trainer.metrics.close("FAILED")
         raise lost_rank_error(err, topology.rank, topology.world_size, where, config.train.collective_timeout_s,
