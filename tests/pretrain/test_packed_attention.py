@@ -13,7 +13,7 @@ import torch
 from pipeline.data.packers import make_packer
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig, MaskingSpec
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig
 from pipeline.pretrain.model import SPARSE_CLASSES, encode, hf_config
 from pipeline.pretrain.packed_attention import document_layout
 
@@ -94,8 +94,7 @@ def test_positions_restart_at_every_document_from_the_architectures_first_positi
 def test_masks_never_fall_on_a_neighbours_framing_tokens(bpe_tokenizer_dir):
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     rows, _ = pack(documents(200))
-    masker = Masker(MaskingSpec(400, info.mask_id, (CLS, PAD, SEP, info.mask_id), MaskingConfig(probability=0.5)),
-                    seed=0)
+    masker = Masker(400, info.mask_id, (CLS, PAD, SEP, info.mask_id), seed=0, masking=MaskingConfig(probability=0.5))
     _, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     framing = np.isin(rows["input_ids"], [CLS, SEP, PAD])
     assert (labels[framing] == IGNORE_INDEX).all() and (labels != IGNORE_INDEX).mean() > 0.3
@@ -143,8 +142,8 @@ def test_the_sparse_mlm_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     model = SPARSE_CLASSES["roberta"](config).eval()
     docs = [d % (info.vocab_size - 10) + 10 for d in documents(10, seed=5)]
     rows, _ = _pack_with(docs, info)
-    masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id,
-                                                               info.mask_id), MaskingConfig(probability=0.3)), seed=1)
+    masker = Masker(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id, info.mask_id), seed=1,
+                    masking=MaskingConfig(probability=0.3))
     corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64,
                                                  info.pad_id + 1)
@@ -237,8 +236,8 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     model = SPARSE_CLASSES["modernbert"](config).eval()
     docs = [d % (info.vocab_size - 10) + 10 for d in documents(10, seed=5)]
     rows, _ = _pack_with(docs, info)
-    masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id,
-                                                               info.mask_id), MaskingConfig(probability=0.3)), seed=1)
+    masker = Masker(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id, info.mask_id), seed=1,
+                    masking=MaskingConfig(probability=0.3))
     corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, 0)
     with torch.no_grad():
