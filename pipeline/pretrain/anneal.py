@@ -1,18 +1,15 @@
 """Annealing from a checkpoint: run only the decay of a schedule, starting at a stable-phase checkpoint.
 
-ModernBERT's decay phase and Ettin's three phases train a long stable phase once, then decay
-from one of its checkpoints; a run can so be extended or ended early without a restart. With
+ModernBERT's decay phase and Ettin's three phases train a long stable phase once, then decay from
+one of its checkpoints, so a run can be extended or ended early without a restart. With
 `train.anneal_from` (a checkpoint) and `train.anneal_steps` (N), the run loads the checkpoint's
 weights, optimizer moments and step S, continues the data stream at step S (the order is a pure
-function of the step and the global batch, batches.py, so the next batches are those the stable
-run would have drawn), and trains steps S … S + N − 1 into its own `train.output_dir`.
+function of the step and the global batch), and trains steps S … S + N − 1 into its own
+`train.output_dir`, checkpointing and resuming like any run; the source checkpoint is only read.
 
-The LR over those steps is one more segment of schedules.py's closed form: a decay of
-`schedule.decay` to this config's `schedule.end_lr_ratio`, from the LR the stable run's own schedule
-gives step S (read from the config recorded in the checkpoint: a stable phase at constant LR gives
-its peak, whatever this config's schedule).
-The anneal run checkpoints like any run and resumes from its own checkpoints exactly; the source
-checkpoint is only read.
+The LR over those steps is one more segment of schedules.py's closed form: a decay of `schedule.decay`
+to `schedule.end_lr_ratio`, from the LR the stable run's own schedule gives step S (built from the
+config recorded in the checkpoint: a stable phase at constant LR gives its peak).
 """
 
 from __future__ import annotations

@@ -2,15 +2,13 @@
 
 The data order is a pure function of (seed, optimizer step): step `s` takes the global batch
 `s mod steps_per_epoch` of epoch `s // steps_per_epoch`'s order (`data/epoch_order.py`, evaluated
-for just the positions a micro batch needs) (the last partial batch of an
-epoch is dropped), and micro batch `k` of it is `BatchPlan`'s slice. So the only data state a
-checkpoint needs is the step (and `samples_consumed = step × global batch`), a resumed run sees
-exactly the batches and masks an uninterrupted one would, and a run resumed at another world size
-with the same global batch still sees the same data.
+for just the positions a micro batch needs; an epoch's last partial batch is dropped), and micro
+batch `k` of it is `BatchPlan`'s slice. So the only data state a checkpoint needs is the step, and
+a run resumed, on the same or another world size with the same global batch, sees exactly the
+batches and masks an uninterrupted one would.
 
 Each DataLoader item is a whole micro batch: the sampler (in the training process) names the
-sequence indices, a worker gathers them from the memory-mapped cache and masks them in one
-vectorised call.
+sequence indices, a worker gathers them from the cache and masks them in one vectorised call.
 """
 
 from __future__ import annotations

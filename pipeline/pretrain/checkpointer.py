@@ -1,13 +1,10 @@
 """The run's checkpointer: where a run starts from, loading it before the loop, and saving.
 
-`find` runs before the engine is built, because the start decides the phase (its batch) and
-whether DeepSpeed must be told of a universal checkpoint; it reads files only (rank 0 verifies the
-checksums, one broadcast). `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer
-loads its checkpoint there: the conversion to a universal checkpoint (on another world size), the
-engine's load and the scheduler's step. The files and their marker are checkpoints.py's.
-
 A run starts from the newest intact checkpoint of its own folder (`checkpoint.resume: auto`);
-without one, from `train.anneal_from` when set (anneal.py); else from step 0.
+without one, from `train.anneal_from` when set (anneal.py); else from step 0. `find` runs before the
+engine is built, since the start decides the phase (its batch) and whether DeepSpeed must be told
+of a universal checkpoint; `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer
+loads there. The files and their marker are checkpoints.py's.
 
 A ZeRO checkpoint holds each rank's partition of the optimizer state, so it loads only on the world
 size that wrote it. On another, rank 0 converts it once with DeepSpeed's `ds_to_universal`

@@ -89,11 +89,8 @@ def damage(folder: Path) -> str | None:
 
 
 def unverifiable(folder: Path) -> bool:
-    """True for a checkpoint saved before checksums were recorded in its marker."""
-    try:
-        return not isinstance(read_marker(folder).get("files"), dict)
-    except PipelineError:
-        return False
+    """True for a checkpoint saved before checksums were recorded in its marker (one `damage` found readable)."""
+    return not isinstance(read_marker(folder).get("files"), dict)
 
 
 def check_intact(folder: Path) -> None:

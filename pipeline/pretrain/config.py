@@ -1,14 +1,8 @@
-"""The pretraining config: one dataclass per section, each checking its own values when it is built.
+"""The pretraining config: one dataclass per section, each checking its own fields in `__post_init__`.
 
-A section's `__post_init__` lists every problem of its own fields, each naming the key the user
-typed; `PretrainConfig.__post_init__` holds the rules between sections, in one place. Built by
-`config_tree.build_config` (preflight.py's `load_pretrain_config` reads the JSON and `--set`
-overrides), all of them come back together in one ConfigError. What needs the run's arithmetic
-(phase steps, the decay's length, the batch on a world size), this machine or files is the
-preflight's (pipeline/pretrain/preflight.py). This module imports nothing that imports it back.
-
-The `deepspeed` section holds only DeepSpeed's own further keys, checked against DeepSpeed's config
-models (pipeline/pretrain/deepspeed_section.py); precision and the ZeRO stage are typed keys of `train`.
+Every problem names the key the user typed; `PretrainConfig.__post_init__` holds the rules between
+sections, and `config_tree.build_config` returns them all in one ConfigError. What needs the run's
+arithmetic, this machine or files is the preflight's (preflight.py); nothing here imports it back.
 """
 
 from __future__ import annotations
@@ -415,6 +409,7 @@ class PretrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     deepspeed: dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed's own further keys (deepspeed_section.py checks them); precision and ZeRO stage are `train`'s."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """Train in phases, each on its own shard folder, batch, LR peak and warmup (empty: one phase, `data.shards`)."""
 

@@ -1,18 +1,10 @@
-"""The DeepSpeed engine: its config derived from ours, AdamW, LAMB or StableAdamW groups, and the LR scheduler.
+"""The DeepSpeed engine: its config derived from ours, the optimizer and its groups, and the LR scheduler.
 
-LAMB: on GPU, DeepSpeed's fused `Lamb` built from the config; on CPU (no CUDA build of it), ours
-(pipeline/pretrain/lamb.py) passed to `deepspeed.initialize` as a client optimizer. Both correct
-the moments' bias, clamp the trust ratio to [0.01, 10] and skip it for the no-decay group (lamb.py
-notes the one difference in where the bias correction is applied). DeepSpeed's ZeRO
-refuses optimizers it has not tested unless `zero_allow_untested_optimizer` is set; the pipeline
-sets it for LAMB, and warns that under ZeRO the trust ratio is computed per flat partition.
-
-StableAdamW: torch-optimi's `StableAdamW` (by ModernBERT's author; the one ModernBERT trained with),
-on CPU and GPU, passed as a client optimizer. DeepSpeed accepts it under ZeRO 0–2 with
-`zero_allow_untested_optimizer`; its update clipping is per tensor it is given, which is each
-parameter only where DeepSpeed keeps the parameters apart (fp32, ZeRO 0). Under ZeRO 1–2, and with
-bf16 (DeepSpeed's bf16 optimizer flattens too), it gets flat partitions and clips per partition;
-the pipeline warns so.
+LAMB is DeepSpeed's fused `Lamb` on GPU and ours (lamb.py) on CPU, which DeepSpeed has no build of;
+StableAdamW is torch-optimi's (the one ModernBERT trained with) on both. Where DeepSpeed builds none,
+the optimizer is passed as a client optimizer, with `zero_allow_untested_optimizer` under ZeRO. Under
+ZeRO 1–3 (and bf16, for StableAdamW) they are given flat partitions, so LAMB's trust ratio and
+StableAdamW's update clipping are computed per partition, not per tensor; the pipeline warns so.
 """
 
 from __future__ import annotations
@@ -31,14 +23,9 @@ from pipeline.pretrain.model import parameter_groups
 from pipeline.pretrain.phases import resolve_phases
 from pipeline.pretrain.schedules import Schedule, lr_schedule
 
-ZERO_STABLEADAMW_CAVEAT = (
-    "optimizer.name stableadamw with {how}: DeepSpeed gives the optimizer flat partitions of the flattened "
-    "parameter groups, so StableAdamW's update clipping is computed per partition, not per tensor; use fp32 and "
-    "ZeRO stage 0 for the per-tensor clipping of the paper")
-ZERO_LAMB_CAVEAT = (
-    "optimizer.name lamb with ZeRO stage {stage}: DeepSpeed gives the optimizer flat partitions of the "
-    "flattened parameter groups, so LAMB's trust ratio is computed per partition, not per layer; use ZeRO "
-    "stage 0 for the per-layer ratio of the LAMB paper")
+FLAT_PARTITIONS_CAVEAT = (
+    "optimizer.name {name} with {how}: DeepSpeed gives the optimizer flat partitions of the flattened parameter "
+    "groups, so {what} is computed per partition, not per {unit}; use {fix} for the per-{unit} {what} of the paper")
 
 
 def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
@@ -133,11 +120,13 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 
     cuda = get_accelerator().device_name() == "cuda"
     optimizer, t = config.optimizer.name, config.train
+    how = f"ZeRO stage {t.zero_stage}" if t.zero_stage > 0 else t.precision
     if optimizer == "lamb" and t.zero_stage > 0:
-        warnings.warn(ZERO_LAMB_CAVEAT.format(stage=t.zero_stage), stacklevel=2)
+        warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="trust ratio", unit="layer",
+                                                    fix="ZeRO stage 0"), stacklevel=2)
     if optimizer == "stableadamw" and (t.zero_stage > 0 or t.precision != "fp32"):
-        how = f"ZeRO stage {t.zero_stage}" if t.zero_stage > 0 else t.precision
-        warnings.warn(ZERO_STABLEADAMW_CAVEAT.format(how=how), stacklevel=2)
+        warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="update clipping", unit="tensor",
+                                                    fix="fp32 and ZeRO stage 0"), stacklevel=2)
     groups = optimizer_groups(model, config, cuda)
     engine, *_ = deepspeed.initialize(
         model=model,

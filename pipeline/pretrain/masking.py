@@ -9,14 +9,9 @@ Written by hand rather than using transformers' `DataCollatorForLanguageModeling
   run serves it, and a new one every epoch. `static` mode drops the epoch from the key (RoBERTa's
   ablation: one mask per sequence for the whole run).
 
-Three units of masking (`MaskingConfig.unit`):
-- `token`: each ordinary token is chosen with probability `probability` (BERT, RoBERTa);
-- `word`: each word is chosen with probability `probability` and all its sub-tokens are masked
-  (whole-word masking); 80/10/10 is still decided per token, as fairseq does;
-- `span`: SpanBERT (Joshi et al., 2020): spans of whole words whose lengths follow a geometric
-  distribution (p = `span_p`, truncated at `span_max_words` and renormalised, mean 3.8 words for
-  0.2 and 10), starting at word boundaries, covering `probability` of the words (hence of the
-  tokens) in expectation; 80/10/10 is decided once per span.
+Units (`MaskingConfig.unit`): `token` (BERT, RoBERTa); `word`, whole-word masking, with 80/10/10 still
+decided per token as fairseq does; `span`, SpanBERT's (Joshi et al., 2020) spans of whole words with
+geometric lengths, covering `probability` of the words in expectation, 80/10/10 decided once per span.
 Word boundaries come from `word_starts.word_start_table` (one lookup per token, no re-tokenizing)
 plus "a token after a special token begins a word".
 
@@ -270,10 +265,8 @@ def eval_probability(masking: MaskingConfig) -> float:
 
 def build_masker(masking: MaskingConfig, tokenizer, vocab_size: int, mask_id: int, seed: int, *,
                  evaluation: bool = False) -> Masker:
-    """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary).
-
-    `evaluation`: the validation masker, at `eval_probability`; with the training rate it is the training masker.
-    """
+    """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary);
+    `evaluation`: the validation masker, at `eval_probability`."""
     from pipeline.pretrain.word_starts import word_start_table
 
     table = word_start_table(tokenizer, vocab_size) if masking.unit != "token" else None

@@ -1,14 +1,12 @@
 """Encoders built from transformers' own classes, with the MLM head applied only at masked positions.
 
-`SparseRobertaForMaskedLM`, `SparseRobertaPreLayerNormForMaskedLM`, `SparseBertForPreTraining` and
-`SparseModernBertForMaskedLM` subclass `RobertaForMaskedLM`, `RobertaPreLayerNormForMaskedLM` (pre-LN:
-LayerNorm before each sub-layer, stable at higher learning rates), `BertForPreTraining` and
-`ModernBertForMaskedLM` (Warner et al. 2024: rotary positions, GeGLU, pre-norm without biases,
-alternating sliding-window and global attention), and only override
-`forward`: parameter names and state-dict keys are HF's,
-so an export is a plain HF checkpoint. The override gathers the ~15% masked positions before the
-head, so the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone;
-the loss is the same mean cross-entropy over masked tokens that HF computes from full logits.
+The training classes subclass `RobertaForMaskedLM`, `RobertaPreLayerNormForMaskedLM` (pre-LN: LayerNorm
+before each sub-layer, stable at higher learning rates), `BertForPreTraining` and `ModernBertForMaskedLM`
+(Warner et al. 2024: rotary positions, GeGLU, pre-norm without biases, alternating sliding-window and
+global attention), and only override `forward`: parameter names and state-dict keys are HF's, so an
+export is a plain HF checkpoint. The override gathers the ~15% masked positions before the head, so
+the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone; the loss is the
+same mean cross-entropy over masked tokens that HF computes from full logits.
 """
 
 from __future__ import annotations

@@ -2,29 +2,23 @@
 
 BERT (Devlin et al. 2019) and NVIDIA's recipe train 90% of the steps at 128 tokens and the last
 10% at 512, since attention's cost grows with the square of the length. A config lists them in
-`phases`; without it the run is one phase made of `data`, `train`, `optimizer` and `schedule`,
-and every answer here is the one the pipeline gave before phases existed.
+`phases`; without it the run is one phase made of `data`, `train`, `optimizer` and `schedule`.
 
 Phase k covers the optimizer steps [start, end), where end = ⌊F_k · train.max_steps⌋ and F_k is
 the sum of the first k + 1 `steps_fraction`s, read as the decimals the user wrote (0.9 + 0.1 is
 exactly 1), so the last phase ends at `train.max_steps`. The step counter runs on across phases;
-each phase warms up from its own start to its own peak and decays to `schedule.end_lr_ratio` at
-its own end (NVIDIA's `--phase2`, bing_bert's `--rewarmup`). With `schedule.kind: wsd` each phase
-holds its peak and decays over its own last `decay_steps`; `phases[i].decay_steps: 0` keeps a phase
-at its peak, so ModernBERT's stable, context-extension and decay phases are three phases.
+each phase warms up to its own peak and decays over its own steps (NVIDIA's `--phase2`, bing_bert's
+`--rewarmup`; schedules.py, which counts optimizer steps whatever the batch). Under WSD
+`phases[i].decay_steps: 0` holds a phase at its peak, so ModernBERT's stable, context-extension and
+decay phases are three phases. A ModernBERT phase may raise the rotary bases with its longer shards; a
+phase that names none keeps the previous phase's (rope.py applies them).
 
-A ModernBERT phase may change the rotary bases (`global_rope_theta`, `local_rope_theta`) with its
-longer shards; a phase that names none keeps the previous phase's (rope.py applies them).
-
-A stretch is a phase at one global batch: a phase, or under a batch warmup (which ramps the one
-phase's batch up, `batch_plan.batch_ramp`) each step range of one batch of the ramp. Each stretch
-has its own batch plan and data stream, and the loop hands over from one to the next. A stretch
-that reads the same folder as an earlier one continues that folder's data stream: it starts at
-the epoch and position the earlier one stopped at, rounded up to a whole batch of its own
-(`stream_start`), rather than at sample 0. Masks are keyed by (epoch, sequence), so they stay the
-ones the uninterrupted stream would use.
-
-The LR schedule is schedules.py's; it counts optimizer steps, whatever the batch.
+A stretch is a phase at one global batch: a phase, or under a batch warmup (`batch_plan.batch_ramp`)
+each step range of one batch of the ramp. Each has its own batch plan and data stream, and the loop
+hands over from one to the next. A stretch that reads the same folder as an earlier one continues
+that folder's stream: it starts at the epoch and position the earlier one stopped at, rounded up to
+a whole batch of its own (`stream_start`), rather than at sample 0. Masks are keyed by (epoch,
+sequence), so they stay the ones the uninterrupted stream would use.
 """
 
 from __future__ import annotations
@@ -36,9 +30,6 @@ from pathlib import Path
 
 from pipeline.pretrain.batch_plan import BatchPlan, batch_ramp
 from pipeline.pretrain.config import DataConfig, PretrainConfig
-
-# `phases` and `train.batch_warmup_*` as written are checked by the config (config.py), their steps and
-# batches on a world size by the preflight (preflight.py).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,11 +71,7 @@ class Phase:
 
 @dataclass(frozen=True, kw_only=True)
 class Stretch:
-    """Optimizer steps [start, end) of one phase at one global batch: what one data stream and batch plan serve.
-
-    A phase is one stretch; under a batch warmup (`batch_plan.batch_ramp`) the run's one phase is one
-    stretch per global batch of the ramp. The loop hands over from one stretch to the next.
-    """
+    """Optimizer steps [start, end) of one phase at one global batch: what one data stream and batch plan serve."""
 
     index: int
     start: int

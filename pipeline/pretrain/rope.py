@@ -1,11 +1,9 @@
 """ModernBERT's rotary bases changed in place: a context-extension phase raises them (10k → 160k in ModernBERT).
 
-transformers 5 builds one `ModernBertRotaryEmbedding` per model (`model.model.rotary_emb`), holding a
-non-persistent `<layer type>_inv_freq` buffer (and its `_original_` copy, used by dynamic RoPE types)
-per layer type, computed once from `config.rope_parameters[<layer type>]["rope_theta"]`. Changing the
-config alone therefore changes nothing: the buffers are recomputed here with the module's own
-`compute_default_rope_parameters` (or the RoPE type's init function), so the model and its config,
-which the checkpoint marker and the export record, carry the same bases. The buffers are not saved
+transformers 5 computes each layer type's non-persistent `<layer type>_inv_freq` buffer (and its
+`_original_` copy) once, from `config.rope_parameters`, so changing the config alone changes nothing:
+the buffers are recomputed here with the module's own init function, so the model and its config
+(which the checkpoint marker and the export record) carry the same bases. The buffers are not saved
 in checkpoints; a resumed run rebuilds them from its phase.
 """
 

@@ -88,20 +88,15 @@ class Pretrainer:
         init_process_group(topology, config.train.collective_timeout_s)
         self.tokenizer = load_tokenizer(config.data.tokenizer)
         self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
-        m = config.masking
-        self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
-                                   config.train.seed)
-        # Validation masks at masking.eval_probability (the same masker when it is the training rate).
-        self.eval_masker = (self.masker if eval_probability(m) == m.probability else
-                            build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size,
-                                         self.tokenizer_info.mask_id, config.train.seed, evaluation=True))
+        info = self.tokenizer_info  # validation masks at masking.eval_probability
+        self.masker, self.eval_masker = (build_masker(config.masking, self.tokenizer, info.vocab_size, info.mask_id,
+                                                      config.train.seed, evaluation=e) for e in (False, True))
         self._entropies: dict[str, float] = {}
         """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
         self.checkpointer = Checkpointer(self.layout.checkpoints, topology, self.stretches,
                                          resume=config.checkpoint.resume == "auto", anneal=self.anneal)
         self.start = self.checkpointer.find()  # files only; train() loads it, before the loop
         self.step = self.start.step if self.start else 0
-        self.resumed_from: Path | None = None
 
         seed_everything(config.train.seed)  # the same initial weights on every rank
         # Positions are sized for the longest phase from the start, so a hand-over changes no shape.
@@ -194,17 +189,16 @@ class Pretrainer:
             self._print(f"checkpoint {start.checkpoint.name} was written by {start.written_by} ranks, this run has "
                         f"{self.topology.world_size}: converting it to a universal checkpoint")
         self.step = ckpt.load(self.engine, start)
-        self.resumed_from = start.checkpoint
-        event = {"resumed_from": str(self.resumed_from), "resume_load_seconds": round(ckpt.load_seconds, 3),
+        event = {"resumed_from": str(start.checkpoint), "resume_load_seconds": round(ckpt.load_seconds, 3),
                  "checkpoint_verify_seconds": round(ckpt.verify_seconds, 3)}
-        if self.anneal is not None and self.resumed_from == self.anneal.checkpoint:
+        if self.anneal is not None and start.checkpoint == self.anneal.checkpoint:
             a, peak = self.anneal, self.config.optimizer.lr
             event["anneal_steps"] = a.steps
             lr_from, lr_to = (self.schedule.multiplier(step) * peak for step in (a.start, a.end))
             self._print(f"annealing from {a.checkpoint} (step {a.start}) for {a.steps} steps: LR "
                         f"{lr_from:.3g} to {lr_to:.3g} ({self.config.schedule.decay})")
         else:
-            self._print(f"resumed from {self.resumed_from} (step {self.step})")
+            self._print(f"resumed from {start.checkpoint} (step {self.step})")
         self.metrics.event(event, self.step)
 
     # --- the loop ---------------------------------------------------------------------------
