@@ -81,10 +81,7 @@ class Checkpointer:
         return StartPoint(newest, step, written_by, universal)
 
     def load(self, engine, start: StartPoint) -> int:
-        """Load `start` into the engine on every rank; returns the step to continue from.
-
-        The resume restores the step (`engine.restore_step`); the LR follows from the run's schedule.
-        """
+        """Load `start` into the engine on every rank; returns its step, which sets the LR (`engine.restore_step`)."""
         started = time.perf_counter()
         load_root = start.checkpoint.parent
         if start.universal:

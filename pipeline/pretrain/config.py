@@ -34,10 +34,13 @@ MODERNBERT_KEYS = ("local_attention", "global_attn_every_n_layers", "global_rope
 """ModelConfig's keys that only ModernBERT has; the other architectures refuse a value other than the default."""
 
 
-def bad_metric_name(name: str | None) -> bool:
-    """True when `name` cannot be part of a metric key or tag (empty, or a character MLflow refuses; '/' is kept
-    out because it separates a key's parts)."""
-    return not name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name)
+def name_problems(key: str, name: str | None, why: str) -> list[str]:
+    """`key`'s `name` if it cannot be part of a metric key or tag (a character MLflow refuses, or '/', which
+    separates a key's parts)."""
+    if name and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        return []
+    return [f"{key}: {name!r} must start with a letter or digit and hold only letters, digits, '_', '-' and '.' "
+            f"({why})"]
 
 
 def too_small(prefix: str, section: object, minimum: int, *names: str) -> list[str]:
@@ -176,10 +179,8 @@ class DataConfig:
                 add(f"{key}.path: required (a folder written by data_prep/shard.py)")
             if not 0 < source.weight < float("inf"):
                 add(f"{key}.weight: must be a positive number, got {source.weight}")
-            if bad_metric_name(source.name):
-                add(f"{key}.name: {source.name!r} (from the folder's name unless set) must start with a letter or "
-                    f"digit and hold only letters, digits, '_', '-' and '.', as it becomes part of metric keys; "
-                    f"set {key}.name")
+            problems += name_problems(f"{key}.name", source.name, "it becomes part of metric keys; it is the "
+                                      f"folder's name unless {key}.name is set")
         names = [s.name for s in corpora]
         for name in sorted({n for n in names if names.count(n) > 1}):
             add(f"data.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
@@ -470,9 +471,7 @@ class PretrainConfig:
         modernbert = self.model.architecture == "modernbert"
         for i, p in enumerate(self.phases):
             key = f"phases[{i}]"
-            if bad_metric_name(p.name):
-                add(f"{key}.name: {p.name!r} must start with a letter or digit and hold only letters, digits, '_', "
-                    "'-' and '.' (it becomes an MLflow tag and a checkpoint field)")
+            problems += name_problems(f"{key}.name", p.name, "it becomes an MLflow tag and a checkpoint field")
             if not p.shards:
                 add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase)")
             if not 0 < p.steps_fraction <= 1:

@@ -110,11 +110,8 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
                       *, schedule: Schedule | None = None):
-    """`deepspeed.initialize` with our derived config; returns the engine.
-
-    `plan` is the batch of the stretch the run starts (or resumes) in; `set_batch_plan` changes it later.
-    `schedule` is the run's LR (None: the config's own; the trainer passes its own, an anneal's included).
-    """
+    """`deepspeed.initialize` with our derived config at `plan`, the batch of the stretch the run starts in
+    (`set_batch_plan` changes it later), and `schedule`, the run's LR (None: the config's, without an anneal)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 

@@ -97,11 +97,8 @@ class MixedShuffle(StepOrder):
 
 
 class PretrainData:
-    """The trainer's data: masked train and validation batches, the step order, eval sets and progress.
-
-    One object for a single folder and a mix, so the trainer asks the same questions of both; for a
-    single folder every answer (order, masks, eval set, metric keys) is the one it had before mixing.
-    """
+    """The trainer's data: masked train and validation batches, the step order, eval sets and progress; one
+    object for a single folder and a mix, so the trainer asks the same questions of both."""
 
     def __init__(self, data: DataConfig, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
                  tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0,

@@ -128,13 +128,10 @@ class SparseRobertaPreLayerNormForMaskedLM(SparseMaskedLM, RobertaPreLayerNormFo
 class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
     """ModernBertForMaskedLM training at masked positions only, through the model's own `sparse_prediction`.
 
-    Its forward gathers the masked rows before `head` and `decoder` and returns their mean
-    cross-entropy, as the pipeline's `_masked_lm_loss` does for the other architectures; measured
-    against that head (benchmarks/modernbert_head.py) neither was consistently faster (−4.5% to
-    +1.7% over three runs on shared cores), so the model's own is used.
-    `sparse_prediction` is switched on for this training class only: the saved config keeps it
-    false, so an export gives full logits. Doc-packed rows reach it as a mask per layer type (or
-    varlen segments), with the labels shaped like the (possibly flattened) input.
+    It gathers the masked rows before `head` and `decoder`, as `_masked_lm_loss` does for the other
+    architectures; against that head (benchmarks/modernbert_head.py) neither was consistently faster
+    (−4.5% to +1.7% over three runs on shared cores), so the model's own is used. The saved config keeps
+    `sparse_prediction` false, so an export gives full logits.
     """
 
     def __init__(self, config: ModernBertConfig):

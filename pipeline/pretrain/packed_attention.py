@@ -74,10 +74,8 @@ def varlen_segments(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def document_mask_mod(document_ids: torch.Tensor, half_window: int | None = None):
-    """FlexAttention's `mask_mod(b, h, q, kv)`: same document (padding to padding), and within `half_window` if given.
-
-    The same truth table as `block_diagonal_mask` (and `& sliding_window_band`) for the dense paths.
-    """
+    """FlexAttention's `mask_mod(b, h, q, kv)`: same document (padding to padding), and within `half_window` if
+    given; the truth table of `block_diagonal_mask` (`& sliding_window_band`)."""
     def mask_mod(b, h, q, kv):
         same = document_ids[b, q] == document_ids[b, kv]
         return same if half_window is None else same & ((q - kv).abs() <= half_window)

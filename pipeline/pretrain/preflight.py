@@ -104,11 +104,12 @@ def phase_step_problems(config: PretrainConfig, world_size: int) -> list[str]:
 
 
 def machine_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
-    """What this machine lacks for the config: a compiler for `train.compile`, Triton for FlexAttention on GPU."""
+    """What this machine lacks for the config: a compiler for `train.compile`, Triton for FlexAttention on GPU
+    (transformers runs it through torch.compile)."""
     problems = []
     if config.train.compile and (problem := inductor_problem("train.compile", "train.compile=false", cuda=cuda)):
         problems.append(problem)
-    if config.model.attn_implementation == "flex_attention" and cuda:  # transformers runs it through torch.compile
+    if config.model.attn_implementation == "flex_attention" and cuda:
         if problem := inductor_problem("model.attn_implementation flex_attention", "model.attn_implementation=sdpa",
                                        cuda=cuda):
             problems.append(problem)
@@ -116,11 +117,7 @@ def machine_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
 
 
 def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
-    """Why inductor cannot compile here (no Triton on GPU, no C++ compiler on CPU) as a problem of `key`, or None.
-
-    `train.compile` needs it, and so does `model.attn_implementation: flex_attention`, which transformers
-    runs through torch.compile'd FlexAttention.
-    """
+    """Why inductor cannot compile here (no Triton on GPU, no C++ compiler on CPU) as a problem of `key`, or None."""
     if cuda:
         from torch.utils._triton import has_triton
 
@@ -250,10 +247,8 @@ SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "interm
 # read only the checkpoint's `complete.json` and a folder's `config.json`, and name both sides of each mismatch;
 # the checksums of a resume's files are the checkpointer's, when it loads them.
 def start_problems(config: PretrainConfig, tokenizer: TokenizerInfo | None) -> list[str]:
-    """The checkpoint this run starts from (a resume's, else an anneal's) against `config` and the tokenizer.
-
-    `tokenizer` is None when it could not be loaded (that problem is reported on its own).
-    """
+    """The checkpoint this run starts from (a resume's, else an anneal's) against `config` and the tokenizer
+    (None: it did not load, a problem reported on its own)."""
     own = _newest_readable(config.layout.checkpoints) if config.checkpoint.resume == "auto" else None
     if own is not None:
         checkpoint, marker = own
@@ -280,10 +275,8 @@ def start_problems(config: PretrainConfig, tokenizer: TokenizerInfo | None) -> l
 
 def marker_problems(config: PretrainConfig, checkpoint: Path, marker: dict[str, Any],
                     tokenizer: TokenizerInfo | None, *, resume: bool) -> list[str]:
-    """The optimizer, architecture, vocabulary and shape `checkpoint` was trained with, against `config`.
-
-    A checkpoint written before the marker recorded one of them is not checked on it.
-    """
+    """The optimizer, architecture, vocabulary and shape `checkpoint` was trained with, against `config`
+    (each one its marker records: older checkpoints lack some)."""
     recorded = marker.get("config") if isinstance(marker.get("config"), dict) else {}
     hf = marker.get("hf_config") if isinstance(marker.get("hf_config"), dict) else {}
     if resume:

@@ -3,11 +3,11 @@ checkpointer (checkpointer.py) where a run starts, the stretches (phases.py) whi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
@@ -53,7 +54,7 @@ from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 from pipeline.tracking.sinks import open_metrics
 
 
-@dataclass
+@dataclasses.dataclass
 class RunResult:
     last_step: int
     stopped_by: str | None
@@ -365,13 +366,11 @@ class Pretrainer:
         return [self._entropies[source.path] for source in self.data.corpora]
 
     def _checkpoint(self) -> None:
-        plan = self.plan
         state = {"step": self.step, "samples_consumed": samples_consumed(self.stretches, self.step),
                  "epoch": self.data.epoch_state(self.step)}
         if self.phased:  # the phase that trained the last step; a resume picks its own from the step
             state["phase"] = self.phase.name
-        marker = {"batch_plan": {"global_batch_size": plan.global_batch_size, "micro_batch_size": plan.micro_batch_size,
-                                 "world_size": plan.world_size, "accumulation": plan.accumulation},
+        marker = {"batch_plan": dataclasses.asdict(self.plan),
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
                   "zero_stage": self.config.train.zero_stage, "precision": self.config.train.precision,
                   "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {}),
@@ -404,18 +403,14 @@ class Pretrainer:
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
                                  refresh=False)
 
-    def _progress_bar(self):
+    def _progress_bar(self) -> tqdm | None:
         if not self.topology.is_main:
             return None
-        from tqdm.auto import tqdm
-
         return tqdm(total=self.end_step, initial=self.step, desc="pretrain", unit="step",
                     dynamic_ncols=True, mininterval=1.0)
 
     def _print(self, message: str) -> None:
         if self.topology.is_main:
-            from tqdm.auto import tqdm
-
             tqdm.write(message)
 
 
