@@ -43,17 +43,12 @@ class Anneal:
         return self.start + self.steps
 
 
-def source_checkpoint(config: PretrainConfig) -> Path:
-    """The checkpoint `train.anneal_from` names (a run folder: its newest complete one)."""
-    return checkpoints.resolve_checkpoint(config.train.anneal_from)
-
-
 def resolve_anneal(config: PretrainConfig) -> Anneal | None:
     """The run's decay, or None without `train.anneal_from`."""
     t = config.train
     if not t.anneal_from:
         return None
-    checkpoint = source_checkpoint(config)
+    checkpoint = checkpoints.resolve_checkpoint(t.anneal_from)  # a run folder: its newest complete one
     marker = checkpoints.read_marker(checkpoint)
     source = config  # a checkpoint without a recorded config is taken to share this one's
     if isinstance(marker.get("config"), dict):

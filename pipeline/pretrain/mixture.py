@@ -164,8 +164,8 @@ class PretrainData:
         level = None if entropies is None else float(np.dot(self.shares, entropies))
         rows = [("eval/", float(np.dot(self.shares, losses)), level)]
         if self.mixed:
-            rows += [(f"eval/{s.name}/", float(loss), level) for s, loss, level in zip(self.corpora, losses, levels,
-                                                                                        strict=True)]
+            rows += [(f"eval/{s.name}/", float(loss), h) for s, loss, h in zip(self.corpora, losses, levels,
+                                                                                strict=True)]
         metrics = {}
         for prefix, loss, level in rows:
             metrics[f"{prefix}mlm_loss"] = loss

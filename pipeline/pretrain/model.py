@@ -42,12 +42,11 @@ def hf_config(model: ModelConfig, tokenizer: TokenizerInfo,
     fields = {name: getattr(model, name) for name in HF_CONFIG_FIELDS}
     fields["attn_implementation"] = model.attn_implementation
     if model.architecture in ("roberta", "roberta-prelayernorm"):
-        # RoBERTa numbers positions from pad_id + 1, so seq_len tokens need pad_id + 1 more slots.
         cls = RobertaConfig if model.architecture == "roberta" else RobertaPreLayerNormConfig
-        return cls(**fields, vocab_size=tokenizer.vocab_size,
-                             max_position_embeddings=seq_len + tokenizer.pad_id + 1,
-                             type_vocab_size=model.type_vocab_size or 1, pad_token_id=tokenizer.pad_id,
-                             bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
+        return cls(**fields, vocab_size=tokenizer.vocab_size,  # positions from pad_id + 1: that many more slots
+                   max_position_embeddings=seq_len + first_position_id(model.architecture, tokenizer.pad_id),
+                   type_vocab_size=model.type_vocab_size or 1, pad_token_id=tokenizer.pad_id,
+                   bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
     return BertConfig(**fields, vocab_size=tokenizer.vocab_size, max_position_embeddings=seq_len,
                       type_vocab_size=model.type_vocab_size or 2, pad_token_id=tokenizer.pad_id)
 

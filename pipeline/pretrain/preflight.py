@@ -1,19 +1,11 @@
 """Before a pretraining run starts: its config, the run it plans, this machine, and the files it names.
 
-`load_pretrain_config(path, overrides, world_size=, cuda=)` reads JSON and `--set` overrides, builds
-the config (each section checks itself, the top-level config the rules between them: config.py),
-then adds, in one ConfigError with every problem naming its key:
-
-- the run's plan (`plan_problems`): each phase's steps (phases.py's arithmetic), the WSD decay's
-  length (schedules.py's), batches on this world size and the batch warmup's ramp (batch_plan.py's),
-  precision and FlexAttention on CPU or GPU;
-- this machine (`machine_problems`): a compiler for `train.compile` and for FlexAttention on GPU;
-- with `check_files`, the files (`file_problems`): shard indexes, the tokenizer, `model.init_from`'s
-  folder, and the checkpoint a resume or an anneal starts from (its own newest complete checkpoint, else
-  `train.anneal_from`'s; `start_problems`).
-
+`load_pretrain_config` builds the config (each section checks itself: config.py), then adds, in one
+ConfigError with every problem naming its key, the run's plan on this world size (`plan_problems`), what
+this machine lacks (`machine_problems`) and, with `check_files`, the files (`file_problems`): shard
+indexes, the tokenizer, `model.init_from`'s folder and the checkpoint a resume or an anneal starts from.
 The command runs it before any process group, model or engine exists; `check_files=False` checks a
-config where its data does not exist (the ablation runner, tests of shipped configs).
+config whose data does not exist here (the ablation runner, tests of shipped configs).
 """
 
 from __future__ import annotations
@@ -25,7 +17,6 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import load_config
 from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
-from pipeline.pretrain.anneal import source_checkpoint
 from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.phases import phase_ends
@@ -204,15 +195,14 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
             problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "
                             f"with --val-fraction {index['args'].get('val_fraction')}); re-run data_prep/shard.py "
                             "with a larger --val-fraction (and --overwrite), or on more text")
+        if config.data.mixed and index["splits"]["train"]["sequences"] == 0:
+            problems.append(f"data.shards: {folder} has no train sequences")
     if config.phases:
         problems += phase_file_problems(config, indexes)
     train = sum(index["splits"]["train"]["sequences"] for index in indexes.values())
     if not config.data.mixed and not config.phases and train < config.train.global_batch_size:
         problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
                         f"(train.global_batch_size {config.train.global_batch_size})")
-    for folder, index in indexes.items():
-        if config.data.mixed and index["splits"]["train"]["sequences"] == 0:
-            problems.append(f"data.shards: {folder} has no train sequences")
     if config.model.init_from:  # positions are sized for the longest phase
         problems += init_from_problems(config, info, max(index["seq_len"] for index in indexes.values()))
     return problems
@@ -256,7 +246,7 @@ def start_problems(config: PretrainConfig, tokenizer: TokenizerInfo | None) -> l
     if not config.train.anneal_from:
         return []
     try:
-        checkpoint = source_checkpoint(config)
+        checkpoint = checkpoints.resolve_checkpoint(config.train.anneal_from)
         marker = checkpoints.read_marker(checkpoint)
     except PipelineError as err:
         return [f"train.anneal_from: {err}"]

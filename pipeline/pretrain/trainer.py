@@ -113,11 +113,6 @@ class Pretrainer:
         self.engine = initialize_engine(model, config, self.plan, universal, schedule=self.schedule)
         self.metrics = self._open_metrics()
 
-    @property
-    def phased(self) -> bool:
-        """True when the config lists phases (a run without them logs no phase)."""
-        return bool(self.config.phases)
-
     def _use_stretch(self, stretch: Stretch) -> None:
         """This stretch's phase, batch plan, data (continuing its folder's stream, phases.py) and FLOPs per token."""
         c, info = self.config, self.tokenizer_info
@@ -142,7 +137,7 @@ class Pretrainer:
         self._use_rope(self.engine.module)
         set_batch_plan(self.engine, self.plan)
         batch = {"global_batch_size": self.plan.global_batch_size, "accumulation": self.plan.accumulation}
-        if not self.phased:  # the batch warmup's next batch
+        if not self.config.phases:  # the batch warmup's next batch
             self.metrics.event(batch, self.step)
             self._print(f"step {self.step}: batch warmup, global batch {self.plan.global_batch_size}")
             return
@@ -173,7 +168,7 @@ class Pretrainer:
                 self.tokenizer.save_pretrained(tmp)
         tags = run_tags("pretrain", self.plan.world_size, gradient_accumulation=self.plan.accumulation,
                         parameters=self.num_parameters, output_dir=layout.root.resolve())
-        if self.phased:
+        if self.config.phases:
             tags["phase"] = self.phase.name
         metrics = open_metrics(True, jsonl=layout.metrics, resume_step=self.step, tracking=c.tracking,
                                run_name=c.tracking.run_name or layout.root.resolve().name, state_file=layout.tracking,
@@ -213,7 +208,7 @@ class Pretrainer:
             self._print(f"already trained to step {self.step} (the run ends at step {self.end_step})")
             return self._finish(stop, None, already_done=True)
         progress = self._progress_bar()
-        window, guard = ThroughputWindow(), StepGuard(self.step, self._watchdog)
+        window, guard = ThroughputWindow(), StepGuard(self.step, self._watchdog())
         self.sync = StepSync(self.plan.world_size)
         stopped_by, batches = None, None
         self.engine.train()
@@ -331,7 +326,7 @@ class Pretrainer:
     # --- evaluation, checkpoints, logging ------------------------------------------------------
 
     @torch.no_grad()
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self) -> None:
         eval_sets = self.data.eval_sets(self.config.train.eval_sequences, self.plan.micro_batch_size,
                                         self.topology.rank, self.topology.world_size)
         self.engine.eval()
@@ -356,7 +351,6 @@ class Pretrainer:
                              for s in self.data.corpora if self.data.mixed)
         self._print(f"step {self.step}: eval MLM loss{at_mask_rate(metrics)} {metrics_beside_plateau(metrics)}"
                     f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
-        return metrics
 
     def _plateau_levels(self) -> list[float]:
         """Each corpus's unigram plateau: a loss means little without it (plateau.py says why)."""
@@ -368,12 +362,12 @@ class Pretrainer:
     def _checkpoint(self) -> None:
         state = {"step": self.step, "samples_consumed": samples_consumed(self.stretches, self.step),
                  "epoch": self.data.epoch_state(self.step)}
-        if self.phased:  # the phase that trained the last step; a resume picks its own from the step
+        if self.config.phases:  # the phase that trained the last step; a resume picks its own from the step
             state["phase"] = self.phase.name
         marker = {"batch_plan": dataclasses.asdict(self.plan),
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
                   "zero_stage": self.config.train.zero_stage, "precision": self.config.train.precision,
-                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {}),
+                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.config.phases else {}),
                   # the model's own shape: with model.init_from it is the folder's, not the model section's
                   "hf_config": json.loads(self.model_config.to_json_string())}
         start = time.perf_counter()
@@ -394,7 +388,7 @@ class Pretrainer:
             "train/loss_scale": float(scale) if scale is not None else None,
             "train/tokens_per_s": tokens_per_s, "train/samples_per_s": samples_per_s,
             "train/mfu": mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.plan.world_size),
-            "train/phase": self.phase.index + 1 if self.phased else None,  # 1, 2, …: NVIDIA's phase numbers
+            "train/phase": self.phase.index + 1 if self.config.phases else None,  # 1, 2, …: NVIDIA's phase numbers
             **self.data.progress(self.step),
         }
         self.metrics.log(metrics, self.step)
