@@ -122,12 +122,8 @@ def resolve_phases(config: PretrainConfig) -> list[Phase]:
 
 
 def resolve_stretches(config: PretrainConfig, phases: list[Phase], end: int) -> list[Stretch]:
-    """The run's stretches up to step `end`: one per phase, or one per global batch of a batch warmup.
-
-    A batch warmup (one phase, one folder: config checks) ramps as `batch_plan.batch_ramp` says over
-    `train.max_steps`; each of its stretches continues the folder's stream where the previous one
-    stopped (`stream_start`). `end` past `train.max_steps` (an anneal) lengthens the last stretch.
-    """
+    """The run's stretches up to step `end`: one per phase, or one per global batch of a batch warmup (one phase,
+    one folder: config.py checks) over `train.max_steps`. `end` past it (an anneal) lengthens the last stretch."""
     t = config.train
     if t.batch_warmup_tokens:
         from pipeline.data.shard_index import load_index
