@@ -306,7 +306,7 @@ def packed_difference(architecture: str, attention: str, device: str) -> dict[st
 
     from pipeline.data.packers import make_packer
     from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model import SPARSE_CLASSES, encode, encode_modernbert, first_position_id, hf_config
+    from pipeline.pretrain.model import SPARSE_CLASSES, encode, first_position_id, hf_config
     from pipeline.pretrain.packed_attention import document_layout
 
     info, seq_len = small_tokenizer(), 64
@@ -328,17 +328,16 @@ def packed_difference(architecture: str, attention: str, device: str) -> dict[st
     offset = first_position_id(architecture, info.pad_id)
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), seq_len, offset)
     ids = torch.from_numpy(rows["input_ids"].astype(np.int64)).to(device)
-    run = encode_modernbert if architecture == "modernbert" else encode
     pick = {"roberta": "roberta", "roberta-prelayernorm": "roberta_prelayernorm", "bert": "bert",
             "modernbert": "model"}[architecture]
     worst, compared = 0.0, 0
     with torch.no_grad():
-        packed = run(getattr(model, pick), ids, document_ids=torch.from_numpy(document_ids).to(device),
-                     position_ids=torch.from_numpy(position_ids).to(device)).last_hidden_state
+        packed = encode(getattr(model, pick), ids, document_ids=torch.from_numpy(document_ids).to(device),
+                        position_ids=torch.from_numpy(position_ids).to(device)).last_hidden_state
         for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
             bounds = [s for s in starts.tolist() if s >= 0] + [int(length)]
             for a, b in zip(bounds[:-1], bounds[1:], strict=False):
-                alone = run(getattr(padded, pick), ids[r: r + 1, a:b]).last_hidden_state[0]
+                alone = encode(getattr(padded, pick), ids[r: r + 1, a:b]).last_hidden_state[0]
                 worst = max(worst, (alone.float() - packed[r, a:b].float()).abs().max().item())
                 compared += 1
     tolerance = 5e-2 if attention == "flash_attention_2" else 1e-4

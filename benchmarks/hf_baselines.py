@@ -80,7 +80,7 @@ def same_recipe(config: PretrainConfig, ranks: int) -> tuple[dict, list[str]]:
         "optim": "adamw_torch_fused" if o.fused else "adamw_torch",
         "lr_scheduler_type": scheduler, "lr_scheduler_kwargs": scheduler_kwargs, "warmup_steps": s.warmup_steps,
         "max_grad_norm": t.gradient_clipping,  # 0 turns clipping off in both
-        "bf16": config.precision == "bf16", "torch_compile": t.compile,
+        "bf16": t.precision == "bf16", "torch_compile": t.compile,
         # Each pipeline rank reads with data.num_workers loader processes; Trainer gets as many.
         "dataloader_num_workers": config.data.num_workers,
     }

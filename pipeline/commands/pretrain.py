@@ -73,7 +73,7 @@ def main(argv=None) -> None:
         raise
     from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
 
-    slow_bf16 = bf16_cpu_warning(config.precision == "bf16", topology.cuda, topology.cuda or native_bf16(),
+    slow_bf16 = bf16_cpu_warning(config.train.precision == "bf16", topology.cuda, topology.cuda or native_bf16(),
                                  "--set train.precision=fp32")
     if slow_bf16 and topology.is_main:
         print(slow_bf16, file=sys.stderr)

@@ -80,7 +80,7 @@ def pretrain_scripts(args) -> tuple[Path, list[str]]:
     config_file = find_config(args.config, "pretrain")
     config = load_pretrain_config(config_file, args.set, world_size=args.nodes * procs, cuda=args.gpus_per_node > 0,
                                   check_files=not args.no_check_files)
-    out = config.output_dir.resolve()
+    out = config.layout.root.resolve()
     values = common_values(args, args.job_name or f"pretrain-{out.name}", out / "slurm")
     values.update(nodes=args.nodes, procs=procs, signal_seconds=args.signal_seconds,
                   config=shlex.quote(str(config_file.resolve())), sets=sets(args.set))

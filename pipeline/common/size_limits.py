@@ -37,11 +37,14 @@ MAX_JSON_FILE_BYTES = 1 << 30
 """A whole-file JSON input (a SQuAD file, index.json, tokenizer.json): 1 GiB (SQuAD 2.0 train is 40 MB)."""
 
 
-def bound_problem(key: str, value: object, limit: int, *, minimum: int = 1) -> str | None:
-    """A problem naming `key` if `value` is not an int within [minimum, limit]; None if it is."""
+def bound_problem(key: str, value: object, limit: int, *, minimum: int | None = 1) -> str | None:
+    """A problem naming `key` if `value` is not an int within [minimum, limit]; None if it is.
+
+    `minimum` None: the lower bound is checked where more is known (a batch's, with the world size).
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         return f"{key}: expected an integer, got {value!r}"
-    if value < minimum:
+    if minimum is not None and value < minimum:
         return f"{key}: must be ≥ {minimum}, got {value}"
     if value > limit:
         return f"{key}: {value:,} is above the bound of {limit:,} (pipeline/common/size_limits.py), which keeps a " \
@@ -49,7 +52,7 @@ def bound_problem(key: str, value: object, limit: int, *, minimum: int = 1) -> s
     return None
 
 
-def bound_problems(checks: list[tuple[str, object, int]], *, minimum: int = 1) -> list[str]:
+def bound_problems(checks: list[tuple[str, object, int]], *, minimum: int | None = 1) -> list[str]:
     """`bound_problem` for each (key, value, limit); None values are skipped (the key's default applies)."""
     found = (bound_problem(key, value, limit, minimum=minimum) for key, value, limit in checks if value is not None)
     return [problem for problem in found if problem]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.masking import Masker, MaskingConfig, MaskingSpec
+from pipeline.pretrain.masking import Masker, MaskingConfig
 
 
 def read_texts(texts: Sequence[str] | str | os.PathLike) -> list[str]:
@@ -139,11 +139,10 @@ def create_mlm_dataloader(texts: Sequence[str] | str | os.PathLike, tokenizer, b
         rows = [np.array([cls_id, *p[:max_length - 2], sep_id], dtype=np.int64) for p in pieces]
     masking = MaskingConfig(mode="static" if static_masking else "dynamic", probability=mask_probability,
                             mask_token_fraction=mask_token_fraction, random_token_fraction=random_token_fraction)
-    spec = MaskingSpec(vocab_size=len(tok), mask_id=tok.mask_token_id, special_ids=tuple(tok.all_special_ids),
-                       masking=masking)
     return torch.utils.data.DataLoader(
         MaskedSequences(rows), batch_sampler=EpochBatches(len(rows), batch_size, shuffle, seed, drop_last),
-        collate_fn=MaskingCollator(Masker(spec, seed), tok.pad_token_id), num_workers=num_workers)
+        collate_fn=MaskingCollator(Masker(len(tok), tok.mask_token_id, tok.all_special_ids, seed, masking=masking),
+                                   tok.pad_token_id), num_workers=num_workers)
 
 
 def create_classification_dataloader(texts: Sequence[str] | Sequence[tuple[str, str]], labels: Sequence,

@@ -1,18 +1,15 @@
 """Annealing from a checkpoint: run only the decay of a schedule, starting at a stable-phase checkpoint.
 
-ModernBERT's decay phase and Ettin's three phases train a long stable phase once, then decay
-from one of its checkpoints; a run can so be extended or ended early without a restart. With
+ModernBERT's decay phase and Ettin's three phases train a long stable phase once, then decay from
+one of its checkpoints, so a run can be extended or ended early without a restart. With
 `train.anneal_from` (a checkpoint) and `train.anneal_steps` (N), the run loads the checkpoint's
 weights, optimizer moments and step S, continues the data stream at step S (the order is a pure
-function of the step and the global batch, batches.py, so the next batches are those the stable
-run would have drawn), and trains steps S … S + N − 1 into its own `train.output_dir`.
+function of the step and the global batch), and trains steps S … S + N − 1 into its own
+`train.output_dir`, checkpointing and resuming like any run; the source checkpoint is only read.
 
-The LR over those steps is one more segment of schedules.py's closed form: a decay of
-`schedule.decay` to this config's `schedule.end_lr_ratio`, from the LR the stable run's own schedule
-gives step S (read from the config recorded in the checkpoint: a stable phase at constant LR gives
-its peak, whatever this config's schedule).
-The anneal run checkpoints like any run and resumes from its own checkpoints exactly; the source
-checkpoint is only read.
+The LR over those steps is one more segment of schedules.py's closed form: a decay of `schedule.decay`
+to `schedule.end_lr_ratio`, from the LR the stable run's own schedule gives step S (built from the
+config recorded in the checkpoint: a stable phase at constant LR gives its peak).
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.common.config_tree import build_config
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.config import PretrainConfig
@@ -45,30 +43,17 @@ class Anneal:
         return self.start + self.steps
 
 
-def source_checkpoint(config: PretrainConfig) -> Path:
-    """The checkpoint `train.anneal_from` names (a run folder: its newest complete one)."""
-    return checkpoints.resolve_checkpoint(config.train.anneal_from)
-
-
-def recorded_config(marker: dict) -> PretrainConfig | None:
-    """The config a checkpoint's marker recorded (another run's), or None without one."""
-    from pipeline.common.config_tree import build_config
-
-    if not isinstance(marker.get("config"), dict):
-        return None
-    source, problems = build_config(PretrainConfig, marker["config"])
-    if problems:
-        raise PipelineError(f"train.anneal_from: the config recorded in the checkpoint does not load: "
-                            f"{'; '.join(problems)}")
-    return source
-
-
 def resolve_anneal(config: PretrainConfig) -> Anneal | None:
     """The run's decay, or None without `train.anneal_from`."""
     t = config.train
     if not t.anneal_from:
         return None
-    checkpoint = source_checkpoint(config)
+    checkpoint = checkpoints.resolve_checkpoint(t.anneal_from)  # a run folder: its newest complete one
     marker = checkpoints.read_marker(checkpoint)
-    source = recorded_config(marker) or config  # a checkpoint without a config is taken to share this one's
+    source = config  # a checkpoint without a recorded config is taken to share this one's
+    if isinstance(marker.get("config"), dict):
+        source, problems = build_config(PretrainConfig, marker["config"])
+        if problems:
+            raise PipelineError(f"train.anneal_from: the config recorded in the checkpoint does not load: "
+                                f"{'; '.join(problems)}")
     return Anneal(checkpoint, int(marker["step"]), int(t.anneal_steps), source, resolve_phases(source))

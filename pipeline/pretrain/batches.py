@@ -2,19 +2,18 @@
 
 The data order is a pure function of (seed, optimizer step): step `s` takes the global batch
 `s mod steps_per_epoch` of epoch `s // steps_per_epoch`'s order (`data/epoch_order.py`, evaluated
-for just the positions a micro batch needs) (the last partial batch of an
-epoch is dropped), and micro batch `k` of it is `BatchPlan`'s slice. So the only data state a
-checkpoint needs is the step (and `samples_consumed = step × global batch`), a resumed run sees
-exactly the batches and masks an uninterrupted one would, and a run resumed at another world size
-with the same global batch still sees the same data.
+for just the positions a micro batch needs; an epoch's last partial batch is dropped), and micro
+batch `k` of it is `BatchPlan`'s slice. So the only data state a checkpoint needs is the step, and
+a run resumed, on the same or another world size with the same global batch, sees exactly the
+batches and masks an uninterrupted one would.
 
 Each DataLoader item is a whole micro batch: the sampler (in the training process) names the
-sequence indices, a worker gathers them from the memory-mapped cache and masks them in one
-vectorised call.
+sequence indices, a worker gathers them from the cache and masks them in one vectorised call.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -160,25 +159,24 @@ def ignore_stop_signals(worker_id: int) -> None:
     the signal asked for is never written. The worker still exits when the loader shuts down, or
     when the rank dies (PyTorch's worker watchdog).
     """
-    import signal
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@dataclass(frozen=True)
 class RankKeys:
     """The sampler: one rank's micro-batch keys, made as they are consumed rather than held in a list."""
 
-    def __init__(self, shuffle: StepOrder, rank: int, start_step: int, end_step: int):
-        self.args = shuffle, rank, start_step, end_step
+    order: StepOrder
+    rank: int
+    start_step: int
+    end_step: int
 
-    def __iter__(self):
-        shuffle, rank, start, end = self.args
-        return shuffle.rank_keys(rank, start, end)
+    def __iter__(self) -> Iterator[MicroBatchKey]:
+        return self.order.rank_keys(self.rank, self.start_step, self.end_step)
 
     def __len__(self) -> int:
-        shuffle, _, start, end = self.args
-        return (end - start) * shuffle.plan.accumulation
+        return (self.end_step - self.start_step) * self.order.plan.accumulation
 
 
 def eval_keys(num_sequences: int, eval_sequences: int, micro_batch_size: int, rank: int,

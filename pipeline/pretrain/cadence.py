@@ -10,7 +10,6 @@ skipping the first step of a process, which carries one-off costs (workers start
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -75,9 +74,8 @@ class ThroughputWindow:
 class StepGuard:
     """The watchdog around each step after a process's first (none with one rank)."""
 
-    def __init__(self, first_step: int, make_watchdog: Callable[[], RankWatchdog | None]):
-        self.first_step = first_step
-        self.watchdog = make_watchdog()
+    def __init__(self, first_step: int, watchdog: RankWatchdog | None):
+        self.first_step, self.watchdog = first_step, watchdog
 
     def around(self, step: int) -> AbstractContextManager:
         """Guard optimizer step `step` (0-based, about to run)."""

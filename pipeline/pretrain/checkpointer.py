@@ -1,17 +1,21 @@
 """The run's checkpointer: where a run starts from, loading it before the loop, and saving.
 
-`find` runs before the engine is built, because the start decides the phase (its batch) and
-whether DeepSpeed must be told of a universal checkpoint; it reads files only (rank 0 verifies the
-checksums, one broadcast). `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer
-loads its checkpoint there: the conversion to a universal checkpoint (on another world size), the
-engine's load and the scheduler's step. The files and their marker are checkpoints.py's.
-
 A run starts from the newest intact checkpoint of its own folder (`checkpoint.resume: auto`);
-without one, from `train.anneal_from` when set (anneal.py); else from step 0.
+without one, from `train.anneal_from` when set (anneal.py); else from step 0. `find` runs before the
+engine is built, since the start decides the phase (its batch) and whether DeepSpeed must be told
+of a universal checkpoint; `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer
+loads there. The files and their marker are checkpoints.py's.
+
+A ZeRO checkpoint holds each rank's partition of the optimizer state, so it loads only on the world
+size that wrote it. On another, rank 0 converts it once with DeepSpeed's `ds_to_universal`
+(per-parameter fp32 weights and Adam moments) into `<checkpoint>/universal/`, and the engine loads
+that with `checkpoint.load_universal`. The data order depends only on the step and the global batch.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -20,13 +24,15 @@ from typing import Any
 
 import torch.distributed as dist
 
+from pipeline.common.atomic_files import publish_folder
 from pipeline.common.errors import PipelineError
 from pipeline.common.topology import Topology
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.anneal import Anneal
 from pipeline.pretrain.engine import restore_step
 from pipeline.pretrain.phases import Stretch, stretch_at
-from pipeline.pretrain.universal_resume import UNIVERSAL_DIR, convert_to_universal, needs_universal
+
+UNIVERSAL_DIR = "universal"
 
 
 @dataclass(frozen=True)
@@ -70,14 +76,12 @@ class Checkpointer:
             raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
                                 f"this run has {last.global_batch_size} at step {step}{where}; resuming "
                                 f"would change the data order (use another train.output_dir, or the same global batch)")
-        return StartPoint(newest, step, saved.get("world_size"),
-                          needs_universal(newest, saved.get("world_size"), self.topology.world_size))
+        written_by = saved.get("world_size")  # per-rank optimizer partitions load only on that many ranks
+        universal = written_by != self.topology.world_size and any(newest.glob("*optim_states.pt"))
+        return StartPoint(newest, step, written_by, universal)
 
     def load(self, engine, start: StartPoint) -> int:
-        """Load `start` into the engine on every rank; returns the step to continue from.
-
-        The resume restores the step (`engine.restore_step`); the LR follows from the run's schedule.
-        """
+        """Load `start` into the engine on every rank; returns its step, which sets the LR (`engine.restore_step`)."""
         started = time.perf_counter()
         load_root = start.checkpoint.parent
         if start.universal:
@@ -125,3 +129,21 @@ class Checkpointer:
     def _warn(self, message: str) -> None:
         if self.topology.is_main:
             print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def convert_to_universal(checkpoint: Path) -> None:
+    """Write (once) the universal copy of `checkpoint`: `<checkpoint>/universal/<tag>/`, which DeepSpeed loads."""
+    done = checkpoint / UNIVERSAL_DIR / checkpoint.name / "converted"
+    if done.exists():
+        return
+    tmp = checkpoint / (UNIVERSAL_DIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                           str(checkpoint), "--output_folder", str(tmp / checkpoint.name), "--inject_missing_state",
+                           "--num_extract_workers", "1", "--num_merge_workers", "1"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PipelineError(f"checkpoint {checkpoint}: conversion to a universal checkpoint (to resume on another "
+                            f"number of ranks) failed:\n{proc.stderr[-2000:]}")
+    (tmp / checkpoint.name / "converted").write_text("ok\n")
+    publish_folder(tmp, checkpoint / UNIVERSAL_DIR)

@@ -1,16 +1,13 @@
 """Checkpoints: DeepSpeed's engine state plus our train state, marked complete only when every rank is done.
 
-Layout: `<output_dir>/checkpoints/step_00001000/` (under `PretrainLayout.checkpoints`) holds
-DeepSpeed's files and, written last and atomically by rank 0 after a barrier, `complete.json`. A
-folder without it (a run killed while saving) is never resumed from, so the previous checkpoint
-stays the newest usable one. The last `checkpoint.keep_last` complete checkpoints are kept.
+`<output_dir>/checkpoints/step_00001000/` holds DeepSpeed's files and, written last and atomically by
+rank 0 after a barrier, `complete.json`. A folder without it (a run killed, or a disk full, while
+saving) is never resumed from, so the previous checkpoint stays the newest usable one.
 
-The marker records the size and sha256 of every file of the checkpoint, so a file a failing disk
-truncated or flipped a bit in is found before it is loaded: resume then falls back to the previous
-complete checkpoint (moving the damaged one aside to `damaged-step_…`), and export refuses it, both
-with the same message naming the file. Checkpoints saved before checksums were recorded still load,
-with one warning that they cannot be verified. A full disk while saving is a `PipelineError` naming
-the folder; the previous complete checkpoint is untouched.
+The marker records the size and sha256 of every file, so a file a failing disk truncated or flipped
+a bit in is found before it is loaded: resume falls back to the previous complete checkpoint (moving
+the damaged one aside), and export refuses it, both with the same message naming the file.
+Checkpoints saved before checksums were recorded still load, with a warning that they cannot be verified.
 """
 
 from __future__ import annotations
@@ -89,11 +86,8 @@ def damage(folder: Path) -> str | None:
 
 
 def unverifiable(folder: Path) -> bool:
-    """True for a checkpoint saved before checksums were recorded in its marker."""
-    try:
-        return not isinstance(read_marker(folder).get("files"), dict)
-    except PipelineError:
-        return False
+    """True for a checkpoint saved before checksums were recorded in its marker (one `damage` found readable)."""
+    return not isinstance(read_marker(folder).get("files"), dict)
 
 
 def check_intact(folder: Path) -> None:

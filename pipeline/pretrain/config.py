@@ -1,19 +1,14 @@
-"""The pretraining config: one dataclass per section, each checking its own values when it is built.
+"""The pretraining config: one dataclass per section, each checking its own fields in `__post_init__`.
 
-A section's `__post_init__` lists every problem of its own fields, each naming the key the user
-typed; `PretrainConfig.__post_init__` holds the rules between sections, in one place. Built by
-`config_tree.build_config` (preflight.py's `load_pretrain_config` reads the JSON and `--set`
-overrides), all of them come back together in one ConfigError. What needs the run's arithmetic
-(phase steps, the decay's length, the batch on a world size), this machine or files is the
-preflight's (pipeline/pretrain/preflight.py). This module imports nothing that imports it back.
-
-The `deepspeed` section holds only DeepSpeed's own further keys, checked against DeepSpeed's config
-models (pipeline/pretrain/deepspeed_section.py); precision and the ZeRO stage are typed keys of `train`.
+Every problem names the key the user typed; `PretrainConfig.__post_init__` holds the rules between
+sections, and `config_tree.build_config` returns them all in one ConfigError. What needs the run's
+arithmetic, this machine or files is the preflight's (preflight.py); nothing here imports it back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -24,7 +19,7 @@ from pipeline.common.config_tree import refuse
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, owned_key_problems
+from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, offloads_optimizer, owned_key_problems
 from pipeline.pretrain.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
@@ -38,13 +33,20 @@ MODERNBERT_KEYS = ("local_attention", "global_attn_every_n_layers", "global_rope
                    "classifier_pooling")
 """ModelConfig's keys that only ModernBERT has; the other architectures refuse a value other than the default."""
 
-# MLflow accepts these in metric keys; '/' is kept out of names because it separates the key's parts.
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+def name_problems(key: str, name: str | None, why: str) -> list[str]:
+    """`key`'s `name` if it cannot be part of a metric key or tag (a character MLflow refuses, or '/', which
+    separates a key's parts)."""
+    if name and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        return []
+    return [f"{key}: {name!r} must start with a letter or digit and hold only letters, digits, '_', '-' and '.' "
+            f"({why})"]
 
 
-def bad_metric_name(name: str | None) -> bool:
-    """True when `name` cannot be part of a metric key or tag (empty, or a character MLflow refuses)."""
-    return not name or not set(name) <= _NAME_CHARS or not name[0].isalnum()
+def too_small(prefix: str, section: object, minimum: int, *names: str) -> list[str]:
+    """`<prefix>.<name>: must be ≥ minimum, got …` for each of the section's `names` below `minimum` (None: unset)."""
+    return [f"{prefix}.{name}: must be ≥ {minimum}, got {value}" for name in names
+            if (value := getattr(section, name)) is not None and value < minimum]
 
 
 @dataclass
@@ -89,11 +91,12 @@ class ModelConfig:
     input (docs/benchmarks.md, pretraining gain)."""
 
     def __post_init__(self):
-        problems = []
+        # ≥ 1, and below size_limits' bounds: a typo must not allocate absurd memory.
+        problems = lim.bound_problems([(f"model.{name}", getattr(self, name), limit) for name, limit in (
+            ("num_hidden_layers", lim.MAX_LAYERS), ("num_attention_heads", lim.MAX_LAYERS),
+            ("hidden_size", lim.MAX_MODEL_WIDTH), ("intermediate_size", lim.MAX_MODEL_WIDTH))])
+        problems += lim.bound_problems([("model.type_vocab_size", self.type_vocab_size, lim.MAX_VOCAB)], minimum=0)
         add = problems.append
-        for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"):
-            if getattr(self, name) < 1:
-                add(f"model.{name}: must be ≥ 1, got {getattr(self, name)}")
         if self.num_attention_heads >= 1 and self.hidden_size % self.num_attention_heads:
             add(f"model.hidden_size {self.hidden_size} is not divisible by model.num_attention_heads "
                 f"{self.num_attention_heads}")
@@ -110,15 +113,7 @@ class ModelConfig:
             add(f"model.attention_probs_dropout_prob: flex_attention has no attention dropout, got "
                 f"{self.attention_probs_dropout_prob}; set it to 0 (ModernBERT's own default) or use another "
                 "model.attn_implementation")
-        problems += self._modernbert_problems()
-        # Upper bounds only (the lower ones are above): a typo must not allocate absurd memory.
-        problems += lim.bound_problems(
-            [(f"model.{name}", getattr(self, name), lim.MAX_MODEL_WIDTH) for name in ("hidden_size",
-                                                                                     "intermediate_size")]
-            + [(f"model.{name}", getattr(self, name), lim.MAX_LAYERS) for name in ("num_hidden_layers",
-                                                                                  "num_attention_heads")]
-            + [("model.type_vocab_size", self.type_vocab_size, lim.MAX_VOCAB)], minimum=-(1 << 62))
-        refuse(self, problems)
+        refuse(self, problems + self._modernbert_problems())
 
     def _modernbert_problems(self) -> list[str]:
         """ModernBERT's own keys: in range for modernbert, left at their defaults (unused) for the others."""
@@ -126,13 +121,10 @@ class ModelConfig:
             defaults = {f.name: f.default for f in dataclasses.fields(self)}
             return [f"model.{key}: applies to model.architecture modernbert only ({self.architecture} has no such "
                     "setting); leave it out" for key in MODERNBERT_KEYS if getattr(self, key) != defaults[key]]
-        problems = []
+        problems = too_small("model", self, 1, "global_attn_every_n_layers")  # 1: every layer global
         if self.local_attention < 2 or self.local_attention % 2:
             problems.append(f"model.local_attention: the window must be an even number ≥ 2 of tokens (half on "
                             f"each side), got {self.local_attention}")
-        if self.global_attn_every_n_layers < 1:
-            problems.append(f"model.global_attn_every_n_layers: must be ≥ 1 (1: every layer global), got "
-                            f"{self.global_attn_every_n_layers}")
         for key in ("global_rope_theta", "local_rope_theta"):
             if getattr(self, key) <= 1:
                 problems.append(f"model.{key}: a rotary base must be > 1, got {getattr(self, key)}")
@@ -169,11 +161,9 @@ class DataConfig:
     """Where the decompressed token cache lives; None: `<train.output_dir>/token_cache`."""
 
     def __post_init__(self):
-        problems = []
+        problems = too_small("data", self, 0, "num_workers")
         if not self.tokenizer:
             problems.append("data.tokenizer: required (the tokenizer folder or hub name the shards were made with)")
-        if self.num_workers < 0:
-            problems.append(f"data.num_workers: must be ≥ 0, got {self.num_workers}")
         if self.mixed:
             problems += self._mix_problems()
         refuse(self, problems)
@@ -189,10 +179,8 @@ class DataConfig:
                 add(f"{key}.path: required (a folder written by data_prep/shard.py)")
             if not 0 < source.weight < float("inf"):
                 add(f"{key}.weight: must be a positive number, got {source.weight}")
-            if bad_metric_name(source.name):
-                add(f"{key}.name: {source.name!r} (from the folder's name unless set) must start with a letter or "
-                    f"digit and hold only letters, digits, '_', '-' and '.', as it becomes part of metric keys; "
-                    f"set {key}.name")
+            problems += name_problems(f"{key}.name", source.name, "it becomes part of metric keys; it is the "
+                                      f"folder's name unless {key}.name is set")
         names = [s.name for s in corpora]
         for name in sorted({n for n in names if names.count(n) > 1}):
             add(f"data.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
@@ -274,8 +262,7 @@ class ScheduleConfig:
             if (self.decay_steps is None) == (self.decay_fraction is None):
                 add("schedule.decay_steps or schedule.decay_fraction: kind wsd needs exactly one (the decay's length "
                     "in steps, or its share of the steps)")
-            if self.decay_steps is not None and self.decay_steps < 0:
-                add(f"schedule.decay_steps: must be ≥ 0, got {self.decay_steps}")
+            problems += too_small("schedule", self, 0, "decay_steps")
             if self.decay_fraction is not None and not 0 <= self.decay_fraction <= 1:
                 add(f"schedule.decay_fraction: must be in [0, 1], got {self.decay_fraction}")
         else:
@@ -329,17 +316,15 @@ class TrainConfig:
     """DeepSpeed ZeRO stage: 0 (data parallel), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters)."""
 
     def __post_init__(self):
-        problems = []
+        problems = too_small("train", self, 1, "max_steps", "log_every") + too_small("train", self, 0, "eval_every")
+        # Below size_limits' bounds; the batches' lower bounds are preflight.py's, which knows the world size.
+        problems += lim.bound_problems([("train.eval_sequences", self.eval_sequences, lim.MAX_GLOBAL_BATCH)])
+        problems += lim.bound_problems([("train.global_batch_size", self.global_batch_size, lim.MAX_GLOBAL_BATCH),
+                                        ("train.micro_batch_size", self.micro_batch_size, lim.MAX_MICRO_BATCH)],
+                                       minimum=None)
         add = problems.append
-        if self.max_steps < 1:
-            add(f"train.max_steps: must be ≥ 1, got {self.max_steps}")
         if self.gradient_clipping < 0:
             add(f"train.gradient_clipping: must be ≥ 0 (0 turns it off), got {self.gradient_clipping}")
-        for name in ("log_every", "eval_sequences"):
-            if getattr(self, name) < 1:
-                add(f"train.{name}: must be ≥ 1, got {getattr(self, name)}")
-        if self.eval_every < 0:
-            add(f"train.eval_every: must be ≥ 0, got {self.eval_every}")
         if not self.collective_timeout_s > 0:
             add(f"train.collective_timeout_s: must be > 0 seconds, got {self.collective_timeout_s}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
@@ -352,12 +337,8 @@ class TrainConfig:
         if (self.anneal_from is None) != (self.anneal_steps is None) or self.anneal_from == "":
             add("train.anneal_from and train.anneal_steps: give both (the checkpoint to decay from and the decay's "
                 "steps; launchers/pretrain.py --anneal-from CKPT --anneal-steps N), or neither")
-        elif self.anneal_steps is not None and self.anneal_steps < 1:
-            add(f"train.anneal_steps: must be ≥ 1, got {self.anneal_steps}")
-        problems += lim.bound_problems([("train.global_batch_size", self.global_batch_size, lim.MAX_GLOBAL_BATCH),
-                                        ("train.micro_batch_size", self.micro_batch_size, lim.MAX_MICRO_BATCH),
-                                        ("train.eval_sequences", self.eval_sequences, lim.MAX_GLOBAL_BATCH)],
-                                       minimum=-(1 << 62))
+        else:
+            problems += too_small("train", self, 1, "anneal_steps")
         refuse(self, problems)
 
 
@@ -369,9 +350,7 @@ class CheckpointConfig:
     """auto: continue from the newest complete checkpoint in `<output_dir>/checkpoints`."""
 
     def __post_init__(self):
-        if self.every < 1 or self.keep_last < 1:
-            refuse(self, [f"checkpoint.every and checkpoint.keep_last must be ≥ 1, got {self.every} and "
-                          f"{self.keep_last}"])
+        refuse(self, too_small("checkpoint", self, 1, "every", "keep_last"))
 
 
 @dataclass
@@ -431,6 +410,7 @@ class PretrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     deepspeed: dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed's own further keys (deepspeed_section.py checks them); precision and ZeRO stage are `train`'s."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """Train in phases, each on its own shard folder, batch, LR peak and warmup (empty: one phase, `data.shards`)."""
 
@@ -491,15 +471,11 @@ class PretrainConfig:
         modernbert = self.model.architecture == "modernbert"
         for i, p in enumerate(self.phases):
             key = f"phases[{i}]"
-            if bad_metric_name(p.name):
-                add(f"{key}.name: {p.name!r} must start with a letter or digit and hold only letters, digits, '_', "
-                    "'-' and '.' (it becomes an MLflow tag and a checkpoint field)")
+            problems += name_problems(f"{key}.name", p.name, "it becomes an MLflow tag and a checkpoint field")
             if not p.shards:
                 add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase)")
             if not 0 < p.steps_fraction <= 1:
                 add(f"{key}.steps_fraction: must be in (0, 1], got {p.steps_fraction}")
-            if p.seq_len is not None and p.seq_len < 1:
-                add(f"{key}.seq_len: must be ≥ 1 or null, got {p.seq_len}")
             if p.lr is not None and p.lr <= 0:
                 add(f"{key}.lr: must be > 0 or null, got {p.lr}")
             if p.decay_steps is not None and self.schedule.kind != "wsd":
@@ -512,48 +488,31 @@ class PretrainConfig:
                         "has no rotary positions); leave it out")
                 elif value is not None and value <= 1:
                     add(f"{key}.{theta}: a rotary base must be > 1, got {value}")
-            problems += lim.bound_problems([(f"{key}.seq_len", p.seq_len, lim.MAX_SEQ_LEN),
-                                            (f"{key}.global_batch_size", p.global_batch_size, lim.MAX_GLOBAL_BATCH),
+            problems += lim.bound_problems([(f"{key}.seq_len", p.seq_len, lim.MAX_SEQ_LEN)])
+            problems += lim.bound_problems([(f"{key}.global_batch_size", p.global_batch_size, lim.MAX_GLOBAL_BATCH),
                                             (f"{key}.micro_batch_size", p.micro_batch_size, lim.MAX_MICRO_BATCH)],
-                                           minimum=-(1 << 62))
+                                           minimum=None)  # the phase's batch on the world size: preflight.py
         return problems
 
     def _deepspeed_problems(self) -> list[str]:
         """The `deepspeed` section (pipeline/pretrain/deepspeed_section.py) and the optimizers it cannot offload."""
-        ds = self.deepspeed
+        ds, name = self.deepspeed, self.optimizer.name
         problems = owned_key_problems(ds)
-        zero = ds.get("zero_optimization")
-        offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
-        offloaded = (offload or {}).get("device", "none") not in ("none", None)
-        if self.optimizer.name == "lamb" and offloaded:
-            problems.append("optimizer.name lamb with deepspeed.zero_optimization.offload_optimizer: DeepSpeed has no "
-                            "CPU Lamb for offloaded optimizer states; drop the offload or use optimizer.name adamw")
-        if self.optimizer.name == "stableadamw" and offloaded:
-            problems.append("optimizer.name stableadamw with deepspeed.zero_optimization.offload_optimizer: "
-                            "DeepSpeed offloads only its own CPU Adam's states; drop the offload or use "
-                            "optimizer.name adamw")
+        why = {"lamb": "DeepSpeed has no CPU Lamb for offloaded optimizer states",
+               "stableadamw": "DeepSpeed offloads only its own CPU Adam's states"}
+        if name in why and offloads_optimizer(ds):
+            problems.append(f"optimizer.name {name} with deepspeed.zero_optimization.offload_optimizer: {why[name]}; "
+                            "drop the offload or use optimizer.name adamw")
         return problems + deepspeed_key_problems(ds)
-
-    @property
-    def output_dir(self) -> Path:
-        return Path(self.train.output_dir)
 
     @property
     def layout(self) -> PretrainLayout:
         """Every path in the run folder."""
-        return PretrainLayout(self.output_dir)
+        return PretrainLayout(Path(self.train.output_dir))
 
     @property
     def cache_dir(self) -> Path:
         return Path(self.data.cache_dir) if self.data.cache_dir else self.layout.token_cache
-
-    @property
-    def precision(self) -> Precision:
-        return self.train.precision
-
-    @property
-    def zero_stage(self) -> int:
-        return self.train.zero_stage
 
 
 def corpus_shares(weights: list[float]) -> list[Fraction]:

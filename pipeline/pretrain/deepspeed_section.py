@@ -1,13 +1,11 @@
 """The config's `deepspeed` section: DeepSpeed's own further keys, checked against DeepSpeed's own config models.
 
-The pipeline owns precision (`train.precision`), the ZeRO stage (`train.zero_stage`), batch sizes,
-optimizer, schedule and clipping; the section may not set them, and an old spelling is refused with
-the new one. Everything else passes to DeepSpeed as given, after two checks DeepSpeed itself does not
-make: a top-level key DeepSpeed never reads (a typo such as `zero_optimisation`) is an error naming
-it, since DeepSpeed would ignore it silently; and the sections DeepSpeed models with pydantic
-(`zero_optimization`, `bf16`, `fp16`) are validated by those models, which forbid unknown keys.
-DeepSpeed is imported only when the section holds something to check (`import deepspeed` takes seconds).
-These checks stay beside the key tables they read; the top-level config (config.py) runs them when built.
+The pipeline owns precision, the ZeRO stage, batch sizes, optimizer, schedule and clipping; the section
+may not set them (an old spelling is refused with the new one). Everything else passes to DeepSpeed as
+given, after two checks it does not make itself: a top-level key it never reads (a typo such as
+`zero_optimisation`, which it would ignore silently) is an error naming it, and the sections it models
+with pydantic (`zero_optimization`, `bf16`, `fp16`) are validated by those models, which forbid
+unknown keys. DeepSpeed is imported only when the section holds something (`import deepspeed` takes seconds).
 """
 
 from __future__ import annotations
@@ -68,10 +66,21 @@ def owned_key_problems(ds: dict[str, Any]) -> list[str]:
     return problems
 
 
+def offloads_optimizer(ds: dict[str, Any]) -> bool:
+    """True when the section moves the optimizer's states off the device (`zero_optimization.offload_optimizer`)."""
+    zero = ds.get("zero_optimization")
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    return (offload if isinstance(offload, dict) else {}).get("device", "none") not in ("none", None)
+
+
 def deepspeed_key_problems(ds: dict[str, Any]) -> list[str]:
     """Unknown top-level keys and sections that DeepSpeed's own pydantic models refuse."""
     if not ds:
         return []
+    import pydantic
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
     known = deepspeed_top_level_keys()
     problems = []
     for key in ds:
@@ -79,31 +88,16 @@ def deepspeed_key_problems(ds: dict[str, Any]) -> list[str]:
             near = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {near[0]}?)" if near else ""
             problems.append(f"deepspeed.{key}: not a DeepSpeed config key{hint}; DeepSpeed would ignore it")
-    for name, model in _section_models().items():
+    models = {"zero_optimization": DeepSpeedZeroConfig, "bf16": DeepSpeedBF16Config, "fp16": DeepSpeedFP16Config}
+    for name, model in models.items():
         section = ds.get(name)
-        if section is None:
-            continue
-        if not isinstance(section, dict):
+        if section is not None and not isinstance(section, dict):
             problems.append(f"deepspeed.{name}: expected an object, got {section!r}")
-            continue
-        problems += _model_problems(model, f"deepspeed.{name}", section)
+        elif section is not None:
+            try:
+                model(**section)
+            except pydantic.ValidationError as err:
+                problems += [f"deepspeed.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
+            except (TypeError, ValueError) as err:
+                problems.append(f"deepspeed.{name}: {err}")
     return problems
-
-
-def _section_models() -> dict[str, type]:
-    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-    return {"zero_optimization": DeepSpeedZeroConfig, "bf16": DeepSpeedBF16Config, "fp16": DeepSpeedFP16Config}
-
-
-def _model_problems(model: type, where: str, section: dict[str, Any]) -> list[str]:
-    import pydantic
-
-    try:
-        model(**section)
-    except pydantic.ValidationError as err:
-        return [f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
-    except (TypeError, ValueError) as err:
-        return [f"{where}: {err}"]
-    return []

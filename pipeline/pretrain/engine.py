@@ -1,18 +1,10 @@
-"""The DeepSpeed engine: its config derived from ours, AdamW, LAMB or StableAdamW groups, and the LR scheduler.
+"""The DeepSpeed engine: its config derived from ours, the optimizer and its groups, and the LR scheduler.
 
-LAMB: on GPU, DeepSpeed's fused `Lamb` built from the config; on CPU (no CUDA build of it), ours
-(pipeline/pretrain/lamb.py) passed to `deepspeed.initialize` as a client optimizer. Both correct
-the moments' bias, clamp the trust ratio to [0.01, 10] and skip it for the no-decay group (lamb.py
-notes the one difference in where the bias correction is applied). DeepSpeed's ZeRO
-refuses optimizers it has not tested unless `zero_allow_untested_optimizer` is set; the pipeline
-sets it for LAMB, and warns that under ZeRO the trust ratio is computed per flat partition.
-
-StableAdamW: torch-optimi's `StableAdamW` (by ModernBERT's author; the one ModernBERT trained with),
-on CPU and GPU, passed as a client optimizer. DeepSpeed accepts it under ZeRO 0–2 with
-`zero_allow_untested_optimizer`; its update clipping is per tensor it is given, which is each
-parameter only where DeepSpeed keeps the parameters apart (fp32, ZeRO 0). Under ZeRO 1–2, and with
-bf16 (DeepSpeed's bf16 optimizer flattens too), it gets flat partitions and clips per partition;
-the pipeline warns so.
+LAMB is DeepSpeed's fused `Lamb` on GPU and ours (lamb.py) on CPU, which DeepSpeed has no build of;
+StableAdamW is torch-optimi's (the one ModernBERT trained with) on both. Where DeepSpeed builds none,
+the optimizer is passed as a client optimizer, with `zero_allow_untested_optimizer` under ZeRO. Under
+ZeRO 1–3 (and bf16, for StableAdamW) they are given flat partitions, so LAMB's trust ratio and
+StableAdamW's update clipping are computed per partition, not per tensor; the pipeline warns so.
 """
 
 from __future__ import annotations
@@ -24,21 +16,16 @@ from typing import Any
 import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.compilation import compile_engine
 from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.deepspeed_section import offloads_optimizer
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
 from pipeline.pretrain.phases import resolve_phases
 from pipeline.pretrain.schedules import Schedule, lr_schedule
 
-ZERO_STABLEADAMW_CAVEAT = (
-    "optimizer.name stableadamw with {how}: DeepSpeed gives the optimizer flat partitions of the flattened "
-    "parameter groups, so StableAdamW's update clipping is computed per partition, not per tensor; use fp32 and "
-    "ZeRO stage 0 for the per-tensor clipping of the paper")
-ZERO_LAMB_CAVEAT = (
-    "optimizer.name lamb with ZeRO stage {stage}: DeepSpeed gives the optimizer flat partitions of the "
-    "flattened parameter groups, so LAMB's trust ratio is computed per partition, not per layer; use ZeRO "
-    "stage 0 for the per-layer ratio of the LAMB paper")
+FLAT_PARTITIONS_CAVEAT = (
+    "optimizer.name {name} with {how}: DeepSpeed gives the optimizer flat partitions of the flattened parameter "
+    "groups, so {what} is computed per partition, not per {unit}; use {fix} for the per-{unit} {what} of the paper")
 
 
 def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
@@ -47,19 +34,19 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
 
     Without an `optimizer` entry (LAMB on CPU, StableAdamW) DeepSpeed takes the client optimizer instead.
     """
+    o, t = config.optimizer, config.train
     ds = copy.deepcopy(config.deepspeed)
-    ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": config.zero_stage}
+    ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": t.zero_stage}
     for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
-        ds[name] = {**ds.get(name, {}), "enabled": config.precision == name}
-    if load_universal:  # resuming on another world size (pipeline/pretrain/universal_resume.py)
+        ds[name] = {**ds.get(name, {}), "enabled": t.precision == name}
+    if load_universal:  # resuming on another world size (pipeline/pretrain/checkpointer.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
-    offload = ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") not in ("none", None)
-    o = config.optimizer
+    offload = offloads_optimizer(ds)
     ds.update(
         train_batch_size=plan.global_batch_size,
         train_micro_batch_size_per_gpu=plan.micro_batch_size,
         gradient_accumulation_steps=plan.accumulation,
-        gradient_clipping=config.train.gradient_clipping,
+        gradient_clipping=t.gradient_clipping,
     )
     common = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
     if o.name == "adamw":
@@ -70,9 +57,9 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     elif o.name == "lamb" and cuda:
         ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
-    if o.name in ("lamb", "stableadamw") and config.zero_stage > 0:
+    if o.name in ("lamb", "stableadamw") and t.zero_stage > 0:
         ds.setdefault("zero_allow_untested_optimizer", True)
-    if config.precision == "fp16":
+    if t.precision == "fp16":
         ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
     ds.setdefault("steps_per_print", 10**9)  # the pipeline logs itself
     ds.setdefault("wall_clock_breakdown", False)
@@ -123,20 +110,20 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
                       *, schedule: Schedule | None = None):
-    """`deepspeed.initialize` with our derived config; returns the engine.
-
-    `plan` is the batch of the stretch the run starts (or resumes) in; `set_batch_plan` changes it later.
-    `schedule` is the run's LR (None: the config's own; the trainer passes its own, an anneal's included).
-    """
+    """`deepspeed.initialize` with our derived config at `plan`, the batch of the stretch the run starts in
+    (`set_batch_plan` changes it later), and `schedule`, the run's LR (None: the config's, without an anneal)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     cuda = get_accelerator().device_name() == "cuda"
-    if config.optimizer.name == "lamb" and config.zero_stage > 0:
-        warnings.warn(ZERO_LAMB_CAVEAT.format(stage=config.zero_stage), stacklevel=2)
-    if config.optimizer.name == "stableadamw" and (config.zero_stage > 0 or config.precision != "fp32"):
-        how = f"ZeRO stage {config.zero_stage}" if config.zero_stage > 0 else config.precision
-        warnings.warn(ZERO_STABLEADAMW_CAVEAT.format(how=how), stacklevel=2)
+    optimizer, t = config.optimizer.name, config.train
+    how = f"ZeRO stage {t.zero_stage}" if t.zero_stage > 0 else t.precision
+    if optimizer == "lamb" and t.zero_stage > 0:
+        warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="trust ratio", unit="layer",
+                                                    fix="ZeRO stage 0"), stacklevel=2)
+    if optimizer == "stableadamw" and (t.zero_stage > 0 or t.precision != "fp32"):
+        warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="update clipping", unit="tensor",
+                                                    fix="fp32 and ZeRO stage 0"), stacklevel=2)
     groups = optimizer_groups(model, config, cuda)
     engine, *_ = deepspeed.initialize(
         model=model,
@@ -146,8 +133,11 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     undo_state_initialisation_step(engine)
-    if config.train.compile:
-        compile_engine(engine)
+    if t.compile:  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
+        # nn.Module.compile() compiles in place: the state-dict keys stay the model's own (no `_orig_mod.`), so
+        # checkpoints, resume and export are the same. The sparse head's gather has a data-dependent size, so
+        # inductor recompiles that graph once with a dynamic size, then reuses it.
+        engine.compile()
     return engine
 
 

@@ -1,10 +1,9 @@
 """A training checkpoint → an HF model folder (safetensors, config, tokenizer), from any ZeRO stage.
 
-The weights are consolidated to fp32 with DeepSpeed's own `zero_to_fp32` (which reassembles the
-partitions of ZeRO 1, 2 and 3 from the optimizer's fp32 master copy); a ZeRO-0 checkpoint holds
-whole weights already. They are loaded into transformers' plain `RobertaForMaskedLM` /
-`BertForPreTraining` with strict key checking, so the folder loads with `from_pretrained` and in
-`pipeline("fill-mask")`. The folder is written beside the target and renamed into place.
+The weights are consolidated to fp32 with DeepSpeed's own `zero_to_fp32` (a ZeRO-0 checkpoint holds
+whole weights already) and loaded into transformers' plain class with strict key checking, so the
+folder loads with `from_pretrained` and in `pipeline("fill-mask")`. It is written beside the target
+and renamed into place.
 """
 
 from __future__ import annotations

@@ -16,10 +16,8 @@ tensor by the trust ratio ‖w‖ / ‖update‖ clamped to [`min_trust`, `max_t
 decay 0 (biases and LayerNorm, `model.parameter_groups`) get no trust ratio: their update is
 Adam's, as in timm and the LAMB paper's BERT setup. One known difference from DeepSpeed's CUDA
 kernel: it folds bias correction into the step size (lr·√(1-β₂ᵗ)/(1-β₁ᵗ)) after the trust ratio,
-so its early steps in the decayed groups are smaller until that factor reaches 1.
-
-Under ZeRO 1–3 DeepSpeed hands the optimizer flat partitions that mix many layers, so the "layer"
-whose norm the trust ratio uses becomes one rank's slice of a flattened group; see README.
+so its early steps in the decayed groups are smaller until that factor reaches 1. Under ZeRO 1–3
+the trust ratio's "layer" is one rank's flat partition (engine.py warns so).
 """
 
 from __future__ import annotations

@@ -9,14 +9,9 @@ Written by hand rather than using transformers' `DataCollatorForLanguageModeling
   run serves it, and a new one every epoch. `static` mode drops the epoch from the key (RoBERTa's
   ablation: one mask per sequence for the whole run).
 
-Three units of masking (`MaskingConfig.unit`):
-- `token`: each ordinary token is chosen with probability `probability` (BERT, RoBERTa);
-- `word`: each word is chosen with probability `probability` and all its sub-tokens are masked
-  (whole-word masking); 80/10/10 is still decided per token, as fairseq does;
-- `span`: SpanBERT (Joshi et al., 2020): spans of whole words whose lengths follow a geometric
-  distribution (p = `span_p`, truncated at `span_max_words` and renormalised, mean 3.8 words for
-  0.2 and 10), starting at word boundaries, covering `probability` of the words (hence of the
-  tokens) in expectation; 80/10/10 is decided once per span.
+Units (`MaskingConfig.unit`): `token` (BERT, RoBERTa); `word`, whole-word masking, with 80/10/10 still
+decided per token as fairseq does; `span`, SpanBERT's (Joshi et al., 2020) spans of whole words with
+geometric lengths, covering `probability` of the words in expectation, 80/10/10 decided once per span.
 Word boundaries come from `word_starts.word_start_table` (one lookup per token, no re-tokenizing)
 plus "a token after a special token begins a word".
 
@@ -32,7 +27,8 @@ into the next; in rows of many short documents this masks slightly less than `pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -131,56 +127,38 @@ class MaskingConfig:
         refuse(self, problems)
 
 
-@dataclass(frozen=True)
-class MaskingSpec:
-    """What a Masker needs: the vocabulary's ids and the `masking` section (`evaluation`: at its validation rate)."""
-
-    vocab_size: int
-    mask_id: int
-    special_ids: tuple[int, ...]
-    masking: MaskingConfig = field(default_factory=MaskingConfig)
-    evaluation: bool = False
-
-    @property
-    def probability(self) -> float:
-        return eval_probability(self.masking) if self.evaluation else self.masking.probability
-
-    @property
-    def static(self) -> bool:
-        return self.masking.mode == "static"
-
-    @property
-    def mean_span_words(self) -> float:
-        return mean_span_words(self.masking.span_p, self.masking.span_max_words)
-
-
 class Masker:
     """Chooses and corrupts MLM positions for a batch of token rows."""
 
-    def __init__(self, spec: MaskingSpec, seed: int, word_starts: np.ndarray | None = None):
-        """`word_starts` (from `word_starts.word_start_table`) is required for the `word` and `span` units."""
-        if spec.masking.unit != "token" and word_starts is None:
-            raise ValueError(f"masking unit {spec.masking.unit!r} needs the vocabulary's word-start table")
-        self.spec = spec
-        self.seed = seed
-        size = max(spec.vocab_size, max(spec.special_ids, default=0) + 1, len(word_starts) if word_starts is not None
-                   else 0)
+    def __init__(self, vocab_size: int, mask_id: int, special_ids: Iterable[int], seed: int,
+                 word_starts: np.ndarray | None = None, *, masking: MaskingConfig | None = None,
+                 evaluation: bool = False):
+        """`word_starts` (from `word_starts.word_start_table`) is required for the `word` and `span` units;
+        `masking` is the config's section (None: its defaults), `evaluation` masks at its validation rate."""
+        self.masking = m = masking or MaskingConfig()
+        if m.unit != "token" and word_starts is None:
+            raise ValueError(f"masking unit {m.unit!r} needs the vocabulary's word-start table")
+        self.mask_id, self.seed = mask_id, seed
+        self.probability = eval_probability(m) if evaluation else m.probability
+        special_ids = list(special_ids)
+        size = max(vocab_size, max(special_ids, default=0) + 1, 0 if word_starts is None else len(word_starts))
         self._is_special = np.zeros(size, dtype=bool)
-        self._is_special[list(spec.special_ids)] = True
+        self._is_special[special_ids] = True
         self._starts_word = np.zeros(size, dtype=bool)
         if word_starts is not None:
             self._starts_word[: len(word_starts)] = word_starts
         # Random replacements are ordinary tokens only: a random <s> or <pad> would teach nothing.
-        self._ordinary_ids = np.flatnonzero(~self._is_special[: spec.vocab_size])
-        self._length_cdf = np.cumsum(span_length_distribution(spec.masking.span_p, spec.masking.span_max_words))
-        if spec.masking.unit == "span":
+        self._ordinary_ids = np.flatnonzero(~self._is_special[:vocab_size])
+        self._length_cdf = np.cumsum(span_length_distribution(m.span_p, m.span_max_words))
+        if m.unit == "span":
             # Spans cover mean_span / (mean_span + mean_gap) of the words in a long row; MaskingConfig has
             # checked that both of its rates leave a gap of at least one word (span_coverage_problem).
-            self._mean_gap = spec.mean_span_words * (1 - spec.probability) / spec.probability
+            self._mean_span = mean_span_words(m.span_p, m.span_max_words)
+            self._mean_gap = self._mean_span * (1 - self.probability) / self.probability
 
     def keys(self, epoch: int | np.ndarray, indices: np.ndarray, stream: int = TRAIN_STREAM) -> np.ndarray:
         """One 64-bit key per sequence from (seed, stream, epoch, index); `epoch` is one or one per sequence."""
-        epoch = 0 if self.spec.static else epoch  # a mix of corpora has an epoch per sequence (mixture.py)
+        epoch = 0 if self.masking.mode == "static" else epoch  # a mix of corpora has an epoch per sequence (mixture.py)
         base = splitmix64(np.array([self.seed * 4 + stream], dtype=np.uint64)
                           + (np.atleast_1d(np.asarray(epoch, dtype=np.uint64)) + np.uint64(1)) * _GOLDEN)
         return splitmix64(base ^ splitmix64(indices.astype(np.uint64) + _GOLDEN))
@@ -188,21 +166,21 @@ class Masker:
     def __call__(self, input_ids: np.ndarray, epoch: int | np.ndarray, indices: np.ndarray,
                  stream: int = TRAIN_STREAM) -> tuple[np.ndarray, np.ndarray]:
         """Return (corrupted input ids, labels) as int64; labels are IGNORE_INDEX where nothing is predicted."""
-        spec = self.spec
+        m = self.masking
         ids = input_ids.astype(np.int64)
         rows, length = ids.shape
         keys = self.keys(epoch, np.asarray(indices), stream)
         positions = np.arange(length, dtype=np.uint64) * _GOLDEN
         bits = splitmix64(keys[:, None] ^ positions[None, :])
         special = self._is_special[ids]
-        if spec.masking.unit == "token":
-            chosen = (_uniform(bits) < spec.probability) & ~special
+        if m.unit == "token":
+            chosen = (_uniform(bits) < self.probability) & ~special
         else:
             starts = self.word_starts(ids, special)
-            if spec.masking.unit == "word":
+            if m.unit == "word":
                 # A word is chosen by the draw at its first token; its other tokens follow it.
                 owner = np.maximum.accumulate(np.where(starts, np.arange(length), 0), axis=1)
-                chosen_start = starts & (_uniform(bits) < spec.probability)
+                chosen_start = starts & (_uniform(bits) < self.probability)
                 chosen = np.take_along_axis(chosen_start, owner, axis=1) & ~special
             else:
                 chosen, span_slot = self._spans(keys, starts, special)
@@ -211,14 +189,14 @@ class Masker:
         # A second, independent draw for the chosen positions only: which corruption, which token.
         rows_i, cols_i = np.nonzero(chosen)
         second = splitmix64(bits[rows_i, cols_i] ^ _M2)
-        if spec.masking.unit == "span":  # one draw per span, keyed by the span's slot in its row
+        if m.unit == "span":  # one draw per span, keyed by the span's slot in its row
             kind = _uniform(splitmix64(keys[rows_i] ^ ((span_slot[rows_i, cols_i] + np.uint64(1)) * _GOLDEN) ^ _KIND))
         else:
             kind = _uniform(second)
         corrupted = ids.copy()
-        to_mask = kind < spec.masking.mask_token_fraction
-        to_random = (~to_mask) & (kind < spec.masking.mask_token_fraction + spec.masking.random_token_fraction)
-        corrupted[rows_i[to_mask], cols_i[to_mask]] = spec.mask_id
+        to_mask = kind < m.mask_token_fraction
+        to_random = (~to_mask) & (kind < m.mask_token_fraction + m.random_token_fraction)
+        corrupted[rows_i[to_mask], cols_i[to_mask]] = self.mask_id
         random_pick = splitmix64(second[to_random]) % np.uint64(len(self._ordinary_ids))
         corrupted[rows_i[to_random], cols_i[to_random]] = self._ordinary_ids[random_pick.astype(np.int64)]
         return corrupted, labels
@@ -232,12 +210,11 @@ class Masker:
 
     def _spans(self, keys: np.ndarray, starts: np.ndarray, special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(chosen tokens, each token's span slot) for span masking."""
-        spec = self.spec
         rows = len(keys)
         word_of_token = np.cumsum(starts, axis=1) - 1
         words = int(starts.sum(axis=1).max(initial=0))
         # Slot j of a row is (gap_j, span_j); a cycle is ≥ 2 words, and the phase adds at most one mean cycle.
-        cycle = spec.mean_span_words + self._mean_gap
+        cycle = self._mean_span + self._mean_gap
         slots = (words + int(np.ceil(cycle)) + 1) // 2 + 2
         slot_keys = keys[:, None] ^ (np.arange(1, slots + 1, dtype=np.uint64) * _GOLDEN)[None, :]
         # Gaps: 1 + geometric, mean `mean_gap`; inverse CDF of a uniform in (0, 1].
@@ -245,7 +222,7 @@ class Masker:
         gap_u = 1.0 - _uniform(splitmix64(slot_keys ^ _GAP))
         gaps = 1 + (np.floor(np.log(gap_u) / np.log1p(-q)) if q < 1 else np.zeros_like(gap_u)).astype(np.int64)
         lengths = 1 + np.searchsorted(self._length_cdf, _uniform(splitmix64(slot_keys ^ _LENGTH)), side="right")
-        lengths = np.minimum(lengths, spec.masking.span_max_words)
+        lengths = np.minimum(lengths, self.masking.span_max_words)
         phase = np.floor(_uniform(splitmix64(keys ^ _PHASE)) * cycle).astype(np.int64)
         span_start = -phase[:, None] + np.cumsum(gaps, axis=1) + np.cumsum(lengths, axis=1) - lengths
         span_end = span_start + lengths
@@ -288,15 +265,13 @@ def eval_probability(masking: MaskingConfig) -> float:
 
 def build_masker(masking: MaskingConfig, tokenizer, vocab_size: int, mask_id: int, seed: int, *,
                  evaluation: bool = False) -> Masker:
-    """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary).
-
-    `evaluation`: the validation masker, at `eval_probability`; with the training rate it is the training masker.
-    """
+    """The Masker for a `MaskingConfig` section and a transformers tokenizer (word starts read from its vocabulary);
+    `evaluation`: the validation masker, at `eval_probability`."""
     from pipeline.pretrain.word_starts import word_start_table
 
-    spec = MaskingSpec(vocab_size, mask_id, tuple(sorted(set(tokenizer.all_special_ids))), masking, evaluation)
     table = word_start_table(tokenizer, vocab_size) if masking.unit != "token" else None
-    return Masker(spec, seed, table)
+    return Masker(vocab_size, mask_id, sorted(set(tokenizer.all_special_ids)), seed, table, masking=masking,
+                  evaluation=evaluation)
 
 
 @dataclass(frozen=True)

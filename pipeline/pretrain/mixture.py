@@ -97,11 +97,8 @@ class MixedShuffle(StepOrder):
 
 
 class PretrainData:
-    """The trainer's data: masked train and validation batches, the step order, eval sets and progress.
-
-    One object for a single folder and a mix, so the trainer asks the same questions of both; for a
-    single folder every answer (order, masks, eval set, metric keys) is the one it had before mixing.
-    """
+    """The trainer's data: masked train and validation batches, the step order, eval sets and progress; one
+    object for a single folder and a mix, so the trainer asks the same questions of both."""
 
     def __init__(self, data: DataConfig, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
                  tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0,
@@ -155,17 +152,26 @@ class PretrainData:
             offset += size
         return sets
 
-    def eval_metrics(self, totals: np.ndarray) -> dict[str, float]:
-        """Metrics from per-corpus (loss × masked tokens, masked tokens) sums over all ranks.
+    def eval_metrics(self, totals: np.ndarray, entropies: list[float] | None = None) -> dict[str, float]:
+        """Metrics from per-corpus (loss × masked tokens, masked tokens) sums over all ranks; with `entropies`
+        (each corpus's unigram plateau, plateau.py) also the plateau's level and the margin below it.
 
-        `eval/mlm_loss` of a mix weighs each corpus's loss by its share: the loss on the training mix,
-        whatever the sizes of the validation splits.
+        A mix weighs each corpus's loss and level by its share: the loss on the training mix, whatever the
+        sizes of the validation splits.
         """
         losses = totals[:, 0] / np.maximum(totals[:, 1], 1)
-        loss = float(np.dot(self.shares, losses)) if self.mixed else float(losses[0])
-        metrics = {"eval/mlm_loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
+        levels = [None] * len(losses) if entropies is None else entropies
+        level = None if entropies is None else float(np.dot(self.shares, entropies))
+        rows = [("eval/", float(np.dot(self.shares, losses)), level)]
         if self.mixed:
-            metrics.update({f"eval/{s.name}/mlm_loss": float(v) for s, v in zip(self.corpora, losses, strict=True)})
+            rows += [(f"eval/{s.name}/", float(loss), h) for s, loss, h in zip(self.corpora, losses, levels,
+                                                                                strict=True)]
+        metrics = {}
+        for prefix, loss, level in rows:
+            metrics[f"{prefix}mlm_loss"] = loss
+            if level is not None:
+                metrics.update({f"{prefix}unigram_entropy": level, f"{prefix}margin_below_unigram": level - loss})
+        metrics["eval/perplexity"] = math.exp(min(metrics["eval/mlm_loss"], 50.0))
         return metrics
 
     def progress(self, step: int) -> dict[str, float]:

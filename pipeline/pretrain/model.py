@@ -1,14 +1,12 @@
 """Encoders built from transformers' own classes, with the MLM head applied only at masked positions.
 
-`SparseRobertaForMaskedLM`, `SparseRobertaPreLayerNormForMaskedLM`, `SparseBertForPreTraining` and
-`SparseModernBertForMaskedLM` subclass `RobertaForMaskedLM`, `RobertaPreLayerNormForMaskedLM` (pre-LN:
-LayerNorm before each sub-layer, stable at higher learning rates), `BertForPreTraining` and
-`ModernBertForMaskedLM` (Warner et al. 2024: rotary positions, GeGLU, pre-norm without biases,
-alternating sliding-window and global attention), and only override
-`forward`: parameter names and state-dict keys are HF's,
-so an export is a plain HF checkpoint. The override gathers the ~15% masked positions before the
-head, so the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone;
-the loss is the same mean cross-entropy over masked tokens that HF computes from full logits.
+The training classes subclass `RobertaForMaskedLM`, `RobertaPreLayerNormForMaskedLM` (pre-LN: LayerNorm
+before each sub-layer, stable at higher learning rates), `BertForPreTraining` and `ModernBertForMaskedLM`
+(Warner et al. 2024: rotary positions, GeGLU, pre-norm without biases, alternating sliding-window and
+global attention), and only override `forward`: parameter names and state-dict keys are HF's, so an
+export is a plain HF checkpoint. The override gathers the ~15% masked positions before the head, so
+the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone; the loss is the
+same mean cross-entropy over masked tokens that HF computes from full logits.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.masking import IGNORE_INDEX
-from pipeline.pretrain.packed_attention import FLEX, check_flex_mask, encoder_inputs, windowed_encoder_inputs
+from pipeline.pretrain.packed_attention import FLEX, check_flex_mask, encoder_inputs
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
@@ -44,12 +42,11 @@ def hf_config(model: ModelConfig, tokenizer: TokenizerInfo,
     fields = {name: getattr(model, name) for name in HF_CONFIG_FIELDS}
     fields["attn_implementation"] = model.attn_implementation
     if model.architecture in ("roberta", "roberta-prelayernorm"):
-        # RoBERTa numbers positions from pad_id + 1, so seq_len tokens need pad_id + 1 more slots.
         cls = RobertaConfig if model.architecture == "roberta" else RobertaPreLayerNormConfig
-        return cls(**fields, vocab_size=tokenizer.vocab_size,
-                             max_position_embeddings=seq_len + tokenizer.pad_id + 1,
-                             type_vocab_size=model.type_vocab_size or 1, pad_token_id=tokenizer.pad_id,
-                             bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
+        return cls(**fields, vocab_size=tokenizer.vocab_size,  # positions from pad_id + 1: that many more slots
+                   max_position_embeddings=seq_len + first_position_id(model.architecture, tokenizer.pad_id),
+                   type_vocab_size=model.type_vocab_size or 1, pad_token_id=tokenizer.pad_id,
+                   bos_token_id=tokenizer.cls_id, eos_token_id=tokenizer.sep_id)
     return BertConfig(**fields, vocab_size=tokenizer.vocab_size, max_position_embeddings=seq_len,
                       type_vocab_size=model.type_vocab_size or 2, pad_token_id=tokenizer.pad_id)
 
@@ -86,72 +83,54 @@ def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.M
     return F.cross_entropy(logits.float(), labels[selected])
 
 
-def _guarded(config, inputs: dict) -> dict:
-    """`inputs` unchanged; on the flex path a dense mask is refused (flex would add it to the scores)."""
+def encoder_kwargs(config, input_ids, attention_mask=None, document_ids=None, position_ids=None) -> dict:
+    """An HF encoder's forward arguments; with `document_ids` (doc-packed rows) attention, and ModernBERT's local
+    window, stay inside each document. On the flex path a dense mask is refused (flex would add it to the scores)."""
+    if document_ids is None:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    else:
+        inputs = encoder_inputs(input_ids, document_ids, position_ids, config._attn_implementation,
+                                half_window=config.sliding_window if config.model_type == "modernbert" else None)
     if config._attn_implementation == FLEX:
-        check_flex_mask(inputs.get("attention_mask"))
+        check_flex_mask(inputs["attention_mask"])
     return inputs
 
 
 def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, document_ids=None, position_ids=None):
-    """Run an HF encoder; with `document_ids` (doc-packed rows) attention stays inside each document."""
-    if document_ids is None:
-        inputs = _guarded(encoder.config, {"input_ids": input_ids, "attention_mask": attention_mask,
-                                           "position_ids": position_ids})
-        return encoder(**inputs, token_type_ids=token_type_ids, return_dict=True)
-    inputs = _guarded(encoder.config, encoder_inputs(input_ids, document_ids, position_ids,
-                                                     encoder.config._attn_implementation))
-    if token_type_ids is not None:
-        token_type_ids = token_type_ids.reshape(inputs["input_ids"].shape)
-    out = encoder(**inputs, token_type_ids=token_type_ids, return_dict=True)
-    out.last_hidden_state = out.last_hidden_state.reshape(*input_ids.shape, -1)  # undo FlashAttention's flattening
-    return out
-
-
-def encode_modernbert(encoder, input_ids, attention_mask=None, document_ids=None, position_ids=None):
-    """Run a ModernBertModel; with `document_ids` attention, and the local window, stay inside each document."""
-    config = encoder.config
-    if document_ids is None:
-        inputs = _guarded(config, {"input_ids": input_ids, "attention_mask": attention_mask,
-                                   "position_ids": position_ids})
-        return encoder(**inputs, return_dict=True)
-    inputs = _guarded(config, windowed_encoder_inputs(input_ids, document_ids, position_ids,
-                                                      config._attn_implementation, half_window=config.sliding_window))
+    """Run an HF encoder (any of the four architectures' base models) on plain or doc-packed rows."""
+    inputs = encoder_kwargs(encoder.config, input_ids, attention_mask, document_ids, position_ids)
+    if token_type_ids is not None:  # ModernBERT has no segments
+        inputs["token_type_ids"] = token_type_ids.reshape(inputs["input_ids"].shape)
     out = encoder(**inputs, return_dict=True)
     out.last_hidden_state = out.last_hidden_state.reshape(*input_ids.shape, -1)  # undo FlashAttention's flattening
     return out
 
 
-class SparseRobertaForMaskedLM(RobertaForMaskedLM):
+class SparseMaskedLM:
+    """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at masked positions only."""
+
+    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
+                position_ids=None, **_):
+        encoder = getattr(self, self.base_model_prefix)
+        hidden = encode(encoder, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
+        return {"loss": _masked_lm_loss(hidden.last_hidden_state, labels, self.lm_head)}
+
+
+class SparseRobertaForMaskedLM(SparseMaskedLM, RobertaForMaskedLM):
     """RobertaForMaskedLM whose training forward projects masked positions only; returns the loss."""
 
-    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
-                position_ids=None, **_):
-        hidden = encode(self.roberta, input_ids, attention_mask, token_type_ids, document_ids,
-                        position_ids).last_hidden_state
-        return {"loss": _masked_lm_loss(hidden, labels, self.lm_head)}
 
-
-class SparseRobertaPreLayerNormForMaskedLM(RobertaPreLayerNormForMaskedLM):
+class SparseRobertaPreLayerNormForMaskedLM(SparseMaskedLM, RobertaPreLayerNormForMaskedLM):
     """RobertaPreLayerNormForMaskedLM with the sparse MLM head; returns the loss."""
-
-    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
-                position_ids=None, **_):
-        hidden = encode(self.roberta_prelayernorm, input_ids, attention_mask, token_type_ids, document_ids,
-                        position_ids).last_hidden_state
-        return {"loss": _masked_lm_loss(hidden, labels, self.lm_head)}
 
 
 class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
     """ModernBertForMaskedLM training at masked positions only, through the model's own `sparse_prediction`.
 
-    Its forward gathers the masked rows before `head` and `decoder` and returns their mean
-    cross-entropy, as the pipeline's `_masked_lm_loss` does for the other architectures; measured
-    against that head (benchmarks/modernbert_head.py) neither was consistently faster (−4.5% to
-    +1.7% over three runs on shared cores), so the model's own is used.
-    `sparse_prediction` is switched on for this training class only: the saved config keeps it
-    false, so an export gives full logits. Doc-packed rows reach it as a mask per layer type (or
-    varlen segments), with the labels shaped like the (possibly flattened) input.
+    It gathers the masked rows before `head` and `decoder`, as `_masked_lm_loss` does for the other
+    architectures; against that head (benchmarks/modernbert_head.py) neither was consistently faster
+    (−4.5% to +1.7% over three runs on shared cores), so the model's own is used. The saved config keeps
+    `sparse_prediction` false, so an export gives full logits.
     """
 
     def __init__(self, config: ModernBertConfig):
@@ -159,13 +138,9 @@ class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
         self.sparse_prediction = True
 
     def forward(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
-        if document_ids is None:
-            inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        else:
-            inputs = windowed_encoder_inputs(input_ids, document_ids, position_ids, self.config._attn_implementation,
-                                             half_window=self.config.sliding_window)
-            labels = labels.reshape(inputs["input_ids"].shape)
-        return {"loss": super().forward(**_guarded(self.config, inputs), labels=labels).loss}
+        inputs = encoder_kwargs(self.config, input_ids, attention_mask, document_ids, position_ids)
+        labels = labels.reshape(inputs["input_ids"].shape)  # FlashAttention's flattened rows
+        return {"loss": super().forward(**inputs, labels=labels).loss}
 
 
 class SparseBertForPreTraining(BertForPreTraining):
@@ -194,7 +169,6 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": Roberta
                   "bert": BertForPreTraining, "modernbert": ModernBertForMaskedLM}
 
 
-
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
     """A freshly initialised training model, or one loaded from `model.init_from`.
 
@@ -216,11 +190,6 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
     return built
 
 
-def mlm_head(model: torch.nn.Module) -> torch.nn.Module:
-    """The MLM head of one of our training classes: `lm_head` (RoBERTa) or `cls.predictions` (BERT)."""
-    return model.lm_head if hasattr(model, "lm_head") else model.cls.predictions
-
-
 def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str | None:
     """After `from_pretrained`: tie a newly created MLM head's decoder to the word embeddings and say so.
 
@@ -228,18 +197,18 @@ def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str 
     BERT trained without NSP) are named too, since that head starts untrained.
     """
     missing = sorted(missing_keys)
-    head_prefix = "lm_head." if hasattr(model, "lm_head") else "cls.predictions."
-    head = [k for k in missing if k.startswith(head_prefix)]
+    head_name = "lm_head" if hasattr(model, "lm_head") else "cls.predictions"
+    head = [k for k in missing if k.startswith(f"{head_name}.")]
     nsp = [k for k in missing if k.startswith("cls.seq_relationship.")]
     if not head and not nsp:
         return None
     parts = []
     if head:
-        decoder, embeddings = mlm_head(model).decoder, model.get_input_embeddings()
+        decoder, embeddings = model.get_submodule(head_name).decoder, model.get_input_embeddings()
         if decoder.weight is not embeddings.weight:  # a config with tie_word_embeddings false
             decoder.weight = embeddings.weight
             model.config.tie_word_embeddings = True  # so the export reloads it tied
-        parts.append(f"it has no masked-LM head: created {head_prefix[:-1]} (transform and bias newly "
+        parts.append(f"it has no masked-LM head: created {head_name} (transform and bias newly "
                      f"initialised, decoder tied to the word embeddings)")
     if nsp:
         parts.append("no next-sentence head: cls.seq_relationship newly initialised")

@@ -2,35 +2,26 @@
 
 A `doc-packed` row holds several framed documents (`<s> a </s><s> b </s>…<pad>…`). Computing on it
 what each document would compute alone takes two things:
-- **positions** restart at every document start. RoBERTa numbers positions from `pad_id + 1`
-  (transformers' `create_position_ids_from_input_ids`; see transformers PR #47525 on why an
-  offset mistake here silently shifts every embedding), BERT from 0;
-- **attention** is block-diagonal: a token sees only tokens of its own document. On CPU (and with
-  SDPA anywhere) that is a boolean 4-D mask `(batch, 1, T, T)`, which transformers passes to the
-  kernel as is (eager attention takes it as an additive float mask). With FlashAttention-2 the
-  batch is flattened into one row and the documents become varlen segments through
-  `cu_seq_lens_*`, so no T × T mask exists.
+- **positions** restart at every document start: RoBERTa numbers them from `pad_id + 1` (transformers'
+  `create_position_ids_from_input_ids`; an offset mistake silently shifts every embedding, transformers
+  PR #47525), BERT and ModernBERT from 0;
+- **attention** is block-diagonal, a token seeing only its own document: a boolean (batch, 1, T, T)
+  mask for SDPA (additive for eager); for FlashAttention-2 the batch flattened into one row whose
+  documents are varlen segments (`cu_seq_lens_*`), so no T × T mask exists; for FlexAttention a
+  `BlockMask` (`create_block_mask`), which also skips fully masked blocks.
 
-ModernBERT's local layers also keep a sliding window (`|i - j| ≤ local_attention / 2`, as
-transformers' `create_bidirectional_sliding_window_mask`). Its forward takes a dict of ready masks,
-one per layer type, so with SDPA/eager the local layers get the block-diagonal mask AND the band,
-the global ones the block-diagonal mask alone. With FlashAttention-2 the same varlen segments serve
-both: transformers hands each layer's `sliding_window` to `flash_attn_varlen_func` as its
-`window_size`, which applies inside each segment. (transformers 5 dropped ModernBERT's own
-`_unpad_modernbert_input`/`cu_seqlens` arguments; this generic varlen path is what its forward takes
-now.) The FlashAttention branch is written to that documented API and was not run here (no GPU).
+ModernBERT's local layers also keep a sliding window (`|i - j| ≤ local_attention / 2`, as transformers'
+`create_bidirectional_sliding_window_mask`). Its forward takes a mask per layer type: the local layers
+get the document mask and the band, the global ones the document mask alone. FlashAttention-2 applies
+each layer's `sliding_window` inside each varlen segment (transformers 5 dropped ModernBERT's own
+`cu_seqlens` arguments; this generic path is what its forward takes now). The FlashAttention branch
+follows that documented API and was not run here (no GPU).
 
-`flex_attention` (torch's FlexAttention, which transformers 5 supports for all four encoders) needs no
-extra package: the same rule, a token sees only its own document (and, in ModernBERT's local layers,
-the band inside it), is given to the kernel as a `BlockMask` from `create_block_mask`, which also
-lets it skip blocks that are fully masked. The flex path must never receive a dense mask: transformers'
-`flex_attention_forward` *adds* a tensor mask to the scores (a score_mod), so a boolean block-diagonal
-mask would add 0 or 1 instead of masking, and the outputs would be silently wrong (on CPU it crashed the
-process). `check_flex_mask` refuses anything but a `BlockMask` or a 2-D padding mask (which
-transformers turns into a `BlockMask` itself).
-
-Padding at a row's end forms one more "document" that attends only to itself, so no query row of
-the mask is empty (an all-False row makes SDPA return NaN).
+The flex path must never receive a dense mask: transformers' `flex_attention_forward` *adds* a tensor
+mask to the scores, so a boolean mask would add 0 or 1 instead of masking and the outputs would be
+silently wrong (on CPU it crashed the process); `check_flex_mask` refuses one. Padding at a row's end
+forms one more "document" that attends only to itself, so no query row of a mask is empty (an
+all-False row makes SDPA return NaN).
 """
 
 from __future__ import annotations
@@ -83,20 +74,13 @@ def varlen_segments(document_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def document_mask_mod(document_ids: torch.Tensor, half_window: int | None = None):
-    """FlexAttention's `mask_mod(b, h, q, kv)`: same document (padding to padding), and within `half_window` if given.
+    """FlexAttention's `mask_mod(b, h, q, kv)`: same document (padding to padding), and within `half_window` if
+    given; the truth table of `block_diagonal_mask` (`& sliding_window_band`)."""
+    def mask_mod(b, h, q, kv):
+        same = document_ids[b, q] == document_ids[b, kv]
+        return same if half_window is None else same & ((q - kv).abs() <= half_window)
 
-    The same truth table as `block_diagonal_mask` (and `& sliding_window_band`) for the dense paths.
-    """
-    def same_document(b, h, q, kv):
-        return document_ids[b, q] == document_ids[b, kv]
-
-    if half_window is None:
-        return same_document
-
-    def same_document_in_window(b, h, q, kv):
-        return same_document(b, h, q, kv) & ((q - kv).abs() <= half_window)
-
-    return same_document_in_window
+    return mask_mod
 
 
 def document_block_mask(document_ids: torch.Tensor, half_window: int | None = None):
@@ -130,24 +114,36 @@ def check_flex_mask(mask, where: str = "attention_mask") -> None:
 
 
 def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,
-                   attn_implementation: str) -> dict:
+                   attn_implementation: str, half_window: int | None = None) -> dict:
     """Keyword arguments for an HF encoder's forward that keep attention inside documents.
 
-    For FlashAttention-2 the batch is returned flattened to one row (`input_ids` (1, B·T)); the
-    caller reshapes the hidden states back to (B, T, C).
+    With `half_window` (ModernBERT) `attention_mask` is a dict by layer type, as ModernBertModel takes it: the
+    local layers also keep the window, which inside a document is the document's own (row distance is document
+    distance). For FlashAttention-2 the batch is flattened to one row (`input_ids` (1, B·T)) whose documents are
+    varlen segments, and transformers hands each layer's window to the kernel; the caller reshapes the hidden
+    states back to (B, T, C).
     """
     if attn_implementation == "flash_attention_2":
         cu, longest = varlen_segments(document_ids)
         return {"input_ids": input_ids.reshape(1, -1), "position_ids": position_ids.reshape(1, -1),
                 "attention_mask": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
                 "max_length_q": longest, "max_length_k": longest}
-    if attn_implementation == FLEX:
-        return {"input_ids": input_ids, "position_ids": position_ids,
-                "attention_mask": document_block_mask(document_ids)}
-    mask = block_diagonal_mask(document_ids)
-    if attn_implementation == "eager":
-        mask = _as_eager(mask)
+    mask = document_mask(document_ids, attn_implementation)
+    if half_window is not None:
+        mask = {"full_attention": mask,
+                "sliding_attention": document_mask(document_ids, attn_implementation, half_window)}
     return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": mask}
+
+
+def document_mask(document_ids: torch.Tensor, attn_implementation: str, half_window: int | None = None):
+    """Same document (and within `half_window`, if given) in the kernel's form: a BlockMask for flex, a boolean
+    (batch, 1, T, T) mask for SDPA, an additive one for eager; on the documents' device."""
+    if attn_implementation == FLEX:
+        return document_block_mask(document_ids, half_window)
+    mask = block_diagonal_mask(document_ids)
+    if half_window is not None:
+        mask = mask & sliding_window_band(document_ids.shape[1], half_window, document_ids.device)
+    return _as_eager(mask) if attn_implementation == "eager" else mask
 
 
 def sliding_window_band(length: int, half_window: int, device=None) -> torch.Tensor:
@@ -160,24 +156,3 @@ def _as_eager(mask: torch.Tensor) -> torch.Tensor:
     """Eager attention adds the mask to the scores: 0 where allowed, the dtype's minimum elsewhere; on the
     mask's own device (a CPU tensor here failed every eager packed step on CUDA)."""
     return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
-
-
-def windowed_encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,
-                            attn_implementation: str, half_window: int) -> dict:
-    """ModernBERT's forward arguments for doc-packed rows: per-document attention, and the window inside it.
-
-    SDPA/eager/flex: `attention_mask` is a dict by layer type (ModernBertModel uses it as given). Within a
-    document, row distance is document distance, so the band on row positions is the document's window.
-    """
-    if attn_implementation == "flash_attention_2":
-        return encoder_inputs(input_ids, document_ids, position_ids, attn_implementation)
-    if attn_implementation == FLEX:
-        return {"input_ids": input_ids, "position_ids": position_ids,
-                "attention_mask": {"full_attention": document_block_mask(document_ids),
-                                   "sliding_attention": document_block_mask(document_ids, half_window)}}
-    full = block_diagonal_mask(document_ids)
-    local = full & sliding_window_band(document_ids.shape[1], half_window, document_ids.device)
-    if attn_implementation == "eager":
-        full, local = _as_eager(full), _as_eager(local)
-    return {"input_ids": input_ids, "position_ids": position_ids,
-            "attention_mask": {"full_attention": full, "sliding_attention": local}}

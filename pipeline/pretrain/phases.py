@@ -2,29 +2,23 @@
 
 BERT (Devlin et al. 2019) and NVIDIA's recipe train 90% of the steps at 128 tokens and the last
 10% at 512, since attention's cost grows with the square of the length. A config lists them in
-`phases`; without it the run is one phase made of `data`, `train`, `optimizer` and `schedule`,
-and every answer here is the one the pipeline gave before phases existed.
+`phases`; without it the run is one phase made of `data`, `train`, `optimizer` and `schedule`.
 
 Phase k covers the optimizer steps [start, end), where end = ⌊F_k · train.max_steps⌋ and F_k is
 the sum of the first k + 1 `steps_fraction`s, read as the decimals the user wrote (0.9 + 0.1 is
 exactly 1), so the last phase ends at `train.max_steps`. The step counter runs on across phases;
-each phase warms up from its own start to its own peak and decays to `schedule.end_lr_ratio` at
-its own end (NVIDIA's `--phase2`, bing_bert's `--rewarmup`). With `schedule.kind: wsd` each phase
-holds its peak and decays over its own last `decay_steps`; `phases[i].decay_steps: 0` keeps a phase
-at its peak, so ModernBERT's stable, context-extension and decay phases are three phases.
+each phase warms up to its own peak and decays over its own steps (NVIDIA's `--phase2`, bing_bert's
+`--rewarmup`; schedules.py, which counts optimizer steps whatever the batch). Under WSD
+`phases[i].decay_steps: 0` holds a phase at its peak, so ModernBERT's stable, context-extension and
+decay phases are three phases. A ModernBERT phase may raise the rotary bases with its longer shards; a
+phase that names none keeps the previous phase's (rope.py applies them).
 
-A ModernBERT phase may change the rotary bases (`global_rope_theta`, `local_rope_theta`) with its
-longer shards; a phase that names none keeps the previous phase's (rope.py applies them).
-
-A stretch is a phase at one global batch: a phase, or under a batch warmup (which ramps the one
-phase's batch up, `batch_plan.batch_ramp`) each step range of one batch of the ramp. Each stretch
-has its own batch plan and data stream, and the loop hands over from one to the next. A stretch
-that reads the same folder as an earlier one continues that folder's data stream: it starts at
-the epoch and position the earlier one stopped at, rounded up to a whole batch of its own
-(`stream_start`), rather than at sample 0. Masks are keyed by (epoch, sequence), so they stay the
-ones the uninterrupted stream would use.
-
-The LR schedule is schedules.py's; it counts optimizer steps, whatever the batch.
+A stretch is a phase at one global batch: a phase, or under a batch warmup (`batch_plan.batch_ramp`)
+each step range of one batch of the ramp. Each has its own batch plan and data stream, and the loop
+hands over from one to the next. A stretch that reads the same folder as an earlier one continues
+that folder's stream: it starts at the epoch and position the earlier one stopped at, rounded up to
+a whole batch of its own (`stream_start`), rather than at sample 0. Masks are keyed by (epoch,
+sequence), so they stay the ones the uninterrupted stream would use.
 """
 
 from __future__ import annotations
@@ -36,9 +30,6 @@ from pathlib import Path
 
 from pipeline.pretrain.batch_plan import BatchPlan, batch_ramp
 from pipeline.pretrain.config import DataConfig, PretrainConfig
-
-# `phases` and `train.batch_warmup_*` as written are checked by the config (config.py), their steps and
-# batches on a world size by the preflight (preflight.py).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,11 +71,7 @@ class Phase:
 
 @dataclass(frozen=True, kw_only=True)
 class Stretch:
-    """Optimizer steps [start, end) of one phase at one global batch: what one data stream and batch plan serve.
-
-    A phase is one stretch; under a batch warmup (`batch_plan.batch_ramp`) the run's one phase is one
-    stretch per global batch of the ramp. The loop hands over from one stretch to the next.
-    """
+    """Optimizer steps [start, end) of one phase at one global batch: what one data stream and batch plan serve."""
 
     index: int
     start: int
@@ -135,12 +122,8 @@ def resolve_phases(config: PretrainConfig) -> list[Phase]:
 
 
 def resolve_stretches(config: PretrainConfig, phases: list[Phase], end: int) -> list[Stretch]:
-    """The run's stretches up to step `end`: one per phase, or one per global batch of a batch warmup.
-
-    A batch warmup (one phase, one folder: config checks) ramps as `batch_plan.batch_ramp` says over
-    `train.max_steps`; each of its stretches continues the folder's stream where the previous one
-    stopped (`stream_start`). `end` past `train.max_steps` (an anneal) lengthens the last stretch.
-    """
+    """The run's stretches up to step `end`: one per phase, or one per global batch of a batch warmup (one phase,
+    one folder: config.py checks) over `train.max_steps`. `end` past it (an anneal) lengthens the last stretch."""
     t = config.train
     if t.batch_warmup_tokens:
         from pipeline.data.shard_index import load_index
@@ -173,12 +156,6 @@ def longest_seq_len(phases: list[Phase]) -> int:
     return max(load_index(s.path)["seq_len"] for p in phases for s in p.data.corpora())
 
 
-def same_folder(a: Stretch, b: Stretch) -> bool:
-    if a.phase.data.mixed or b.phase.data.mixed:
-        return False
-    return Path(a.phase.data.shards).resolve() == Path(b.phase.data.shards).resolve()
-
-
 def stream_start(stretches: list[Stretch], k: int, num_sequences: int) -> int:
     """The step of stretch k's own shuffle order (`batches.GlobalShuffle` at its global batch) it starts at.
 
@@ -187,8 +164,12 @@ def stream_start(stretches: list[Stretch], k: int, num_sequences: int) -> int:
     stretch k's size not before the samples already drawn. Nothing is repeated, and at most one
     batch minus one sample is skipped per hand-over.
     """
+    def folder(s: Stretch) -> Path | None:  # a mix of corpora has no one stream to continue
+        return None if s.phase.data.mixed else Path(s.phase.data.shards).resolve()
+
     epoch, position = 0, 0  # where the folder's stream stands: epoch, samples into its permutation
-    for stretch in [s for s in stretches[:k] if same_folder(s, stretches[k])] + [stretches[k]]:
+    earlier = [s for s in stretches[:k] if folder(s) is not None and folder(s) == folder(stretches[k])]
+    for stretch in earlier + [stretches[k]]:
         per_epoch = num_sequences // stretch.global_batch_size
         first = epoch * per_epoch + math.ceil(position / stretch.global_batch_size)
         if stretch is stretches[k]:

@@ -63,20 +63,14 @@ def token_counts(shards: str | Path, special_ids: Iterable[int], split: str = "v
 
 
 def validation_unigram_entropy(shards: str | Path, special_ids: Iterable[int]) -> float:
-    """The plateau's level for a shard folder: H(p) in nats over its validation split, special tokens excluded.
-
-    Reads the shards through the checked shard reader (one `np.bincount` per shard: milliseconds
-    for the main job's 18k validation tokens, about a second for IMDB's).
-    """
+    """The plateau's level for a shard folder: H(p) in nats over its validation split, special tokens excluded
+    (one `np.bincount` per shard through the checked reader: about a second for IMDB's)."""
     return unigram_entropy_nats(token_counts(shards, special_ids, "val"))
 
 
 def plateau_level(shards: str | Path, tokenizer) -> float:
-    """`validation_unigram_entropy` with the special ids the masker skips: `tokenizer.all_special_ids`.
-
-    `tokenizer`: a loaded transformers tokenizer, or its folder or hub name. The one place that says
-    which ids are left out of the plateau, for the trainer's `eval/unigram_entropy` and the benchmarks.
-    """
+    """`validation_unigram_entropy` without the ids the masker skips (`tokenizer.all_special_ids`): the one place
+    that says so, for the trainer and the benchmarks. `tokenizer`: loaded, or its folder or hub name."""
     if isinstance(tokenizer, str | Path):
         from pipeline.data.tokenizer import load_tokenizer
 

@@ -1,11 +1,9 @@
 """ModernBERT's rotary bases changed in place: a context-extension phase raises them (10k → 160k in ModernBERT).
 
-transformers 5 builds one `ModernBertRotaryEmbedding` per model (`model.model.rotary_emb`), holding a
-non-persistent `<layer type>_inv_freq` buffer (and its `_original_` copy, used by dynamic RoPE types)
-per layer type, computed once from `config.rope_parameters[<layer type>]["rope_theta"]`. Changing the
-config alone therefore changes nothing: the buffers are recomputed here with the module's own
-`compute_default_rope_parameters` (or the RoPE type's init function), so the model and its config,
-which the checkpoint marker and the export record, carry the same bases. The buffers are not saved
+transformers 5 computes each layer type's non-persistent `<layer type>_inv_freq` buffer (and its
+`_original_` copy) once, from `config.rope_parameters`, so changing the config alone changes nothing:
+the buffers are recomputed here with the module's own init function, so the model and its config
+(which the checkpoint marker and the export record) carry the same bases. The buffers are not saved
 in checkpoints; a resumed run rebuilds them from its phase.
 """
 
@@ -15,13 +13,6 @@ import torch
 
 # ModernBertConfig's layer types: the global layers attend fully, the local ones in a sliding window.
 LAYER_TYPE_OF = {"global": "full_attention", "local": "sliding_attention"}
-
-
-def rotary_embedding(model: torch.nn.Module):
-    """The model's one `ModernBertRotaryEmbedding` module, or None where the model has none."""
-    from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
-
-    return next((m for m in model.modules() if isinstance(m, ModernBertRotaryEmbedding)), None)
 
 
 def rope_thetas(model: torch.nn.Module) -> dict[str, float]:
@@ -37,8 +28,9 @@ def set_rope_theta(model: torch.nn.Module, global_theta: float, local_theta: flo
     Returns whether anything changed.
     """
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
 
-    rotary = rotary_embedding(model)
+    rotary = next((m for m in model.modules() if isinstance(m, ModernBertRotaryEmbedding)), None)
     if rotary is None:
         raise ValueError(f"{type(model).__name__} has no ModernBERT rotary embedding to set a RoPE theta on")
     wanted = {"global": float(global_theta), "local": float(local_theta)}

@@ -18,12 +18,8 @@ closed forms are written here rather than borrowed from transformers' `get_*_sch
 exist only as LambdaLR objects over an optimizer; tests/pretrain/test_schedules.py checks them
 against transformers' own functions.
 
-An anneal (`train.anneal_from`, anneal.py) is one more segment: a decay of `schedule.decay` over
-its steps S … S + N − 1, from the LR the source run's own schedule gave step S (built here from the
-config recorded in its checkpoint) to `schedule.end_lr_ratio`.
-
-The engine's scheduler is a LambdaLR over `Schedule.multiplier` (engine.py); a resume restores the
-scheduler's step, and the LR follows from it.
+An anneal (anneal.py) is one more segment. The engine's scheduler is a LambdaLR over
+`Schedule.multiplier` (engine.py); a resume restores the scheduler's step, and the LR follows from it.
 """
 
 from __future__ import annotations

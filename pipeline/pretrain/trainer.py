@@ -3,11 +3,11 @@ checkpointer (checkpointer.py) where a run starts, the stretches (phases.py) whi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
@@ -53,7 +54,7 @@ from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 from pipeline.tracking.sinks import open_metrics
 
 
-@dataclass
+@dataclasses.dataclass
 class RunResult:
     last_step: int
     stopped_by: str | None
@@ -88,20 +89,15 @@ class Pretrainer:
         init_process_group(topology, config.train.collective_timeout_s)
         self.tokenizer = load_tokenizer(config.data.tokenizer)
         self.tokenizer_info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
-        m = config.masking
-        self.masker = build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size, self.tokenizer_info.mask_id,
-                                   config.train.seed)
-        # Validation masks at masking.eval_probability (the same masker when it is the training rate).
-        self.eval_masker = (self.masker if eval_probability(m) == m.probability else
-                            build_masker(m, self.tokenizer, self.tokenizer_info.vocab_size,
-                                         self.tokenizer_info.mask_id, config.train.seed, evaluation=True))
+        info = self.tokenizer_info  # validation masks at masking.eval_probability
+        self.masker, self.eval_masker = (build_masker(config.masking, self.tokenizer, info.vocab_size, info.mask_id,
+                                                      config.train.seed, evaluation=e) for e in (False, True))
         self._entropies: dict[str, float] = {}
         """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
         self.checkpointer = Checkpointer(self.layout.checkpoints, topology, self.stretches,
                                          resume=config.checkpoint.resume == "auto", anneal=self.anneal)
         self.start = self.checkpointer.find()  # files only; train() loads it, before the loop
         self.step = self.start.step if self.start else 0
-        self.resumed_from: Path | None = None
 
         seed_everything(config.train.seed)  # the same initial weights on every rank
         # Positions are sized for the longest phase from the start, so a hand-over changes no shape.
@@ -116,11 +112,6 @@ class Pretrainer:
         universal = bool(self.start and self.start.universal)
         self.engine = initialize_engine(model, config, self.plan, universal, schedule=self.schedule)
         self.metrics = self._open_metrics()
-
-    @property
-    def phased(self) -> bool:
-        """True when the config lists phases (a run without them logs no phase)."""
-        return bool(self.config.phases)
 
     def _use_stretch(self, stretch: Stretch) -> None:
         """This stretch's phase, batch plan, data (continuing its folder's stream, phases.py) and FLOPs per token."""
@@ -146,7 +137,7 @@ class Pretrainer:
         self._use_rope(self.engine.module)
         set_batch_plan(self.engine, self.plan)
         batch = {"global_batch_size": self.plan.global_batch_size, "accumulation": self.plan.accumulation}
-        if not self.phased:  # the batch warmup's next batch
+        if not self.config.phases:  # the batch warmup's next batch
             self.metrics.event(batch, self.step)
             self._print(f"step {self.step}: batch warmup, global batch {self.plan.global_batch_size}")
             return
@@ -177,7 +168,7 @@ class Pretrainer:
                 self.tokenizer.save_pretrained(tmp)
         tags = run_tags("pretrain", self.plan.world_size, gradient_accumulation=self.plan.accumulation,
                         parameters=self.num_parameters, output_dir=layout.root.resolve())
-        if self.phased:
+        if self.config.phases:
             tags["phase"] = self.phase.name
         metrics = open_metrics(True, jsonl=layout.metrics, resume_step=self.step, tracking=c.tracking,
                                run_name=c.tracking.run_name or layout.root.resolve().name, state_file=layout.tracking,
@@ -194,17 +185,16 @@ class Pretrainer:
             self._print(f"checkpoint {start.checkpoint.name} was written by {start.written_by} ranks, this run has "
                         f"{self.topology.world_size}: converting it to a universal checkpoint")
         self.step = ckpt.load(self.engine, start)
-        self.resumed_from = start.checkpoint
-        event = {"resumed_from": str(self.resumed_from), "resume_load_seconds": round(ckpt.load_seconds, 3),
+        event = {"resumed_from": str(start.checkpoint), "resume_load_seconds": round(ckpt.load_seconds, 3),
                  "checkpoint_verify_seconds": round(ckpt.verify_seconds, 3)}
-        if self.anneal is not None and self.resumed_from == self.anneal.checkpoint:
+        if self.anneal is not None and start.checkpoint == self.anneal.checkpoint:
             a, peak = self.anneal, self.config.optimizer.lr
             event["anneal_steps"] = a.steps
             lr_from, lr_to = (self.schedule.multiplier(step) * peak for step in (a.start, a.end))
             self._print(f"annealing from {a.checkpoint} (step {a.start}) for {a.steps} steps: LR "
                         f"{lr_from:.3g} to {lr_to:.3g} ({self.config.schedule.decay})")
         else:
-            self._print(f"resumed from {self.resumed_from} (step {self.step})")
+            self._print(f"resumed from {start.checkpoint} (step {self.step})")
         self.metrics.event(event, self.step)
 
     # --- the loop ---------------------------------------------------------------------------
@@ -218,7 +208,7 @@ class Pretrainer:
             self._print(f"already trained to step {self.step} (the run ends at step {self.end_step})")
             return self._finish(stop, None, already_done=True)
         progress = self._progress_bar()
-        window, guard = ThroughputWindow(), StepGuard(self.step, self._watchdog)
+        window, guard = ThroughputWindow(), StepGuard(self.step, self._watchdog())
         self.sync = StepSync(self.plan.world_size)
         stopped_by, batches = None, None
         self.engine.train()
@@ -278,7 +268,7 @@ class Pretrainer:
         """Bring the losses since the last check to the host: stop on a non-finite one, log when due."""
         checked = self.sync.check()
         window.add(tokens=checked.tokens)
-        if not math.isfinite(checked.window_loss) and self.config.precision != "fp16":
+        if not math.isfinite(checked.window_loss) and self.config.train.precision != "fp16":
             self._stop_on_nonfinite(checked)
         if log:
             self._log_step(checked.loss, checked.extras, lr, *window.rates(), progress)
@@ -289,12 +279,8 @@ class Pretrainer:
             return None
         t = self.config.train
         return RankWatchdog(t.collective_timeout_s, lambda where: lost_rank_message(
-            self.topology.rank, self.topology.world_size, where, t.collective_timeout_s, self.resume_hint(),
-            f"the step has waited {t.collective_timeout_s:g} s"))
-
-    def resume_hint(self) -> str:
-        """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
-        return self.checkpointer.resume_hint()
+            self.topology.rank, self.topology.world_size, where, t.collective_timeout_s,
+            self.checkpointer.resume_hint(), f"the step has waited {t.collective_timeout_s:g} s"))
 
     def _finish(self, stop: StopRequest, stopped_by: str | None, already_done: bool = False) -> RunResult:
         c = self.config
@@ -340,7 +326,7 @@ class Pretrainer:
     # --- evaluation, checkpoints, logging ------------------------------------------------------
 
     @torch.no_grad()
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self) -> None:
         eval_sets = self.data.eval_sets(self.config.train.eval_sequences, self.plan.micro_batch_size,
                                         self.topology.rank, self.topology.world_size)
         self.engine.eval()
@@ -356,49 +342,32 @@ class Pretrainer:
                 totals[corpus, 1] += masked
         self.engine.train()
         dist.all_reduce(totals)
-        metrics = {**self.data.eval_metrics(totals.cpu().numpy()),
+        levels = self._plateau_levels() if self.topology.is_main else None
+        metrics = {**self.data.eval_metrics(totals.cpu().numpy(), levels),
                    "eval/mask_rate": eval_probability(self.config.masking)}
-        if self.topology.is_main:
-            metrics.update(self._plateau_metrics(metrics))
         self.metrics.log(metrics, self.step)
         self.metrics.flush()
         per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
                              for s in self.data.corpora if self.data.mixed)
         self._print(f"step {self.step}: eval MLM loss{at_mask_rate(metrics)} {metrics_beside_plateau(metrics)}"
                     f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
-        return metrics
 
-    def _plateau_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The unigram plateau's level beside the loss: the validation tokens' unigram entropy, and the margin below.
-
-        A loss means little on its own: a model that knows only token frequencies reaches the entropy
-        (plateau.py says why). A mix's level weighs each corpus's entropy by its share, as its loss does.
-        """
-        entropies = []
+    def _plateau_levels(self) -> list[float]:
+        """Each corpus's unigram plateau: a loss means little without it (plateau.py says why)."""
         for source in self.data.corpora:
-            key = str(source.path)
-            if key not in self._entropies:  # once per folder: a bincount over its validation shards
-                self._entropies[key] = plateau_level(source.path, self.tokenizer)
-            entropies.append(self._entropies[key])
-        entropy = float(np.dot(self.data.shares, entropies)) if self.data.mixed else entropies[0]
-        out = {"eval/unigram_entropy": entropy, "eval/margin_below_unigram": entropy - metrics["eval/mlm_loss"]}
-        if self.data.mixed:
-            for source, value in zip(self.data.corpora, entropies, strict=True):
-                out[f"eval/{source.name}/unigram_entropy"] = value
-                out[f"eval/{source.name}/margin_below_unigram"] = value - metrics[f"eval/{source.name}/mlm_loss"]
-        return out
+            if source.path not in self._entropies:  # once per folder: a bincount over its validation shards
+                self._entropies[source.path] = plateau_level(source.path, self.tokenizer)
+        return [self._entropies[source.path] for source in self.data.corpora]
 
     def _checkpoint(self) -> None:
-        plan = self.plan
         state = {"step": self.step, "samples_consumed": samples_consumed(self.stretches, self.step),
                  "epoch": self.data.epoch_state(self.step)}
-        if self.phased:  # the phase that trained the last step; a resume picks its own from the step
+        if self.config.phases:  # the phase that trained the last step; a resume picks its own from the step
             state["phase"] = self.phase.name
-        marker = {"batch_plan": {"global_batch_size": plan.global_batch_size, "micro_batch_size": plan.micro_batch_size,
-                                 "world_size": plan.world_size, "accumulation": plan.accumulation},
+        marker = {"batch_plan": dataclasses.asdict(self.plan),
                   "architecture": self.config.model.architecture, "seq_len": self.seq_len,
-                  "zero_stage": self.config.zero_stage, "precision": self.config.precision,
-                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.phased else {}),
+                  "zero_stage": self.config.train.zero_stage, "precision": self.config.train.precision,
+                  "config": to_dict(self.config), **({"phase": self.phase.name} if self.config.phases else {}),
                   # the model's own shape: with model.init_from it is the folder's, not the model section's
                   "hf_config": json.loads(self.model_config.to_json_string())}
         start = time.perf_counter()
@@ -411,7 +380,7 @@ class Pretrainer:
                   samples_per_s: float, progress) -> None:
         engine = self.engine
         grad_norm = engine.get_global_grad_norm()
-        scale = getattr(engine.optimizer, "cur_scale", None) if self.config.precision == "fp16" else 1.0
+        scale = getattr(engine.optimizer, "cur_scale", None) if self.config.train.precision == "fp16" else 1.0
         metrics: dict[str, Any] = {
             "train/loss": loss, **{f"train/{k}": v for k, v in extras.items()},
             "train/lr": lr,
@@ -419,7 +388,7 @@ class Pretrainer:
             "train/loss_scale": float(scale) if scale is not None else None,
             "train/tokens_per_s": tokens_per_s, "train/samples_per_s": samples_per_s,
             "train/mfu": mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.plan.world_size),
-            "train/phase": self.phase.index + 1 if self.phased else None,  # 1, 2, …: NVIDIA's phase numbers
+            "train/phase": self.phase.index + 1 if self.config.phases else None,  # 1, 2, …: NVIDIA's phase numbers
             **self.data.progress(self.step),
         }
         self.metrics.log(metrics, self.step)
@@ -428,18 +397,14 @@ class Pretrainer:
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
                                  refresh=False)
 
-    def _progress_bar(self):
+    def _progress_bar(self) -> tqdm | None:
         if not self.topology.is_main:
             return None
-        from tqdm.auto import tqdm
-
         return tqdm(total=self.end_step, initial=self.step, desc="pretrain", unit="step",
                     dynamic_ncols=True, mininterval=1.0)
 
     def _print(self, message: str) -> None:
         if self.topology.is_main:
-            from tqdm.auto import tqdm
-
             tqdm.write(message)
 
 
@@ -452,7 +417,7 @@ def run_pretraining(config: PretrainConfig, topology: Topology) -> RunResult:
         if topology.world_size == 1 or not is_lost_peer(err):
             raise
         where = "while starting" if trainer is None else f"after step {trainer.step}"
-        hint = trainer.resume_hint() if trainer is not None else "Rerun the same command."
+        hint = trainer.checkpointer.resume_hint() if trainer is not None else "Rerun the same command."
         if trainer is not None and hasattr(trainer, "metrics"):
             trainer.metrics.close("FAILED")
         raise lost_rank_error(err, topology.rank, topology.world_size, where, config.train.collective_timeout_s,

@@ -14,7 +14,7 @@ from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, train_loader
-from pipeline.pretrain.masking import Masker, MaskingSpec
+from pipeline.pretrain.masking import Masker
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_an_epoch_read_through_workers_keeps_the_cache_within_two_blocks(shards,
     assert cache.layout.shards_per_block == 1 and cache.capacity == 2 and len(cache.layout.sizes) == 4
     plan = BatchPlan.derive(30, 30, 1)
     shuffle = GlobalShuffle(cache.layout, plan, seed=0)
-    masker = Masker(MaskingSpec(400, 4, (0, 1, 2, 3, 4)), seed=0)
+    masker = Masker(400, 4, (0, 1, 2, 3, 4), seed=0)
     batches = MaskedBatches(cache, masker, with_segments=False)
     source = ShardedDataset(shards, "train")
     seen, most = [], 0

@@ -26,7 +26,7 @@ from pipeline.pretrain.batches import (
     shut_down_workers,
     train_loader,
 )
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 
 
 def step_sequences(shuffle: GlobalShuffle, rank: int, step: int) -> list[np.ndarray]:
@@ -87,7 +87,7 @@ def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_
     source = ShardedDataset(roberta_shards, "train")
     rows = np.array([5, 0, 17, 3])
     assert np.array_equal(cache.fields["input_ids"][rows], np.stack([source[i]["input_ids"] for i in rows]))
-    masker = Masker(MaskingSpec(400, 4, (0, 1, 2, 3, 4)), seed=0)
+    masker = Masker(400, 4, (0, 1, 2, 3, 4), seed=0)
     batches = MaskedBatches(cache, masker, with_segments=False)
     from pipeline.pretrain.batches import MicroBatchKey
 
@@ -100,7 +100,7 @@ def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_
 
 def test_pairs_batches_carry_segments_and_next_sentence_labels(tmp_path, pairs_shards):
     cache = TokenCache(pairs_shards, "train", tmp_path / "cache")
-    masker = Masker(MaskingSpec(300, 4, (0, 1, 2, 3, 4)), seed=0)
+    masker = Masker(300, 4, (0, 1, 2, 3, 4), seed=0)
     from pipeline.pretrain.batches import MicroBatchKey
 
     batch = MaskedBatches(cache, masker, with_segments=True)[MicroBatchKey(0, np.arange(8))]

@@ -10,7 +10,6 @@ from pipeline.pretrain.masking import (
     IGNORE_INDEX,
     Masker,
     MaskingConfig,
-    MaskingSpec,
     mask_statistics,
     span_length_distribution,
 )
@@ -23,7 +22,7 @@ UNITS = ("token", "word", "span")
 
 
 def make_masker(seed: int = 0, **spec) -> Masker:
-    return Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(**spec)), seed, WORD_STARTS)
+    return Masker(VOCAB, MASK_ID, SPECIAL, seed, WORD_STARTS, masking=MaskingConfig(**spec))
 
 
 def random_rows(rows: int, length: int, seed: int = 1) -> np.ndarray:
@@ -156,7 +155,7 @@ def test_spans_start_at_word_boundaries_and_words_are_never_split():
 def test_a_word_begins_after_every_special_token():
     ids = np.array([[0, 7, 8, 2, 9, 10, 2, 1]])
     table = np.zeros(VOCAB, dtype=bool)  # no entry begins a word by itself
-    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(unit="word")), 0, table)
+    masker = Masker(VOCAB, MASK_ID, SPECIAL, 0, table, masking=MaskingConfig(unit="word"))
     assert masker.word_starts(ids).tolist() == [[False, True, False, False, True, False, False, False]]
 
 
@@ -164,7 +163,7 @@ def test_mask_statistics_agree_with_a_plain_count():
     ids = np.array([[0, 10, 11, 12, 13, 14, 15, 2]])
     table = np.zeros(VOCAB, dtype=bool)
     table[[12, 14]] = True  # words: [10 11] [12 13] [14 15]
-    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(unit="word")), 0, table)
+    masker = Masker(VOCAB, MASK_ID, SPECIAL, 0, table, masking=MaskingConfig(unit="word"))
     labels = np.full_like(ids, IGNORE_INDEX)
     labels[0, [1, 2, 3]] = ids[0, [1, 2, 3]]  # first word whole, second word half
     stats = mask_statistics(masker, ids, labels)
@@ -174,7 +173,7 @@ def test_mask_statistics_agree_with_a_plain_count():
 
 def test_word_and_span_units_need_the_word_start_table():
     with pytest.raises(ValueError, match="word-start table"):
-        Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, MaskingConfig(unit="span")), 0)
+        Masker(VOCAB, MASK_ID, SPECIAL, 0, masking=MaskingConfig(unit="span"))
 
 
 def test_a_span_never_runs_from_one_packed_document_into_the_next():
@@ -186,7 +185,7 @@ def test_a_span_never_runs_from_one_packed_document_into_the_next():
     document = [0, -1, -1, -1, 2]
     ids = np.array([[t if t >= 0 else rng.integers(5, VOCAB) for t in document * 20] for _ in range(256)])
     masking = MaskingConfig(unit="span", probability=0.45, span_p=0.05, span_max_words=10)
-    masker = Masker(MaskingSpec(VOCAB, MASK_ID, SPECIAL, masking), 0, table)
+    masker = Masker(VOCAB, MASK_ID, SPECIAL, 0, table, masking=masking)
     chosen, slot = masker._spans(masker.keys(0, np.arange(len(ids))), masker.word_starts(ids), masker._is_special[ids])
     document_of_token = np.cumsum(masker._is_special[ids], axis=1)
     rows, cols = np.nonzero(chosen)

@@ -14,7 +14,7 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import GlobalShuffle
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingSpec
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.mixture import MixedShuffle, PretrainData
 from pipeline.pretrain.preflight import load_pretrain_config
 
@@ -91,7 +91,7 @@ def test_a_corpus_that_runs_out_starts_a_new_epoch_with_new_masks():
         assert sorted(r for r, e in draws if e == epoch) == list(range(small))  # each sequence once per epoch
     assert shuffle.drawn(12).tolist() == [48, 144]
 
-    masker = Masker(MaskingSpec(400, 4, (0, 1, 2, 3, 4)), seed=0)
+    masker = Masker(400, 4, (0, 1, 2, 3, 4), seed=0)
     ids = np.full((1, 64), 10)
     first = masker(ids, np.array([0]), np.array([5]))[1]
     second = masker(ids, np.array([1]), np.array([5]))[1]
@@ -148,7 +148,7 @@ def test_a_mix_config_loads_and_problems_name_the_item_and_the_folders(tmp_path,
 def test_a_single_folder_keeps_the_order_masks_and_metrics_it_had_before(tmp_path, roberta_shards, bpe_tokenizer_dir):
     config = load_pretrain_config(data_config(tmp_path, roberta_shards, bpe_tokenizer_dir), world_size=1)
     plan = BatchPlan.derive(16, 4, 1)
-    masker = Masker(MaskingSpec(400, 4, (0, 1, 2, 3, 4)), seed=0)
+    masker = Masker(400, 4, (0, 1, 2, 3, 4), seed=0)
     data = PretrainData(config.data, plan, masker, seed=0, cache_dir=tmp_path / "cache",
                         tokenizer_fingerprint=None, with_segments=False)
     assert isinstance(data.order, GlobalShuffle) and not config.data.mixed
@@ -166,7 +166,7 @@ def test_mixed_batches_eval_sets_and_progress_come_from_each_corpus(tmp_path, tm
     mix = [{"path": str(news), "weight": 1}, {"path": str(wiki), "weight": 3}]
     config = load_pretrain_config(data_config(tmp_path, mix, bpe_tokenizer_dir), world_size=1)
     plan = BatchPlan.derive(16, 4, 1)
-    masker = Masker(MaskingSpec(400, 4, (0, 1, 2, 3, 4)), seed=0)
+    masker = Masker(400, 4, (0, 1, 2, 3, 4), seed=0)
     data = PretrainData(config.data, plan, masker, seed=0, cache_dir=tmp_path / "cache",
                         tokenizer_fingerprint=None, with_segments=False)
     from pipeline.data.token_cache import TokenCache

@@ -13,7 +13,7 @@ import torch
 from pipeline.data.packers import make_packer
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig, MaskingSpec
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig
 from pipeline.pretrain.model import SPARSE_CLASSES, encode, hf_config
 from pipeline.pretrain.packed_attention import document_layout
 
@@ -94,8 +94,7 @@ def test_positions_restart_at_every_document_from_the_architectures_first_positi
 def test_masks_never_fall_on_a_neighbours_framing_tokens(bpe_tokenizer_dir):
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     rows, _ = pack(documents(200))
-    masker = Masker(MaskingSpec(400, info.mask_id, (CLS, PAD, SEP, info.mask_id), MaskingConfig(probability=0.5)),
-                    seed=0)
+    masker = Masker(400, info.mask_id, (CLS, PAD, SEP, info.mask_id), seed=0, masking=MaskingConfig(probability=0.5))
     _, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     framing = np.isin(rows["input_ids"], [CLS, SEP, PAD])
     assert (labels[framing] == IGNORE_INDEX).all() and (labels != IGNORE_INDEX).mean() > 0.3
@@ -143,8 +142,8 @@ def test_the_sparse_mlm_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     model = SPARSE_CLASSES["roberta"](config).eval()
     docs = [d % (info.vocab_size - 10) + 10 for d in documents(10, seed=5)]
     rows, _ = _pack_with(docs, info)
-    masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id,
-                                                               info.mask_id), MaskingConfig(probability=0.3)), seed=1)
+    masker = Masker(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id, info.mask_id), seed=1,
+                    masking=MaskingConfig(probability=0.3))
     corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64,
                                                  info.pad_id + 1)
@@ -199,7 +198,7 @@ def test_a_packed_modernbert_row_equals_its_documents_run_alone(attention, bpe_t
     The window (8 tokens either side) is shorter than most documents, so a packed row that let the
     window cross a document boundary, or applied it from the row's start, would differ.
     """
-    from pipeline.pretrain.model import encode_modernbert, first_position_id
+    from pipeline.pretrain.model import encode, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     config = hf_config(ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64,
@@ -214,14 +213,14 @@ def test_a_packed_modernbert_row_equals_its_documents_run_alone(attention, bpe_t
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, 0)
     ids = torch.from_numpy(rows["input_ids"].astype(np.int64))
     with torch.no_grad():
-        packed = encode_modernbert(model.model, ids, document_ids=torch.from_numpy(document_ids),
-                                   position_ids=torch.from_numpy(position_ids)).last_hidden_state
-        no_window = encode_modernbert(model.model, ids, attention_mask=torch.from_numpy(document_ids >= 0).long())
+        packed = encode(model.model, ids, document_ids=torch.from_numpy(document_ids),
+                        position_ids=torch.from_numpy(position_ids)).last_hidden_state
+        no_window = encode(model.model, ids, attention_mask=torch.from_numpy(document_ids >= 0).long())
         worst, compared = 0.0, 0
         for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
             bounds = [s for s in starts.tolist() if s >= 0] + [int(length)]
             for a, b in zip(bounds[:-1], bounds[1:], strict=False):
-                alone = encode_modernbert(model.model, ids[r: r + 1, a:b]).last_hidden_state[0]
+                alone = encode(model.model, ids[r: r + 1, a:b]).last_hidden_state[0]
                 worst = max(worst, (alone - packed[r, a:b]).abs().max().item())
                 compared += 1
     assert compared >= 12 and worst < 1e-5
@@ -237,8 +236,8 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     model = SPARSE_CLASSES["modernbert"](config).eval()
     docs = [d % (info.vocab_size - 10) + 10 for d in documents(10, seed=5)]
     rows, _ = _pack_with(docs, info)
-    masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id,
-                                                               info.mask_id), MaskingConfig(probability=0.3)), seed=1)
+    masker = Masker(info.vocab_size, info.mask_id, (info.cls_id, info.sep_id, info.pad_id, info.mask_id), seed=1,
+                    masking=MaskingConfig(probability=0.3))
     corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, 0)
     with torch.no_grad():
@@ -258,16 +257,15 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
 
 def test_flash_attention_inputs_for_modernbert_are_the_varlen_segments():
     """The GPU path (not run here): one flattened row, segments per document, no mask; the window goes to the kernel."""
-    from pipeline.pretrain.packed_attention import windowed_encoder_inputs
+    from pipeline.pretrain.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, 1, 1]])
     position_ids = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
-    inputs = windowed_encoder_inputs(torch.zeros(2, 6, dtype=torch.long), document_ids, position_ids,
-                                     "flash_attention_2", half_window=64)
+    inputs = encoder_inputs(torch.zeros(2, 6, dtype=torch.long), document_ids, position_ids, "flash_attention_2",
+                            half_window=64)
     assert inputs["input_ids"].shape == (1, 12) and inputs["attention_mask"] is None
     assert inputs["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12] and inputs["max_length_q"] == 4
-    sdpa = windowed_encoder_inputs(torch.zeros(2, 6, dtype=torch.long), document_ids, position_ids, "sdpa",
-                                   half_window=1)
+    sdpa = encoder_inputs(torch.zeros(2, 6, dtype=torch.long), document_ids, position_ids, "sdpa", half_window=1)
     local = sdpa["attention_mask"]["sliding_attention"][1, 0]
     assert local[0].tolist() == [True, True, False, False, False, False]  # the window, inside document 0
     assert local[3].tolist() == [False, False, True, True, False, False]  # and never across into document 1
@@ -307,12 +305,12 @@ def test_the_flex_mask_rule_is_the_dense_masks_truth_table(half_window):
 def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
     from torch.nn.attention.flex_attention import BlockMask
 
-    from pipeline.pretrain.packed_attention import encoder_inputs, windowed_encoder_inputs
+    from pipeline.pretrain.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]])
     ids, positions = torch.zeros(1, 6, dtype=torch.long), torch.tensor([[0, 1, 2, 0, 1, 0]])
     assert isinstance(encoder_inputs(ids, document_ids, positions, "flex_attention")["attention_mask"], BlockMask)
-    masks = windowed_encoder_inputs(ids, document_ids, positions, "flex_attention", half_window=1)["attention_mask"]
+    masks = encoder_inputs(ids, document_ids, positions, "flex_attention", half_window=1)["attention_mask"]
     assert set(masks) == {"full_attention", "sliding_attention"}
     assert all(isinstance(m, BlockMask) for m in masks.values())
     # The block mask's own dense view (one 128-block here) cannot show the window; its mask_mod can.
@@ -323,12 +321,12 @@ def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_the_dense_masks_are_made_on_the_documents_device(attention):
     """The meta device stands in for CUDA here: a mask made on the CPU beside GPU scores fails every step."""
-    from pipeline.pretrain.packed_attention import encoder_inputs, windowed_encoder_inputs
+    from pipeline.pretrain.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]], device="meta")
     ids, positions = torch.zeros(1, 6, dtype=torch.long, device="meta"), torch.zeros(1, 6, device="meta")
     assert encoder_inputs(ids, document_ids, positions, attention)["attention_mask"].device.type == "meta"
-    masks = windowed_encoder_inputs(ids, document_ids, positions, attention, half_window=1)["attention_mask"]
+    masks = encoder_inputs(ids, document_ids, positions, attention, half_window=1)["attention_mask"]
     assert {m.device.type for m in masks.values()} == {"meta"}
 
 
@@ -336,7 +334,7 @@ def test_the_dense_masks_are_made_on_the_documents_device(attention):
 def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_dir):
     """transformers' flex path ADDS a tensor mask to the scores: a boolean mask there is refused, not used."""
     from pipeline.common.errors import PipelineError
-    from pipeline.pretrain.model import encode, encode_modernbert
+    from pipeline.pretrain.model import encode
     from pipeline.pretrain.packed_attention import block_diagonal_mask, check_flex_mask
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
@@ -348,10 +346,7 @@ def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_
     ids = torch.full((1, 8), 10)
     dense = block_diagonal_mask(torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]]))
     with pytest.raises(PipelineError, match="dense mask .*adds a tensor mask"):
-        if architecture == "roberta":
-            encode(model.roberta, ids, attention_mask=dense)
-        else:
-            encode_modernbert(model.model, ids, attention_mask=dense)
+        encode(model.roberta if architecture == "roberta" else model.model, ids, attention_mask=dense)
     with pytest.raises(PipelineError, match="dense mask"):
         model(ids, torch.full((1, 8), IGNORE_INDEX), attention_mask=dense.float())
     with pytest.raises(PipelineError, match=r"attention_mask\['sliding_attention'\]"):
@@ -365,7 +360,7 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     """The flex path, per document, against the SDPA path on each document alone (same weights)."""
     import copy
 
-    from pipeline.pretrain.model import encode_modernbert, first_position_id
+    from pipeline.pretrain.model import encode, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     window = {"local_attention": 16} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
@@ -378,7 +373,6 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     flex = SPARSE_CLASSES[architecture](flex_config).eval()
     sdpa = SPARSE_CLASSES[architecture](sdpa_config).eval()
     sdpa.load_state_dict(flex.state_dict())
-    run = encode_modernbert if architecture == "modernbert" else encode
     pick = {"roberta": "roberta", "bert": "bert", "modernbert": "model"}[architecture]
     docs = [d % (info.vocab_size - 10) + 10 for d in documents(12, seed=3)]
     rows, _ = _pack_with(docs, info)
@@ -386,13 +380,13 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, offset)
     ids = torch.from_numpy(rows["input_ids"].astype(np.int64))
     with torch.no_grad():
-        packed = run(getattr(flex, pick), ids, document_ids=torch.from_numpy(document_ids),
-                     position_ids=torch.from_numpy(position_ids)).last_hidden_state
+        packed = encode(getattr(flex, pick), ids, document_ids=torch.from_numpy(document_ids),
+                        position_ids=torch.from_numpy(position_ids)).last_hidden_state
         worst, compared = 0.0, 0
         for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
             bounds = [s for s in starts.tolist() if s >= 0] + [int(length)]
             for a, b in zip(bounds[:-1], bounds[1:], strict=False):
-                alone = run(getattr(sdpa, pick), ids[r: r + 1, a:b]).last_hidden_state[0]
+                alone = encode(getattr(sdpa, pick), ids[r: r + 1, a:b]).last_hidden_state[0]
                 worst = max(worst, (alone - packed[r, a:b]).abs().max().item())
                 compared += 1
     assert compared >= 12 and worst < 1e-4

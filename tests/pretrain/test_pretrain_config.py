@@ -29,11 +29,11 @@ def test_shipped_presets_have_the_published_recipes():
     assert (base.model.num_hidden_layers, base.model.hidden_size, base.train.global_batch_size) == (12, 768, 8192)
     assert (base.optimizer.lr, base.schedule.warmup_steps, base.train.max_steps) == (6e-4, 24_000, 500_000)
     assert (base.optimizer.betas, base.optimizer.eps, base.optimizer.weight_decay) == ((0.9, 0.98), 1e-6, 0.01)
-    assert base.precision == "bf16" and base.model.hidden_dropout_prob == 0.1
+    assert base.train.precision == "bf16" and base.model.hidden_dropout_prob == 0.1
     large = load_pretrain_config(ROOT / "configs/large.json", world_size=8, cuda=True, check_files=False)
     assert (large.model.num_hidden_layers, large.model.hidden_size, large.train.global_batch_size) == (24, 1024, 8192)
     assert (large.optimizer.lr, large.schedule.warmup_steps, large.train.max_steps) == (4e-4, 30_000, 500_000)
-    assert large.precision == "bf16" and large.zero_stage == 2
+    assert large.train.precision == "bf16" and large.train.zero_stage == 2
     bert = load_pretrain_config(ROOT / "configs/bert-base.json", world_size=8, cuda=True, check_files=False)
     assert bert.model.architecture == "bert"
     # NVIDIA's BERT-large phase 1: 64k sequences of 128 per step, LAMB at 6e-3, 7,038 steps, 28.43% warmup,
@@ -43,7 +43,7 @@ def test_shipped_presets_have_the_published_recipes():
     assert (lamb.train.global_batch_size, lamb.train.max_steps, lamb.schedule.warmup_steps) == (65_536, 7038, 2000)
     assert BatchPlan.derive(65_536, lamb.train.micro_batch_size, 8).accumulation == 128
     assert (lamb.model.num_hidden_layers, lamb.model.hidden_size, lamb.schedule.power) == (24, 1024, 0.5)
-    assert lamb.zero_stage == 0  # keeps LAMB's trust ratio per layer (see the README's optimizer section)
+    assert lamb.train.zero_stage == 0  # keeps LAMB's trust ratio per layer (see the README's optimizer section)
 
 
 def test_set_overrides_parse_json_values_else_strings():

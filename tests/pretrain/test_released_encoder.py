@@ -87,13 +87,13 @@ def test_bert_without_nsp_trains_on_doc_packed_rows(tmp_path_factory, corpus_jso
     """Doc-packed rows carry document ids and positions, no segments: the MLM loss trains through them."""
     from pipeline.data.token_cache import TokenCache
     from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
-    from pipeline.pretrain.masking import Masker, MaskingSpec
+    from pipeline.pretrain.masking import Masker
 
     shards = wordpiece_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir, "doc-packed")
     tokenizer = load_tokenizer(wordpiece_tokenizer_dir)
     info = describe_tokenizer(tokenizer)
     cache = TokenCache(shards, "train", tmp_path_factory.mktemp("cache"))
-    masker = Masker(MaskingSpec(info.vocab_size, info.mask_id, tuple(tokenizer.all_special_ids)), seed=0)
+    masker = Masker(info.vocab_size, info.mask_id, tuple(tokenizer.all_special_ids), seed=0)
     batch = MaskedBatches(cache, masker, with_segments=True)[MicroBatchKey(0, np.arange(4))]
     assert "document_ids" in batch and "next_sentence_label" not in batch
     torch.manual_seed(0)

@@ -79,7 +79,7 @@ def test_the_tiny_variant_of_each_recipe_is_valid_on_two_cpu_ranks(name, tmp_pat
     overrides = tiny_overrides(RECIPES / f"{name}.json", tmp_path / "shards", tmp_path / "tokenizer")
     config = load_pretrain_config(RECIPES / f"{name}.json", overrides, world_size=2, cuda=False, check_files=False)
     assert config.train.max_steps <= 30 and config.model.hidden_size <= 64
-    assert config.precision == "fp32"
+    assert config.train.precision == "fp32"
 
 
 def test_the_nvidia_recipe_keeps_its_two_phases_steps_batches_and_warmups():

@@ -11,7 +11,7 @@ from helpers import make_documents, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.pretrain.masking import Masker, MaskingConfig, MaskingSpec
+from pipeline.pretrain.masking import Masker, MaskingConfig
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.word_starts import word_rule, word_start_table
 
@@ -20,8 +20,8 @@ def starts_from_table_and_from_tokenizer(tokenizer_dir, texts):
     """Word starts of each encoded text by the table (no re-tokenizing), and by the tokenizer's word ids."""
     tokenizer = load_tokenizer(str(tokenizer_dir))
     table = word_start_table(tokenizer, len(tokenizer))
-    masker = Masker(MaskingSpec(len(tokenizer), tokenizer.mask_token_id, tuple(tokenizer.all_special_ids),
-                                MaskingConfig(unit="word")), 0, table)
+    masker = Masker(len(tokenizer), tokenizer.mask_token_id, tuple(tokenizer.all_special_ids), 0, table,
+                    masking=MaskingConfig(unit="word"))
     ours, theirs = [], []
     for text in texts:
         encoding = tokenizer(text)
