@@ -34,6 +34,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# a requeued job, or one whose dependency is met, starts within a second (not at the next 30 s backfill pass)
+SchedulerParameters=bf_interval=1,sched_interval=1
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
