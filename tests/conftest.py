@@ -12,6 +12,11 @@ from helpers import make_documents, write_jsonl
 # import), and inherited by every command a test launches. A hub name then fails at once, not after retries.
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
     os.environ[_name] = "1"
+# One OpenMP thread per process (set before torch is first imported; every launched rank inherits it). Two pytest
+# workers on two cores, each process starting a thread per core, oversubscribe the cores and OpenMP's threads spin
+# waiting on each other: on the 2-core AMD EPYC, two tiny pretraining runs side by side took 234-311 s with the
+# default threads and 27-44 s with one each. The models here are tiny; a second thread never pays for itself.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,8 @@ def work(tmp_path_factory) -> dict:
 
 
 def ablate(work: dict, study: str, *extra: str, budget: int = 1024):
+    """One study; the 3-arm ones pass --no-finetune-sweep (their arms' fine-tuning is not what they check), nsp
+    keeps the default learning-rate sweep and masking sweeps its own grid."""
     args = ["--study", study, "--corpus", work["corpus"], "--out", work["out"], "--budget-tokens", budget,
             "--tasks", "sst2", "--glue-dir", work["root"] / "glue", "--seeds", "1", "--config",
             work["root"] / "tiny.json", "--seq-len", 64, "--vocab-size", 300, "--workers", 1,
@@ -98,7 +100,7 @@ def test_masking_study_end_to_end_in_mlflow_then_a_rerun_skips_every_finished_ar
 
 
 def test_input_format_study_trains_bert_pairs_full_and_doc_packed(work):
-    ablate(work, "input-format", "--no-tracking")
+    ablate(work, "input-format", "--no-tracking", "--no-finetune-sweep")
     check_study_folder(work, "input-format", ["segment-pair-nsp", "full-sentences", "doc-sentences"])
     assert sorted(p.name for p in (work["out"] / "shards").iterdir()) == ["doc-packed", "full", "pairs"]
 
@@ -113,13 +115,13 @@ def test_nsp_study_trains_bert_with_and_without_the_next_sentence_loss(work):
 
 
 def test_batch_size_study_trains_three_batches_on_equal_tokens(work):
-    ablate(work, "batch-size", "--no-tracking", budget=128 * 64)
+    ablate(work, "batch-size", "--no-tracking", "--no-finetune-sweep", budget=128 * 64)
     rows = check_study_folder(work, "batch-size", ["batch-4", "batch-32", "batch-128"])
     assert [int(r["steps"]) for r in rows] == [32, 4, 1]
 
 
 def test_architecture_study_trains_roberta_pre_ln_roberta_and_modernbert_at_similar_sizes(work):
-    ablate(work, "architecture", "--no-tracking")
+    ablate(work, "architecture", "--no-tracking", "--no-finetune-sweep")
     rows = check_study_folder(work, "architecture", ["roberta", "roberta-prelayernorm", "modernbert"])
     counts = {r["arm"]: int(r["parameters"]) for r in rows}
     assert abs(counts["modernbert"] / counts["roberta"] - 1) < 0.1, counts  # GeGLU at 2/3 of the base's width

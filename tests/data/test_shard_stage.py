@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -161,9 +162,9 @@ def test_restart_after_kill_carries_on_and_gives_identical_bytes(tmp_path, bpe_t
     corpus = write_jsonl(tmp_path / "big.jsonl", make_documents(6000, seed=7))
     common = ["--input", corpus, "--tokenizer", bpe_tokenizer_dir, "--seq-len", "32", "--shard-size", "20",
               "--workers", "1", "--val-fraction", "0.1", "--world-size", world_size, "--rank", "0", "--quiet"]
-    for folder in ("whole", "killed"):  # the other rank, if any, runs undisturbed
-        for rank in range(1, world_size):
-            run_script("data_prep/shard.py", *common, "--rank", rank, "--out", tmp_path / folder, check=True)
+    for rank in range(1, world_size):  # the other rank, if any, runs undisturbed: its finished part serves both
+        run_script("data_prep/shard.py", *common, "--rank", rank, "--out", tmp_path / "whole", check=True)
+        shutil.copytree(tmp_path / "whole", tmp_path / "killed")
     run_script("data_prep/shard.py", *common, "--out", tmp_path / "whole", check=True)
 
     out = tmp_path / "killed"

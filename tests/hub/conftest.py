@@ -54,3 +54,24 @@ def finetuned_ner(tmp_path_factory, bpe_tokenizer_dir):
 @pytest.fixture(scope="session")
 def finetuned_squad(tmp_path_factory, bpe_tokenizer_dir):
     return save_span_output(bpe_tokenizer_dir, tmp_path_factory.mktemp("hub") / "squad-finetune", "squad")
+
+
+@pytest.fixture
+def predict(capsys, monkeypatch):
+    """`launchers/predict.py ARGS` in this process: (exit status, stdout, stderr). Each test launches the script
+    once as a user would; its further calls come here, which saves a Python start-up and torch import each."""
+    from pipeline.commands.predict import main
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # main sets it where unset; put back after the test
+
+    def run(*args) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

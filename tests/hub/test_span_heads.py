@@ -93,8 +93,8 @@ def test_wrong_calls_on_span_heads_are_clear_errors(ner, squad, finetuned_rte):
         rte.answer("Who?", "The river.")
 
 
-@pytest.mark.slow  # four launches of the script
-def test_predict_cli_tags_words_and_answers(finetuned_ner, finetuned_squad):
+@pytest.mark.slow  # a launch of the script
+def test_predict_cli_tags_words_and_answers(finetuned_ner, finetuned_squad, predict):
     words = sentence(9, 3)
     proc = run_script("launchers/predict.py", "--model", finetuned_ner, "--task", "ner", " ".join(words), check=True)
     rows = [line.split("\t") for line in proc.stdout.splitlines()]
@@ -102,11 +102,9 @@ def test_predict_cli_tags_words_and_answers(finetuned_ner, finetuned_squad):
 
     question, context = "Where is the river?", " ".join(sentence(30, 4)) + "."
     expected = QuestionAnswerer(finetuned_squad).answer(question, context)
-    proc = run_script("launchers/predict.py", "--model", finetuned_squad, "--task", "squad", "--question", question,
-                      "--context", context, check=True)
-    assert proc.stdout.rstrip("\n") == expected
-    proc = run_script("launchers/predict.py", "--model", finetuned_squad, "--task", "squad", question, context,
-                      check=True)
-    assert proc.stdout.rstrip("\n") == expected
-    proc = run_script("launchers/predict.py", "--model", finetuned_squad, "--task", "squad", question)
-    assert proc.returncode == 2 and "give a question and a context" in proc.stderr and "Traceback" not in proc.stderr
+    code, out, _ = predict("--model", finetuned_squad, "--task", "squad", "--question", question, "--context", context)
+    assert code == 0 and out.rstrip("\n") == expected
+    code, out, _ = predict("--model", finetuned_squad, "--task", "squad", question, context)
+    assert code == 0 and out.rstrip("\n") == expected
+    code, _, err = predict("--model", finetuned_squad, "--task", "squad", question)
+    assert code == 2 and "give a question and a context" in err and "Traceback" not in err

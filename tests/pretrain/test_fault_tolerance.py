@@ -19,7 +19,7 @@ from pipeline.common.topology import free_port
 
 pytestmark = pytest.mark.slow  # every test runs pretraining end to end in its own processes
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}  # one OpenMP thread, as tests/conftest.py sets
 
 
 def start(config: Path) -> subprocess.Popen:
@@ -115,7 +115,7 @@ DEEPSPEED = [str(Path(PYTHON).parent / "deepspeed"), "--num_gpus", "2", "--maste
 
 
 def run_until_killed(cmd: list[str], output_dir: Path, after_step: int) -> None:
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 240
     while not (PretrainLayout(output_dir).metrics.exists() and len(losses(output_dir)) >= after_step):
@@ -170,7 +170,7 @@ def test_elastic_resume_keeps_the_global_batch_and_data_order(tmp_path, roberta_
     """ZeRO-2, killed after step 7 (checkpoint at 6), resumed on the other number of ranks."""
     elastic = elastic_config(tmp_path, "elastic", roberta_shards, bpe_tokenizer_dir, warmup)
     run_until_killed(pretrain_command(first, elastic), tmp_path / "elastic", after_step=7)
-    resumed = subprocess.run(pretrain_command(then, elastic), cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"},
+    resumed = subprocess.run(pretrain_command(then, elastic), cwd=ROOT, env=ENV,
                              capture_output=True, text=True, timeout=300)
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-3000:]

@@ -18,7 +18,7 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.engine import deepspeed_config
 from pipeline.pretrain.preflight import load_pretrain_config
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "cpu"}
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}  # one OpenMP thread, as tests/conftest.py sets
 
 
 def write(path: Path, data: dict) -> Path:

@@ -7,11 +7,7 @@ BASE=${BASE:-/tmp/pipeline-slurm}
 NODES=${NODES:-2}
 PORT_BASE=${PORT_BASE:-16817}
 H=$(hostname)
-PKGS="slurmctld slurmd slurm-client munge"
-if ! dpkg -s $PKGS >/dev/null 2>&1; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $PKGS >/dev/null
-fi
+bash "$(dirname "${BASH_SOURCE[0]}")/install.sh"  # a no-op under the tests, which check first
 mkdir -p $BASE/{etc,state,spool,log,run,munge/key}
 chmod 755 $BASE/munge; chmod 700 $BASE/munge/key
 [ -f $BASE/munge/key/munge.key ] || { dd if=/dev/urandom of=$BASE/munge/key/munge.key bs=1024 count=1 2>/dev/null; chmod 400 $BASE/munge/key/munge.key; }
@@ -38,6 +34,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# a requeued job, or one whose dependency is met, starts within a second (not at the next 30 s backfill pass)
+SchedulerParameters=bf_interval=1,sched_interval=1
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
