@@ -32,7 +32,7 @@ def slurm_unavailable_reason() -> str | None:
         return "standing up a SLURM cluster needs root"
     if not shutil.which("apt-get") or not shutil.which("dpkg"):
         return "standing up a SLURM cluster needs Debian's apt-get"
-    # Installing them would reach the package registry, which no test does (.ci/run installs them first).
+    # Installing them would reach the package registry, which no test does (launchers/test.sh installs them first).
     missing = subprocess.run(["bash", str(INSTALL), "--check"], capture_output=True, text=True)
     if missing.returncode != 0:
         return f"SLURM's packages are {missing.stderr.strip()} (`bash {INSTALL.relative_to(ROOT)}` installs them)"

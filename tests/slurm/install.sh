@@ -1,6 +1,6 @@
 #!/bin/bash
 # Debian's SLURM and munge packages, the ones setup.sh stands a cluster up from. Installing them reaches the
-# package registry, so no test does it: .ci/run does, before the tests, and so does setup.sh when run by hand
+# package registry, so no test does it: launchers/test.sh does, before the tests, and so does setup.sh when run by hand
 # (a benchmark). `install.sh --check` installs nothing: it names what is missing and exits 1.
 set -euo pipefail
 PKGS="slurmctld slurmd slurm-client munge"
