@@ -110,13 +110,18 @@ class RunInputs:
         return self._encodings[key][2]
 
 
+def row_lengths(dataset: torch.utils.data.Dataset) -> list[int]:
+    """Each encoded row's length in tokens, what a batch pads to."""
+    return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+
+
 class LengthSorted(torch.utils.data.Dataset):
     """An encoded split read shortest first, so that each evaluation batch pads to rows of about its own length;
     `unsort` puts predictions made in this order back in the split's order."""
 
     def __init__(self, dataset: torch.utils.data.Dataset):
         self.dataset = dataset
-        self.order = np.argsort([len(dataset[i]["input_ids"]) for i in range(len(dataset))], kind="stable")
+        self.order = np.argsort(row_lengths(dataset), kind="stable")
 
     def __len__(self) -> int:
         return len(self.order)
@@ -177,7 +182,7 @@ class FineTuner:
         # Batches of similar lengths (HF Trainer's `group_by_length`): shuffled, then sorted within mega-batches of
         # 50 batches, so a batch pads to a length near its rows' own instead of the longest of 16 random ones.
         # On short-sentence tasks random batches are mostly padding, and padding costs as much as text.
-        sampler = LengthGroupedSampler(self.plan.micro_batch_size, dataset=train_set,
+        sampler = LengthGroupedSampler(self.plan.micro_batch_size, lengths=row_lengths(train_set),
                                        generator=torch.Generator().manual_seed(self.seed))
         train_loader = torch.utils.data.DataLoader(train_set, batch_size=self.plan.micro_batch_size, sampler=sampler,
                                                    collate_fn=collate)
