@@ -18,9 +18,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack")
 PROVENANCE_PREFIX = "pipeline_"  # our own provenance files say where a folder came from, not what it holds
 
 
-def checkpoint_fingerprint(marker: dict) -> str:
-    """A checkpoint's identity from its completion marker: the sha256 of every file, its step and config."""
-    what = {"files": marker.get("files"), "step": marker.get("step"), "config": marker.get("config")}
+def checkpoint_fingerprint(record) -> str:
+    """A checkpoint's identity from its record (pretrain/checkpoint_record.py): every file's sha256, step, config."""
+    what = {"files": record.files, "step": record.step, "config": record.config}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

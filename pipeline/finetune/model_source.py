@@ -24,7 +24,8 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE, FinetuneLayout, PretrainLayout
-from pipeline.pretrain.checkpoints import COMPLETE_MARKER, read_marker, resolve_checkpoint
+from pipeline.pretrain.checkpoint_record import RECORD_FILE, read_record
+from pipeline.pretrain.checkpoints import resolve_checkpoint
 from pipeline.pretrain.export import PROVENANCE_FILE
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def default_cache_dir() -> Path:
 
 def is_pretraining_output(path: Path) -> bool:
     """A checkpoint folder, or a pretraining output folder holding checkpoints."""
-    return path.is_dir() and ((path / COMPLETE_MARKER).exists() or PretrainLayout(path).checkpoints.is_dir())
+    return path.is_dir() and ((path / RECORD_FILE).exists() or PretrainLayout(path).checkpoints.is_dir())
 
 
 def resolve_model_source(model: str | os.PathLike, *, export_to: Path | None = None,
@@ -131,7 +132,7 @@ def resolve_model_source(model: str | os.PathLike, *, export_to: Path | None = N
 
 def exported_identity(checkpoint: Path) -> tuple[str, str]:
     """What an export of `checkpoint` records of it: its path and its fingerprint."""
-    return str(checkpoint), checkpoint_fingerprint(read_marker(checkpoint))
+    return str(checkpoint), checkpoint_fingerprint(read_record(checkpoint))
 
 
 def exported_from(folder: Path) -> tuple[str, str] | None:

@@ -1,11 +1,4 @@
-"""Training and evaluation batches: a seeded shuffle per epoch, a disjoint slice per rank.
-
-The data order is a pure function of (seed, optimizer step): step `s` takes the global batch
-`s mod steps_per_epoch` of epoch `s // steps_per_epoch`'s order (`data/epoch_order.py`, evaluated
-for just the positions a micro batch needs; an epoch's last partial batch is dropped), and micro
-batch `k` of it is `BatchPlan`'s slice. So the only data state a checkpoint needs is the step, and
-a run resumed, on the same or another world size with the same global batch, sees exactly the
-batches and masks an uninterrupted one would.
+"""Training and evaluation batches: the stream's micro batches (stream.py), gathered, masked and loaded.
 
 Each DataLoader item is a whole micro batch: the sampler (in the training process) names the
 sequence indices, a worker gathers them from the cache and masks them in one vectorised call.
@@ -21,63 +14,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.data.epoch_order import EpochOrder, ShardLayout
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
+from pipeline.pretrain.masking import EVAL_STREAM, Masker
 from pipeline.pretrain.packed_attention import document_layout
-
-
-@dataclass(frozen=True)
-class MicroBatchKey:
-    """Which sequences make up one micro batch, and the mask key's epoch (one, or one per sequence) and stream."""
-
-    epoch: int | np.ndarray
-    indices: np.ndarray
-    stream: int = TRAIN_STREAM
-
-
-class StepOrder:
-    """A step → micro batches mapping under a BatchPlan: `GlobalShuffle`, or `mixture.MixedShuffle` for corpora."""
-
-    plan: BatchPlan
-
-    def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
-        raise NotImplementedError
-
-    def rank_keys(self, rank: int, start_step: int, end_step: int) -> Iterator[MicroBatchKey]:
-        """This rank's micro batches, in the order it runs them, from `start_step` up to `end_step`."""
-        for step in range(start_step, end_step):
-            for micro_step in range(self.plan.accumulation):
-                yield self.micro_batch(step, self.plan.micro_batch_index(rank, micro_step))
-
-
-class GlobalShuffle(StepOrder):
-    """The epoch orders and the step → sequence mapping shared by every rank.
-
-    `layout`: the folder's shards and shuffle blocks (`TokenCache.layout`), or a bare sequence count
-    (one block). Epoch e's order is `EpochOrder(layout, [seed, e])`: computed per micro batch, never
-    held as an array, so its memory does not grow with the corpus.
-    """
-
-    def __init__(self, layout: ShardLayout | int, plan: BatchPlan, seed: int):
-        self.layout = ShardLayout.of(layout)
-        self.num_sequences = self.layout.num_sequences
-        self.plan = plan
-        self.seed = seed
-        self.steps_per_epoch = self.num_sequences // plan.global_batch_size
-        self._order = EpochOrder(self.layout, [seed, 0])
-
-    def order(self, epoch: int) -> EpochOrder:
-        if self._order.key != [self.seed, epoch]:
-            self._order = EpochOrder(self.layout, [self.seed, epoch])
-        return self._order
-
-    def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
-        """Micro batch `micro_index` (0 ≤ k < world × accumulation) of optimizer step `step`."""
-        epoch, within = divmod(step, self.steps_per_epoch)
-        start = within * self.plan.global_batch_size + micro_index * self.plan.micro_batch_size
-        return MicroBatchKey(epoch, self.order(epoch).rows(np.arange(start, start + self.plan.micro_batch_size)))
+from pipeline.pretrain.stream import DataStream, MicroBatchKey
 
 
 class MaskedBatches(torch.utils.data.Dataset):
@@ -128,10 +68,11 @@ def real_tokens(batch: dict[str, torch.Tensor]) -> int:
     return batch["input_ids"].numel()
 
 
-def train_loader(batches: MaskedBatches, shuffle: StepOrder, *, rank: int, start_step: int, end_step: int,
-                 num_workers: int) -> DataLoader:
-    """This rank's micro batches from `start_step`, prefetched by `num_workers` processes."""
-    keys = RankKeys(shuffle, rank, start_step, end_step)
+def train_loader(batches: MaskedBatches, stream: DataStream, *, rank: int, start_step: int, end_step: int,
+                 num_workers: int, skipped: tuple[range, ...] = ()) -> DataLoader:
+    """This rank's micro batches of steps [start_step, end_step) but the `skipped` ones, prefetched by
+    `num_workers` processes."""
+    keys = RankKeys(stream, rank, start_step, end_step, skipped)
     # Pinned host memory lets the trainer's copies to a GPU run asynchronously.
     return DataLoader(batches, sampler=keys, batch_size=None, num_workers=num_workers,
                       prefetch_factor=4 if num_workers else None, pin_memory=torch.cuda.is_available(),
@@ -167,16 +108,22 @@ def ignore_stop_signals(worker_id: int) -> None:
 class RankKeys:
     """The sampler: one rank's micro-batch keys, made as they are consumed rather than held in a list."""
 
-    order: StepOrder
+    stream: DataStream
     rank: int
     start_step: int
     end_step: int
+    skipped: tuple[range, ...] = ()
+    """Steps whose batches are never read (a skipped range: their order positions stay theirs)."""
+
+    def steps(self) -> Iterator[int]:
+        return (step for step in range(self.start_step, self.end_step)
+                if not any(step in skip for skip in self.skipped))
 
     def __iter__(self) -> Iterator[MicroBatchKey]:
-        return self.order.rank_keys(self.rank, self.start_step, self.end_step)
+        return self.stream.rank_keys(self.rank, self.steps())
 
     def __len__(self) -> int:
-        return (self.end_step - self.start_step) * self.order.plan.accumulation
+        return sum(1 for _ in self.steps()) * self.stream.plan.accumulation
 
 
 def eval_keys(num_sequences: int, eval_sequences: int, micro_batch_size: int, rank: int,

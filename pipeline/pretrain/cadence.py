@@ -3,8 +3,9 @@
 `Cadence` answers, for the step just finished, "log, evaluate, save, stop?" from the config's
 periods alone. The last step always logs; it neither evaluates nor saves here, because the
 run's end does both once (`Pretrainer._finish`). `ThroughputWindow` measures tokens and samples
-per second between two logs. `StepGuard` wraps a step in the rank watchdog (with several ranks),
-skipping the first step of a process, which carries one-off costs (workers starting, compilation).
+per second between two logs, and the share of the steps' time spent waiting for the loader.
+`StepGuard` wraps a step in the rank watchdog (with several ranks), skipping the first step of a
+process, which carries one-off costs (workers starting, compilation).
 """
 
 from __future__ import annotations
@@ -51,22 +52,29 @@ class Cadence:
 
 
 class ThroughputWindow:
-    """Tokens and samples trained since the last log, and the seconds they took."""
+    """Tokens and samples trained since the last log, the seconds they took, and of the steps' own seconds those
+    spent waiting for the next batch: a share near 0 means the loader keeps up, one that grows means the steps
+    wait on it. The times are the host's: on a GPU a wait overlapped by queued kernels costs nothing."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.started, self.tokens, self.samples = time.perf_counter(), 0.0, 0
+        self.stepping = self.waited = 0.0
 
-    def add(self, *, samples: int = 0, tokens: float = 0.0) -> None:
+    def add(self, *, samples: int = 0, tokens: float = 0.0, stepping: float = 0.0, waited: float = 0.0) -> None:
+        """`stepping`: seconds inside steps; `waited`: the part of them spent waiting for the loader."""
         self.samples += samples
         self.tokens += tokens
+        self.stepping += stepping
+        self.waited += waited
 
-    def rates(self) -> tuple[float, float]:
-        """(tokens/s, samples/s) over the window; starts the next window."""
-        elapsed = time.perf_counter() - self.started
-        rates = self.tokens / elapsed, self.samples / elapsed
+    def rates(self) -> tuple[float, float, float]:
+        """(tokens/s, samples/s, share of the steps' time spent waiting for data) over the window; starts the
+        next one."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        rates = self.tokens / elapsed, self.samples / elapsed, self.waited / max(self.stepping, 1e-9)
         self.reset()
         return rates
 

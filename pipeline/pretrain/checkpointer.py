@@ -1,15 +1,16 @@
-"""The run's checkpointer: where a run starts from, loading it before the loop, and saving.
+"""The run's checkpointer: making sure of the start the plan chose, loading it before the loop, and saving.
 
-A run starts from the newest intact checkpoint of its own folder (`checkpoint.resume: auto`);
-without one, from `train.anneal_from` when set (anneal.py); else from step 0. `find` runs before the
-engine is built, since the start decides the phase (its batch) and whether DeepSpeed must be told
-of a universal checkpoint; `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer
-loads there. The files and their marker are checkpoints.py's.
+The preflight plans the start (plan.py): the newest checkpoint of the run's own folder whose record reads
+and that trained on no skipped range, else `train.anneal_from`'s, else step 0. Here, once the process
+group exists, rank 0 sets aside the checkpoints a skipped range rolls back and checks the start's
+checksums; a damaged one is set aside too and the run falls back to the one before it, re-planned from
+there. `load` runs at the top of `Pretrainer.train`, as torchtitan's trainer loads there. The files are
+checkpoints.py's, the record checkpoint_record.py's.
 
 A ZeRO checkpoint holds each rank's partition of the optimizer state, so it loads only on the world
 size that wrote it. On another, rank 0 converts it once with DeepSpeed's `ds_to_universal`
 (per-parameter fp32 weights and Adam moments) into `<checkpoint>/universal/`, and the engine loads
-that with `checkpoint.load_universal`. The data order depends only on the step and the global batch.
+that with `checkpoint.load_universal`. The data order does not depend on the world size.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 
@@ -28,57 +27,45 @@ from pipeline.common.atomic_files import publish_folder
 from pipeline.common.errors import PipelineError
 from pipeline.common.topology import Topology
 from pipeline.pretrain import checkpoints
-from pipeline.pretrain.anneal import Anneal
+from pipeline.pretrain.checkpoint_record import CheckpointRecord, read_record
 from pipeline.pretrain.engine import restore_step
-from pipeline.pretrain.phases import Stretch, stretch_at
+from pipeline.pretrain.plan import RunPlan, StartPoint
 
 UNIVERSAL_DIR = "universal"
 
 
-@dataclass(frozen=True)
-class StartPoint:
-    """A complete checkpoint to start from, and how."""
-
-    checkpoint: Path
-    step: int
-    written_by: int | None
-    """The number of ranks that wrote it (None: not recorded)."""
-    universal: bool
-    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint."""
-
-
 class Checkpointer:
-    """Finds, loads and saves this run's checkpoints on one rank."""
+    """Makes sure of, loads and saves this run's checkpoints on one rank."""
 
-    def __init__(self, root: Path, topology: Topology, stretches: list[Stretch], *, resume: bool,
-                 anneal: Anneal | None = None):
+    def __init__(self, root: Path, topology: Topology):
         self.root = root
         self.topology = topology
-        self.stretches = stretches
-        self.resume = resume
-        self.anneal = anneal
         self.verify_seconds = self.load_seconds = 0.0
 
-    def find(self) -> StartPoint | None:
-        """Where this run starts: its own newest intact checkpoint, else the anneal's source, else None."""
-        newest = self._newest_intact() if self.resume else None
-        if newest is None and self.anneal is not None:
-            newest = self.anneal.checkpoint
-        if newest is None:
-            return None
-        marker = checkpoints.read_marker(newest)
-        step = int(marker["step"])
-        saved = marker.get("batch_plan", {})
-        # The batch that trained the checkpoint's last step, in this config: the order of the data depends on it.
-        last = stretch_at(self.stretches, step - 1)
-        if saved.get("global_batch_size") != last.global_batch_size:
-            where = f" (phase {last.phase.name})" if last.phase.name else ""
-            raise PipelineError(f"checkpoint {newest} was trained with global batch {saved.get('global_batch_size')}, "
-                                f"this run has {last.global_batch_size} at step {step}{where}; resuming "
-                                f"would change the data order (use another train.output_dir, or the same global batch)")
-        written_by = saved.get("world_size")  # per-rank optimizer partitions load only on that many ranks
-        universal = written_by != self.topology.world_size and any(newest.glob("*optim_states.pt"))
-        return StartPoint(newest, step, written_by, universal)
+    def confirm_start(self, plan: RunPlan) -> RunPlan:
+        """The plan, or the plan from an earlier start when its own start checkpoint is damaged (rank 0 checks
+        once, for every rank); the checkpoints a skipped range rolls back are set aside first."""
+        started = time.perf_counter()
+        found = [plan.start.checkpoint.name if plan.start else None]
+        if self.topology.is_main:
+            for folder in plan.rolled_back:
+                aside = folder.with_name(f"rolled-back-{folder.name}")
+                shutil.rmtree(aside, ignore_errors=True)
+                folder.rename(aside)
+                self._warn(f"checkpoint {folder.name} trained on a skipped range (train.skip_steps); set aside as "
+                           f"{aside.name}")
+            if plan.start and not plan.start.anneal:  # the plan's start is the newest left: check it, or fall back
+                newest = checkpoints.newest_intact(self.root, self._warn)
+                found = [newest.name if newest else None]
+        if self.topology.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        self.verify_seconds = time.perf_counter() - started
+        if plan.start is None or plan.start.anneal or found[0] == plan.start.checkpoint.name:
+            return plan
+        if found[0] is None:
+            return plan.starting_from(None)
+        folder = self.root / found[0]
+        return plan.starting_from(StartPoint.at(folder, read_record(folder), plan.world_size))
 
     def load(self, engine, start: StartPoint) -> int:
         """Load `start` into the engine on every rank; returns its step, which sets the LR (`engine.restore_step`)."""
@@ -89,42 +76,28 @@ class Checkpointer:
                 convert_to_universal(start.checkpoint)
             dist.barrier()
             load_root = start.checkpoint / UNIVERSAL_DIR
-        _, client_state = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
-        if client_state is None:
+        loaded, _ = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
+        if loaded is None:
             raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
-        state = client_state.get("train_state") or checkpoints.read_marker(start.checkpoint)["train_state"]
-        step = int(state["step"])
-        restore_step(engine.lr_scheduler, step)
+        restore_step(engine.lr_scheduler, start.step)
         self.load_seconds = time.perf_counter() - started
-        return step
+        return start.step
 
-    def save(self, engine, step: int, train_state: dict[str, Any], marker: dict[str, Any], keep_last: int) -> Path:
-        return checkpoints.save_checkpoint(engine, self.root, step, train_state, marker, keep_last)
+    def save(self, engine, record: CheckpointRecord, keep_last: int) -> Path:
+        return checkpoints.save_checkpoint(engine, self.root, record, keep_last)
 
     def newest_complete(self) -> Path | None:
         return checkpoints.newest_complete(self.root)
 
-    def resume_hint(self) -> str:
+    def resume_hint(self, plan: RunPlan) -> str:
         """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
         newest = self.newest_complete()
-        if newest is None and self.anneal is not None:
-            return f"No checkpoint of this run is complete yet: a rerun anneals from {self.anneal.checkpoint} again."
+        if newest is None and plan.anneal is not None:
+            return f"No checkpoint of this run is complete yet: a rerun anneals from {plan.start.checkpoint} again."
         if newest is None:
             return "No checkpoint is complete yet: a rerun starts from step 0."
         return (f"Rerun the same command to resume from the last complete checkpoint, {newest} "
-                f"(step {checkpoints.read_marker(newest)['step']}).")
-
-    def _newest_intact(self) -> Path | None:
-        """The newest complete checkpoint whose checksums hold: checked once, by rank 0, for every rank."""
-        started = time.perf_counter()
-        found = [None]
-        if self.topology.is_main:
-            newest = checkpoints.newest_intact(self.root, self._warn)
-            found = [newest.name if newest else None]
-        if self.topology.world_size > 1:
-            dist.broadcast_object_list(found, src=0)
-        self.verify_seconds = time.perf_counter() - started
-        return self.root / found[0] if found[0] else None
+                f"(step {read_record(newest).step}).")
 
     def _warn(self, message: str) -> None:
         if self.topology.is_main:

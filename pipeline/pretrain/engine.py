@@ -20,8 +20,7 @@ from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_section import offloads_optimizer
 from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
-from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.schedules import Schedule, lr_schedule
+from pipeline.pretrain.schedules import Schedule
 
 FLAT_PARTITIONS_CAVEAT = (
     "optimizer.name {name} with {how}: DeepSpeed gives the optimizer flat partitions of the flattened parameter "
@@ -109,9 +108,9 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
-                      *, schedule: Schedule | None = None):
+                      *, schedule: Schedule):
     """`deepspeed.initialize` with our derived config at `plan`, the batch of the stretch the run starts in
-    (`set_batch_plan` changes it later), and `schedule`, the run's LR (None: the config's, without an anneal)."""
+    (`set_batch_plan` changes it later), and `schedule`, the run's LR (the run's plan holds it)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -129,7 +128,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         model=model,
         model_parameters=groups,
         optimizer=client_optimizer(groups, config, cuda),
-        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule or lr_schedule(config, resolve_phases(config))),
+        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     undo_state_initialisation_step(engine)

@@ -20,18 +20,19 @@ from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoints import check_intact, read_marker, resolve_checkpoint
+from pipeline.pretrain.checkpoint_record import CheckpointRecord, read_record
+from pipeline.pretrain.checkpoints import check_intact, resolve_checkpoint
 
 PROVENANCE_FILE = "pipeline_export.json"
 """Where an export records its checkpoint and pretraining MLflow run, for fine-tuning runs to link to."""
 
 
-def provenance(checkpoint: Path, marker: dict) -> dict:
+def provenance(checkpoint: Path, record: CheckpointRecord) -> dict:
     run_folder = PretrainLayout.of_checkpoint(checkpoint)
     tracking = run_folder.tracking if run_folder else None
     run = json.loads(tracking.read_text()) if tracking and tracking.exists() else {}
-    return {"checkpoint": str(checkpoint.resolve()), "step": marker.get("step"),
-            "checkpoint_fingerprint": checkpoint_fingerprint(marker),
+    return {"checkpoint": str(checkpoint.resolve()), "step": record.step,
+            "checkpoint_fingerprint": checkpoint_fingerprint(record),
             "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
 
 
@@ -93,20 +94,20 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
-    marker = read_marker(checkpoint)
-    config = marker["config"]
+    record = read_record(checkpoint)
+    config = record.config
     # The run's own copy of the tokenizer; a loose checkpoint falls back to the one its config names.
     run_folder = PretrainLayout.of_checkpoint(checkpoint)
     own_copy = run_folder.tokenizer if run_folder and run_folder.tokenizer.is_dir() else None
     tokenizer = AutoTokenizer.from_pretrained(own_copy or config["data"]["tokenizer"])
-    cls = EXPORT_CLASSES[marker["architecture"]]
-    if "hf_config" in marker:  # the trained model's config as built (an init_from folder's own shape)
-        hf = cls.config_class.from_dict(marker["hf_config"])
-    else:  # checkpoints written before the marker held it
+    cls = EXPORT_CLASSES[record.architecture]
+    if record.hf_config:  # the trained model's config as built (an init_from folder's own shape)
+        hf = cls.config_class.from_dict(record.hf_config)
+    else:  # checkpoints written before the record held it
         model_config, _ = build_config(ModelConfig, config["model"])
-        hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
+        hf = hf_config(model_config, describe_tokenizer(tokenizer), record.seq_len)
     model = cls(hf)
-    state = consolidated_state_dict(checkpoint, marker["zero_stage"])
+    state = consolidated_state_dict(checkpoint, record.zero_stage)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or {})
     missing = [k for k in missing if k not in tied]
@@ -117,5 +118,5 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     with staged_folder(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / PROVENANCE_FILE, provenance(checkpoint, marker))
+        write_json_atomic(tmp / PROVENANCE_FILE, provenance(checkpoint, record))
     return out

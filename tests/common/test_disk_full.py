@@ -20,6 +20,7 @@ from disk_full import (  # noqa: F401 (world_of_one is a fixture)
     small_filesystem,
     world_of_one,
 )
+from helpers import record_at
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
@@ -124,9 +125,9 @@ def test_a_real_full_file_system(tmp_path, bpe_tokenizer_dir):
         if not mounted:
             pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN); covered by the simulations above")
         root = mount / "checkpoints"
-        checkpoints.save_checkpoint(FakeEngine(weights=1000), root, 4, {"step": 4}, {}, keep_last=2)
+        checkpoints.save_checkpoint(FakeEngine(weights=1000), root, record_at(4), keep_last=2)
         with pytest.raises(PipelineError, match="no space left on device") as err:
-            checkpoints.save_checkpoint(FakeEngine(weights=400_000), root, 8, {"step": 8}, {}, keep_last=2)
+            checkpoints.save_checkpoint(FakeEngine(weights=400_000), root, record_at(8), keep_last=2)
         assert str(root / "step_00000008") in str(err.value) and "left)" in str(err.value)
         assert checkpoints.newest_intact(root, pytest.fail) == root / "step_00000004"
         model, tokenizer = tiny_model_and_tokenizer(bpe_tokenizer_dir)

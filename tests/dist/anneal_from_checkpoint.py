@@ -37,7 +37,7 @@ def main() -> None:
     from pipeline.common.config_tree import ConfigError
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
     from pipeline.pretrain.trainer import Pretrainer
 
     root = Path(args.out_root)
@@ -55,9 +55,9 @@ def main() -> None:
             return super().train_step(noted())
 
     def run(name: str, *overrides: str) -> None:
-        config = load_pretrain_config(args.config, [f"train.output_dir={root / name}", *overrides],
+        plan = prepare_run(args.config, [f"train.output_dir={root / name}", *overrides],
                                       world_size=topology.world_size, cuda=topology.cuda)
-        trainer = Recording(config, topology)
+        trainer = Recording(plan, topology)
         trainer.seen = {}
         trainer.train()
         (root / f"{name}-batches.json").write_text(json.dumps(trainer.seen))

@@ -35,7 +35,7 @@ def main() -> None:
 
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import Pretrainer, run_pretraining
 
     class RecordingHandOver(Pretrainer):
@@ -60,7 +60,7 @@ def main() -> None:
     root = Path(args.out_root)
 
     def load(name: str, *extra: str):
-        return load_pretrain_config(args.config, [f"train.output_dir={root / name}", *extra],
+        return prepare_run(args.config, [f"train.output_dir={root / name}", *extra],
                                     world_size=topology.world_size, cuda=topology.cuda)
 
     full = load("full", "tracking.enabled=true")

@@ -8,21 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, tiny_pretrain_config
+from helpers import ROOT, plan_of, tiny_pretrain_config
 from test_pretrain_distributed import launch, step_losses, write_config
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle
-from pipeline.pretrain.phases import (
-    Phase,
-    phase_ends,
-    resolve_phases,
-    resolve_stretches,
-    samples_consumed,
-    stream_start,
-)
+from pipeline.pretrain.checkpoint_record import read_record
+from pipeline.pretrain.phases import Phase, phase_ends, resolve_phases
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import Schedule, lr_schedule, segments
 
@@ -76,7 +69,7 @@ def test_a_config_without_phases_is_one_phase_of_the_whole_run(tmp_path):
 
 def test_a_phase_is_built_from_keywords_only():
     with pytest.raises(TypeError):
-        Phase(0, "", 0, 8, None, 16, 4, 1e-3, 2)
+        Phase(0, "", 0, 8, None, 16, 4, 1e-3, 2, 0.15)
 
 
 def test_each_phase_warms_up_to_its_own_peak_and_decays_to_its_own_end(tmp_path):
@@ -89,25 +82,26 @@ def test_each_phase_warms_up_to_its_own_peak_and_decays_to_its_own_end(tmp_path)
     # Phase 2 re-warms up from its own start (1/2 of its 1e-3 peak), then decays over its last step.
     expected = [2e-3 / 3, 4e-3 / 3, 2e-3, 1.5e-3, 1e-3, 0.5e-3, 0.5e-3, 1e-3]
     assert lrs == pytest.approx(expected)
-    assert samples_consumed(resolve_stretches(config, phases, 8), 7) == 6 * 16 + 8
+    assert plan_of(config, {"a": 200, "b": 200}).sequences_seen(7) == 6 * 16 + 8
 
 
 def test_a_later_phase_on_the_same_folder_continues_its_data_stream(tmp_path):
     config = load(tmp_path, phased_config(tmp_path, Path("same"), Path("same"), Path("tok")), check_files=False)
     # 6 steps of 16, then batches of 8 from the same 200 sequences
-    phases = resolve_stretches(config, resolve_phases(config), 8)
-    assert stream_start(phases, 1, 200) == 12  # phase 2's step 12 of batch 8 is sample 96, where phase 1 stopped
-    one = GlobalShuffle(200, BatchPlan.derive(16, 4, 1), seed=0)
-    two = GlobalShuffle(200, BatchPlan.derive(8, 2, 1), seed=0)
-    drawn = np.concatenate([one.micro_batch(s, k).indices for s in range(6) for k in range(4)])
-    first_of_two = np.concatenate([two.micro_batch(12, k).indices for k in range(4)])
+    one, two = plan_of(config, {"same": 200}).stretches
+    assert (one.first_draws, two.first_draws, two.start) == ((0,), (96,), 6)  # where phase 1 stopped, exactly
+    drawn = np.concatenate([one.stream(0).step_sequences(s)[1] for s in range(6)])
+    first_of_two = two.stream(0).step_sequences(6)[1]
     assert len(set(drawn)) == 96 and not set(first_of_two) & set(drawn)
-    assert (first_of_two == one.order(0).rows(np.arange(96, 104))).all()  # the next sequences of the same permutation
-    # Across an epoch: 6 steps of 16 from 40 sequences (2 per epoch) end at epoch 3, position 0.
-    assert stream_start(phases, 1, 40) == 3 * 5
+    # the next sequences of the same permutation
+    assert sorted(first_of_two) == sorted(one.stream(0).order(0, 0).rows(np.arange(96, 104)))
+    # Across an epoch: 6 steps of 16 from 40 sequences end at epoch 2, position 16: nothing skipped there.
+    first, short = plan_of(config, {"same": 40}).stretches
+    rows, epochs = short.stream(0).step_sequences(6)[1:]
+    assert set(epochs.tolist()) == {2} and sorted(rows) == sorted(first.stream(0).order(0, 2).rows(np.arange(16, 24)))
     # Another folder starts its own stream at its beginning.
     other = load(tmp_path, phased_config(tmp_path, Path("a"), Path("b"), Path("tok")), check_files=False)
-    assert stream_start(resolve_stretches(other, resolve_phases(other), 8), 1, 200) == 0
+    assert plan_of(other, {"a": 200, "b": 200}).stretches[1].first_draws == (0,)
 
 
 def test_bad_phases_are_all_reported_up_front_naming_their_keys(tmp_path):
@@ -191,10 +185,12 @@ def test_a_run_resumed_at_or_after_the_boundary_repeats_the_uninterrupted_one(tw
     positions = states["full"]["roberta.embeddings.position_embeddings.weight"].shape[0]
     assert positions == 64 + 2 and positions == states["at_6"]["roberta.embeddings.position_embeddings.weight"].shape[0]
     saved = PretrainLayout(root / "full").checkpoints
-    markers = {s: json.loads((saved / f"step_{s:08d}" / "complete.json").read_text()) for s in (6, 7)}
-    assert (markers[6]["phase"], markers[6]["batch_plan"]["global_batch_size"]) == ("seq32", 16)
-    assert (markers[7]["phase"], markers[7]["batch_plan"]["global_batch_size"]) == ("seq64", 8)
-    assert markers[7]["train_state"]["samples_consumed"] == 6 * 16 + 8
+    records = {s: read_record(saved / f"step_{s:08d}") for s in (6, 7)}
+    assert (records[6].phase, records[6].batch_plan.global_batch_size) == ("seq32", 16)
+    assert (records[7].phase, records[7].batch_plan.global_batch_size) == ("seq64", 8)
+    assert records[7].sequences_seen == 6 * 16 + 8
+    assert [(s.start, s.end, s.global_batch_size, s.phase) for s in records[7].stretches] == [
+        (0, 6, 16, "seq32"), (6, 7, 8, "seq64")]
 
 
 @pytest.mark.slow
