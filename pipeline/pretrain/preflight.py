@@ -67,6 +67,23 @@ def _preflight(path, overrides, world_size: int, cuda: bool,
         raise ConfigError(str(path), err.problems) from None
 
 
+def recorded_plan(run_dir: str | Path) -> RunPlan:
+    """An existing run's plan, as its newest checkpoint records it: the stream it trained on up to that step, then
+    what its config (`config.json`, written at every start) plans from there. What a trace reads."""
+    from pipeline.common.run_layout import PretrainLayout
+
+    layout = PretrainLayout(Path(run_dir))
+    if not layout.config.is_file():
+        raise PipelineError(f"{run_dir}: no config.json; expected a pretraining run folder (train.output_dir)")
+    config = load_pretrain_config(layout.config, check_files=False)
+    problems, indexes = index_problems(config)
+    if problems:
+        raise ConfigError(str(layout.config), problems)
+    start, _, _ = find_start(config, None, world_size=1)
+    layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
+    return build_plan(config, 1, layouts, start)
+
+
 def arithmetic_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
     """The run's arithmetic as this config and launch give it: phase steps, the decay's length, batches."""
     t, s = config.train, config.schedule

@@ -57,7 +57,7 @@ def main() -> None:
         full = prepare_run(args.config, [*overrides, f"train.output_dir={root / 'full'}"],
                                     world_size=topology.world_size, cuda=topology.cuda)
         run_pretraining(full, topology)
-        halfway = PretrainLayout(root / "full").checkpoints / checkpoints.tag_for(full.checkpoint.every)
+        halfway = PretrainLayout(root / "full").checkpoints / checkpoints.tag_for(full.config.checkpoint.every)
         resumed_root = PretrainLayout(root / "resumed").checkpoints
         if topology.is_main:
             shutil.copytree(halfway, resumed_root / halfway.name)
