@@ -1,6 +1,6 @@
 """Shard-stage throughput against the bare tokenizer and HF's run_mlm recipe, measured in one run.
 
-    python benchmarks/shard_throughput.py [--corpus FILE] [--tokenizer DIR] [--seq-len 512]
+    python benchmarks/shard_throughput.py [--corpus FILE] [--tokenizer DIR] [--seq-len 512] [--baseline CHECKOUT]
 
 Same corpus, tokenizer and cores for the three methods:
 - bare:    `tokenizers.Tokenizer.encode_batch` over texts already in memory (all cores; the floor);
@@ -13,6 +13,13 @@ shard.py and run_mlm are timed the same way: the wall clock of a whole process, 
 imports included; their in-process times (after imports) are printed too. Each method runs in
 its own process, whose peak memory (the whole process tree) is sampled.
 Then shard.py runs again on a tenth of the corpus, to show whether peak memory grows with it.
+
+Document origins (which documents each sequence holds, stored beside each shard): their bytes as a
+share of the shards' bytes, for the main run and for every packing mode at `--origins-seq-len`
+(shorter sequences hold fewer tokens per document listed, so 128 is the harder case). With
+`--baseline CHECKOUT` (another commit's checkout, e.g. one made before origins existed), that
+checkout's shard.py and this one's run alternately, `--repeats` times each, on the same corpus and
+settings; the ratio of their median whole-process times says what the change costs.
 
 Default corpus: ../shared/data/corpus/imdb-reviews.jsonl.zst when present, else the embedded one.
 """
@@ -120,6 +127,10 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: train a 32k BPE, untimed)")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--origins-seq-len", type=int, default=128,
+                        help="sequence length of the origins share measured for every packing mode")
+    parser.add_argument("--baseline", help="another checkout whose shard.py is timed beside this one's")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each shard.py for --baseline")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--args", help=argparse.SUPPRESS)
@@ -163,10 +174,11 @@ def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
         tokens = bare["tokens"]
         results["bare encode_batch"] = (bare["seconds"], peak)
 
-        def shard_cmd(inputs: str, out: Path) -> list[str]:
+        def shard_cmd(inputs: str, out: Path, *extra: str, checkout: Path = ROOT) -> list[str]:
             # No validation split, as when the README's figures were measured (hashing is not the point here).
-            return [py, "data_prep/shard.py", "--input", inputs, "--tokenizer", tokenizer, "--seq-len",
-                    str(a.seq_len), "--workers", str(a.workers), "--val-fraction", "0", "--quiet", "--out", str(out)]
+            return [py, str(checkout / "data_prep/shard.py"), "--input", inputs, "--tokenizer", tokenizer,
+                    "--seq-len", str(a.seq_len), "--workers", str(a.workers), "--val-fraction", "0", "--quiet",
+                    "--out", str(out), *extra]
 
         t, peak = peak_rss_of(shard_cmd(corpus, work / "shards"))[:2]
         results["shard.py (end to end)"] = (t, peak)
@@ -210,11 +222,74 @@ def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
               f"(ratio {peak_all / peak10:.2f} for 10x the corpus; {t10:.1f} s vs {shard_s:.1f} s)")
         rec.headline("shard.py peak memory, a tenth of the corpus vs all of it",
                      f"{peak10 / 2**20:,.0f} MB vs {peak_all / 2**20:,.0f} MB")
+        measure_origins(a, rec, corpus, work, shard_cmd, index)
+        if a.baseline:
+            compare_with_baseline(a, rec, corpus, work, shard_cmd)
     finally:
         if a.keep:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def origins_share(index: dict) -> tuple[int, int]:
+    """(shard bytes, origins bytes) of a shard folder's index."""
+    shards = [s for split in index["splits"].values() for s in split["shards"]]
+    return sum(s["bytes"] for s in shards), sum(s["origins"]["bytes"] for s in shards)
+
+
+def measure_origins(a: argparse.Namespace, rec: BenchmarkRecord, corpus: str, work: Path, shard_cmd,
+                    index: dict) -> None:
+    """Origins bytes ÷ shard bytes: of the main run, and of every packing mode at --origins-seq-len."""
+    from pipeline.data.packers import PACKERS
+
+    shard_bytes, origin_bytes = origins_share(index)
+    print(f"document origins              {origin_bytes / 2**10:,.1f} KiB, {100 * origin_bytes / shard_bytes:.3f}% "
+          f"of the shards' {shard_bytes / 2**20:,.1f} MiB")
+    rows, worst = [], 0.0
+    for mode in PACKERS:
+        out = work / f"origins-{mode}"
+        cmd = shard_cmd(corpus, out, "--pack", mode)
+        cmd[cmd.index("--seq-len") + 1] = str(a.origins_seq_len)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        mode_index = json.loads((out / "index.json").read_text())
+        shards_b, origins_b = origins_share(mode_index)
+        share = origins_b / shards_b
+        worst = max(worst, share)
+        rows.append({"packing": mode, "sequences": f"{mode_index['totals']['sequences']:,}",
+                     "documents": f"{mode_index['totals']['documents']:,}", "shards MiB": f"{shards_b / 2**20:.1f}",
+                     "origins KiB": f"{origins_b / 2**10:.1f}", "origins ÷ shards": f"{100 * share:.2f}%"})
+        print(f"  {mode:<12} origins {origins_b / 2**10:9,.1f} KiB = {100 * share:.2f}% of the shards")
+        shutil.rmtree(out)
+    rec.table(f"document origins beside the shards, each packing mode, seq {a.origins_seq_len}", rows)
+    rec.headline(f"document origins ÷ shard bytes (seq {a.seq_len}, full)", f"{100 * origin_bytes / shard_bytes:.2f}%",
+                 target="≤ 2%", met=origin_bytes / shard_bytes <= 0.02)
+    rec.headline(f"document origins ÷ shard bytes, worst packing mode (seq {a.origins_seq_len})",
+                 f"{100 * worst:.2f}%", target="≤ 2%", met=worst <= 0.02)
+
+
+def compare_with_baseline(a: argparse.Namespace, rec: BenchmarkRecord, corpus: str, work: Path, shard_cmd) -> None:
+    """This checkout's shard.py against the baseline checkout's, run alternately (the shared cores' load drifts)."""
+    import statistics
+
+    baseline = Path(a.baseline).resolve()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=baseline, capture_output=True,
+                            text=True).stdout.strip() or baseline.name
+    times: dict[str, list[float]] = {"this checkout": [], f"baseline {commit}": []}
+    for i in range(a.repeats):
+        for (name, seconds), checkout in zip(times.items(), (ROOT, baseline), strict=True):
+            out = work / f"repeat-{i}-{checkout.name}"
+            seconds.append(peak_rss_of(shard_cmd(corpus, out, checkout=checkout))[0])
+            shutil.rmtree(out)
+            print(f"  {name:<22} run {i + 1}: {seconds[-1]:.1f} s", flush=True)
+    medians = {name: statistics.median(seconds) for name, seconds in times.items()}
+    mine, base = medians.values()
+    rec.table(f"shard.py beside the baseline, run alternately, {a.repeats} runs each (whole processes)",
+              [{"shard.py of": name, "seconds, each run": ", ".join(f"{t:.1f}" for t in times[name]),
+                "median s": f"{medians[name]:.1f}"} for name in times])
+    print(f"shard.py / baseline            {mine / base:.3f}x the time (medians)")
+    rec.headline(f"shard.py time ÷ baseline {commit}'s (medians of {a.repeats})", f"{mine / base:.3f}x",
+                 target="≤ 1.05x", met=mine / base <= 1.05)
 
 
 if __name__ == "__main__":
