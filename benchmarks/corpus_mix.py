@@ -51,13 +51,13 @@ def realised_shares(run_dir: Path, sizes: list[int], weights: list[float], steps
     import numpy as np
 
     from pipeline.pretrain.batch_plan import BatchPlan
-    from pipeline.pretrain.mixture import MixedShuffle
+    from pipeline.pretrain.stream import DataStream, shares_of
 
     config = json.loads((run_dir / "config.json").read_text())
     plan = BatchPlan.derive(config["train"]["global_batch_size"], config["train"]["micro_batch_size"], 1)
-    order = MixedShuffle(sizes, weights, plan, config["train"]["seed"])
-    rows = np.concatenate([order.step_rows(s)[0] for s in range(steps)])
-    counts = np.bincount(np.searchsorted(order.offsets, rows, side="right") - 1, minlength=len(sizes))
+    stream = DataStream(sizes, plan, config["train"]["seed"], shares=shares_of(weights))
+    corpus = np.concatenate([stream.step_sequences(s)[0] for s in range(steps)])
+    counts = np.bincount(corpus, minlength=len(sizes))
     return (counts / counts.sum()).tolist()
 
 

@@ -167,20 +167,21 @@ def resume_probe(shards: Path, tokenizer: Path, cache: Path, fraction: float = 0
     code = f"""
 import json, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from pipeline.pretrain.preflight import load_pretrain_config
+from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
-from pipeline.pretrain.mixture import PretrainData
+from pipeline.pretrain.pretrain_data import PretrainData
 from pipeline.pretrain.batches import shut_down_workers
-c = load_pretrain_config("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}"], world_size=1)
+run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}"], world_size=1)
+c = run.config
 tok = load_tokenizer("{tokenizer}"); info = describe_tokenizer(tok)
 masker = build_masker(c.masking, tok, info.vocab_size, info.mask_id, seed=0)
 plan = BatchPlan.derive(c.train.global_batch_size, c.train.micro_batch_size, 1)
 started = time.monotonic()
-data = PretrainData(c.data, plan, masker, seed=0, cache_dir="{cache}", tokenizer_fingerprint=info.fingerprint,
-                    with_segments=False)
-step = int({fraction} * data.order.steps_per_epoch)
+data = PretrainData(run.stretches[0], plan, masker, seed=0, cache_dir="{cache}",
+                    tokenizer_fingerprint=info.fingerprint, with_segments=False)
+step = int({fraction} * len(data.train_batches) // plan.global_batch_size)
 loader = iter(data.loader(rank=0, start_step=step, end_step=step + 3, num_workers=1))
 next(loader)
 print(json.dumps({{"resume_step": step, "resume_first_batch_s": time.monotonic() - started}}))
@@ -256,11 +257,12 @@ import json, sys, time, tracemalloc
 sys.path.insert(0, {str(ROOT)!r})
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle
+from pipeline.pretrain.stream import CorpusLayout, DataStream
 def start():
     cache = TokenCache("{out}", "train", "{work / 'unused-cache'}")
-    shuffle = GlobalShuffle(cache.layout, BatchPlan.derive(32, 16, 1), seed=0)
-    shuffle.micro_batch(int(0.9 * shuffle.steps_per_epoch), 1)
+    corpus = CorpusLayout("x", "", 0, cache.layout.sizes, cache.layout.shards_per_block, cache.seq_len)
+    shuffle = DataStream([corpus], BatchPlan.derive(32, 16, 1), seed=0)
+    shuffle.micro_batch(int(0.9 * len(cache) // 32), 1)
     return len(cache.layout.sizes)
 started = time.monotonic()
 shards = start()

@@ -55,15 +55,17 @@ def worker_rate(shards: Path, cache_dir: Path, tokenizer_dir: Path, unit: str, m
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer
     from pipeline.pretrain.batch_plan import BatchPlan
-    from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, shut_down_workers, train_loader
+    from pipeline.pretrain.batches import MaskedBatches, shut_down_workers, train_loader
     from pipeline.pretrain.config import MaskingConfig
     from pipeline.pretrain.masking import build_masker
+    from pipeline.pretrain.stream import CorpusLayout, DataStream
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     info = describe_tokenizer(tokenizer)
     cache = TokenCache(shards, "train", cache_dir)
     masker = build_masker(MaskingConfig(unit=unit), tokenizer, info.vocab_size, info.mask_id, seed=0)
-    shuffle = GlobalShuffle(cache.layout, BatchPlan.derive(micro_batch, micro_batch, 1), seed=0)
+    corpus = CorpusLayout("corpus", str(shards), 0, cache.layout.sizes, cache.layout.shards_per_block, cache.seq_len)
+    shuffle = DataStream([corpus], BatchPlan.derive(micro_batch, micro_batch, 1), seed=0)
     warm = 4
     steps = warm + batches  # past an epoch the order wraps: the rate is the same
     loader = iter(train_loader(MaskedBatches(cache, masker, with_segments=False), shuffle, rank=0, start_step=0,

@@ -66,8 +66,9 @@ def main() -> None:
     source = PretrainLayout(root / "stable").checkpoints / checkpoints.tag_for(args.start)
     anneal = [f"train.anneal_from={json.dumps(str(source))}", f"train.anneal_steps={args.steps}"]
     try:  # the stable run trained with AdamW: an anneal under StableAdamW is refused before it starts
-        load_pretrain_config(args.config, [f"train.output_dir={root / 'refused'}", *anneal, "optimizer.name=stableadamw"],
-                             world_size=topology.world_size, cuda=topology.cuda)
+        load_pretrain_config(args.config, [f"train.output_dir={root / 'refused'}", *anneal,
+                                           "optimizer.name=stableadamw"], world_size=topology.world_size,
+                             cuda=topology.cuda)
     except ConfigError as err:
         (root / "refused.txt").write_text(str(err))
     run("anneal", *anneal)

@@ -5,8 +5,9 @@
 1. `full`: CONFIG as written, a checkpoint every 2 steps.
 2. `rolled`: a copy of `full`, rerun with `train.skip_steps` ["6:7"]: it rolls back to step 4's
    checkpoint, trains step 5, leaves out 6 and 7, trains on to the end.
-3. `mixed`: MIX_CONFIG (two corpora, 1:1) for 6 steps, then the same folder resumed under a 1:3 mix
-   to the end, with a copy of step 6's checkpoint whose record has another block size.
+3. `mixed`: MIX_CONFIG (two corpora, 1:1) for 6 steps under other block-size defaults (3 shards a
+   block, as an earlier release might have had), then the same folder resumed under today's defaults
+   and a 1:3 mix to the end.
 
 Every rank writes `<name>-rank<r>.json`: {step: [sha256 of each sequence's original tokens]} and the LR.
 """
@@ -41,7 +42,6 @@ def main() -> None:
     p.add_argument("--local_rank", type=int, default=None)
     args = p.parse_args()
     topology = prepare_environment()
-    from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import Pretrainer
 
@@ -73,14 +73,12 @@ def main() -> None:
 
     dist.barrier()
     run(args.config, "rolled", 'train.skip_steps=["6:7"]')
+    from pipeline.data import epoch_order
+
+    defaults = epoch_order.BLOCK_TOKENS, epoch_order.MIN_BLOCK_SHARDS
+    epoch_order.BLOCK_TOKENS, epoch_order.MIN_BLOCK_SHARDS = 1, 3  # another release's defaults: 3 shards a block
     run(args.mix_config, "mixed", "train.max_steps=6")
-    if topology.is_main:  # a release with other block defaults wrote step 6: its record says 3 shards a block
-        checkpoint = PretrainLayout(root / "mixed").checkpoints / "step_00000006"
-        record = json.loads((checkpoint / "complete.json").read_text())
-        for corpus in record["corpora"]:
-            corpus["shards_per_block"] = 3
-        (checkpoint / "complete.json").write_text(json.dumps(record))
-    dist.barrier()
+    epoch_order.BLOCK_TOKENS, epoch_order.MIN_BLOCK_SHARDS = defaults
     mix = json.loads(Path(args.mix_config).read_text())["data"]["shards"]
     mix[1]["weight"] = 3 * mix[0]["weight"]
     run(args.mix_config, "mixed", f"data.shards={json.dumps(mix)}")

@@ -119,7 +119,7 @@ def test_a_checkpoint_from_other_block_defaults_resumes_in_its_recorded_order(op
     from pipeline.pretrain.stream import DataStream
 
     record = read_record(newest_complete(PretrainLayout(operations / "mixed").checkpoints))
-    assert {c.shards_per_block for c in record.corpora} == {3}  # carried over from the doctored step-6 record
+    assert {c.shards_per_block for c in record.corpora} == {3}  # the defaults the run started under, kept
     plan = recorded_plan(operations / "mixed")
     stretch = plan.stretch_at(8)
     default = [c.__class__(**{**c.__dict__, "shards_per_block": 64}) for c in stretch.corpora]
