@@ -5,7 +5,8 @@
 Computed from the run's record (its newest checkpoint) and its shards, with nothing logged per step: the
 order is a function of the step (pipeline/pretrain/stream.py). Steps are numbered as the logs number them
 (step N is the N-th optimizer step). `--json` prints one object per sequence and line:
-`{"documents": [{"corpus", "file", "line"}], "text": the decoded sequence}`. Shards made before the
+`{"documents": [{"corpus", "file", "line"}], "text": the decoded sequence}`, its special tokens kept
+(they mark the documents' boundaries), its padding left out. Shards made before the
 shard stage kept document origins still trace to their corpus and text; the documents are then left
 empty, and the command says so.
 """
@@ -62,7 +63,8 @@ def trace_step(run_dir: Path, step: int) -> tuple[list[dict], list[str]]:
         ids = shards[row]["input_ids"][: int(shards[row].get("length", len(shards[row]["input_ids"])))]
         documents = origins.documents([row])[0] if origins.available else []
         sequences.append({"documents": [{"corpus": layout.name, "file": d.file, "line": d.line} for d in documents],
-                          "text": tokenizer.decode(ids.tolist(), skip_special_tokens=True),
+                          # special tokens kept: they mark where one document ends and the next begins
+                          "text": tokenizer.decode(ids.tolist(), skip_special_tokens=False),
                           "corpus": layout.name, "row": row})
     return sequences, notes
 

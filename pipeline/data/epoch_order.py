@@ -25,10 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BLOCK_TOKENS = 1 << 24
-"""Token slots in a shuffle block (32 MiB of uint16 ids): with `MIN_BLOCK_SHARDS`, what the cache holds."""
+BLOCK_TOKENS = 1 << 30
+"""Token slots in a shuffle block (2 GiB of uint16 ids; a node's cache holds two blocks). A global batch draws
+from one block's shards, so in a corpus sorted by source its mix strays from the corpus's as a sample of the
+block's shards does: at 100B tokens of 512 in 8,192-sequence shards, 256 shards a block stray about twice as
+far as a global shuffle at a batch of 1,024, 8 shards ten times (benchmarks/order_quality.py,
+docs/long-runs.md)."""
 MIN_BLOCK_SHARDS = 8
-"""At least this many shards per block, so that every global batch mixes that many places of the corpus."""
+"""At least this many shards per block, however large the shards."""
 ROUNDS = 6
 """Feistel rounds; four already give a pseudorandom permutation for a pseudorandom round function (Luby-Rackoff)."""
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)

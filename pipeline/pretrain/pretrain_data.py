@@ -8,6 +8,7 @@ never share a mask key.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -15,9 +16,12 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
+from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import MaskedBatches, eval_keys, train_loader
-from pipeline.pretrain.masking import Masker
+from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.masking import Masker, build_masker
+from pipeline.pretrain.model import first_position_id
 from pipeline.pretrain.plan import Stretch
 from pipeline.pretrain.stream import MicroBatchKey
 
@@ -31,6 +35,8 @@ class PretrainData:
                  eval_masker: Masker | None = None):
         """`plan`: the stretch's batch on this world size; `eval_masker` masks the validation batches
         (`masking.eval_probability`); None: `masker`."""
+        self.plan = plan
+        self.masking_probability = masker.masking.probability
         self.corpora = stretch.corpora
         self.mixed = len(self.corpora) > 1 or stretch.phase.data.mixed
         train, val = [], []
@@ -54,6 +60,19 @@ class PretrainData:
                                            position_offset=position_offset)
         self.val_batches = MaskedBatches(val_rows, eval_masker or masker, with_segments=with_segments,
                                          position_offset=position_offset)
+
+    @classmethod
+    def for_stretch(cls, stretch: Stretch, config: PretrainConfig, tokenizer, info: TokenizerInfo, world_size: int,
+                    eval_masker: Masker) -> PretrainData:
+        """The data of `stretch` on `world_size` ranks: its batch plan, and a masker at its phase's masking rate."""
+        masking = dataclasses.replace(config.masking, probability=stretch.phase.masking_probability)
+        masker = build_masker(masking, tokenizer, info.vocab_size, info.mask_id, config.train.seed)
+        return cls(stretch, stretch.plan(world_size), masker, seed=config.train.seed, cache_dir=config.cache_dir,
+                   tokenizer_fingerprint=info.fingerprint,
+                   with_segments=config.model.architecture == "bert",  # where the shards hold pairs
+                   # doc-packed rows restart positions per document from the first position id
+                   position_offset=first_position_id(config.model.architecture, info.pad_id),
+                   eval_masker=eval_masker)
 
     @property
     def num_train_sequences(self) -> int:

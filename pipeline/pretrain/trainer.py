@@ -32,7 +32,7 @@ from pipeline.pretrain.checkpointer import Checkpointer
 from pipeline.pretrain.engine import initialize_engine, restore_step, set_batch_plan
 from pipeline.pretrain.flops import mfu, model_flops_per_token
 from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, eval_probability, splitmix64
-from pipeline.pretrain.model import build_model, first_position_id
+from pipeline.pretrain.model import build_model
 from pipeline.pretrain.plan import RunPlan, Stretch
 from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
 from pipeline.pretrain.pretrain_data import PretrainData
@@ -93,20 +93,12 @@ class Pretrainer:
         self.metrics = self._open_metrics()
 
     def _use_stretch(self, stretch: Stretch) -> None:
-        """This stretch's phase, batch plan, masking rate, data and FLOPs per token."""
-        c, info = self.config, self.tokenizer_info
+        """This stretch's phase, batch plan, data (at its masking rate) and FLOPs per token."""
         self.stretch, self.phase = stretch, stretch.phase
-        self.batch = stretch.plan(self.topology.world_size)
-        masking = dataclasses.replace(c.masking, probability=self.phase.masking_probability)
-        masker = build_masker(masking, self.tokenizer, info.vocab_size, info.mask_id, c.train.seed)
-        self.data = PretrainData(stretch, self.batch, masker, seed=c.train.seed, cache_dir=c.cache_dir,
-                                 tokenizer_fingerprint=info.fingerprint,
-                                 with_segments=c.model.architecture == "bert",  # where the shards hold pairs
-                                 # doc-packed rows restart positions per document from the first position id
-                                 position_offset=first_position_id(c.model.architecture, info.pad_id),
-                                 eval_masker=self.eval_masker)
-        self.seq_len = self.data.seq_len
-        self.flops_per_token = model_flops_per_token(self.model_config, self.seq_len, masking.probability)
+        self.data = PretrainData.for_stretch(stretch, self.config, self.tokenizer, self.tokenizer_info,
+                                             self.topology.world_size, self.eval_masker)
+        self.batch, self.seq_len = self.data.plan, self.data.seq_len
+        self.flops_per_token = model_flops_per_token(self.model_config, self.seq_len, self.data.masking_probability)
 
     def _hand_over(self, stretch: Stretch) -> None:
         """Start the next stretch (a phase, the batch warmup's next batch, an edited mix): its data, batch,

@@ -92,6 +92,23 @@ def test_the_trace_of_a_step_is_what_the_loader_gave_both_ranks(operations):
 
 
 @pytest.mark.slow
+def test_the_trace_names_the_documents_that_hold_each_sequence(operations):
+    from pipeline.commands.trace import trace_step
+
+    sequences, notes = trace_step(operations / "mixed", 7)
+    assert not notes and len(sequences) == 16
+    for sequence in sequences:
+        assert sequence["documents"], sequence
+        texts = []
+        for document in sequence["documents"]:
+            lines = (operations / Path(document["file"]).name).read_text().splitlines()
+            texts.append(json.loads(lines[document["line"] - 1])["text"])
+        # Every word of the sequence comes from the documents named; a row can start and end mid-word.
+        words = sequence["text"].replace("<s>", " ").replace("</s>", " ").split()[1:-1]
+        assert set(words) <= set(" ".join(texts).split()), (sequence["text"], texts)
+
+
+@pytest.mark.slow
 def test_a_mix_changed_at_a_resume_repeats_and_skips_nothing(operations):
     from pipeline.pretrain.preflight import recorded_plan
 

@@ -216,3 +216,53 @@ def test_one_mlflow_run_holds_both_phases_as_a_metric_and_a_tag(two_phase_runs):
     history = sorted(client.get_metric_history(run.info.run_id, "train/phase"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(s, 1.0) for s in range(1, 7)] + [(7, 2.0), (8, 2.0)]
     assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_a_phase_may_set_its_own_mix_temperature_and_masking_rate(tmp_path):
+    data = phased_config(tmp_path, Path("a"), Path("b"), Path("tok"))
+    data["phases"][0].update(masking_probability=0.3)
+    data["phases"][1].update(shards=[{"path": "b"}, {"path": "c"}], mix_temperature=0.5, masking_probability=0.05)
+    config = load(tmp_path, data, check_files=False)
+    one, two = resolve_phases(config)
+    assert (one.masking_probability, two.masking_probability) == (0.3, 0.05)
+    # p_c ∝ N_c^τ over the corpora's training sequences: 100 and 400 sequences at τ 0.5 give 1:2.
+    plan = plan_of(config, {"a": 200, "b": 100, "c": 400})
+    assert [str(s) for s in plan.stretches[1].shares] == ["1/3", "2/3"]
+    assert plan.stretches[1].first_draws == (0, 0)  # b and c: no earlier phase drew from them
+
+
+def test_bad_phase_mixes_and_rates_are_reported_naming_their_keys(tmp_path):
+    data = phased_config(tmp_path, Path("a"), Path("b"), Path("tok"))
+    data["phases"][0].update(masking_probability=1.5, mix_temperature=0.7)  # a single folder: no mix to sample
+    data["phases"][1].update(shards=[{"path": "b", "weight": 2}, {"path": "c"}], mix_temperature=-1)
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, data, check_files=False)
+    problems = err.value.problems
+    assert any(p.startswith("phases[0].masking_probability: must be in (0, 1)") for p in problems)
+    assert any(p.startswith("phases[0].mix_temperature: applies to a mix of corpora") for p in problems)
+    assert any(p.startswith("phases[1].mix_temperature: must be a positive number") for p in problems)
+
+
+def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    from test_eval_masking import masked_fraction
+
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.masking import build_masker
+    from pipeline.pretrain.preflight import prepare_run
+    from pipeline.pretrain.pretrain_data import PretrainData
+
+    data = phased_config(tmp_path, roberta_shards, roberta_shards, bpe_tokenizer_dir,
+                         data={"cache_dir": str(tmp_path / "cache")})
+    for phase, rate in zip(data["phases"], (0.3, 0.05), strict=True):
+        phase.update(seq_len=None, masking_probability=rate)
+    plan = prepare_run(write_config(tmp_path / "config.json", data))
+    tokenizer = load_tokenizer(str(bpe_tokenizer_dir))
+    info = describe_tokenizer(tokenizer, str(bpe_tokenizer_dir))
+    eval_masker = build_masker(plan.config.masking, tokenizer, info.vocab_size, info.mask_id, 0, evaluation=True)
+    for stretch, rate in zip(plan.stretches, (0.3, 0.05), strict=True):
+        feed = PretrainData.for_stretch(stretch, plan.config, tokenizer, info, 1, eval_masker)
+        keys = [feed.stream.micro_batch(step, k) for step in range(stretch.start, stretch.end)
+                for k in range(feed.plan.accumulation)]
+        assert masked_fraction(feed.train_batches, keys, tokenizer.all_special_ids) == pytest.approx(rate, abs=0.03)
+        (val,) = feed.eval_sets(32, 4, 0, 1)  # validation keeps the run's one rate, so losses compare
+        assert masked_fraction(feed.val_batches, val, tokenizer.all_special_ids) == pytest.approx(0.15, abs=0.04)
