@@ -93,7 +93,8 @@ class Checkpointer:
         """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
         newest = self.newest_complete()
         if newest is None and plan.anneal is not None:
-            return f"No checkpoint of this run is complete yet: a rerun anneals from {plan.start.checkpoint} again."
+            return (f"No checkpoint of this run is complete yet: a rerun anneals from {plan.anneal_from.checkpoint} "
+                    "again.")
         if newest is None:
             return "No checkpoint is complete yet: a rerun starts from step 0."
         return (f"Rerun the same command to resume from the last complete checkpoint, {newest} "

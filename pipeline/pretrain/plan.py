@@ -32,22 +32,8 @@ from pipeline.pretrain.batch_plan import BatchPlan, batch_ramp
 from pipeline.pretrain.checkpoint_record import CheckpointRecord, StretchRecord
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.phases import Phase, resolve_phases
-from pipeline.pretrain.schedules import Schedule, lr_schedule
+from pipeline.pretrain.schedules import Anneal, Schedule, lr_schedule
 from pipeline.pretrain.stream import CorpusLayout, DataStream, drawn, shares_of
-
-
-@dataclass(frozen=True)
-class Anneal:
-    """Only the decay, from a stable-phase checkpoint (`train.anneal_from`): its step, length and source run.
-
-    ModernBERT's decay phase and Ettin's three phases train a long stable phase once, then decay from one
-    of its checkpoints. The LR falls from what the source run's schedule gave its step (schedules.py).
-    """
-
-    start: int
-    steps: int
-    source: PretrainConfig
-    """The config of the run that wrote the checkpoint (recorded in it)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +110,8 @@ class RunPlan:
     schedule: Schedule
     end_step: int
     start: StartPoint | None
+    anneal_from: StartPoint | None
+    """`train.anneal_from`'s checkpoint, the start of an anneal's first session (later ones resume their own)."""
     anneal: Anneal | None
     skipped: tuple[range, ...]
     """0-based step indices whose batches are left out: `train.skip_steps`, and those the start's record lists."""
@@ -167,7 +155,7 @@ class RunPlan:
 
     def starting_from(self, start: StartPoint | None) -> RunPlan:
         """The same run planned from another start (the checkpointer fell back past a damaged one)."""
-        return build_plan(self.config, self.world_size, self.layouts, start, self.rolled_back)
+        return build_plan(self.config, self.world_size, self.layouts, start, self.rolled_back, self.anneal_from)
 
     def describe(self) -> dict[str, Any]:
         """The plan as `--print-config` prints it."""
@@ -209,16 +197,16 @@ def usable_start(record: CheckpointRecord, skipped: Iterable[range]) -> bool:
 
 
 def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, CorpusLayout], start: StartPoint | None,
-               rolled_back: tuple[Path, ...] = ()) -> RunPlan:
+               rolled_back: tuple[Path, ...] = (), anneal_from: StartPoint | None = None) -> RunPlan:
     """The run's plan; `layouts` are today's of every folder the config names (preflight.py reads them)."""
     phases = resolve_phases(config)
     anneal = None
-    if start is not None and start.anneal:
-        source, problems = build_config(PretrainConfig, start.record.config or to_dict(config))
+    if anneal_from is not None:  # its step and its run's schedule fix the decay, whichever session this is
+        source, problems = build_config(PretrainConfig, anneal_from.record.config or to_dict(config))
         if problems:
-            raise PlanError([f"train.anneal_from: the config recorded in {start.checkpoint} does not load: "
+            raise PlanError([f"train.anneal_from: the config recorded in {anneal_from.checkpoint} does not load: "
                              f"{'; '.join(problems)}"])
-        anneal = Anneal(start.step, int(config.train.anneal_steps), source)
+        anneal = Anneal(anneal_from.step, int(config.train.anneal_steps), source)
     end_step = anneal.start + anneal.steps if anneal else config.train.max_steps
     recorded = {c.key: c for c in start.record.corpora} if start else {}
     kept = {path: dataclasses.replace(recorded.get(c.key, c), name=c.name, path=c.path)  # the recorded block wins
@@ -238,7 +226,8 @@ def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, Corpu
         raise PlanError(problems)
     schedule = lr_schedule(config, phases, anneal)
     return RunPlan(config=config, world_size=world_size, phases=tuple(phases), stretches=tuple(stretches),
-                   schedule=schedule, end_step=end_step, start=start, anneal=anneal, skipped=skipped,
+                   schedule=schedule, end_step=end_step, start=start, anneal_from=anneal_from, anneal=anneal,
+                   skipped=skipped,
                    rolled_back=rolled_back, layouts=layouts)
 
 

@@ -79,9 +79,9 @@ def recorded_plan(run_dir: str | Path) -> RunPlan:
     problems, indexes = index_problems(config)
     if problems:
         raise ConfigError(str(layout.config), problems)
-    start, _, _ = find_start(config, None, world_size=1)
+    start, _, anneal_from, _ = find_start(config, None, world_size=1)
     layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
-    return build_plan(config, 1, layouts, start)
+    return build_plan(config, 1, layouts, start, anneal_from=anneal_from)
 
 
 def arithmetic_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
@@ -171,9 +171,10 @@ def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
 
 
 def read_files(config: PretrainConfig, world_size: int) -> tuple[
-        list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...]]:
-    """The shard folders, the tokenizer, `model.init_from` and the checkpoint the run starts from: the problems,
-    each folder's layout, the start and this run's checkpoints that a skipped range rolls back."""
+        list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...], StartPoint | None]:
+    """The shard folders, the tokenizer, `model.init_from` and the checkpoints the run starts from: the problems,
+    each folder's layout, the start, this run's checkpoints that a skipped range rolls back, and the anneal's
+    source."""
     problems, indexes = index_problems(config)
     tokenizer = info = None
     if config.data.tokenizer and not problems and indexes:
@@ -184,9 +185,9 @@ def read_files(config: PretrainConfig, world_size: int) -> tuple[
             problems.append(f"data.tokenizer: {err}")
     if info is not None:
         problems += data_problems(config, tokenizer, info, indexes)
-    start, rolled_back, more = find_start(config, info, world_size)
+    start, rolled_back, anneal_from, more = find_start(config, info, world_size)
     layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
-    return problems + more, layouts, start, rolled_back
+    return problems + more, layouts, start, rolled_back, anneal_from
 
 
 def corpus_layout(folder: str, index: dict) -> CorpusLayout:
@@ -293,36 +294,37 @@ SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "interm
 # state under AdamW: `KeyError: 'step'` at the first step), or trains on with the wrong vocabulary. These checks
 # read only the checkpoint's record and a folder's `config.json`, and name both sides of each mismatch; the
 # checksums of a resume's files are the checkpointer's, when it loads them.
-def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None,
-               world_size: int) -> tuple[StartPoint | None, tuple[Path, ...], list[str]]:
+def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_size: int) -> tuple[
+        StartPoint | None, tuple[Path, ...], StartPoint | None, list[str]]:
     """Where the run starts: its newest checkpoint whose record reads and that trained on no range the config
-    skips (those after it are rolled back), else `train.anneal_from`'s, else step 0; with the problems of that
-    checkpoint against `config` and the tokenizer (None: it did not load, a problem reported on its own)."""
-    rolled_back = []
+    skips (those after it are rolled back), else `train.anneal_from`'s, else step 0. Also the anneal's source
+    (it fixes the decay in every session), and the problems of the checkpoints against `config` and the
+    tokenizer (None: it did not load, a problem reported on its own)."""
+    anneal_from, problems = None, []
+    if config.train.anneal_from:
+        try:
+            checkpoint = checkpoints.resolve_checkpoint(config.train.anneal_from)
+            anneal_from = StartPoint.at(checkpoint, read_record(checkpoint), world_size, anneal=True)
+        except PipelineError as err:
+            problems.append(f"train.anneal_from: {err}")
+        if anneal_from and checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
+            problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
+                            "writes into its own folder: give it another train.output_dir")
+    rolled_back, own = [], None
     if config.checkpoint.resume == "auto":
         for folder in reversed(checkpoints.complete_checkpoints(config.layout.checkpoints)):
             try:
                 record = read_record(folder)
             except PipelineError:
                 continue  # a damaged record: the checkpointer sets it aside
-            if not usable_start(record, config.train.skipped()):
-                rolled_back.append(folder)
-                continue
-            start = StartPoint.at(folder, record, world_size)
-            return start, tuple(rolled_back), record_problems(config, start, tokenizer)
-    if not config.train.anneal_from:
-        return None, tuple(rolled_back), []
-    try:
-        checkpoint = checkpoints.resolve_checkpoint(config.train.anneal_from)
-        record = read_record(checkpoint)
-    except PipelineError as err:
-        return None, tuple(rolled_back), [f"train.anneal_from: {err}"]
-    problems = []
-    if checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
-        problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
-                        "writes into its own folder: give it another train.output_dir")
-    start = StartPoint.at(checkpoint, record, world_size, anneal=True)
-    return start, tuple(rolled_back), problems + record_problems(config, start, tokenizer)
+            if usable_start(record, config.train.skipped()):
+                own = StartPoint.at(folder, record, world_size)
+                break
+            rolled_back.append(folder)
+    start = own or anneal_from
+    if start is not None:
+        problems += record_problems(config, start, tokenizer)
+    return start, tuple(rolled_back), anneal_from, problems
 
 
 def record_problems(config: PretrainConfig, start: StartPoint, tokenizer: TokenizerInfo | None) -> list[str]:

@@ -18,7 +18,7 @@ closed forms are written here rather than borrowed from transformers' `get_*_sch
 exist only as LambdaLR objects over an optimizer; tests/pretrain/test_schedules.py checks them
 against transformers' own functions.
 
-An anneal (plan.py's `Anneal`) is one more segment. The engine's scheduler is a LambdaLR over
+An anneal is one more segment. The engine's scheduler is a LambdaLR over
 `Schedule.multiplier` (engine.py); a resume restores the scheduler's step, and the LR follows from it.
 """
 
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:  # nothing at run time: the preflight's checks import this module
     from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
     from pipeline.pretrain.phases import Phase
-    from pipeline.pretrain.plan import Anneal
 
 # The decay shapes of p ∈ [0, 1]: 1 at p = 0, 0 at p = 1. "cosine" and "1-sqrt" are WSD's (Hägele et al.
 # 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations").
@@ -65,6 +64,20 @@ class Segment:
             return self.high
         p = (step - self.start) / (self.end - self.start)
         return self.low + (self.high - self.low) * DECAYS[self.shape](p, self.power)
+
+
+@dataclass(frozen=True)
+class Anneal:
+    """Only the decay, from a stable-phase checkpoint (`train.anneal_from`): its step, length and source run.
+
+    ModernBERT's decay phase and Ettin's three phases train a long stable phase once, then decay from one
+    of its checkpoints; the LR falls from what the source run's schedule gave its step.
+    """
+
+    start: int
+    steps: int
+    source: PretrainConfig
+    """The config of the run that wrote the checkpoint (recorded in it)."""
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,8 @@ from helpers import tiny_pretrain_config
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.config import OptimizerConfig, ScheduleConfig
 from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.plan import Anneal
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
-from pipeline.pretrain.schedules import lr_schedule
+from pipeline.pretrain.schedules import Anneal, lr_schedule
 
 
 def anneal(decay: str, power: float = 1.0):

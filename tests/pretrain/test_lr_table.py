@@ -19,8 +19,7 @@ from pipeline.common.config_tree import build_config
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import lr_scheduler
 from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.plan import Anneal
-from pipeline.pretrain.schedules import lr_schedule
+from pipeline.pretrain.schedules import Anneal, lr_schedule
 
 TABLE = json.loads((Path(__file__).parent / "lr_table.json").read_text())["cases"]
 
