@@ -1,6 +1,6 @@
 """The share of the steps' time spent waiting for data, as the loader is slowed on purpose.
 
-    python benchmarks/loader_wait.py [--corpus PATH] [--delays-ms 0 50 200] [--steps 30]
+    python benchmarks/loader_wait.py [--corpus PATH] [--delays-ms 0 300 1500] [--steps 30]
 
 The pretraining command's own loop on one rank (a 2-layer encoder on 2,000 WikiText-2 documents, or
 the embedded corpus without the shared data), with one loader worker; each arm makes every micro
@@ -62,7 +62,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--corpus", default=str(SHARED) if SHARED.exists() else None)
     p.add_argument("--documents", type=int, default=2000)
-    p.add_argument("--delays-ms", type=float, nargs="+", default=[0, 50, 200])
+    p.add_argument("--delays-ms", type=float, nargs="+", default=[0, 300, 1500])
     p.add_argument("--steps", type=int, default=30)
     a = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
