@@ -32,6 +32,10 @@ from pipeline.pretrain.engine import restore_step
 from pipeline.pretrain.plan import RunPlan, StartPoint
 
 UNIVERSAL_DIR = "universal"
+OPTIMIZER_SETTINGS = ("lr", "initial_lr", "weight_decay", "betas", "beta1", "beta2", "eps", "max_lr", "max_coeff",
+                      "min_coeff")
+"""An optimizer group's settings, which the config owns: everything else in a group (torch-optimi's `step`,
+DeepSpeed's partitions) is state the checkpoint brings back."""
 
 
 class Checkpointer:
@@ -68,8 +72,15 @@ class Checkpointer:
         return plan.starting_from(StartPoint.at(folder, read_record(folder), plan.world_size))
 
     def load(self, engine, start: StartPoint) -> int:
-        """Load `start` into the engine on every rank; returns its step, which sets the LR (`engine.restore_step`)."""
+        """Load `start` into the engine on every rank; returns its step, which sets the LR (`engine.restore_step`).
+
+        The weights, moments and step come from the checkpoint; the optimizer's settings (peak LR, weight decay,
+        betas) stay this run's config's, which DeepSpeed's load would otherwise replace with the checkpoint's:
+        an anneal, or a resume with an edited `optimizer.lr`, would silently train at the old values.
+        """
         started = time.perf_counter()
+        settings = [{k: group[k] for k in OPTIMIZER_SETTINGS if k in group} for group in engine.optimizer.param_groups]
+        peaks = list(engine.lr_scheduler.base_lrs)
         load_root = start.checkpoint.parent
         if start.universal:
             if self.topology.is_main:
@@ -79,6 +90,9 @@ class Checkpointer:
         loaded, _ = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
         if loaded is None:
             raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
+        for group, own in zip(engine.optimizer.param_groups, settings, strict=True):
+            group.update(own)
+        engine.lr_scheduler.base_lrs = peaks
         restore_step(engine.lr_scheduler, start.step)
         self.load_seconds = time.perf_counter() - started
         return start.step

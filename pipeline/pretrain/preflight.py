@@ -23,7 +23,7 @@ from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_toke
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
 from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.config import PretrainConfig, named_corpora
 from pipeline.pretrain.phases import resolve_phases
 from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan, usable_start
 from pipeline.pretrain.schedules import wsd_decay_steps
@@ -199,22 +199,26 @@ def corpus_layout(folder: str, index: dict) -> CorpusLayout:
                         shards_per_block=default_shards_per_block(sizes, index["seq_len"]), seq_len=index["seq_len"])
 
 
+def data_groups(config: PretrainConfig) -> list[tuple[str, str | list]]:
+    """Where the config names shard folders: `data`, or each `phases[i]`, with its folder or mix."""
+    if config.phases:
+        return [(f"phases[{i}]", p.shards) for i, p in enumerate(config.phases)]
+    return [("data", config.data.shards)] if config.data.shards else []
+
+
 def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
     """Each shard folder's index.json, read and checked (data/shard_index.py); the problems and the indexes."""
     from pipeline.data.shard_index import load_index
 
-    if config.phases:
-        key, folders = "phases[{}].shards", [p.shards for p in config.phases]
-    else:
-        key = "data.shards" if not config.data.mixed else "data.shards[{}].path"
-        folders = [source.path for source in config.data.corpora()] if config.data.shards else []
     indexes, problems = {}, []
-    for i, folder in enumerate(folders):
-        if folder and folder not in indexes:
-            try:
-                indexes[folder] = load_index(folder)
-            except PipelineError as err:
-                problems.append(f"{key.format(i)}: {err}")
+    for key, shards in data_groups(config):
+        for j, source in enumerate(named_corpora(shards)):
+            if source.path and source.path not in indexes:
+                try:
+                    indexes[source.path] = load_index(source.path)
+                except PipelineError as err:
+                    where = f"{key}.shards[{j}].path" if isinstance(shards, list) else f"{key}.shards"
+                    problems.append(f"{where}: {err}")
     return problems, indexes
 
 
@@ -228,17 +232,9 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
             word_rule(tokenizer)
         except PipelineError as err:
             problems.append(f"masking.unit {config.masking.unit}: {err}")
-    (first, first_index), *others = indexes.items()
-    for folder, index in others if config.data.mixed else ():  # a mix feeds one model: one length, one layout
-        for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
-            if index[entry] != first_index[entry]:
-                problems.append(f"data.shards: mixed corpora must share one {what}: {first} has {entry} "
-                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
-        if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
-            problems.append(f"data.shards: mixed corpora must share one tokenizer: {first} was made with "
-                            f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
-                            f"{folder} with {index['tokenizer']['name']} "
-                            f"({index['tokenizer']['fingerprint'][:19]}…)")
+    for key, shards in data_groups(config):
+        if isinstance(shards, list):  # a mix feeds one model: one length, one layout, one tokenizer
+            problems += mix_file_problems(f"{key}.shards", [s.path for s in named_corpora(shards)], indexes)
     for folder, index in indexes.items():
         if info.fingerprint != index["tokenizer"]["fingerprint"]:
             problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
@@ -253,35 +249,57 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
             problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "
                             f"with --val-fraction {index['args'].get('val_fraction')}); re-run data_prep/shard.py "
                             "with a larger --val-fraction (and --overwrite), or on more text")
-        if config.data.mixed and index["splits"]["train"]["sequences"] == 0:
+        if index["splits"]["train"]["sequences"] == 0:
             problems.append(f"data.shards: {folder} has no train sequences")
     if config.phases:
         problems += phase_file_problems(config, indexes)
-    train = sum(index["splits"]["train"]["sequences"] for index in indexes.values())
-    if not config.data.mixed and not config.phases and train < config.train.global_batch_size:
-        problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
-                        f"(train.global_batch_size {config.train.global_batch_size})")
+    elif not config.data.mixed and indexes:
+        train = next(iter(indexes.values()))["splits"]["train"]["sequences"]
+        if 0 < train < config.train.global_batch_size:
+            problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
+                            f"(train.global_batch_size {config.train.global_batch_size})")
     if config.model.init_from:  # positions are sized for the longest phase
         problems += init_from_problems(config, info, max(index["seq_len"] for index in indexes.values()))
     return problems
 
 
+def mix_file_problems(key: str, folders: list[str], indexes: dict[str, dict]) -> list[str]:
+    """The corpora of one mix must share a sequence length, a packing and a tokenizer."""
+    found = [(f, indexes[f]) for f in folders if f in indexes]
+    if not found:
+        return []
+    problems, ((first, first_index), *others) = [], found
+    for folder, index in others:
+        for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
+            if index[entry] != first_index[entry]:
+                problems.append(f"{key}: mixed corpora must share one {what}: {first} has {entry} "
+                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
+        if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
+            problems.append(f"{key}: mixed corpora must share one tokenizer: {first} was made with "
+                            f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
+                            f"{folder} with {index['tokenizer']['name']} "
+                            f"({index['tokenizer']['fingerprint'][:19]}…)")
+    return problems
+
+
 def phase_file_problems(config: PretrainConfig, indexes: dict[str, dict]) -> list[str]:
-    """Each phase against its folder's index: the seq_len it states, a train split of at least one batch."""
+    """Each phase against its folders' indexes: the seq_len it states, a single folder's train split of at least
+    one batch (a mix's corpora may be smaller: each runs through its own epochs)."""
     problems = []
     for i, phase in enumerate(config.phases):
-        index = indexes.get(phase.shards)
-        if index is None:
-            continue
-        if phase.seq_len is not None and index["seq_len"] != phase.seq_len:
-            problems.append(f"phases[{i}].seq_len is {phase.seq_len}, but phases[{i}].shards {phase.shards} holds "
-                            f"sequences of {index['seq_len']} tokens (its index.json); point the phase at shards "
-                            f"made with --seq-len {phase.seq_len}, or correct the seq_len")
-        batch = phase.global_batch_size or config.train.global_batch_size
-        train = index["splits"]["train"]["sequences"]
-        if train < batch:
-            problems.append(f"phases[{i}].shards: the train split of {phase.shards} holds {train} sequences, fewer "
-                            f"than one global batch of the phase ({batch})")
+        for source in named_corpora(phase.shards):
+            index = indexes.get(source.path)
+            if index is None:
+                continue
+            if phase.seq_len is not None and index["seq_len"] != phase.seq_len:
+                problems.append(f"phases[{i}].seq_len is {phase.seq_len}, but phases[{i}].shards {source.path} "
+                                f"holds sequences of {index['seq_len']} tokens (its index.json); point the phase at "
+                                f"shards made with --seq-len {phase.seq_len}, or correct the seq_len")
+            batch = phase.global_batch_size or config.train.global_batch_size
+            train = index["splits"]["train"]["sequences"]
+            if not isinstance(phase.shards, list) and 0 < train < batch:
+                problems.append(f"phases[{i}].shards: the train split of {source.path} holds {train} sequences, "
+                                f"fewer than one global batch of the phase ({batch})")
     return problems
 
 
