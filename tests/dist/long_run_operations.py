@@ -6,8 +6,8 @@
 2. `rolled`: a copy of `full`, rerun with `train.skip_steps` ["6:7"]: it rolls back to step 4's
    checkpoint, trains step 5, leaves out 6 and 7, trains on to the end.
 3. `mixed`: MIX_CONFIG (two corpora, 1:1) for 6 steps under other block-size defaults (3 shards a
-   block, as an earlier release might have had), then the same folder resumed under today's defaults
-   and a 1:3 mix to the end.
+   block, as an earlier release might have had), then the same folder resumed under today's defaults,
+   a 1:3 mix and half the peak LR, to the end.
 
 Every rank writes `<name>-rank<r>.json`: {step: [sha256 of each sequence's original tokens]} and the LR.
 """
@@ -81,7 +81,7 @@ def main() -> None:
     epoch_order.BLOCK_TOKENS, epoch_order.MIN_BLOCK_SHARDS = defaults
     mix = json.loads(Path(args.mix_config).read_text())["data"]["shards"]
     mix[1]["weight"] = 3 * mix[0]["weight"]
-    run(args.mix_config, "mixed", f"data.shards={json.dumps(mix)}")
+    run(args.mix_config, "mixed", f"data.shards={json.dumps(mix)}", "optimizer.lr=0.001")
 
 
 if __name__ == "__main__":

@@ -131,6 +131,17 @@ def test_a_mix_changed_at_a_resume_repeats_and_skips_nothing(operations):
 
 
 @pytest.mark.slow
+def test_a_resume_with_an_edited_peak_lr_trains_at_it_not_at_the_checkpoints(operations):
+    from pipeline.pretrain.preflight import recorded_plan
+
+    schedule = recorded_plan(operations / "mixed").schedule
+    _, lrs = seen(operations, "mixed")
+    for rank in range(2):
+        assert all(lrs[rank][s] == pytest.approx(2e-3 * schedule.multiplier(s - 1)) for s in range(1, 7))
+        assert all(lrs[rank][s] == pytest.approx(1e-3 * schedule.multiplier(s - 1)) for s in range(7, STEPS + 1))
+
+
+@pytest.mark.slow
 def test_a_checkpoint_from_other_block_defaults_resumes_in_its_recorded_order(operations):
     from pipeline.pretrain.preflight import recorded_plan
     from pipeline.pretrain.stream import DataStream
