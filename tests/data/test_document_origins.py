@@ -327,6 +327,22 @@ def test_shards_made_before_origins_still_verify_read_and_load_and_say_they_have
     load_pretrain_config(config, check_files=True)
 
 
+def test_a_part_made_before_origins_combines_into_a_folder_without_them(tmp_path, bpe_tokenizer_dir):
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 300)
+    out = tmp_path / "s"
+    shard([corpus], bpe_tokenizer_dir, out, rank=1, world_size=2)
+    summary_path = out / "parts" / "part00001.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["origin_files"]  # as the stage wrote a part before origins existed
+    for split in SPLITS:
+        for entry in summary["shards"][split]:
+            (out / entry.pop("origins")["file"]).unlink()
+    summary_path.write_text(json.dumps(summary))
+    index = shard([corpus], bpe_tokenizer_dir, out, rank=0, world_size=2)
+    assert "origins" not in index and not OriginReader(out, "train").available
+    assert verify_folder(out) == []
+
+
 def test_an_unlisted_origins_file_is_reported(tmp_path, roberta_shards):
     folder = tmp_path / "s"
     shutil.copytree(roberta_shards, folder)
