@@ -130,7 +130,7 @@ class OriginReader:
         meta = entry["origins"]
         path = shard_path(self.folder, meta["file"])
         try:
-            data = path.read_bytes()
+            data = path.read_bytes() if path.stat().st_size == meta["bytes"] else b""  # a wrong size is not read
         except OSError as err:
             raise PipelineError(f"origins file {path}: cannot read it ({err.strerror or err}); it is listed in "
                                 f"{self.folder / 'index.json'}") from None

@@ -197,10 +197,10 @@ def _origins_problems(origins, splits: dict) -> list[str]:
                                            and _is_count(pair[0], len(files) - 1) and _is_count(pair[1], 1 << 40)
                                            for pair in part) for part in offsets):
         return ["origins.line_offsets: expected, per part, a list of [file number, lines before its piece]"]
-    parts = {s["origins"].get("part") for split in SPLITS for s in splits[split].get("shards", [])
-             if isinstance(s, dict) and isinstance(s.get("origins"), dict)}
-    if any(type(part) is int and part >= len(offsets) for part in parts):
-        return [f"origins.line_offsets: holds {len(offsets)} parts, a shard's origins name part {max(parts)}"]
+    parts = [s["origins"].get("part") for split in SPLITS for s in splits[split].get("shards", [])
+             if isinstance(s, dict) and isinstance(s.get("origins"), dict)]
+    if beyond := [part for part in parts if type(part) is int and part >= len(offsets)]:
+        return [f"origins.line_offsets: holds {len(offsets)} parts, a shard's origins name part {beyond[0]}"]
     return []
 
 
@@ -273,11 +273,12 @@ def combine_parts(out: Path, world_size: int) -> dict | None:
         "parts": [{"rank": p["rank"], "seconds": p["seconds"], "input_bytes_read": p.get("input_bytes_read"),
                    "stats": p["stats"], "examples": p["examples"]} for p in parts],
     }
-    if any(p.get("origin_files", first.get("origin_files")) != first.get("origin_files") for p in parts):
+    files = [p["origin_files"] for p in parts if "origin_files" in p]  # parts made before origins have none
+    if any(f != files[0] for f in files):
         raise PipelineError(f"{out}: the parts read different input files (a glob or folder changed between "
                             "ranks); rerun every rank with --overwrite")
-    if all("origin_files" in p for p in parts):  # parts made before origins existed have none
-        index["origins"] = {"files": first["origin_files"], "line_offsets": _line_offsets(parts)}
+    if len(files) == len(parts):
+        index["origins"] = {"files": files[0], "line_offsets": _line_offsets(parts)}
     write_json_atomic(out / INDEX_NAME, index)
     return index
 

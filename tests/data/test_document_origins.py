@@ -229,6 +229,32 @@ def test_a_resumed_stage_writes_the_same_origins_as_an_uninterrupted_one(tmp_pat
     assert load_index(tmp_path / "whole")["splits"] == load_index(tmp_path / "resumed")["splits"]
 
 
+def test_a_resume_snapshot_made_before_origins_is_not_resumed_but_started_afresh(tmp_path, bpe_tokenizer_dir,
+                                                                               monkeypatch):
+    from pipeline.data.shard_format import decode, encode
+    from pipeline.data.shard_index import resume_path
+
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 1500)
+    shard([corpus], bpe_tokenizer_dir, tmp_path / "whole", shard_size=8)
+    save = shard_stage.save_snapshot
+
+    def save_then_stop(*args, **kwargs):
+        save(*args, **kwargs)
+        raise Interrupted
+
+    monkeypatch.setattr(shard_stage, "save_snapshot", save_then_stop)
+    with pytest.raises(Interrupted):
+        shard([corpus], bpe_tokenizer_dir, tmp_path / "old", shard_size=8)
+    monkeypatch.setattr(shard_stage, "save_snapshot", save)
+    snapshot = resume_path(tmp_path / "old", 0)
+    arrays, meta = decode(snapshot.read_bytes())
+    del meta["origins"]  # as the stage wrote it before origins: no origin state in its packers either
+    snapshot.write_bytes(encode({k: v for k, v in arrays.items() if "keys" not in k and "spans" not in k}, meta))
+    shard([corpus], bpe_tokenizer_dir, tmp_path / "old", shard_size=8)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "old").rglob("*.origins.zst")} == \
+        {p.name: p.read_bytes() for p in (tmp_path / "whole").rglob("*.origins.zst")}
+
+
 def test_a_damaged_origins_file_is_named_and_the_other_shards_still_answer(tmp_path, bpe_tokenizer_dir):
     out = tmp_path / "s"
     index = shard([write_jsonl_corpus(tmp_path / "c.jsonl", 300)], bpe_tokenizer_dir, out)
@@ -299,6 +325,22 @@ def test_shards_made_before_origins_still_verify_read_and_load_and_say_they_have
     config = tmp_path / "pretrain.json"
     config.write_text(json.dumps(tiny_pretrain_config(old, bpe_tokenizer_dir, tmp_path / "run")))
     load_pretrain_config(config, check_files=True)
+
+
+def test_a_part_made_before_origins_combines_into_a_folder_without_them(tmp_path, bpe_tokenizer_dir):
+    corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 300)
+    out = tmp_path / "s"
+    shard([corpus], bpe_tokenizer_dir, out, rank=1, world_size=2)
+    summary_path = out / "parts" / "part00001.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["origin_files"]  # as the stage wrote a part before origins existed
+    for split in SPLITS:
+        for entry in summary["shards"][split]:
+            (out / entry.pop("origins")["file"]).unlink()
+    summary_path.write_text(json.dumps(summary))
+    index = shard([corpus], bpe_tokenizer_dir, out, rank=0, world_size=2)
+    assert "origins" not in index and not OriginReader(out, "train").available
+    assert verify_folder(out) == []
 
 
 def test_an_unlisted_origins_file_is_reported(tmp_path, roberta_shards):

@@ -113,6 +113,7 @@ def test_all_input_formats_give_the_same_shards(tmp_path, bpe_tokenizer_dir):
             corpus = f"hf:{hf_dir}"
         index = shard(corpus, bpe_tokenizer_dir, tmp_path / f"out-{name}", **kw)
         assert index["totals"]["documents"] == 60, name
+        assert index["origins"]["files"] == [str(corpus)]  # a dataset as hf:NAME
         digests[name] = file_digests(tmp_path / f"out-{name}")
     shards = {name: {k: v for k, v in d.items() if not k.endswith(".origins.zst")} for name, d in digests.items()}
     assert all(d == shards["jsonl"] for d in shards.values()), {k: len(v) for k, v in shards.items()}
