@@ -209,6 +209,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.schedules import lr_schedule
 
     ds: dict[str, Any] = {}
     if precision == "fp16":
@@ -226,7 +227,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     plan = phases[0].plan(1)
     torch.manual_seed(0)
     model = build_model(config.model, small_tokenizer(), 32)
-    engine = initialize_engine(model, config, plan)
+    engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases))
     engine.train()
     batch = fixed_batch(device, small_tokenizer().vocab_size)
     loss = engine(**batch)["loss"]
