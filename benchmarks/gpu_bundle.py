@@ -22,11 +22,9 @@ import sys
 from pathlib import Path
 
 import zstandard
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from gpu_check import pinned_versions  # noqa: E402
-from gpu_runs import IMDB, SST2  # noqa: E402
+from gpu_check import pinned_versions
+from gpu_runs import IMDB, SST2
+from harness import ROOT
 
 CARRY_LIMIT_MIB = 64  # the device tool's limit on the tree and the carried paths together
 # In the node's image already (the device tool's KINDS.md lists its packages): pandas alone is 12 MiB.

@@ -13,7 +13,7 @@ recorded with its error, and the check goes on; the record is written after each
   cells above that show the others);
 - **throughput** (eager), **the run to the end**, then **throughput** compiled: gpu_runs.py.
 
-The record goes through result_record.py (`gpu_check.json`; `gpu_check.cpu-tiny.json` for the toy run).
+The record goes through harness.py (`gpu_check.json`; `gpu_check.cpu-tiny.json` for the toy run).
 docs/gpu-nodes.md says how a lease runs it.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import math
 import os
 import re
 import sys
@@ -32,13 +31,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_runs import SHAPES, Scale, end_to_end, ending_run, find_data, prepared_data, throughput_row  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+from gpu_runs import SHAPES, Scale, end_to_end, ending_run, find_data, prepared_data, throughput_row
+from harness import ROOT, BenchmarkRecord, Study, peak_flops
 
 ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
+STUDY = Study(
+    "gpu_check", question="Where does the GPU path stand?", metric="pass or fail per step (loss within tolerance of "
+    "fp32, packed equal to padded, the faults fixed, resume exact); tokens/s and MFU",
+    baseline="fp32 and the padded path for correctness; the data sheet's and the measured matmul peak for MFU "
+             "(targets: RoBERTa-large 45% MFU, ModernBERT-base 300k tokens/s on one H100)",
+    arms=(*ARCHITECTURES, "bf16", "fp16", "ZeRO 0", "ZeRO 2", "loader on", "loader off", "eager", "compiled"))
 # Relative loss difference allowed against fp32 after one step on the same batch. bf16 keeps 8 bits of
 # mantissa (~0.4% per rounding), fp16 11 bits; a small model's loss sums few roundings. Measured on an H200:
 # bf16 5–8e-4 and fp16 4–7e-5 at ZeRO 2; ZeRO 0 was ~1e-2 in both until the engine undid DeepSpeed's
@@ -95,24 +97,6 @@ class Skipped(Exception):
     """A step that cannot run here, with the reason."""
 
 
-def matmul_peak(dtype_name: str, device: str, n: int, repeats: int) -> float:
-    """FLOP/s of the best of `repeats` n × n products in `dtype_name` on `device`."""
-    import torch
-
-    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    torch.mm(a, b)
-    sync()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
-
-
 def nominal_tflops(gpu_name: str | None) -> float | None:
     """The data sheet's dense bf16 peak of this GPU, None where it is not in the table (or on CPU)."""
     if not gpu_name:
@@ -162,7 +146,8 @@ def environment(device: str, tiny: bool) -> dict[str, Any]:
                      capability=f"{props.major}.{props.minor}")
     dtypes = ("bf16", "fp16") if device == "cuda" else ("bf16", "fp32")
     n, repeats = (256, 3) if tiny else ((8192, 20) if device == "cuda" else (2048, 3))
-    found["peak_tflops"] = {d: round(matmul_peak(d, device, n, repeats) / 1e12, 4) for d in dtypes}
+    found["peak_tflops"] = {d: round(peak_flops(n=n, repeats=repeats, dtype=d, device=device) / 1e12, 4)
+                            for d in dtypes}
     found["matmul"] = f"{n}² torch.mm, best of {repeats}"
     found["nominal_tflops"] = nominal_tflops(found.get("gpu"))
     return found
@@ -209,6 +194,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.schedules import lr_schedule
 
     ds: dict[str, Any] = {}
     if precision == "fp16":
@@ -226,7 +212,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     plan = phases[0].plan(1)
     torch.manual_seed(0)
     model = build_model(config.model, small_tokenizer(), 32)
-    engine = initialize_engine(model, config, plan)
+    engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases))
     engine.train()
     batch = fixed_batch(device, small_tokenizer().vocab_size)
     loss = engine(**batch)["loss"]
@@ -450,15 +436,6 @@ def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] 
 
 # ---------------------------------------------------------------- the check
 
-def print_table(title: str, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    columns = list(rows[0])
-    print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join("–" if row[c] in (None, "") else str(row[c]) for c in columns) + " |")
-
-
 def headlines(rec: BenchmarkRecord, steps: Steps, device: str, tiny: bool) -> None:
     """The issue's two targets on one H100 in bf16; recorded only for a full-size CUDA run."""
     if device != "cuda" or tiny:
@@ -506,8 +483,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.budget_minutes is not None and a.budget_minutes <= 0:
         p.error(f"--budget-minutes {a.budget_minutes:g}: give a positive number of minutes")
     a.data = find_data(a.data)
-    name = "gpu_check" + (f".{a.device}-tiny" if a.tiny else ("" if a.device == "cuda" else f".{a.device}"))
-    with BenchmarkRecord(name, argv=sys.argv if argv is None else [__file__, *argv]) as rec:
+    variant = f"{a.device}-tiny" if a.tiny else (None if a.device == "cuda" else a.device)
+    with STUDY.record(variant, sys.argv if argv is None else [__file__, *argv]) as rec:
         run_check(a, skipped, rec)
 
 
@@ -555,7 +532,6 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
             title, run_part = parts[part]
             rows = run_part()
             rec.table(title, rows)
-            print_table(title, rows)
             summarise(rec, steps, a)
             rec.write()  # what finished so far survives a check stopped from outside
     summarise(rec, steps, a)

@@ -27,7 +27,8 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, make_shards, metrics, sample_corpus
+
 MASKED = 0.15  # masking.probability: the FLOP model's masked fraction, as the trainer's MFU uses
 IMDB = Path("corpus") / "imdb-reviews.jsonl.zst"
 SST2 = Path("glue") / "SST-2"
@@ -92,10 +93,6 @@ def clean_env(scale: Scale) -> dict[str, str]:
 
 def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     """A tokenizer and shards (plain and doc-packed) written by the pipeline's own stages from a slice of IMDB."""
-    from bench_corpus import sample_corpus
-
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
 
     source = None if data is None else str(data / IMDB)
@@ -103,13 +100,9 @@ def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     tokenizer = folder / "tokenizer"
     longest = max(scale.seq_len(True), scale.seq_len(False))
     train_tokenizer(texts, "bpe", 2_000 if scale.tiny else 50_265, tokenizer, model_max_length=longest)
-    shards = {}
-    for pack, packed in (("full", False), ("doc-packed", True)):
-        out = folder / f"shards-{pack}"
-        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=scale.seq_len(packed),
-                                     out=str(out), pack=pack, val_fraction=0.02, workers=1 if scale.tiny else 8,
-                                     quiet=True))
-        shards[pack] = str(out)
+    shards = {pack: str(make_shards(corpus, tokenizer, folder / f"shards-{pack}", scale.seq_len(packed), pack=pack,
+                                    val_fraction=0.02, workers=1 if scale.tiny else 8))
+              for pack, packed in (("full", False), ("doc-packed", True))}
     return {"source": source, "documents": len(texts), "tokenizer": str(tokenizer), "shards": shards}
 
 
@@ -178,18 +171,6 @@ def finish(process: subprocess.Popen, run_dir: Path, timeout: float | None) -> f
 def last_words(run_dir: Path) -> str:
     log = run_dir.parent / f"{run_dir.name}.log"
     return log.read_text(errors="replace").strip()[-1500:] if log.exists() else "(no log)"
-
-
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's metrics.jsonl records; a line still being written (or cut short by a kill) is left out."""
-    path = run_dir / "metrics.jsonl"
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def run(config: dict[str, Any], run_dir: Path, env: dict[str, str], timeout: float | None,
@@ -404,6 +385,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    args = build_parser().parse_args()
-    sys.path.insert(0, str(ROOT))
-    run_in_memory(args.config)
+    run_in_memory(build_parser().parse_args().config)

@@ -15,17 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness
 
-from benchmarks.bench_corpus import bench_tokenizer, sample_corpus  # noqa: E402
-from benchmarks.result_record import BenchmarkRecord  # noqa: E402
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "wikitext2"
+STUDY = harness.Study(
+    "loader_wait", question="Does the run report when its steps wait for data?",
+    metric="the run's reported data-wait share (summary and last log line), tokens/s",
+    baseline="no delay: the loader keeps ahead of the step", arms=("delay 0 ms", "each --delays-ms"))
+WIKITEXT = harness.SHARED / "corpus" / "wikitext2"
 
 
 def run_arm(work: Path, shards: Path, tokenizer: Path, delay_ms: float, steps: int) -> dict:
@@ -44,7 +44,7 @@ def run_arm(work: Path, shards: Path, tokenizer: Path, delay_ms: float, steps: i
     out = work / f"run-{delay_ms:g}ms"
     batches.MaskedBatches.__getitem__ = slowed
     try:
-        plan = prepare_run(Path(__file__).resolve().parents[1] / "configs" / "tiny.json", [
+        plan = prepare_run(harness.ROOT / "configs" / "tiny.json", [
             f"data.shards={shards}", f"data.tokenizer={tokenizer}", "data.num_workers=1",
             f"data.cache_dir={work / 'cache'}", f"train.output_dir={out}", f"train.max_steps={steps}",
             "train.log_every=5", "train.export=false", "tracking.enabled=false", f"checkpoint.every={steps}"])
@@ -59,23 +59,21 @@ def run_arm(work: Path, shards: Path, tokenizer: Path, delay_ms: float, steps: i
 
 
 def main() -> None:
+    from pipeline.data.tokenizer import train_tokenizer
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--corpus", default=str(SHARED) if SHARED.exists() else None)
+    p.add_argument("--corpus", default=str(WIKITEXT) if WIKITEXT.exists() else None)
     p.add_argument("--documents", type=int, default=2000)
     p.add_argument("--delays-ms", type=float, nargs="+", default=[0, 300, 1500])
     p.add_argument("--steps", type=int, default=30)
     a = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with BenchmarkRecord("loader_wait", argv=sys.argv) as rec, tempfile.TemporaryDirectory() as tmp:
+    with STUDY.record() as rec, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        source, _, corpus = sample_corpus(a.corpus, a.documents, work)
-        tokenizer = bench_tokenizer(corpus, work / "tokenizer", vocab_size=4000, documents=a.documents)
-        from pipeline.data.shard_options import ShardOptions
-        from pipeline.data.shard_stage import run_shard_stage
-
-        shards = work / "shards"
-        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), out=str(shards), seq_len=128,
-                                     workers=1, val_fraction=0.05, quiet=True))
+        source, texts, corpus = harness.sample_corpus(a.corpus, a.documents, work)
+        tokenizer = work / "tokenizer"
+        train_tokenizer(texts, "bpe", 4000, tokenizer, model_max_length=128)
+        shards = harness.make_shards(corpus, tokenizer, work / "shards", 128, workers=1, val_fraction=0.05)
         rows = [run_arm(work, shards, tokenizer, delay, a.steps) for delay in a.delays_ms]
         rec.table(f"configs/tiny.json on 1 rank, 1 loader worker, {a.steps} steps, {a.documents:,} documents of "
                   f"{Path(source).name}", rows)

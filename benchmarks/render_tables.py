@@ -10,9 +10,10 @@ The page's prose is written by hand. Each result is shown in a region between tw
     <!-- end generated -->
 
 whose content is the result's tables (each titled and annotated right above it), then one list: its
-headline (each target and whether it was met), its notes, and last its conditions on one line:
-command, date, load average at the start and the end, git commit, and the machine where it differs
-from the page's. The page's machine (the one most measured results ran on) is named once, between
+headline (each target and whether it was met), its notes, the study it ran (arms, metric, baseline),
+and last its conditions on one line: command, date, load average at the start and the end, git
+commit, and the machine where it differs from the page's. The page's machine (the one most measured
+results ran on) is named once, between
 
     <!-- generated machine from benchmarks/results: do not edit -->
     ...
@@ -34,14 +35,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from pipeline.common.atomic_files import write_text_atomic  # noqa: E402
-from pipeline.common.errors import PipelineError, exit_on_pipeline_error  # noqa: E402
+from harness import RESULTS_DIR, ROOT
+
+from pipeline.common.atomic_files import write_text_atomic
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 PAGE = ROOT / "docs" / "benchmarks.md"
-RESULTS = ROOT / "benchmarks" / "results"
 START = "<!-- generated from benchmarks/results/{name}.json: do not edit -->"
 END = "<!-- end generated -->"
 REGION = re.compile(r"<!-- generated from benchmarks/results/(?P<name>[^\s]+?)\.json: do not edit -->\n"
@@ -75,17 +74,6 @@ def render_table(table: dict[str, Any]) -> list[str]:
     for row in table["rows"]:
         lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
     return lines + [""]
-
-
-def tables_of(tables: Any) -> list[dict[str, Any]]:
-    """`results["tables"]` as a list of {title, columns, rows}: also accepts {title: rows or table} and bare rows."""
-    if not tables:
-        return []
-    if isinstance(tables, dict):
-        return [{"title": title, **(t if isinstance(t, dict) else {"rows": t})} for title, t in tables.items()]
-    if all(isinstance(t, dict) and "rows" in t for t in tables):
-        return list(tables)
-    return [{"rows": list(tables)}]  # one table given as its rows
 
 
 def verdict(met: bool | None) -> str:
@@ -156,7 +144,7 @@ def render_result(data: dict[str, Any], machine: str | None = None) -> str:
     """
     lines: list[str] = []
     results = data.get("results") or {}
-    for table in tables_of(results.get("tables")):
+    for table in results.get("tables") or []:
         lines += render_table(table)
     items = render_headline(results.get("headline") or {})
     # `steps`: a per-step log (the GPU check's, tracebacks included) whose figures its tables already show
@@ -164,6 +152,9 @@ def render_result(data: dict[str, Any], machine: str | None = None) -> str:
     if rest:  # figures a benchmark recorded outside tables: shown as written, so none is left out
         items.append("- Other figures: `" + json.dumps(rest, ensure_ascii=False) + "`")
     items += [f"- *Note:* {note}" for note in data.get("notes") or []]
+    if study := data.get("study"):
+        items.append(f"- *Study:* arms {', '.join(study['arms'])}; metric: {study['metric']}; baseline: "
+                     f"{study['baseline']}")
     conditions = render_conditions(data, machine)[0]
     if data.get("provenance") == "transcribed":  # said on the conditions line, which a reader checks for provenance
         source = data.get("transcribed_from") or {}
@@ -240,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if the page is stale, without writing it")
     p.add_argument("--page", type=Path, default=PAGE)
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--results", type=Path, default=RESULTS_DIR)
     a = p.parse_args(argv)
     if not a.page.exists():
         raise PipelineError(f"{a.page}: no such page; give --page")
