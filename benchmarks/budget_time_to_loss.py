@@ -2,24 +2,16 @@
 
     python benchmarks/budget_time_to_loss.py [--recipes budget,hf-same,hf-run_mlm] [--seeds 1,2,3]
         [--baseline-seeds 1] [--max-minutes 7] [--margins 1.0,1.5]
-        [--budget-config configs/budget-modernbert.json] [--documents 0] [--set budget:KEY=VALUE ...] [--out DIR]
+        [--budget-config configs/budget-modernbert.json] [--set budget:KEY=VALUE ...] [--out DIR]
 
-Whether the pipeline with the budget recipe reaches a validation MLM loss 1.0 nat below the unigram
-entropy H ≥ 2× sooner than HF `Trainer` with the same model and recipe (`hf-same`: the pipeline's own
-efficiency; benchmarks/hf_baselines.py says what "same" covers, and the results list what still
-differs), and ≥ 5× sooner than HF `run_mlm`'s defaults on the same model (`hf-run_mlm`, or `hf`).
-
-- Data: a 16k byte-level BPE and 128-token shards of the IMDB reviews, made once in `--out` by the
-  user-facing commands (`--documents N`: the first N reviews, for smoke runs; a fresh `--out`).
-- Runs: each recipe and seed in its own process until its schedule ends or `--max-minutes` from its
-  launch pass; the budget recipe on 2 ranks × 1 thread, each HF recipe in one process. `--set
-  budget:KEY=VALUE` changes the budget config for all three.
-- Evaluation: the same first `--eval-sequences` validation sequences with the same hashed masks
-  (the run's seed, the budget config's masking section) every `--eval-every-sequences` sequences.
-- Time: wall time from launch less evaluation (pipeline/tracking/loss_curve.py), a crossing
-  interpolated between evaluations. A run that misses a target is bounded by its last evaluation's
-  training time, so a ratio (each recipe's median time ÷ the budget's) may be "≥ X×" or "≤ X×".
-`results.json` in `--out` keeps every curve and each run's load.
+Each recipe and seed runs in its own process on a 16k BPE and 128-token IMDB shards made once in `--out`
+until its schedule ends or `--max-minutes` pass: the
+budget recipe on 2 ranks × 1 thread, `hf-same` (HF `Trainer` on the same model and recipe,
+hf_baselines.same_recipe) and `hf-run_mlm` (run_mlm.py's defaults) in one process each. All evaluate the
+same validation sequences with the same hashed masks every `--eval-every-sequences` sequences. Time is
+wall time from launch less evaluation (pipeline/tracking/loss_curve.py), a crossing interpolated between
+evaluations; a run that misses a target is bounded by its last evaluation, so a ratio may be "≥ X×" or
+"≤ X×". `results.json` in `--out` keeps every curve and each run's load.
 """
 
 from __future__ import annotations
@@ -232,8 +224,7 @@ def record_variant(recipes: list[str], budget_config: str = BUDGET_CONFIG) -> st
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--recipes", default=",".join(STUDY.arms), help=f"comma list of {', '.join(STUDY.arms)} "
-                   "('hf' is hf-run_mlm)")
+    p.add_argument("--recipes", default=",".join(STUDY.arms), help=f"comma list of {', '.join(STUDY.arms)}")
     p.add_argument("--budget-config", default=BUDGET_CONFIG,
                    help="the budget recipe's config (also hf-same's recipe and both HF recipes' model)")
     p.add_argument("--seeds", default="1,2,3")
@@ -241,7 +232,6 @@ def main() -> None:
     p.add_argument("--max-minutes", type=float, default=7.0, help="wall-clock cap per run, from its launch")
     p.add_argument("--margins", default="1.0,1.5",
                    help="time to the unigram entropy less each margin (nats); the headline's ratios are judged at 1.0")
-    p.add_argument("--documents", type=int, default=0, help="first N reviews only (0: all 75,000); a fresh --out")
     p.add_argument("--eval-every-sequences", type=int, default=320, help="evaluate every N training sequences")
     p.add_argument("--eval-sequences", type=int, default=128, help="fixed validation sequences per evaluation")
     p.add_argument("--threads", type=int, default=2, help="CPU threads per run (split between ranks)")
@@ -252,7 +242,7 @@ def main() -> None:
     a = p.parse_args()
     if a.hf_worker:
         return hf_baselines.worker(json.loads(a.hf_worker))
-    recipes = [hf_baselines.ALIASES.get(r, r) for r in a.recipes.split(",")]
+    recipes = a.recipes.split(",")
     margins = [float(m) for m in a.margins.split(",")]
     problems = [f"unknown recipe {r}" for r in recipes if r not in STUDY.arms]
     problems += [f"--set {s}: give budget:KEY=VALUE" for s in a.set if not s.startswith("budget:")]
@@ -270,16 +260,7 @@ def measure(a: argparse.Namespace, recipes: list[str], margins: list[float], rec
     from pipeline.pretrain.plateau import plateau_level
 
     a.out = harness.work_dir("budget-time-to-loss", a.out)
-    corpus = harness.IMDB
-    if a.documents:
-        import zstandard
-
-        corpus = a.out / f"imdb-first-{a.documents}.jsonl"
-        if not corpus.exists():
-            with zstandard.open(harness.IMDB, "rt") as f:
-                corpus.write_text("".join(line for _, line in zip(range(a.documents), f, strict=False)))
-    tokenizer, shards = harness.cli_data(a.out, [corpus], val_fraction=0.05 if a.documents else 0.01,
-                                         env=harness.cpu_env())
+    tokenizer, shards = harness.cli_data(a.out, [harness.IMDB], val_fraction=0.01, env=harness.cpu_env())
     entropy = plateau_level(shards, tokenizer)
     print(f"unigram entropy of the validation tokens (the plateau's level): {entropy:.3f} nats", flush=True)
     harness.build_comm_op()  # before any clock starts, so no run's time includes a compile
@@ -294,7 +275,7 @@ def measure(a: argparse.Namespace, recipes: list[str], margins: list[float], rec
     summary, rows = summarise(runs, entropy, margins, a.max_minutes)
     loads = [r["load_before"][0] for r in runs] + [r["load_after"][0] for r in runs]
     conditions = (f"{len(runs)} runs, cap {a.max_minutes:g} min each, threads per run {a.threads}; budget config "
-                  f"{a.budget_config}; {a.documents or 75_000} IMDB reviews; 1-min load average "
+                  f"{a.budget_config}; 75000 IMDB reviews; 1-min load average "
                   f"{min(loads):.2f}–{max(loads):.2f} around the runs")
     (a.out / "results.json").write_text(json.dumps({"runs": runs, "summary": summary,
                                                     "args": {k: str(v) for k, v in vars(a).items()}}, indent=1))

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 from harness import ROOT, BenchmarkRecord, Study
@@ -71,11 +72,7 @@ def make_tokenizer(corpus: Path, out: Path) -> Path:
     from pipeline.data.tokenizer import train_tokenizer
 
     if not (out / "tokenizer.json").exists():
-        texts = []
-        for line in read_jsonl(corpus):
-            texts.append(json.loads(line)["text"])
-            if len(texts) == 20_000:
-                break
+        texts = [json.loads(line)["text"] for line in islice(read_jsonl(corpus), 20_000)]
         train_tokenizer(texts, "bpe", 8192, out, model_max_length=512)
     return out
 

@@ -1,21 +1,13 @@
 """Whole fine-tuning runs, start-up included: the pipeline's `roberta-finetune` against HF `Trainer`.
 
     python benchmarks/finetune_speed.py [--model NAME=DIR ...] [--train 400] [--dev 200] [--epochs 2]
-        [--seeds 1,2] [--max-seq-len 64] [--batch 16] [--threads 1] [--no-tracking] [--out DIR] [--smoke]
+        [--seeds 1,2] [--max-seq-len 64] [--batch 16] [--threads 1] [--no-tracking] [--out DIR]
 
-Each model (default: MiniLM-L6-H384 from the `[reference]` extra; name the main job's export as
-`--model 2-layer=DIR`) is fine-tuned on the first `--train` SST-2 training and `--dev` dev sentences
-(../shared/data/glue, written as a custom task's jsonl files) with the same recipe, one side after the
-other, with `--threads` threads each:
-1. the pipeline: one launch of `python -m pipeline.commands.finetune --config custom --seeds …`, as a
-   user types it (tracking as shipped: a new local MLflow store; `--no-tracking` turns it off, its own
-   record finetune_speed.no-tracking);
-2. HF: one launch of this file's `--hf-side`, run_glue's way (hf_baselines.finetune): the jsonl read and
-   tokenized once, then per seed a new model, `Trainer` (evaluating every epoch) and `save_model`. One
-   process for every seed is the fastest a run_glue user gets (run_glue itself starts once per seed).
-Reported per model and side: wall and CPU time of the launch (on shared cores the CPU time moves less
-with the neighbours' load), and the dev accuracy (median over seeds, best epoch on both sides).
-`--smoke` writes its record to the output folder, never benchmarks/results.
+Each model (default: the `[reference]` extra's MiniLM; name the main job's export `--model 2-layer=DIR`)
+fine-tunes on the first `--train` / `--dev` SST-2 sentences as a custom task, one side after the other:
+the pipeline in one launch of `python -m pipeline.commands.finetune --seeds …` as a user types it
+(tracking as shipped; `--no-tracking`: its own record), HF in one launch of `--hf-side`, every seed in
+one process (the fastest a run_glue user gets).
 """
 
 from __future__ import annotations
@@ -60,22 +52,24 @@ def pipeline_side(model: Path, task: Path, recipe: dict, seeds: str, out: Path, 
             "train.max_grad_norm": recipe["max_grad_norm"], "train.eval_batch_size": recipe["eval_batch"],
             **({"tracking.uri": f"sqlite:///{out / 'mlflow.db'}", "tracking.experiment": "finetune-speed"} if tracking
                else {"tracking.enabled": "false"})}
-    out.mkdir(parents=True, exist_ok=True)
-    run = harness.launch([sys.executable, "-m", "pipeline.commands.finetune", "--config", "custom", "--model", model,
-                          "--seeds", seeds, *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")]],
-                         env=env, quiet=True)
-    accuracies = [json.loads((out / f"seed_{s}" / "metrics.json").read_text())["accuracy"] for s in seeds.split(",")]
-    return {"wall_s": run.seconds, "cpu_s": run.cpu_seconds, "accuracy": statistics.median(accuracies)}
+    return timed([sys.executable, "-m", "pipeline.commands.finetune", "--config", "custom", "--model", model,
+                  "--seeds", seeds, *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")]], out, env,
+                 lambda: [json.loads((out / f"seed_{s}" / "metrics.json").read_text())["accuracy"]
+                          for s in seeds.split(",")])
 
 
 def hf_side(model: Path, task: Path, recipe: dict, seeds: str, out: Path, env: dict) -> dict:
     """One launch of `--hf-side` (`hf_run`), which fine-tunes every seed with `Trainer`."""
+    spec = {"model": str(model), "task": str(task), "recipe": recipe, "seeds": seeds, "out": str(out)}
+    return timed([sys.executable, __file__, "--hf-side", json.dumps(spec)], out, env,
+                 lambda: json.loads((out / "accuracy.json").read_text()))
+
+
+def timed(cmd: list, out: Path, env: dict, accuracies) -> dict:
+    """One side's launch into `out`: its wall and CPU seconds and the median of its seeds' dev accuracies."""
     out.mkdir(parents=True, exist_ok=True)
-    run = harness.launch([sys.executable, __file__, "--hf-side", json.dumps(
-        {"model": str(model), "task": str(task), "recipe": recipe, "seeds": seeds, "out": str(out)})], env=env,
-        quiet=True)
-    accuracies = json.loads((out / "accuracy.json").read_text())
-    return {"wall_s": run.seconds, "cpu_s": run.cpu_seconds, "accuracy": statistics.median(accuracies)}
+    run = harness.launch(cmd, env=env, quiet=True)
+    return {"wall_s": run.seconds, "cpu_s": run.cpu_seconds, "accuracy": statistics.median(accuracies())}
 
 
 def hf_run(model: str, task: str, recipe: dict, seeds: str, out: str) -> None:
@@ -111,7 +105,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both sides")
     p.add_argument("--no-tracking", action="store_true", help="the pipeline without MLflow (HF's side has none)")
     p.add_argument("--out", type=Path, default=None, help="the runs (default: a work folder, not runs/)")
-    p.add_argument("--smoke", action="store_true", help="a check that the script runs: its record stays in --out")
     a = p.parse_args()
     if any("=" not in m for m in a.model):
         p.error(f"--model: expected NAME=DIR, got {[m for m in a.model if '=' not in m]}")
@@ -122,10 +115,8 @@ def main() -> None:
 
         models = {"MiniLM": reference_encoder_folder()}
     recipe = {**RECIPE, "lr": a.lr, "epochs": a.epochs, "batch": a.batch, "max_seq_len": a.max_seq_len}
-    variant = ".".join(["no-tracking"] * a.no_tracking + ["smoke"] * a.smoke) or None
-    out = harness.work_dir("finetune-speed", a.out)
-    env = harness.cpu_env(a.threads)
-    with STUDY.record(variant, out_dir=out if a.smoke else None) as rec:
+    out, env = harness.work_dir("finetune-speed", a.out), harness.cpu_env(a.threads)
+    with STUDY.record("no-tracking" if a.no_tracking else None) as rec:
         task = write_task(a.glue, out / "task", a.train, a.dev)
         rows = []
         for model_name, folder in models.items():

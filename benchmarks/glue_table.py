@@ -5,17 +5,11 @@
         [--tasks cola,sst2,mrpc,stsb,rte] [--seeds 1,2,3] [--train-examples 2000] [--epochs 3]
         [--sweep KEY=V1,V2 ...] [--minilm-sweep KEY=V1,V2 ...] [--out DIR]
 
-Every cell is one `launchers/finetune.py` run through the fair protocol (the arm's own sweep, each
-setting scored on a held-out slice of the training examples, the chosen one trained over the seeds, dev
-read once): the median over seeds with its min–max. MiniLM has its own sweep (`--minilm-sweep`: a
-released model wants smaller steps). Every arm gets the same `--train-examples` of each training file,
-spread evenly over it (GLUE's files are ordered: STS-B's first 2,000 rows are all image captions), beside
-the untouched dev files. The token-count baseline (a bag of words and the pair's overlap into a logistic
-or ridge regression) is fitted on the same examples: a task it solves needs no pretraining.
-
-It runs in parts: a cell finished in `--out` is kept (the launcher also skips finished trials and seeds),
-and every run rewrites the record from all the cells there, marking those not run. `--out` remembers its
-settings and the export's content, and refuses a run made otherwise, naming what differs.
+Every cell is one `launchers/finetune.py` run through the fair protocol (MiniLM with its own, smaller
+`--minilm-sweep`) on `--train-examples` of each training file spread evenly over it (GLUE's files are
+ordered: STS-B's first 2,000 rows are all image captions), beside the token-count baseline fitted on the
+same examples. It runs in parts: a finished cell in `--out` is kept, every run rewrites the record from all
+the cells there, and `--out` refuses a run made with other settings or another export, naming what differs.
 """
 
 from __future__ import annotations
@@ -144,7 +138,6 @@ def main() -> None:
                    help=f"the export's and scratch's sweep (default {' '.join(DEFAULT_SWEEP)})")
     p.add_argument("--minilm-sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                    help=f"MiniLM's sweep (default {' '.join(DEFAULT_MINILM_SWEEP)})")
-    p.add_argument("--workers", type=int, default=2, help="cells fine-tuned side by side, one thread each")
     p.add_argument("--out", type=Path, default=None, help="the cells (default: a work folder, not runs/)")
     a = p.parse_args()
     a.sweep, a.minilm_sweep = a.sweep or DEFAULT_SWEEP, a.minilm_sweep or DEFAULT_MINILM_SWEEP
@@ -174,7 +167,7 @@ def main() -> None:
         cells = sorted([(task, arm) for task in tasks for arm in arms
                         if finetune_result(out / f"{task}-{arm}" / "metrics.json") is None],
                        key=lambda cell: -RELATIVE_COST[cell[1]])
-        with ThreadPoolExecutor(a.workers) as pool:
+        with ThreadPoolExecutor(2) as pool:  # cells side by side, one thread each: both cores
             list(pool.map(lambda cell: finetune_cell(a, out, glue, *cell, models[cell[1]], env), cells))
         rows = table_rows(out)
         rec.table(f"GLUE dev, median [min–max] over seeds {a.seeds}; {a.train_examples:,} training examples of each "

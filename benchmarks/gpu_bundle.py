@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from itertools import islice
 from pathlib import Path
 
 import zstandard
@@ -45,20 +46,11 @@ def tree_mib() -> float:
 
 def first_reviews(source: Path, target: Path, count: int) -> int:
     """The first `count` lines of a .jsonl.zst, recompressed at a high level (the carry limit is tight)."""
+    with zstandard.open(source, "rt", encoding="utf-8") as reader:
+        lines = list(islice(reader, count))
     target.parent.mkdir(parents=True, exist_ok=True)
-    lines = 0
-    with source.open("rb") as raw, target.open("wb") as out:
-        reader = zstandard.ZstdDecompressor().stream_reader(raw)
-        writer = zstandard.ZstdCompressor(level=19).stream_writer(out)
-        pending = b""
-        while lines < count and (chunk := reader.read(1 << 20)):
-            pending += chunk
-            *whole, pending = pending.split(b"\n")
-            for line in whole[: count - lines]:
-                writer.write(line + b"\n")
-                lines += 1
-        writer.flush(zstandard.FLUSH_FRAME)
-    return lines
+    target.write_bytes(zstandard.ZstdCompressor(level=19).compress("".join(lines).encode()))
+    return len(lines)
 
 
 def main() -> None:

@@ -2,20 +2,18 @@
 
 A benchmark declares what it compares and measures inside its study's record:
 
-    STUDY = Study("loader_wait", question="Does the run report when its steps wait for data?",
-                  metric="the run's data-wait share", baseline="no delay", arms=("0 ms", "300 ms", "1500 ms"))
+    STUDY = Study("packing", question="How much faster does doc-packed train than padded rows?",
+                  metric="real tokens/s", baseline="doc (padded rows)", arms=("doc", "doc-packed", "full"))
 
     with STUDY.record() as rec:                         # STUDY.record("VARIANT"): NAME.VARIANT.json beside it
         rec.table("title", rows)                        # rows: [{column: value, ...}, ...], printed too
-        rec.headline("wait share, 1500 ms", "0.50", target="rises", met=True)
+        rec.headline("doc-packed ÷ doc", "1.76", target="≥ 1.4", met=True)
 
-The record notes the command, the date (UTC), the machine (usable and all cores, CPU model, platform,
-Python), the load averages at the start and the end, the git commit (and whether tracked files had
-changes) and the study, and on a clean exit writes `benchmarks/results/NAME.json` atomically
-(`BENCHMARK_RESULTS_DIR` redirects it); a run that raises writes nothing. `render_tables.py` renders
-the docs from these files. `launch` runs a command from the repository root: printed, timed (wall and
-child CPU seconds, the load around it), its output to a log, stopped at a cap. Work goes to
-`work_dir(NAME)`, never the checkout's runs/, where the main job keeps its own run.
+The record notes the command, the date, the machine (cores, CPU model), the load at the start and the
+end, the git commit and the study, and on a clean exit writes `benchmarks/results/NAME.json` atomically
+(`BENCHMARK_RESULTS_DIR` redirects it); a run that raises writes nothing; `render_tables.py` renders the
+docs from these files. `launch` runs a command from the repository root: printed, timed (wall and child
+CPU seconds, the load around it), logged, capped. Work goes to `work_dir(NAME)`, never the checkout's runs/.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py`, the repository is not on the path yet
@@ -54,24 +52,12 @@ BUILD_OP = ("import time; from deepspeed.accelerator import get_accelerator; "
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-# ---------------------------------------------------------------- the machine and the checkout
-
 def cpu_model() -> str:
     """The `model name` line of /proc/cpuinfo, or platform.processor() where there is none."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine() -> dict[str, Any]:
-    """Cores (those this process may use, and all), CPU model, platform and Python version."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cores": usable, "cores_total": os.cpu_count(), "cpu_model": cpu_model(),
-            "platform": platform.platform(), "python": platform.python_version()}
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown"
 
 
 def load_average() -> list[float] | None:
@@ -83,7 +69,7 @@ def load_average() -> list[float] | None:
 
 
 def git_state(root: Path = ROOT) -> dict[str, Any]:
-    """The checkout's commit and whether tracked files had changes (the results and their page aside)."""
+    """The checkout's commit and whether tracked files had changes (the results and the docs aside)."""
     if os.environ.get("BENCHMARK_GIT_COMMIT"):
         # A copy of a checkout made elsewhere (a lent GPU machine's copy carried a stale .git whose HEAD was not
         # the files'): the caller names the commit it copied; whether the copy had changes is then unknown.
@@ -101,15 +87,14 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
 
 
 def command_line(argv: list[str]) -> str:
-    """argv as a shell line, with the script path made relative to the repository where it can be."""
+    """argv as a shell line, the script path relative to the repository where it can be, after the settings
+    from the environment that change what a benchmark measures."""
     parts = list(argv)
     if parts and Path(parts[0]).resolve().is_relative_to(ROOT):
         parts[0] = str(Path(parts[0]).resolve().relative_to(ROOT))
-    env = [f"{k}={shlex.quote(os.environ[k])}" for k in COMMAND_ENV if k in os.environ]
-    return " ".join([*env, "python", shlex.join(parts)])
+    return " ".join([*(f"{k}={shlex.quote(os.environ[k])}" for k in COMMAND_ENV if k in os.environ), "python",
+                     shlex.join(parts)])
 
-
-# ---------------------------------------------------------------- the study and its record
 
 @dataclasses.dataclass(frozen=True)
 class Study:
@@ -129,37 +114,33 @@ class Study:
     def record(self, variant: str | None = None, argv: list[str] | None = None,
                out_dir: str | os.PathLike | None = None) -> BenchmarkRecord:
         """The record of one run: `NAME.json`, or `NAME.VARIANT.json` for a run whose tables stand beside it."""
-        name = f"{self.name}.{variant}" if variant else self.name
-        return BenchmarkRecord(name, argv, out_dir=out_dir, study=self)
+        return BenchmarkRecord(f"{self.name}.{variant}" if variant else self.name, argv, out_dir=out_dir, study=self)
 
 
 class BenchmarkRecord:
-    """A benchmark run's result: fill `results` (or use `table`/`headline`/`note`) inside the `with` block."""
+    """A benchmark run's result: fill `results` (or use `table` and `headline`) inside the `with` block."""
 
     def __init__(self, name: str, argv: list[str] | None = None, *, out_dir: str | os.PathLike | None = None,
                  study: Study | None = None) -> None:
         if not _NAME.match(name):
             raise ValueError(f"benchmark name {name!r}: use letters, digits, '_', '-' and '.' (a variant after a dot)")
-        self.name, self.study = name, study
-        self.argv = list(sys.argv if argv is None else argv)
-        self.out_dir = Path(out_dir or os.environ.get("BENCHMARK_RESULTS_DIR") or RESULTS_DIR)
+        self.name, self.study, self.argv = name, study, list(sys.argv if argv is None else argv)
+        self.path = Path(out_dir or os.environ.get("BENCHMARK_RESULTS_DIR") or RESULTS_DIR) / f"{name}.json"
         self.results: dict[str, Any] = {}
         self.data: dict[str, Any] = {}
 
-    @property
-    def path(self) -> Path:
-        return self.out_dir / f"{self.name}.json"
-
     def __enter__(self) -> BenchmarkRecord:
-        git = git_state()
+        git, cores = git_state(), os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
+        machine = {"cores": len(cores), "cores_total": os.cpu_count(), "cpu_model": cpu_model(),
+                   "platform": platform.platform(), "python": platform.python_version()}
         self.data = {"benchmark": self.name, "provenance": "measured", "command": command_line(self.argv),
                      "argv": self.argv, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                     "machine": machine(), "load_start": load_average(), "git_commit": git["commit"],
+                     "machine": machine, "load_start": load_average(), "git_commit": git["commit"],
                      "git_dirty": git["dirty"]}
         if self.study:
             self.data["study"] = {k: v for k, v in dataclasses.asdict(self.study).items() if k != "name"}
-        print(f"{self.name}: {self.data['machine']['cpu_model']}, {self.data['machine']['cores']} cores, load "
-              f"{self.data['load_start']}", file=sys.stderr, flush=True)
+        print(f"{self.name}: {machine['cpu_model']}, {machine['cores']} cores, load {self.data['load_start']}",
+              file=sys.stderr, flush=True)
         return self
 
     def table(self, title: str, rows: list[dict[str, Any]], *, note: str | None = None) -> None:
@@ -174,9 +155,8 @@ class BenchmarkRecord:
     def headline(self, name: str, value: Any, *, target: str | None = None, met: bool | None = None,
                  unit: str | None = None) -> None:
         """A named headline figure; with a target, whether it was met."""
-        entry: dict[str, Any] = {"value": value, **({"unit": unit} if unit else {})}
-        if target is not None:
-            entry.update(target=target, met=met)
+        entry = {"value": value, **({"unit": unit} if unit else {}),
+                 **({"target": target, "met": met} if target is not None else {})}
         self.results.setdefault("headline", {})[name] = entry
         print(f"{name}: {value}" + (f" (target {target}: {met})" if target is not None else ""), flush=True)
 
@@ -189,28 +169,24 @@ class BenchmarkRecord:
         """Note the end load and write the result file atomically; returns its path."""
         self.data.update(load_end=load_average(), results=self.results,
                          date_end=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         # Not write_json_atomic: its sorted keys would reorder a table's columns and the headline.
         write_text_atomic(self.path, json.dumps(self.data, indent=2, ensure_ascii=False, default=str) + "\n")
         print(f"result written to {self.path}", file=sys.stderr, flush=True)
         return self.path
 
 
-# ---------------------------------------------------------------- launches
-
-@dataclasses.dataclass
-class Launch:
-    """One command's run: wall and child CPU seconds, the load around it, whether the cap stopped it, its stdout."""
+class Launch(NamedTuple):
+    """One command's run: wall and child CPU seconds, the load around it, and what it printed when captured."""
 
     seconds: float
     cpu_seconds: float
     load_before: list[float] | None
     load_after: list[float] | None
-    stopped: bool = False
     output: str = ""
 
 
-def cpu_env(threads: int | None = None, **extra: str) -> dict[str, str]:
+def cpu_env(threads: int | None = None) -> dict[str, str]:
     """The environment of a launch: CPU DeepSpeed, this repository importable, this venv's tools first.
 
     The venv's `ninja` must come first on PATH, and its own extensions folder be used: a system ninja and
@@ -221,10 +197,8 @@ def cpu_env(threads: int | None = None, **extra: str) -> dict[str, str]:
 
     use_environment_extensions_dir()
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]), **extra}
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    return env if threads is None else {**env, "OMP_NUM_THREADS": str(threads)}
 
 
 def launch(cmd: list, *, env: dict | None = None, log: Path | None = None, append: bool = False,
@@ -242,11 +216,10 @@ def launch(cmd: list, *, env: dict | None = None, log: Path | None = None, appen
     if log:
         log.parent.mkdir(parents=True, exist_ok=True)
     sink = open(log, "a" if append else "w") if log else None  # noqa: SIM115 (closed below)
-    stdout = sink or (subprocess.PIPE if capture else subprocess.DEVNULL if quiet else None)
-    stderr = subprocess.STDOUT if sink else subprocess.PIPE if capture or quiet else None
     before, load_before, started = resource.getrusage(resource.RUSAGE_CHILDREN), load_average(), time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True,
-                            start_new_session=cap_minutes is not None)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, start_new_session=cap_minutes is not None,
+                            stdout=sink or (subprocess.PIPE if capture else subprocess.DEVNULL if quiet else None),
+                            stderr=subprocess.STDOUT if sink else subprocess.PIPE if capture or quiet else None)
     stopped = False
     try:
         try:
@@ -271,7 +244,7 @@ def launch(cmd: list, *, env: dict | None = None, log: Path | None = None, appen
         words = log.read_text(errors="replace") if log else err or ""
         raise RuntimeError(f"{shlex.join(cmd[:4])}… exited {proc.returncode}: {words.strip()[-2000:]}")
     return Launch(seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), load_before,
-                  load_average(), stopped, out or "")
+                  load_average(), out or "")
 
 
 def build_comm_op() -> None:
@@ -279,18 +252,16 @@ def build_comm_op() -> None:
     launch([sys.executable, "-c", BUILD_OP], env=cpu_env(), quiet=True)
 
 
-def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1, *extra: str) -> list[str]:
+def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> list[str]:
     """`launchers/pretrain.py --config CONFIG --set ...` on `ranks` CPU ranks (torchrun for more than one)."""
-    launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                     "--nproc_per_node", str(ranks)]
-    return [*launcher, "launchers/pretrain.py", "--config", str(config), *(x for s in sets for x in ("--set", s)),
-            *extra]
+    launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
+    return [sys.executable, *launcher, "launchers/pretrain.py", "--config", str(config),
+            *(x for s in sets for x in ("--set", s))]
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     """A run's metrics.jsonl records; a line still being written (or cut short by a kill) is left out."""
-    path = run_dir / "metrics.jsonl"
-    records = []
+    path, records = run_dir / "metrics.jsonl", []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
             records.append(json.loads(line))
@@ -304,25 +275,19 @@ def peak_flops(threads: int | None = None, n: int = 4096, repeats: int = 5, dtyp
     """FLOP/s of the best of `repeats` n × n products (`threads` on CPU, restored after): the MFU denominator."""
     import torch
 
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    kind = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    a, b = (torch.randn(n, n, device=device, dtype=kind) for _ in range(2))
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    torch.mm(a, b)  # warm-up
-    sync()
+    before, sync = torch.get_num_threads(), torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.set_num_threads(threads or before)
+    a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, {"bf16": "bfloat16", "fp16": "float16",
+                                                                    "fp32": "float32"}[dtype])) for _ in range(2))
     best = float("inf")
-    for _ in range(repeats):
+    for i in range(repeats + 1):  # the first is a warm-up
         start = time.perf_counter()
         torch.mm(a, b)
         sync()
-        best = min(best, time.perf_counter() - start)
+        best = best if i == 0 else min(best, time.perf_counter() - start)
     torch.set_num_threads(before)
     return 2 * n**3 / best
 
-
-# ---------------------------------------------------------------- work folders and data fixtures
 
 def work_dir(name: str, given: Path | None = None) -> Path:
     """`given`, else `$BENCHMARK_WORK_DIR/NAME` (default: under the system's temporary folder), created."""
@@ -334,17 +299,15 @@ def work_dir(name: str, given: Path | None = None) -> Path:
 def sample_corpus(source: str | Path | None, documents: int, folder: Path) -> tuple[str, list[str], Path]:
     """(source used, texts, `folder/corpus.jsonl`): the first `documents` texts of `source` (the embedded default
     corpus, Python's documentation, when None)."""
+    from itertools import islice
+
     from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
     from pipeline.data.default_corpus import write_embedded_corpus
 
     if source is None:
         source = folder / "embedded.jsonl"
         write_embedded_corpus(source)
-    texts = []
-    for text in iter_texts(resolve_inputs([str(source)]), CorpusOptions()):
-        texts.append(text)
-        if len(texts) >= documents:
-            break
+    texts = list(islice(iter_texts(resolve_inputs([str(source)]), CorpusOptions()), documents))
     corpus = folder / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return str(source), texts, corpus
@@ -360,13 +323,13 @@ def make_shards(corpus: Path, tokenizer: Path, folder: Path, seq_len: int, **opt
     return folder
 
 
-def cli_data(out: Path, inputs: list[Path], *, vocab: int = 16000, seq_len: int = 128, val_fraction: float = 0.01,
-             env: dict | None = None) -> tuple[Path, Path]:
-    """(tokenizer, shards) in `out`, made once by the user-facing commands (the shard stage skips a complete folder)."""
+def cli_data(out: Path, inputs: list[Path], *, val_fraction: float, env: dict) -> tuple[Path, Path]:
+    """(tokenizer, shards) in `out`, made once by the user-facing commands (the shard stage skips a complete folder):
+    a 16k byte-level BPE and 128-token shards."""
     tokenizer, shards = out / "tokenizer", out / "shards"
     if not (tokenizer / "tokenizer.json").exists():
         launch([sys.executable, "data_prep/train_tokenizer.py", "--input", *inputs, "--type", "bpe", "--vocab-size",
-                vocab, "--model-max-length", seq_len, "--out", tokenizer], env=env)
-    launch([sys.executable, "data_prep/shard.py", "--input", *inputs, "--tokenizer", tokenizer, "--seq-len", seq_len,
+                16000, "--model-max-length", 128, "--out", tokenizer], env=env)
+    launch([sys.executable, "data_prep/shard.py", "--input", *inputs, "--tokenizer", tokenizer, "--seq-len", 128,
             "--val-fraction", val_fraction, "--out", shards, "--quiet"], env=env)
     return tokenizer, shards

@@ -1,18 +1,11 @@
-"""The HF `Trainer` baselines: pretraining (budget_time_to_loss.py) and fine-tuning (released_encoder_finetune.py,
-finetune_speed.py), each the way an HF user runs it.
+"""The HF `Trainer` baselines, each the way an HF user runs it: pretraining for budget_time_to_loss.py (evaluated
+on the pipeline's own fixed masked batches from a callback, evaluation time left out), and run_glue's
+fine-tuning (`finetune`) for released_encoder_finetune.py and finetune_speed.py.
 
-Pretraining, on transformers' own masked-LM class for the budget config's `model.architecture`, its config
-built by the pipeline's `hf_config`, so the shapes are the budget recipe's:
-- `hf-same`: the budget config's recipe, as far as `TrainingArguments` can say it (`same_recipe`: LR, AdamW
-  betas and eps, weight decay on the same parameters, warmup then decay to the config's end, the global
-  batch, clipping, masking probability and 80/10/10 split, dropout, seed). What is left is the pipeline's
-  own efficiency; `same_recipe` lists the few differences in the recipe itself, which go into the results.
-- `hf-run_mlm`: `run_mlm.py`'s defaults (`RUN_MLM`), dropout the HF config class's default.
-Both are evaluated from a callback on the pipeline's fixed masked validation batches (HF's own evaluation
-would draw new masks each time), evaluation time left out (pipeline/tracking/loss_curve.py's convention).
-
-Fine-tuning (`finetune`): run_glue's recipe, `AutoModelForSequenceClassification` + `Trainer`, dev
-accuracy after every epoch.
+- `hf-same`: transformers' own masked-LM class for the budget config's architecture, built by the pipeline's
+  `hf_config`, trained with the budget config's recipe as far as `TrainingArguments` can say it
+  (`same_recipe`, which lists what still differs). What is left is the pipeline's own efficiency.
+- `hf-run_mlm`: the same model with `run_mlm.py`'s defaults (`RUN_MLM`) and the HF class's dropout.
 """
 
 from __future__ import annotations
@@ -24,8 +17,6 @@ from pathlib import Path
 from pipeline.pretrain.config import PretrainConfig
 
 RECIPES = ("hf-same", "hf-run_mlm")
-ALIASES = {"hf": "hf-run_mlm"}
-"""Earlier name of `hf-run_mlm` (the recipe was on tiny.json's model then)."""
 
 RUN_MLM = {  # run_mlm.py's TrainingArguments defaults (the optimizer too: TrainingArguments' default `optim`)
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_train_epochs": 3,
@@ -214,8 +205,7 @@ def worker(spec: dict) -> None:
             return decay_parameter_names(model)
 
     args = TrainingArguments(output_dir=spec["out"], logging_steps=10**9, save_strategy="no", report_to="none",
-                             disable_tqdm=True,
-                             use_cpu=True, seed=seed, data_seed=seed, **arguments)
+                             disable_tqdm=True, use_cpu=True, seed=seed, data_seed=seed, **arguments)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability, **corruption)
     trainer = (SameDecayTrainer if recipe == "hf-same" else Trainer)(
         model=model, args=args, train_dataset=Rows(), data_collator=collator, callbacks=[EvalAndCap()])

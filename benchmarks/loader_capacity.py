@@ -18,16 +18,13 @@ import time
 from pathlib import Path
 
 import harness
+from gpu_check import MFU_TARGET, TOKENS_TARGET, nominal_tflops
 
 STUDY = harness.Study(
     "loader_capacity", question="Can two loader workers feed one H100?",
     metric="sequences per second one DataLoader worker delivers",
     baseline="what one H100 consumes at the GPU targets (RoBERTa-large at 45% MFU, ModernBERT-base at 300k tokens/s)",
     arms=("token masking", "whole-word masking", "span masking"))
-H100_BF16_DENSE_TFLOPS = 989.0
-"""H100 SXM bf16 dense tensor-core peak (NVIDIA's datasheet: 1,979 with 2:4 sparsity)."""
-ROBERTA_LARGE_MFU = 0.45
-MODERNBERT_BASE_TOKENS_PER_S = 300_000
 WORKERS_PER_GPU, HEADROOM = 2, 2.0
 UNITS = ("token", "word", "span")
 
@@ -38,9 +35,8 @@ def gpu_demand(seq_len: int) -> dict[str, float]:
 
     flops = training_flops_per_token(layers=24, hidden=1024, intermediate=4096, seq_len=seq_len, vocab=50265,
                                      masked_fraction=0.15)
-    roberta = ROBERTA_LARGE_MFU * H100_BF16_DENSE_TFLOPS * 1e12 / flops
-    return {"RoBERTa-large, 45% MFU": roberta / seq_len,
-            "ModernBERT-base, 300k tokens/s": MODERNBERT_BASE_TOKENS_PER_S / seq_len}
+    roberta = MFU_TARGET * nominal_tflops("H100") * 1e12 / flops  # the data sheet's dense bf16 peak
+    return {"RoBERTa-large, 45% MFU": roberta / seq_len, "ModernBERT-base, 300k tokens/s": TOKENS_TARGET / seq_len}
 
 
 def worker_rate(shards: Path, cache_dir: Path, tokenizer_dir: Path, unit: str, micro_batch: int,

@@ -4,19 +4,12 @@
         [--ranks 2] [--set KEY=VALUE ...] [--corpus FILE ...] [--tasks sst2,rte] [--minimal-pairs] [--seeds 1,2,3]
         [--train-examples 10000] [--epochs 3] [--sweep KEY=V1,V2 ...] [--variant NAME] [--out DIR]
 
-Every stage runs through the user-facing commands:
-1. a 16k byte-level BPE and 128-token shards of the IMDB reviews (../shared/data), or of every `--corpus`
-   given (a mix);
-2. pretraining `--config` on `--ranks` CPU ranks for `--steps` optimizer steps (default: the config's) and,
-   with `--minutes`, at most that long from the launch: then the run gets SIGTERM, finishes its step and
-   checkpoints, and its newest checkpoint is what is fine-tuned;
-3. each of `--tasks` fine-tuned from the pretrained model and from scratch (same architecture and seeds),
-   through the fair protocol: each arm's setting chosen from `--sweep` on a held-out slice of the training
-   examples, never on dev; the two arms side by side, one thread each;
-4. with `--minimal-pairs`: pairs (agreement, determiners, word order) made from the corpus's held-out
-   documents, the export scored against a unigram model of the corpus (made pairs do not hold near 0.5 as
-   the public suites do, so the target asks for a lead over it).
-The record is pretraining_gain.VARIANT (default: the config's name).
+Through the user-facing commands: a 16k BPE and 128-token shards of IMDB or of every `--corpus`;
+pretraining on `--ranks` CPU ranks for `--steps`, at most `--minutes` (then SIGTERM: the run checkpoints,
+and its newest checkpoint is fine-tuned); each task fine-tuned from it and from scratch through the fair
+protocol (each arm's setting chosen from `--sweep` on held-out train, never dev), the arms side by side;
+with `--minimal-pairs`, pairs made from the corpus's held-out documents, the export against a unigram
+model of the corpus. The record is pretraining_gain.VARIANT (default: the config's name).
 """
 
 from __future__ import annotations

@@ -4,18 +4,12 @@
     python benchmarks/released_encoder_finetune.py [--model DIR] [--seeds 1,2,3] [--rte-seeds 1] [--max-train 2000]
         [--no-scratch] [--tasks sst2,rte] [--no-parity] [--max-eval N] [--out DIR]
 
-On ../shared/data/glue, SST-2 (the first --max-train training examples) and RTE (all of it: sentence
-pairs and segment ids) are fine-tuned by `launchers/finetune.py --model MODEL` (one launch per seed) and
-by HF `Trainer` (hf_baselines.finetune, the run_glue recipe), with the same LR, epochs, batch,
-max_seq_len, warmup ratio, weight decay, AdamW betas and eps, clipping and seed. Both evaluate dev
-after every epoch; the pipeline keeps its best epoch, so HF's column is its best epoch too (its last
-beside it). Seconds per epoch: training plus that epoch's evaluation. A row adds the pipeline from
-scratch. `--tasks rte` runs a part (its own record, released_encoder_finetune.rte); `--no-parity` only
-the scratch rows; `--max-eval` caps dev, for a smoke run only.
-
-Each finished seed keeps its result (`result.json`) with what made it (the model's content, task,
-seed, scratch or not, recipe, data caps): a rerun into the same --out reuses seeds made the same way
-and refuses a folder made otherwise, naming what differs.
+SST-2 (the first --max-train examples) and RTE (all) from ../shared/data/glue, fine-tuned by
+`launchers/finetune.py` (one launch per seed) and by HF `Trainer` the run_glue way (hf_baselines.finetune),
+with the same recipe and seed; both evaluate dev every epoch, and the pipeline's best epoch is read beside
+HF's best. A row adds the pipeline from scratch. `--tasks rte` or `--no-parity` (the scratch rows only) is
+a part with its own record. Each finished seed keeps its result with what made it (the model's content,
+task, seed, recipe, data caps): a rerun into the same --out reuses it and refuses one made otherwise.
 """
 
 from __future__ import annotations
@@ -160,7 +154,6 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2,3", help="SST-2 seeds")
     p.add_argument("--rte-seeds", default="1")
     p.add_argument("--max-train", type=int, default=2000, help="SST-2 training examples (the first N)")
-    p.add_argument("--max-train-rte", type=int, default=None, help="RTE training examples (default: all 2,490)")
     p.add_argument("--max-eval", type=int, default=None, help="cap the dev sets (smoke runs only)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=5e-5)
@@ -186,7 +179,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 2))
     with STUDY.record(record_variant(tasks, a.no_parity)) as rec:
         out = harness.work_dir("released-encoder-finetune", a.out)
-        max_train = {"sst2": a.max_train, "rte": a.max_train_rte}
+        max_train = {"sst2": a.max_train, "rte": None}  # RTE: all 2,490
         glue = capped_glue(a.glue, out / "glue", max_train, a.max_eval)
         caps = {task: {"max_train": max_train[task], "max_eval": a.max_eval} for task in TASKS}
         rows = []
@@ -218,7 +211,7 @@ def main() -> None:
                              target=f"within ±{TASKS[task][1]:g}", met=abs(gap) <= TASKS[task][1])
         subject = model_name(model) + (" from scratch" if a.no_parity else "")
         rec.table(f"{subject}: GLUE dev accuracy ({', '.join(tasks)}); SST-2 first {a.max_train} training "
-                  f"examples, RTE {'all' if a.max_train_rte is None else a.max_train_rte}; LR {a.lr}, "
+                  f"examples, RTE all; LR {a.lr}, "
                   f"{a.epochs} epochs, batch {a.batch}, max_seq_len {a.max_seq_len}, warmup 6%, weight decay 0.01"
                   + (f"; dev capped at {a.max_eval} (smoke run)" if a.max_eval else ""), rows)
 

@@ -52,14 +52,8 @@ MACHINE_REGION = re.compile(re.escape(MACHINE_START) + r"\n.*?" + re.escape(END)
 
 def cell(value: Any) -> str:
     """One table cell: text as written, numbers compactly, a '|' escaped so it cannot split the row."""
-    if value is None:
-        text = "—"
-    elif isinstance(value, bool):
-        text = "yes" if value else "no"
-    elif isinstance(value, float):
-        text = format(value, ".6g")
-    else:
-        text = str(value)
+    text = ("—" if value is None else ("yes" if value else "no") if isinstance(value, bool)
+            else format(value, ".6g") if isinstance(value, float) else str(value))
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -76,29 +70,15 @@ def render_table(table: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def verdict(met: bool | None) -> str:
-    return {True: "**met**", False: "**not met**"}.get(met, "not measured")
-
-
 def render_headline(headline: dict[str, Any]) -> list[str]:
-    lines = []
-    for name, entry in headline.items():
-        entry = entry if isinstance(entry, dict) else {"value": entry}
-        text = f"- {name}: **{cell(entry.get('value'))}**"
-        if entry.get("unit"):
-            text += f" {entry['unit']}"
-        if "target" in entry:
-            text += f" (target {entry['target']}: {verdict(entry.get('met'))})"
-        lines.append(text)
-    return lines
+    verdict = {True: "**met**", False: "**not met**"}
+    return [f"- {name}: **{cell(entry.get('value'))}**" + (f" {entry['unit']}" if entry.get("unit") else "")
+            + (f" (target {entry['target']}: {verdict.get(entry.get('met'), 'not measured')})" if "target" in entry
+               else "") for name, entry in headline.items()]
 
 
-def load_text(load: Any) -> str:
-    if load is None:
-        return "not recorded"
-    if isinstance(load, list | tuple):
-        return " / ".join(format(x, ".2f") for x in load)
-    return str(load)
+def load_text(load: list[float] | None) -> str:
+    return "not recorded" if load is None else " / ".join(format(x, ".2f") for x in load)
 
 
 def machine_text(machine: dict[str, Any]) -> str:
@@ -124,9 +104,8 @@ def render_conditions(data: dict[str, Any], machine: str | None = None) -> list[
     if data.get("load_start") is None and data.get("load_end") is None and data.get("load_note"):
         load = data["load_note"]
     else:
-        load = f"{load_text(data.get('load_start'))} at the start, {load_text(data.get('load_end'))} at the end"
-        if isinstance(data.get("load_start"), list | tuple) or isinstance(data.get("load_end"), list | tuple):
-            load += " (1 / 5 / 15 min)"
+        load = (f"{load_text(data.get('load_start'))} at the start, {load_text(data.get('load_end'))} at the end"
+                + (" (1 / 5 / 15 min)" if data.get("load_start") or data.get("load_end") else ""))
         if data.get("load_note"):
             load += f"; {data['load_note']}"
     own_machine = machine_text(data.get("machine") or {})

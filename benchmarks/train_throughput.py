@@ -1,12 +1,11 @@
-"""Training throughput and MFU: our pretraining step, option by option, against HF Trainer, in one run.
+"""Training throughput and MFU: our pretraining step against HF Trainer, in one run.
 
-    python benchmarks/train_throughput.py [--corpus FILE] [--steps 20] [--batch 32] [--seq-len 128]
-                                          [--variants baseline,fused,compile,loader,syncs,all]
+    python benchmarks/train_throughput.py [--corpus FILE] [--steps 20] [--skip 5] [--batch 32] [--seq-len 128]
 
 Same model (4 layers, hidden 256, FFN 1024, a 50,265-token BPE trained here on the shared IMDB reviews
 or the embedded corpus, seq 128), data, batch, AdamW settings, fp32 and threads. Ours is
-`launchers/pretrain.py` as a user runs it (ZeRO 0, hashed masking, the sparse MLM head), once per
-variant (`VARIANTS`: baseline, then one option each), timed from its metrics.jsonl; HF is `Trainer` +
+`launchers/pretrain.py` as a user runs it (ZeRO 0, hashed masking, the sparse MLM head, the loader in the
+training process, per-tensor AdamW), timed from its metrics.jsonl; HF is `Trainer` +
 `RobertaForMaskedLM` + `DataCollatorForLanguageModeling` with its defaults, timed from a callback. The
 first `--skip` steps are warm-up. The peak is a 4096² fp32 `torch.mm` with the same threads, best of 5,
 before every run; the best of those counts. MFU follows PaLM (the FLOPs the model's math needs,
@@ -29,19 +28,10 @@ import harness
 MODEL = dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024)
 MASKED = 0.15  # masking.probability (the default)
 OPTIMIZER = dict(lr=5e-4, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01)
-VARIANTS = {  # name: (what changes, config updates by section)
-    "baseline": ("eager, per-tensor AdamW, loader in process, losses to host every step", {}),
-    "fused": ("+ optimizer.fused (torch's fused AdamW)", {"optimizer": {"fused": True}}),
-    "compile": ("+ train.compile (engine.compile, inductor)", {"train": {"compile": True}}),
-    "loader": ("+ data.num_workers 1 (masking in a worker process)", {"data": {"num_workers": 1}}),
-    "syncs": ("+ train.log_every 5 (losses to host every 5 steps)", {"train": {"log_every": 5}}),
-    "all": ("all of the above", {"optimizer": {"fused": True}, "train": {"compile": True, "log_every": 5},
-                                 "data": {"num_workers": 1}}),
-}
 STUDY = harness.Study(
     "train_throughput", question="Is the pretraining step fast?", metric="tokens/s and MFU over the counted steps",
     baseline="HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling, same model, batch, data and threads",
-    arms=(*(f"ours, {v}" for v in VARIANTS), "HF Trainer"))
+    arms=("ours", "HF Trainer"))
 def hf_worker(shards: str, tokenizer_dir: str, steps: int, batch: int) -> None:
     """Train with HF Trainer; print the wall-clock time at the end of every step as JSON."""
     import torch
@@ -85,7 +75,7 @@ def hf_worker(shards: str, tokenizer_dir: str, steps: int, batch: int) -> None:
     print(json.dumps({"stamps": stamps}))
 
 
-def ours(shards: Path, tokenizer_dir: Path, a: argparse.Namespace, out: Path, env: dict, updates: dict) -> float:
+def ours(shards: Path, tokenizer_dir: Path, a: argparse.Namespace, out: Path, env: dict) -> float:
     """Seconds per counted step of `launchers/pretrain.py` as a user runs it, from its metrics.jsonl."""
     config = {
         "model": MODEL, "data": {"shards": str(shards), "tokenizer": str(tokenizer_dir), "num_workers": 0,
@@ -95,8 +85,6 @@ def ours(shards: Path, tokenizer_dir: Path, a: argparse.Namespace, out: Path, en
                   "micro_batch_size": a.batch, "eval_sequences": a.batch, "export": False, "log_every": 1},
         "checkpoint": {"every": 10**6}, "tracking": {"enabled": False},
     }
-    for section, values in updates.items():
-        config[section] = {**config[section], **values}
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(config))
     harness.launch([sys.executable, "launchers/pretrain.py", "--config", path], env=env,
@@ -119,17 +107,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--no-hf", action="store_true", help="skip the HF Trainer run")
     p.add_argument("--hf-worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.hf_worker:
         shards, tok, steps, batch = a.hf_worker
         return hf_worker(shards, tok, int(steps), int(batch))
-    a.variants = a.variants.split(",")
-    unknown = [v for v in a.variants if v not in VARIANTS]
-    if unknown or a.skip % 5 or a.skip >= a.steps:
-        p.error(f"unknown variants {unknown}" if unknown else "--skip must be a multiple of 5 and below --steps")
+    if a.skip % 5 or a.skip >= a.steps:
+        p.error("--skip must be a multiple of 5 and below --steps")
     with STUDY.record() as rec:
         measure(a, rec)
 
@@ -149,9 +134,8 @@ def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
         train_tokenizer(texts, "bpe", 50_265, tok, model_max_length=a.seq_len)
         shards = harness.make_shards(corpus, tok, tmp / "shards", a.seq_len, val_fraction=0.01, workers=a.threads)
         vocab = json.loads((shards / "index.json").read_text())["tokenizer"]["vocab_size"]
-        for name in a.variants:
-            peaks.append(harness.peak_flops(a.threads))
-            seconds[name] = ours(shards, tok, a, tmp / name, env, VARIANTS[name][1])
+        peaks.append(harness.peak_flops(a.threads))
+        seconds["ours"] = ours(shards, tok, a, tmp / "ours", env)
         if not a.no_hf:
             peaks.append(harness.peak_flops(a.threads))
             hf = harness.launch([sys.executable, __file__, "--hf-worker", shards, tok, a.steps, a.batch], env=env,
@@ -170,7 +154,7 @@ def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
         # PaLM's convention: the FLOPs the model's math needs (ours: the sparse head at the masked fraction)
         flops = tokens * (dense if name == "hf" else training_flops_per_token(**shape, masked_fraction=MASKED)) / step
         rows.append({"training step": "HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling"
-                     if name == "hf" else f"ours, {name}: {VARIANTS[name][0]}", "ms per step": f"{1e3 * step:,.0f}",
+                     if name == "hf" else "ours", "ms per step": f"{1e3 * step:,.0f}",
                      "tokens/s": f"{tokens / step:,.0f}", "model GFLOP/s": f"{flops / 1e9:.1f}",
                      "MFU": f"{flops / peak:.0%}", "dense-equivalent / peak": f"{tokens * dense / step / peak:.0%}",
                      "vs HF": f"{seconds['hf'] / step:.2f}" if "hf" in seconds else "–"})
@@ -178,8 +162,8 @@ def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
               f"threads, {a.steps} steps ({a.skip} warm-up not counted); peak {peak / 1e9:.1f} GFLOP/s "
               f"(4096² fp32 torch.mm, best of 5, before every run: {', '.join(f'{x / 1e9:.0f}' for x in peaks)})",
               rows)
-    if "hf" in seconds and "baseline" in seconds:
-        rec.headline("ours (baseline) vs HF Trainer", f"{seconds['hf'] / seconds['baseline']:.2f}×")
+    if "hf" in seconds:
+        rec.headline("ours vs HF Trainer", f"{seconds['hf'] / seconds['ours']:.2f}×")
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 
