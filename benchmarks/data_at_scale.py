@@ -34,12 +34,16 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from result_record import BenchmarkRecord  # noqa: E402
+from harness import ROOT, BenchmarkRecord, Study
 
+STUDY = Study(
+    "data_at_scale", question="What does a run cost before and at its first step as the corpus grows?",
+    metric="seconds to the first step and to a 3-step run's end, peak memory, cache bytes, resume to first batch",
+    baseline="the same measures at each smaller size, extrapolated to 100B tokens; the corpus ×1 against ×4",
+    arms=("synthetic sizes", "the real corpus ×k", "many files through SLURM", "index at scale"))
 PYTHON = sys.executable
 DEFAULT_CORPUS = Path("/work/shared/data/corpus/imdb-reviews.jsonl.zst")
 EXTRAPOLATE_TO = 100e9
@@ -68,11 +72,7 @@ def make_tokenizer(corpus: Path, out: Path) -> Path:
     from pipeline.data.tokenizer import train_tokenizer
 
     if not (out / "tokenizer.json").exists():
-        texts = []
-        for line in read_jsonl(corpus):
-            texts.append(json.loads(line)["text"])
-            if len(texts) == 20_000:
-                break
+        texts = [json.loads(line)["text"] for line in islice(read_jsonl(corpus), 20_000)]
         train_tokenizer(texts, "bpe", 8192, out, model_max_length=512)
     return out
 
@@ -345,7 +345,7 @@ def main() -> None:
     p.add_argument("--variant", default=None, help="record as data_at_scale.VARIANT (a partial run)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    with BenchmarkRecord("data_at_scale" + (f".{args.variant}" if args.variant else ""), argv=sys.argv) as rec:
+    with STUDY.record(args.variant) as rec:
         measure(args, rec)
 
 

@@ -3,25 +3,16 @@
     python benchmarks/gpu_check.py --data DIR --budget-minutes 8   # on a CUDA machine, inside a lease
     python benchmarks/gpu_check.py --device cpu --tiny --data DIR   # the same code at toy size, so it cannot rot
 
-Parts, in order of value (a lease stopped early keeps what matters most); each step's failure is caught,
-recorded with its error, and the check goes on; the record is written after each part:
-- **environment**: versions (transformers and tokenizers against the wheelhouse's pins), GPU, matmul peak;
-- **correctness**, per architecture at a small size: one DeepSpeed step (`initialize_engine`) in bf16 and
-  fp16 at ZeRO 0 and 2 against fp32, same batch, same initial weights, within `TOLERANCE` (relative);
-- **packed documents**: each packed attention path gives, per document, what the padded path gives alone;
-- **faults**: the four faults the H200 found, each shown fixed (gpu_runs.py's run that must end, and the
-  cells above that show the others);
-- **throughput** (eager), **the run to the end**, then **throughput** compiled: gpu_runs.py.
-
-The record goes through result_record.py (`gpu_check.json`; `gpu_check.cpu-tiny.json` for the toy run).
-docs/gpu-nodes.md says how a lease runs it.
+Its parts run in order of value (environment, correctness, packed documents, throughput, the run to the end,
+compiled throughput); a step's failure is recorded with its error and the check goes on; the record is
+written after each part. docs/gpu-nodes.md describes each part, the cells that show each fault the H200
+found fixed, and how a lease runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import math
 import os
 import re
 import sys
@@ -32,11 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_runs import SHAPES, Scale, end_to_end, ending_run, find_data, prepared_data, throughput_row  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+from gpu_runs import SHAPES, Scale, end_to_end, find_data, prepared_data, throughput_row
+from harness import ROOT, BenchmarkRecord, Study, peak_flops
 
 ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
 # Relative loss difference allowed against fp32 after one step on the same batch. bf16 keeps 8 bits of
@@ -44,9 +32,16 @@ ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
 # bf16 5–8e-4 and fp16 4–7e-5 at ZeRO 2; ZeRO 0 was ~1e-2 in both until the engine undid DeepSpeed's
 # zero-gradient state-initialisation step (engine.undo_state_initialisation_step), which these bounds now catch.
 TOLERANCE = {"bf16": 2e-3, "fp16": 5e-4}
+MFU_TARGET, TOKENS_TARGET = 0.45, 300_000
+"""The GPU targets on one H100 in bf16: RoBERTa-large's MFU (nominal peak), ModernBERT-base's packed real tokens/s."""
 # Dense bf16/fp16 tensor-core peaks from NVIDIA's data sheets (TFLOP/s, without sparsity), by name fragment.
 NOMINAL_TFLOPS = (("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
                   ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0), ("L4", 121.0))
+STUDY = Study(
+    "gpu_check", question="Where does the GPU path stand?", metric="pass or fail per step; tokens/s and MFU",
+    baseline=f"fp32 and the padded path; targets: RoBERTa-large {MFU_TARGET:.0%} MFU (nominal peak), "
+             f"ModernBERT-base {TOKENS_TARGET:,} tokens/s",
+    arms=(*ARCHITECTURES, "bf16", "fp16", "ZeRO 0", "ZeRO 2", "loader on", "loader off", "compiled"))
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -93,24 +88,6 @@ class Steps:
 
 class Skipped(Exception):
     """A step that cannot run here, with the reason."""
-
-
-def matmul_peak(dtype_name: str, device: str, n: int, repeats: int) -> float:
-    """FLOP/s of the best of `repeats` n × n products in `dtype_name` on `device`."""
-    import torch
-
-    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    torch.mm(a, b)
-    sync()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
 
 
 def nominal_tflops(gpu_name: str | None) -> float | None:
@@ -162,7 +139,8 @@ def environment(device: str, tiny: bool) -> dict[str, Any]:
                      capability=f"{props.major}.{props.minor}")
     dtypes = ("bf16", "fp16") if device == "cuda" else ("bf16", "fp32")
     n, repeats = (256, 3) if tiny else ((8192, 20) if device == "cuda" else (2048, 3))
-    found["peak_tflops"] = {d: round(matmul_peak(d, device, n, repeats) / 1e12, 4) for d in dtypes}
+    found["peak_tflops"] = {d: round(peak_flops(n=n, repeats=repeats, dtype=d, device=device) / 1e12, 4)
+                            for d in dtypes}
     found["matmul"] = f"{n}² torch.mm, best of {repeats}"
     found["nominal_tflops"] = nominal_tflops(found.get("gpu"))
     return found
@@ -367,42 +345,6 @@ def _percent(x: float | None) -> str | None:
 
 # ---------------------------------------------------------------- the pretraining runs (gpu_runs.py)
 
-def faults(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The four faults the one H200 lease found, each as a row: its own step, or the cells that show it."""
-    def ending():
-        if made is None:
-            raise Skipped("no shards (the data step failed)")
-        return ending_run(work, made, scale, steps.seconds_left())
-
-    steps.attempt("faults/ending-run", ending)
-    found = {o["step"]: o for o in steps.outcomes}
-
-    def of(names: list[str], what: str) -> dict[str, Any]:
-        """A row from the steps that show the fix: ok only when each of them that ran is ok (fp16 on CPU: skipped)."""
-        cells = [found[n] for n in names if n in found]
-        ran = [c for c in cells if c["status"] != "skipped"]
-        failed = [c for c in cells if c["status"] == "failed"]
-        status = "failed" if failed else "ok" if ran else "not run"
-        skipped = len(cells) - len(ran)
-        note = (_note(failed[0]) if failed else
-                f"{skipped} skipped: {_note(next(c for c in cells if c['status'] == 'skipped'))}" if skipped else None)
-        return {"fault": what, "status": status, "shown by": f"{len(ran)} of {len(names)} steps ({names[0]}, …)"
-                if len(names) > 1 else names[0], "note": note}
-
-    run = found["faults/ending-run"]
-    ran = run["status"] == "ok"
-    return [
-        of(["faults/ending-run"], "loader workers shut down at exit (batches.shut_down_workers)")
-        | ({"note": f"exited {run['exit_after_last_record_s']} s after its last record, "
-                    f"{run['loader_workers']} loader workers"} if ran else {}),
-        of(["faults/ending-run"], "evaluation's all_reduce on the engine's device")
-        | ({"note": f"final eval MLM loss {run['final_eval_mlm_loss']:.3f}"} if ran else {}),
-        of([f"packed/{a}/eager" for a in ARCHITECTURES], "eager packed-document mask on the documents' device"),
-        of([f"correctness/{a}/{p}/zero0" for a in ARCHITECTURES for p in ("bf16", "fp16")],
-           "ZeRO 0 bf16/fp16 first step matches fp32 (engine.undo_state_initialisation_step)"),
-    ]
-
-
 def throughput(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] | None, peaks: dict[str, Any] | None,
                models: tuple[str, ...], compiled: bool) -> list[dict[str, Any]]:
     """Each model with the loader on, then off; eager runs are one part, compiled ones another (they come last)."""
@@ -451,17 +393,8 @@ def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] 
 
 # ---------------------------------------------------------------- the check
 
-def print_table(title: str, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    columns = list(rows[0])
-    print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join("–" if row[c] in (None, "") else str(row[c]) for c in columns) + " |")
-
-
 def headlines(rec: BenchmarkRecord, steps: Steps, device: str, tiny: bool) -> None:
-    """The issue's two targets on one H100 in bf16; recorded only for a full-size CUDA run."""
+    """The two GPU targets; recorded only for a full-size CUDA run."""
     if device != "cuda" or tiny:
         return
     found = {o["step"]: o for o in steps.outcomes}
@@ -472,13 +405,13 @@ def headlines(rec: BenchmarkRecord, steps: Steps, device: str, tiny: bool) -> No
 
     large = best("RoBERTa-large", "mfu_nominal_peak")
     rec.headline("RoBERTa-large seq 512 bf16, MFU (nominal peak)", None if large is None else f"{large:.1%}",
-                 target="≥ 45%", met=None if large is None else large >= 0.45)
+                 target=f"≥ {MFU_TARGET:.0%}", met=None if large is None else large >= MFU_TARGET)
     rate = best("ModernBERT-base", "real_tokens_per_s")
     rec.headline("ModernBERT-base seq 1024 packed bf16, tokens/s", None if rate is None else f"{rate:,.0f}",
-                 target="≥ 300,000", met=None if rate is None else rate >= 300_000)
+                 target=f"≥ {TOKENS_TARGET:,}", met=None if rate is None else rate >= TOKENS_TARGET)
 
 
-PARTS = ("correctness", "packed", "faults", "throughput", "e2e", "compiled")
+PARTS = ("correctness", "packed", "throughput", "e2e", "compiled")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -507,8 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.budget_minutes is not None and a.budget_minutes <= 0:
         p.error(f"--budget-minutes {a.budget_minutes:g}: give a positive number of minutes")
     a.data = find_data(a.data)
-    name = "gpu_check" + (f".{a.device}-tiny" if a.tiny else ("" if a.device == "cuda" else f".{a.device}"))
-    with BenchmarkRecord(name, argv=sys.argv if argv is None else [__file__, *argv]) as rec:
+    variant = f"{a.device}-tiny" if a.tiny else (None if a.device == "cuda" else a.device)
+    with STUDY.record(variant, sys.argv if argv is None else [__file__, *argv]) as rec:
         run_check(a, skipped, rec)
 
 
@@ -542,7 +475,6 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
                             lambda: correctness(steps, a.device)),
             "packed": ("packed documents: each attention path vs the padded path, per document",
                        lambda: packed(steps, a.device)),
-            "faults": ("faults found on the H200, each shown fixed", lambda: faults(steps, work, scale, prepared())),
             "throughput": ("throughput, eager: the pretrain command, loader on (real shards) and off (in memory)",
                            lambda: throughput(steps, work, scale, prepared(), env, a.models, compiled=False)),
             "e2e": ("the run to the end: IMDB shards, pretraining killed -9 and resumed, export, SST-2",
@@ -556,7 +488,6 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
             title, run_part = parts[part]
             rows = run_part()
             rec.table(title, rows)
-            print_table(title, rows)
             summarise(rec, steps, a)
             rec.write()  # what finished so far survives a check stopped from outside
     summarise(rec, steps, a)

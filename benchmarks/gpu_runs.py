@@ -1,16 +1,7 @@
-"""The GPU check's pretraining runs, each through the pretrain command (`launchers/pretrain.py`) as a user runs it.
-
-- **data**: a slice of IMDB (`<data>/corpus/imdb-reviews.jsonl.zst`; the embedded corpus where there is no
-  data folder), a BPE trained on it, and shards written by the shard stage: plain at seq 512 and doc-packed
-  at 1,024 (64 in the toy run).
-- **a small run that must end**: 2 loader workers, a final evaluation; it shows that the process exits
-  (loader workers stopped) and that evaluation's all_reduce ran on the engine's device.
-- **throughput rows**: tokens/s and MFU (pipeline/pretrain/flops.py) of one model, eager or compiled, with
-  the loader on (2 workers masking real shards) or off (a few of the run's own micro batches, already on
-  the device, replayed: `python benchmarks/gpu_runs.py in-memory CONFIG`).
-- **the run to the end**: a ModernBERT pretraining with checkpoints, once uninterrupted and once killed with
-  SIGKILL mid-run and resumed by the same command; their per-step losses compared; the resumed run's
-  export fine-tuned on SST-2 (`<data>/glue/SST-2`) by the fine-tune command.
+"""The GPU check's pretraining runs, each through the pretrain command (`launchers/pretrain.py`) as a user runs it:
+the data (a BPE and shards from a slice of IMDB), the throughput rows (the loader on, or off: `python
+benchmarks/gpu_runs.py in-memory CONFIG` replays a few micro batches already on the device), and the run to the
+end (killed with SIGKILL mid-run, resumed, compared, exported and fine-tuned on SST-2).
 """
 
 from __future__ import annotations
@@ -27,7 +18,8 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, make_shards, metrics, sample_corpus
+
 MASKED = 0.15  # masking.probability: the FLOP model's masked fraction, as the trainer's MFU uses
 IMDB = Path("corpus") / "imdb-reviews.jsonl.zst"
 SST2 = Path("glue") / "SST-2"
@@ -92,10 +84,6 @@ def clean_env(scale: Scale) -> dict[str, str]:
 
 def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     """A tokenizer and shards (plain and doc-packed) written by the pipeline's own stages from a slice of IMDB."""
-    from bench_corpus import sample_corpus
-
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
 
     source = None if data is None else str(data / IMDB)
@@ -103,13 +91,9 @@ def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     tokenizer = folder / "tokenizer"
     longest = max(scale.seq_len(True), scale.seq_len(False))
     train_tokenizer(texts, "bpe", 2_000 if scale.tiny else 50_265, tokenizer, model_max_length=longest)
-    shards = {}
-    for pack, packed in (("full", False), ("doc-packed", True)):
-        out = folder / f"shards-{pack}"
-        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=scale.seq_len(packed),
-                                     out=str(out), pack=pack, val_fraction=0.02, workers=1 if scale.tiny else 8,
-                                     quiet=True))
-        shards[pack] = str(out)
+    shards = {pack: str(make_shards(corpus, tokenizer, folder / f"shards-{pack}", scale.seq_len(packed), pack=pack,
+                                    val_fraction=0.02, workers=1 if scale.tiny else 8))
+              for pack, packed in (("full", False), ("doc-packed", True))}
     return {"source": source, "documents": len(texts), "tokenizer": str(tokenizer), "shards": shards}
 
 
@@ -158,9 +142,9 @@ def start_run(config: dict[str, Any], run_dir: Path, env: dict[str, str], in_mem
                                 start_new_session=True)
 
 
-def finish(process: subprocess.Popen, run_dir: Path, timeout: float | None) -> float:
+def finish(process: subprocess.Popen, run_dir: Path, timeout: float | None) -> None:
     """Wait for a run (killing it, and its loader workers, after `timeout` s); raise with its last words unless it
-    ended well. Returns the seconds it took to exit after its last metrics record."""
+    ended well: a run that hangs at exit (its loader workers left behind) or fails its final evaluation fails."""
     try:
         process.wait(timeout=None if timeout is None else max(1.0, timeout))
     except subprocess.TimeoutExpired:
@@ -168,11 +152,8 @@ def finish(process: subprocess.Popen, run_dir: Path, timeout: float | None) -> f
         process.wait()
         raise TimeoutError(f"the run was still going after {timeout:.0f} s (killed); its log ends: "
                            f"{last_words(run_dir)}") from None
-    exited = time.time()
     if process.returncode != 0:
         raise RuntimeError(f"the pretrain command exited {process.returncode}: {last_words(run_dir)}")
-    records = metrics(run_dir)
-    return round(exited - records[-1]["time"], 2) if records else float("nan")
 
 
 def last_words(run_dir: Path) -> str:
@@ -180,20 +161,8 @@ def last_words(run_dir: Path) -> str:
     return log.read_text(errors="replace").strip()[-1500:] if log.exists() else "(no log)"
 
 
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's metrics.jsonl records; a line still being written (or cut short by a kill) is left out."""
-    path = run_dir / "metrics.jsonl"
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
 def run(config: dict[str, Any], run_dir: Path, env: dict[str, str], timeout: float | None,
-        in_memory: bool = False) -> float:
+        in_memory: bool = False) -> None:
     """A fresh run to its end (a folder left by an earlier check would make it resume)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     return finish(start_run(config, run_dir, env, in_memory), run_dir, timeout)
@@ -222,28 +191,6 @@ def run_in_memory(config_path: str) -> None:
 
     PretrainData.loader = replay
     main(["--config", config_path])
-
-
-# ---------------------------------------------------------------- faults: a run that must end
-
-def ending_run(folder: Path, made: dict[str, Any], scale: Scale, timeout: float | None) -> dict[str, Any]:
-    """A short run with loader workers and a final evaluation: it must exit, and its evaluation must be logged.
-
-    On CUDA both once failed: the process hung at exit (loader workers left to the exit handler), and the
-    final evaluation's all_reduce was handed a CPU tensor, which NCCL refuses."""
-    model = TINY_SHAPE if scale.tiny else dict(TINY_SHAPE, hidden_size=256, intermediate_size=1024)
-    batch = 4 if scale.tiny else 16
-    config = pretrain_config(folder, made, model=model, packed=False,
-                             data={"num_workers": 1 if scale.tiny else 2},
-                             train={"max_steps": 8, "global_batch_size": batch, "micro_batch_size": batch,
-                                    "eval_sequences": 2 * batch, "log_every": 4, "precision": scale.precision})
-    run_dir = folder / "ending-run"
-    exit_seconds = run(config, run_dir, clean_env(scale), min(timeout or 300, 300))
-    evaluations = [r for r in metrics(run_dir) if "eval/mlm_loss" in r]
-    if not evaluations or evaluations[-1]["step"] != 8:
-        raise AssertionError(f"no final evaluation was logged (evaluations at {[r['step'] for r in evaluations]})")
-    return {"exit_after_last_record_s": exit_seconds, "loader_workers": config["data"]["num_workers"],
-            "final_eval_mlm_loss": evaluations[-1]["eval/mlm_loss"]}
 
 
 # ---------------------------------------------------------------- throughput rows
@@ -404,6 +351,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    args = build_parser().parse_args()
-    sys.path.insert(0, str(ROOT))
-    run_in_memory(args.config)
+    run_in_memory(build_parser().parse_args().config)

@@ -2,30 +2,28 @@
 
     python benchmarks/order_quality.py [--tokens 1e11] [--seq-len 512] [--shard-size 8192]
 
-A folder sharded from several corpora one after another is sorted by source: its shards hold one
-source each, in input order. Training reads an epoch one shuffle block of `shards_per_block` shards at
-a time (pipeline/data/epoch_order.py), so a global batch draws from one block's shards. For each block
-size and global batch, this samples batches across an epoch and reports how far each batch's source
-shares stray from the corpus's own (total variation distance, ½ Σ |batch share − corpus share|),
-beside the same for one block of every shard (a global shuffle), and the token cache a node then
-keeps (two blocks decompressed, uint16 ids). MosaicML streaming's py1e shuffles within blocks of
-262,144 samples, the anchor; its row is the block of that many sequences. The orders are the
-pipeline's own (`EpochOrder`), evaluated for just the positions a batch needs, so no data is read.
+A folder sharded from several corpora one after another is sorted by source. Training reads an epoch one
+shuffle block of shards at a time (pipeline/data/epoch_order.py), so a global batch draws from one block.
+For each block size and global batch, batches sampled across an epoch: how far each batch's source shares
+stray from the corpus's (total variation, ½ Σ |batch share − corpus share|), and the token cache a node
+keeps (two blocks, uint16 ids). MosaicML streaming's py1e block of 262,144 samples is the anchor. The
+orders are the pipeline's own (`EpochOrder`), evaluated for the positions a batch needs: no data is read.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
+import harness
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeline.data.epoch_order import EpochOrder, ShardLayout, default_shards_per_block
 
-from benchmarks.result_record import BenchmarkRecord  # noqa: E402
-from pipeline.data.epoch_order import EpochOrder, ShardLayout, default_shards_per_block  # noqa: E402
-
+STUDY = harness.Study(
+    "order_quality", question="How representative is a global batch under the block shuffle?",
+    metric="total variation of a batch's source shares from the corpus's (median, 95th percentile)",
+    baseline="a global shuffle (one block of every shard); MosaicML streaming's py1e block as the bar",
+    arms=("global shuffle", "this release's default block", "py1e's block", "blocks of --blocks shards"))
 SOURCES = {"web": 0.55, "books": 0.15, "wiki": 0.10, "code": 0.10, "papers": 0.06, "forums": 0.04}
 """The sources of the sorted corpus and their shares: a typical pretraining mix, laid end to end."""
 PY1E_SAMPLES = 262_144
@@ -43,7 +41,7 @@ def stray(order: EpochOrder, source_of_shard: np.ndarray, shard_size: int, share
     return out
 
 
-def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
+def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
     sequences = int(a.tokens) // a.seq_len
     shards = sequences // a.shard_size
     shares = np.array(list(SOURCES.values()))
@@ -89,7 +87,7 @@ def main() -> None:
     p.add_argument("--blocks", type=int, nargs="+", default=[8, 64, 256, 1024, 4096], help="shards per block to try")
     p.add_argument("--batches", type=int, default=200, help="global batches sampled per row")
     a = p.parse_args()
-    with BenchmarkRecord("order_quality", argv=sys.argv) as rec:
+    with STUDY.record() as rec:
         measure(a, rec)
 
 

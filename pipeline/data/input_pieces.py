@@ -14,8 +14,8 @@ rerun, a resumed rank and the combine step all see the same pieces.
   - compressed files (`.zst`, `.gz`, compressed parquet) and `hf:` datasets cannot be entered
     in the middle without decompressing everything before the cut. Every rank sharing such a
     source reads all of it and keeps every `world_size`-th record batch. Reading and
-    decompressing cost about 1% of tokenizing (IMDB's 36 MB .zst: 3 s against 317 s, measured by
-    benchmarks/rank_local_reading.py on the same loaded cores), so the ranks still divide the
+    decompressing cost about 1% of tokenizing (IMDB's 36 MB .zst: 3 s against 317 s, measured
+    on the same loaded cores), so the ranks still divide the
     real work; the storage reads are not divided, though. To read 1/W each, give at least W
     files, or a plain file.
 """

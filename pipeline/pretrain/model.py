@@ -128,7 +128,7 @@ class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
     """ModernBertForMaskedLM training at masked positions only, through the model's own `sparse_prediction`.
 
     It gathers the masked rows before `head` and `decoder`, as `_masked_lm_loss` does for the other
-    architectures; against that head (benchmarks/modernbert_head.py) neither was consistently faster
+    architectures; timed against that head on one CPU thread, neither was consistently faster
     (−4.5% to +1.7% over three runs on shared cores), so the model's own is used. The saved config keeps
     `sparse_prediction` false, so an export gives full logits.
     """

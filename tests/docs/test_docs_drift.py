@@ -93,7 +93,7 @@ class DocCommandError(Exception):
 def load_script(script: str):
     folder = str((ROOT / script).parent)
     if folder not in sys.path:
-        sys.path.insert(0, folder)  # the scripts' own `import _bootstrap`, `from bench_corpus import ...`
+        sys.path.insert(0, folder)  # the scripts' own `import _bootstrap`, `import harness`
     name = "docs_drift_" + re.sub(r"\W", "_", script)
     spec = importlib.util.spec_from_file_location(name, ROOT / script)
     module = importlib.util.module_from_spec(spec)
