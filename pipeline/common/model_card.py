@@ -46,5 +46,6 @@ def equivalence_text(record: dict[str, Any], saved_as: str) -> str:
     return (f"One batch went through the model as it was trained ({record['reference']}, {record['precision']}) "
             f"and through this folder loaded with `{saved_as}` in fp32: over {record['compared']} positions the "
             f"largest logit difference is {record['max_logit_difference']:.3g} (tolerance {record['tolerance']:.3g} "
-            f"for {record['precision']}) and the top-1 prediction agrees at {record['top1_agreement']:.1%}. A "
-            f"folder beyond the tolerance is refused, never written.")
+            f"for {record['precision']}) and the top-1 prediction agrees at {record['top1_agreement']:.1%} (in bf16 "
+            f"or fp16, rounding flips near-ties between the top tokens). A folder beyond the tolerance is refused, "
+            f"never written.")

@@ -8,6 +8,7 @@ one place, and a checkpoint finds its run folder (tokenizer, MLflow state) the s
       tracking.json token_cache/ export/            best_model.json     (pointer to the best seed)
       checkpoints/step_NNNNNNNN/                    source_model/       (export of a checkpoint --model)
                                                     seed_N/model/  seed_N/complete.json  …
+                                                    baselines.json      (figures the cards set beside)
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ class FinetuneLayout:
 
     def seed(self, seed: int) -> SeedLayout:
         return SeedLayout(self.root / f"seed_{seed}", seed)
+
+    @property
+    def baselines(self) -> Path:
+        """What the run's figures stand beside (another arm, a token-count baseline): named by whoever ran them,
+        shown in the saved models' cards."""
+        return self.root / "baselines.json"
 
     @property
     def selection(self) -> Path:
