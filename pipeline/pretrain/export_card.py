@@ -52,7 +52,8 @@ def record_scores(folder: str | Path, *, cloze: dict | None = None, minimal_pair
                                    "unigram": minimal_pairs.get("unigram_scores"), "group_by": minimal_pairs.get(
                                        "group_by"), "pairs_file": minimal_pairs.get("pairs_file")}
     write_json_atomic(folder / PROVENANCE_FILE, record)
-    write_export_card(folder, record)
+    if "training" in record:  # an export written before exports held their training record has no card
+        write_export_card(folder, record)
 
 
 def write_export_card(folder: Path, record: dict[str, Any], shown_as: Path | None = None) -> Path:
