@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.common.errors import PipelineError
 from pipeline.common.output_agreement import DTYPES, Agreement, compare_logits
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts
 from pipeline.pretrain.masking import EVAL_STREAM, IGNORE_INDEX
@@ -35,13 +36,15 @@ class _FirstRows:
     def __init__(self, folder: str, rows: int):
         from pipeline.data.shard_reader import ShardedDataset
 
-        split = ShardedDataset(folder, "val")
-        if len(split) == 0:
-            from pipeline.common.errors import PipelineError
-
+        try:
+            split = ShardedDataset(folder, "val")
+            first = [split[i] for i in range(min(rows, len(split)))]
+        except PipelineError as err:
+            raise PipelineError(f"the export is checked on the run's validation shards, which cannot be read: {err}. "
+                                "Restore the shard folder the run's config names") from None
+        if not first:
             raise PipelineError(f"{folder}: no validation sequences to check the export on (shard with "
                                 "--val-fraction above 0)")
-        first = [split[i] for i in range(min(rows, len(split)))]
         self.fields = {name: np.stack([row[name] for row in first]) for name in first[0]}
 
     def __len__(self) -> int:

@@ -142,3 +142,16 @@ def test_a_card_rewritten_with_later_figures_leaves_the_exports_fingerprint(requ
     before = model_fingerprint(str(out))
     record_scores(out, cloze={"accuracy": 0.3, "constant_accuracy": 0.1, "masked": 10, "texts": 2, "mask_rate": 0.15})
     assert model_fingerprint(str(out)) == before  # finished fine-tuning seeds of this export stay reusable
+
+
+def test_an_export_whose_validation_shards_are_gone_says_what_to_restore(tmp_path, doc_packed_shards,
+                                                                         bpe_tokenizer_dir):
+    import shutil
+
+    moved = tmp_path / "shards"
+    shutil.copytree(doc_packed_shards, moved)
+    run = save_pretraining_run(tmp_path / "run", moved, bpe_tokenizer_dir)
+    shutil.rmtree(moved)
+    with pytest.raises(PipelineError, match=f"the export is checked on the run's validation shards, which cannot be "
+                                            f"read: .*{moved}.*Restore the shard folder the run's config names"):
+        export_checkpoint(run, tmp_path / "export")
