@@ -104,26 +104,22 @@ def _training_section(t: dict) -> str:
 
 
 def _figures_section(t: dict, scores: dict) -> str:
+    from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau
+
     v = t["validation"]
-    rows = []
-    if v:
-        entropy = v.get("eval/unigram_entropy")
-        below = "" if entropy is None else f"; {entropy - v['eval/mlm_loss']:+.3f} nats below it"
-        rows.append((f"validation MLM loss (step {v['step']:,})", f"{v['eval/mlm_loss']:.3f} nats",
-                     f"unigram entropy of the validation tokens {figure(entropy)} nats{below}"))
-    else:
-        rows.append(("validation MLM loss", "not evaluated", ""))
+    rows = [(f"validation MLM loss{at_mask_rate(v)} (step {v['step']:,})", metrics_beside_plateau(v)) if v
+            else ("validation MLM loss", "not evaluated")]
     if cloze := scores.get("cloze"):
-        rows.append(("cloze top-1 accuracy", f"{cloze['accuracy']:.3f}",
-                     f"always the most frequent token: {cloze['constant_accuracy']:.3f} ({cloze['masked']:,} blanks)"))
+        rows.append(("cloze top-1 accuracy", f"{cloze['accuracy']:.3f} (always the most frequent token: "
+                                             f"{cloze['constant_accuracy']:.3f}; {cloze['masked']:,} blanks)"))
     if pairs := scores.get("minimal_pairs"):
         unigram = pairs.get("unigram")
-        rows.append(("minimal pairs", f"{pairs['model']['overall']['accuracy']:.3f}",
-                     f"unigram model: {figure(unigram and unigram['overall']['accuracy'])} "
-                     f"({pairs['model']['overall']['pairs']:,} pairs)"))
+        rows.append(("minimal pairs", f"{pairs['model']['overall']['accuracy']:.3f} (unigram model: "
+                                      f"{figure(unigram and unigram['overall']['accuracy'])}; "
+                                      f"{pairs['model']['overall']['pairs']:,} pairs)"))
     note = ("A loss at the unigram entropy is what predicting word frequencies alone gives; the margin below it "
             "is what the model learned from context.")
-    return table(("figure", "this model", "beside"), rows) + "\n\n" + note
+    return table(("figure", "this model (its baseline)"), rows) + "\n\n" + note
 
 
 def _loading_section(folder: Path, mask: str) -> str:

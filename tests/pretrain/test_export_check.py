@@ -108,8 +108,7 @@ def test_the_card_is_a_model_card_with_the_runs_facts_and_figures(request, tmp_p
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "fill-mask"
     assert card.data.datasets == [doc_packed_shards.name] and card.data.base_model is None
     text = card.text
-    assert "| validation MLM loss (step 4) | 5.610 nats | unigram entropy of the validation tokens 5.000 nats; " \
-           "-0.610 nats below it |" in text
+    assert "| validation MLM loss (step 4) | 5.610 (unigram entropy 5.000: 0.610 nats above it) |" in text
     assert "| tokens seen | 4,096 (sequence positions, padding included) |" in text  # 4 steps × 16 × 64
     assert "| steps | 4 of 8 |" in text and "| tokenizer | BPE, vocabulary 400 |" in text
     assert "largest logit difference is 0 (tolerance 0.0001 for fp32)" in text
@@ -120,8 +119,8 @@ def test_the_card_is_a_model_card_with_the_runs_facts_and_figures(request, tmp_p
                                  "unigram_scores": {"overall": {"accuracy": 0.6, "pairs": 300}},
                                  "group_by": "phenomenon", "pairs_file": "pairs.jsonl"})
     text = ModelCard.load(out / "README.md").text
-    assert "| cloze top-1 accuracy | 0.250 | always the most frequent token: 0.100 (120 blanks) |" in text
-    assert "| minimal pairs | 0.700 | unigram model: 0.600 (300 pairs) |" in text
+    assert "| cloze top-1 accuracy | 0.250 (always the most frequent token: 0.100; 120 blanks) |" in text
+    assert "| minimal pairs | 0.700 (unigram model: 0.600; 300 pairs) |" in text
 
 
 def test_the_card_of_a_continued_run_names_its_base_model(tmp_path, bpe_tokenizer_dir, roberta_shards):

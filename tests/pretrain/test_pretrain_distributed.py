@@ -183,7 +183,7 @@ def test_the_export_loads_in_transformers_and_fills_masks(tracked_runs, tmp_path
     from huggingface_hub import ModelCard
 
     card = ModelCard.load(export / "README.md")
-    assert card.data.pipeline_tag == "fill-mask" and "| validation MLM loss (step 40) |" in card.text
+    assert card.data.pipeline_tag == "fill-mask" and "| validation MLM loss at 15% masking (step 40) | " in card.text
     assert "| tokens seen | 40,960 (sequence positions, padding included) |" in card.text  # 40 steps × 16 × 64
     # The export command gives the same weights from the output folder, and refuses to overwrite.
     out = tmp_path / "again"
