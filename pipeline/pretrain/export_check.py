@@ -52,8 +52,8 @@ class _FirstRows:
 
 
 def validation_batch(facts: CheckpointFacts, tokenizer) -> dict[str, torch.Tensor]:
-    """The first validation micro batch of the phase that trained the checkpoint's last step, masked as the
-    run's evaluation masks it."""
+    """The first validation micro batch of the phase that trained the checkpoint's last step (of a mix, its first
+    corpus's), masked as the run's evaluation masks it."""
     from pipeline.data.tokenizer import describe_tokenizer
     from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
     from pipeline.pretrain.masking import build_masker
@@ -61,7 +61,8 @@ def validation_batch(facts: CheckpointFacts, tokenizer) -> dict[str, torch.Tenso
     from pipeline.pretrain.phases import resolve_phases
 
     c = facts.config
-    phase = next((p for p in resolve_phases(c) if p.start < facts.step <= p.end), resolve_phases(c)[-1])
+    phases = resolve_phases(c)
+    phase = next((p for p in phases if p.start < facts.step <= p.end), phases[-1])  # past the end: an anneal
     rows = _FirstRows(phase.data.corpora()[0].path, CHECK_ROWS)
     info = describe_tokenizer(tokenizer)
     masker = build_masker(c.masking, tokenizer, info.vocab_size, info.mask_id, c.train.seed, evaluation=True)
