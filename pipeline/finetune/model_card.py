@@ -56,7 +56,7 @@ def _read(path: Path) -> Any:
 def _write_card(model: Path, info: dict, report: dict, best: dict, baselines: list[dict]) -> Path:
     from huggingface_hub import EvalResult
 
-    task, metric = info["task"], report["metric"]
+    task, metric = info.get("name") or info["task"], report["metric"]  # the config's name for its task
     config = json.loads((model / "config.json").read_text())
     kind = PIPELINE_TAGS.get(info.get("task_type", "classification"), "text-classification")
     scratch = info.get("from_scratch", False)

@@ -373,7 +373,7 @@ class FineTuner:
         out, t = self.out, self.config.train
         first_dev = next(iter(self.eval_loader(next(iter(self.data.dev.values())))))
         save_model(out.model, bare_model(self.model), self.tokenizer, {
-            **self.family.provenance(), "seed": self.seed, "metrics": result.best,
+            **self.family.provenance(), "name": self.config.task_name, "seed": self.seed, "metrics": result.best,
             "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
             "from_scratch": self.from_scratch, "source_model": self.source.path,
             "pretrain_run_id": self.source.pretrain_run_id,
