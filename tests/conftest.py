@@ -10,14 +10,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, make_documents, write_jsonl
+from helpers import CHECKOUT_RUNS, make_documents, write_jsonl
 
 _GUARD = Path(__file__).resolve().parent / "runs_guard"
 sys.path.insert(0, str(_GUARD))
 import checkout_runs  # noqa: E402  (the same module the launched processes' sitecustomize imports)
-
-CHECKOUT_RUNS = ROOT / "runs"
-"""The user's own runs (the main job's `runs/default/`): no test reads or writes there."""
 
 # No test reaches the network: set before any test module imports huggingface_hub (which reads these once, at
 # import), and inherited by every command a test launches. A hub name then fails at once, not after retries.

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import checkout_runs
-from conftest import CHECKOUT_RUNS
+from helpers import CHECKOUT_RUNS
 
 NEVER_THERE = CHECKOUT_RUNS / "never-there" / "complete.json"
 
