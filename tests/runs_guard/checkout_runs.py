@@ -69,11 +69,16 @@ def _record(what: str) -> None:
 
 
 def install(forbidden: str, report: str | None = None) -> None:
-    """Watch `forbidden` from now on in this process; `report`: a folder to append findings to (a child process)."""
-    if _state["forbidden"] is not None:
-        return
+    """Watch `forbidden` from now on in this process; `report`: a folder to append findings to (a child process),
+    None: keep them for `take_findings` (the pytest process).
+
+    A second call redirects the findings: a pytest worker that pytest-xdist started ran sitecustomize.py with its
+    controller's folder, and its conftest then keeps its own findings itself.
+    """
+    first = _state["forbidden"] is None
     _state.update(forbidden=os.path.abspath(forbidden), report=report)
-    sys.addaudithook(_hook)
+    if first:
+        sys.addaudithook(_hook)  # a hook cannot be removed: one per process
 
 
 def install_from_environment() -> None:
