@@ -69,6 +69,9 @@ class PretrainLayout:
         return layout if checkpoint.parent == layout.checkpoints else None
 
 
+EXPORT_PROVENANCE_FILE = "pipeline_export.json"
+"""In an export: the checkpoint and pretraining MLflow run it came from, what trained it, its equivalence check."""
+
 FINETUNE_PROVENANCE_FILE = "pipeline_finetune.json"
 """In a saved fine-tuned model (`SeedLayout.model`): task, labels, seed, metrics and the model it started from."""
 

@@ -22,7 +22,7 @@ from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.output_agreement import refuse_unless_within
-from pipeline.common.run_layout import PretrainLayout
+from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from pipeline.pretrain.checkpoints import (
     COMPLETE_MARKER,
@@ -33,7 +33,7 @@ from pipeline.pretrain.checkpoints import (
     tag_for,
 )
 
-PROVENANCE_FILE = "pipeline_export.json"
+PROVENANCE_FILE = EXPORT_PROVENANCE_FILE
 """An export's record: the checkpoint and pretraining MLflow run it came from (fine-tuning runs link to them),
 what trained it, and its equivalence check."""
 

@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import to_dict
 from pipeline.common.model_card import equivalence_text, figure, table, write_card
+from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts
 
 
@@ -40,10 +41,8 @@ def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[
 def record_scores(folder: str | Path, *, cloze: dict | None = None, minimal_pairs: dict | None = None) -> None:
     """Add measured figures to an export's record (the cloze command's `--json`, minimal_pairs' `--out`) and
     render its card again."""
-    from pipeline.pretrain.export import PROVENANCE_FILE
-
     folder = Path(folder)
-    record = json.loads((folder / PROVENANCE_FILE).read_text())
+    record = json.loads((folder / EXPORT_PROVENANCE_FILE).read_text())
     scores = record.setdefault("scores", {})
     if cloze is not None:
         scores["cloze"] = {k: cloze[k] for k in ("accuracy", "constant_accuracy", "masked", "texts", "mask_rate")}
@@ -51,7 +50,7 @@ def record_scores(folder: str | Path, *, cloze: dict | None = None, minimal_pair
         scores["minimal_pairs"] = {"model": minimal_pairs["model_scores"],
                                    "unigram": minimal_pairs.get("unigram_scores"), "group_by": minimal_pairs.get(
                                        "group_by"), "pairs_file": minimal_pairs.get("pairs_file")}
-    write_json_atomic(folder / PROVENANCE_FILE, record)
+    write_json_atomic(folder / EXPORT_PROVENANCE_FILE, record)
     if "training" in record:  # an export written before exports held their training record has no card
         write_export_card(folder, record)
 
