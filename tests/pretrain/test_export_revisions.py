@@ -39,10 +39,16 @@ def test_every_checkpoint_becomes_a_proven_revision_indexed_by_step_tokens_and_l
     assert re.search(r"\n +6 +6,144 +5\.500 +0 +step_00000006\n3 revisions under ", printed)
 
 
-def test_every_revision_loads_in_fill_mask_and_as_a_sequence_classifier(run, tmp_path):
+@pytest.mark.parametrize("architecture, shards, tokenizer", [
+    ("roberta", "doc_packed_shards", "bpe_tokenizer_dir"), ("bert", "pairs_shards", "wordpiece_tokenizer_dir"),
+    ("modernbert", "roberta_shards", "bpe_tokenizer_dir")])
+def test_every_revision_loads_in_fill_mask_and_as_a_sequence_classifier(request, tmp_path, architecture, shards,
+                                                                        tokenizer):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
+    run = save_pretraining_run(tmp_path / "run", request.getfixturevalue(shards), request.getfixturevalue(tokenizer),
+                               architecture, steps=STEPS, evaluations=LOSSES)
     root = tmp_path / "revisions"
     export_revisions(run, root)
     first_logits = None
