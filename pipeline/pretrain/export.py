@@ -20,7 +20,6 @@ import torch
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.output_agreement import refuse_unless_within
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts, checkpoint_facts
@@ -28,7 +27,6 @@ from pipeline.pretrain.checkpoints import (
     COMPLETE_MARKER,
     check_intact,
     complete_checkpoints,
-    read_marker,
     resolve_checkpoint,
     tag_for,
 )
@@ -48,7 +46,7 @@ def provenance(facts: CheckpointFacts) -> dict:
 
 def exported_identity(checkpoint: Path) -> tuple[str, str]:
     """What an export of `checkpoint` records of it: its path and its fingerprint."""
-    return str(checkpoint), checkpoint_fingerprint(read_marker(checkpoint))
+    return str(checkpoint), checkpoint_facts(checkpoint).fingerprint
 
 
 def exported_from(folder: Path) -> tuple[str, str] | None:
