@@ -162,8 +162,12 @@ def pretrain_run(shards: Path, tokenizer: Path, run_dir: Path, steps: int = 3) -
     return {"first_step_s": first_step, "run_s": total, "peak_rss_mb": maxrss / 1024, "cache_bytes": disk_bytes(cache)}
 
 
-def resume_probe(shards: Path, tokenizer: Path, cache: Path, fraction: float = 0.9) -> dict:
-    """In a fresh process: seconds from building the run's data to its first batch at a late step."""
+def resume_probe(shards: Path, tokenizer: Path, run_dir: Path, fraction: float = 0.9) -> dict:
+    """In a fresh process: seconds from building the run's data to its first batch at a late step.
+
+    Its output folder is `run_dir/probe`: configs/tiny.json's own is the checkout's runs/default/pretrain,
+    where a user's main job may be (the preflight would then try to resume it)."""
+    cache = run_dir / "token_cache"
     code = f"""
 import json, sys, time
 sys.path.insert(0, {str(ROOT)!r})
@@ -173,7 +177,8 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
 from pipeline.pretrain.pretrain_data import PretrainData
 from pipeline.pretrain.batches import shut_down_workers
-run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}"], world_size=1)
+run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
+                                      "train.output_dir={run_dir / 'probe'}"], world_size=1)
 c = run.config
 tok = load_tokenizer("{tokenizer}"); info = describe_tokenizer(tok)
 masker = build_masker(c.masking, tok, info.vocab_size, info.mask_id, seed=0)
@@ -198,7 +203,7 @@ def measure_folder(name: str, shards: Path, tokenizer: Path, work: Path) -> dict
     shard_bytes = disk_bytes(shards / "train") + disk_bytes(shards / "val")
     tokens = json.loads((shards / "index.json").read_text())["splits"]["train"]["tokens"]
     run = pretrain_run(shards, tokenizer, work / f"run-{name}")
-    probe = resume_probe(shards, tokenizer, work / f"run-{name}" / "token_cache")
+    probe = resume_probe(shards, tokenizer, work / f"run-{name}")
     row = {"case": name, "tokens": tokens, "shard_bytes": shard_bytes, **run, **probe}
     row["cache_÷_shards"] = run["cache_bytes"] / shard_bytes
     print(json.dumps(row), flush=True)

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT_RUNS = ROOT / "runs"
+"""The user's own runs (the main job's `runs/default/`): no test reads or writes there (tests/conftest.py fails one)."""
 PYTHON = sys.executable
 
 WORDS = ("the a model token encoder shard packing corpus reader document sequence batch mask "

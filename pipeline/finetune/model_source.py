@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE, FinetuneLayout, PretrainLayout
-from pipeline.pretrain.checkpoint_record import RECORD_FILE, read_record
+from pipeline.pretrain.checkpoint_record import RECORD_FILE
 from pipeline.pretrain.checkpoints import resolve_checkpoint
-from pipeline.pretrain.export import PROVENANCE_FILE
+from pipeline.pretrain.export import PROVENANCE_FILE, exported_from, exported_identity
 
 if TYPE_CHECKING:
     from pipeline.finetune.config import FinetuneConfig
@@ -128,20 +127,6 @@ def resolve_model_source(model: str | os.PathLike, *, export_to: Path | None = N
     raise PipelineError(f"{what} {model}: not an HF model folder (no config.json), a fine-tuning output (no "
                         "best_model.json), nor a pretraining checkpoint or output folder (no complete.json, "
                         "no checkpoints/)")
-
-
-def exported_identity(checkpoint: Path) -> tuple[str, str]:
-    """What an export of `checkpoint` records of it: its path and its fingerprint."""
-    return str(checkpoint), checkpoint_fingerprint(read_record(checkpoint))
-
-
-def exported_from(folder: Path) -> tuple[str, str] | None:
-    """The checkpoint (path, fingerprint) an existing export was made from, or None."""
-    try:
-        info = json.loads((folder / PROVENANCE_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return info.get("checkpoint"), info.get("checkpoint_fingerprint")
 
 
 def _export_source(folder: Path) -> ModelSource:

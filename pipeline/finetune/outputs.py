@@ -18,16 +18,23 @@ from pathlib import Path
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import describe_differences
+from pipeline.common.output_agreement import refuse_unless_within
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE as PROVENANCE_FILE
 from pipeline.common.run_layout import FinetuneLayout, SeedLayout
 
 
-def save_model(folder: Path, model, tokenizer, provenance: dict) -> None:
-    """The HF folder (safetensors, config, tokenizer, provenance), swapped into place whole."""
+def save_model(folder: Path, model, tokenizer, provenance: dict, *, check_batch: dict, precision: str) -> None:
+    """The HF folder (safetensors, config, tokenizer, provenance), swapped into place whole once it is proven:
+    `check_batch` through `model` (in memory, in `precision`) and through the saved folder agree, their figures
+    recorded in the provenance; beyond the tolerance nothing is written (`saved_model_check.py`)."""
+    from pipeline.finetune.saved_model_check import check_saved_model
+
     with staged_folder(folder) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / PROVENANCE_FILE, provenance)
+        agreement = check_saved_model(model, tmp, check_batch, precision)
+        refuse_unless_within(agreement, f"saving the fine-tuned model {folder}")
+        write_json_atomic(tmp / PROVENANCE_FILE, {**provenance, "equivalence": agreement.record()})
 
 
 def mark_complete(seed: SeedLayout, record: dict) -> None:

@@ -24,6 +24,7 @@ from pipeline.finetune.label_curve import (
     per_class_sample,
     point_config,
 )
+from pipeline.finetune.model_card import write_finetune_cards
 from pipeline.finetune.model_source import cap_seq_len, resolve_model_source
 from pipeline.finetune.outputs import finished_seed, holds_pretrained_seeds, summarize, write_best_model
 from pipeline.finetune.select_split import SELECT
@@ -139,6 +140,7 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
         write_json_atomic(layout.metrics, report)
         # With a sweep the best seed is the best on the slice too: dev only reports.
         write_best_model(layout, results, data.spec.name, best_metric)
+        write_finetune_cards(layout.root)  # each kept seed's model card, now that the run's figures exist
         parent.log(summary | ({"selection/score": selection.score} if selection else {}), 0)
         if selection is not None:
             parent.set_tags({"chosen_setting": " ".join(selection.chosen.overrides)})

@@ -370,14 +370,17 @@ class FineTuner:
             self.watchdog.close()
 
     def _save_model(self, result: SeedResult) -> None:
-        out = self.out
+        out, t = self.out, self.config.train
+        first_dev = next(iter(self.eval_loader(next(iter(self.data.dev.values())))))
         save_model(out.model, bare_model(self.model), self.tokenizer, {
-            **self.family.provenance(), "seed": self.seed, "metrics": result.best,
+            **self.family.provenance(), "name": self.config.task_name, "seed": self.seed, "metrics": result.best,
             "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
             "from_scratch": self.from_scratch, "source_model": self.source.path,
             "pretrain_run_id": self.source.pretrain_run_id,
             "pretrain_checkpoint": self.source.pretrain_checkpoint,
-            **({"selection": self.protocol} if self.protocol else {})})
+            "recipe": {"learning_rate": t.learning_rate, "batch_size": t.batch_size, "epochs": t.epochs,
+                       "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "precision": t.precision},
+            **({"selection": self.protocol} if self.protocol else {})}, check_batch=first_dev, precision=t.precision)
 
     def completion_key(self) -> dict:
         """What a finished seed must match to be skipped by a rerun: the task, the model's content (its

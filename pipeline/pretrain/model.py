@@ -11,6 +11,8 @@ same mean cross-entropy over masked tokens that HF computes from full logits.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch.nn import functional as F
 from transformers import (
@@ -24,6 +26,7 @@ from transformers import (
     RobertaPreLayerNormForMaskedLM,
 )
 
+from pipeline.common.errors import PipelineError
 from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
@@ -76,11 +79,19 @@ def first_position_id(architecture: str, pad_id: int) -> int:
     return pad_id + 1 if architecture in ("roberta", "roberta-prelayernorm") else 0
 
 
+def _masked_logits(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+    """Vocabulary logits of the masked positions only (labels not IGNORE_INDEX), row-major: (masked, vocab)."""
+    return head(hidden[labels != IGNORE_INDEX])
+
+
+def _loss_of_masked(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the masked positions' logits (`_masked_logits`) against their labels."""
+    return F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
+
+
 def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
     """Mean cross-entropy over masked positions, projecting only those to the vocabulary."""
-    selected = labels != IGNORE_INDEX
-    logits = head(hidden[selected])
-    return F.cross_entropy(logits.float(), labels[selected])
+    return _loss_of_masked(_masked_logits(hidden, labels, head), labels)
 
 
 def encoder_kwargs(config, input_ids, attention_mask=None, document_ids=None, position_ids=None) -> dict:
@@ -107,13 +118,20 @@ def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, documen
 
 
 class SparseMaskedLM:
-    """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at masked positions only."""
+    """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at masked positions only.
 
-    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
-                position_ids=None, **_):
+    Every training class has `masked_logits(**batch)`: the logits its training forward takes the loss of, on the
+    same path (the export's equivalence check compares them with the exported folder's).
+    """
+
+    def masked_logits(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
+                      position_ids=None, **_) -> torch.Tensor:
         encoder = getattr(self, self.base_model_prefix)
         hidden = encode(encoder, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        return {"loss": _masked_lm_loss(hidden.last_hidden_state, labels, self.lm_head)}
+        return _masked_logits(hidden.last_hidden_state, labels, self.lm_head)
+
+    def forward(self, input_ids, labels, **batch):
+        return {"loss": _loss_of_masked(self.masked_logits(input_ids, labels, **batch), labels)}
 
 
 class SparseRobertaForMaskedLM(SparseMaskedLM, RobertaForMaskedLM):
@@ -137,10 +155,17 @@ class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
         super().__init__(config)
         self.sparse_prediction = True
 
-    def forward(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
+    def _sparse_output(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
         inputs = encoder_kwargs(self.config, input_ids, attention_mask, document_ids, position_ids)
         labels = labels.reshape(inputs["input_ids"].shape)  # FlashAttention's flattened rows
-        return {"loss": super().forward(**inputs, labels=labels).loss}
+        return super().forward(**inputs, labels=labels)
+
+    def masked_logits(self, input_ids, labels, **batch) -> torch.Tensor:
+        """The masked positions' logits, row-major (ModernBERT's own sparse prediction gathers them so)."""
+        return self._sparse_output(input_ids, labels, **batch).logits
+
+    def forward(self, input_ids, labels, **batch):
+        return {"loss": self._sparse_output(input_ids, labels, **batch).loss}
 
 
 class SparseBertForPreTraining(BertForPreTraining):
@@ -152,6 +177,11 @@ class SparseBertForPreTraining(BertForPreTraining):
     """
 
     next_sentence_loss = True
+
+    def masked_logits(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
+                      position_ids=None, **_) -> torch.Tensor:
+        out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
+        return _masked_logits(out.last_hidden_state, labels, self.cls.predictions)
 
     def forward(self, input_ids, labels, next_sentence_label=None, attention_mask=None, token_type_ids=None,
                 document_ids=None, position_ids=None, **_):
@@ -188,6 +218,19 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
         built.next_sentence_loss = model.next_sentence_loss  # a training switch, not saved in the export's config
     built.init_note = note
     return built
+
+
+def load_trained_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> torch.nn.Module:
+    """`model` holding the consolidated weights `state` (every key but the tied ones required, none unexpected),
+    its tied weights tied again."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise PipelineError(f"checkpoint {source} does not match {type(model).__name__}: "
+                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    return model
 
 
 def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str | None:

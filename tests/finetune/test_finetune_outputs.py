@@ -92,6 +92,58 @@ def test_the_saved_model_reproduces_the_dev_metrics_exactly(finetuned, small_tas
     assert list((out / "seed_1" / "model").glob("*.safetensors"))
 
 
+def test_the_saved_model_is_proven_and_carries_a_model_card_with_its_protocol(finetuned, small_task):
+    from huggingface_hub import ModelCard
+
+    model = finetuned["out"] / "seed_1" / "model"
+    provenance = json.loads((model / "pipeline_finetune.json").read_text())
+    check = provenance["equivalence"]  # the model in memory against the folder AutoModelFor… loads
+    assert check["within_tolerance"] and check["max_logit_difference"] <= 1e-5 and check["top1_agreement"] == 1.0
+    assert check["compared"] == 16 and "RobertaForSequenceClassification in memory as fine-tuned (cpu)" in \
+        check["reference"]
+    card = ModelCard.load(model / "README.md")
+    assert card.data.pipeline_tag == "text-classification" and card.data.base_model == small_task["model"]
+    (result,) = [r for r in card.data.eval_results if r.metric_type == "accuracy"]
+    assert result.metric_value == provenance["metrics"]["accuracy"] and result.dataset_split == "validation"
+    assert "- No sweep: the config's setting, the best epoch chosen on dev." in card.text
+    assert "- Recipe: learning rate 0.001, batch 16, 2 epochs, warmup 6%, weight decay 0.1, fp32, at most 32 " \
+           "tokens." in card.text
+    assert "loaded with `AutoModelForSequenceClassification` in fp32" in card.text
+
+
+def test_the_baselines_a_run_stood_beside_join_its_card(finetuned):
+    from huggingface_hub import ModelCard
+
+    from pipeline.finetune.model_card import record_baselines
+
+    record_baselines(finetuned["out"], [{"name": "from scratch", "metric": "accuracy", "value": 0.5, "note": "median"},
+                                        {"name": "token counts", "metric": "accuracy", "value": 0.95}])
+    text = ModelCard.load(finetuned["out"] / "seed_1" / "model" / "README.md").text
+    assert "| from scratch | accuracy | 0.500 | median |" in text and "| token counts | accuracy | 0.950 |  |" in text
+
+
+def test_a_saved_folder_that_computes_otherwise_is_refused_and_not_written(small_task, tmp_path, bpe_tokenizer_dir):
+    """A position table offset on the way (the config's pad id moved by one): refused, nothing written."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from pipeline.finetune.outputs import save_model
+
+    tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(small_task["model"], num_labels=2)
+    saved = model.save_pretrained
+
+    def shifted(folder, **kwargs):
+        saved(folder, **kwargs)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": config["pad_token_id"] + 1}))
+
+    model.save_pretrained = shifted
+    batch = dict(tokenizer(["the river quietly", "a model"], padding=True, return_tensors="pt"))
+    with pytest.raises(PipelineError, match="saving the fine-tuned model .* refused: .* largest logit difference"):
+        save_model(tmp_path / "model", model, tokenizer, {"seed": 1}, check_batch=batch, precision="fp32")
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_rerun_skips_finished_seeds_and_still_summarizes_them(finetuned, small_task, capsys):
     from pipeline.finetune.runner import run_finetuning
 

@@ -206,6 +206,13 @@ def test_selection_never_reads_dev_and_a_rerun_skips_every_finished_trial(poison
     assert per_seed["select_accuracy"] >= 0.9
     assert json.loads((ft / "best_model.json").read_text())["metric"] == "select_accuracy"
     assert not list((ft / "selection").glob("trial_*/seed_1/model"))  # trials keep no weights
+    from huggingface_hub import ModelCard  # the saved model's card tells the protocol that chose it
+
+    card = ModelCard.load(ft / "seed_1" / "model" / "README.md")
+    assert card.data.base_model is None and "from-scratch" in card.data.tags
+    assert (f"- Sweep: each setting (train.learning_rate=1e-6; train.learning_rate=1e-3) trained on the training "
+            f"split minus a held-out slice ({selection['held_out']:,} examples, 10% by content hash) and scored on it "
+            f"by accuracy; dev chose nothing. Chosen: train.learning_rate=1e-3") in card.text
 
     client = MlflowClient(f"sqlite:///{poisoned_task / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("sweep-tests").experiment_id])
