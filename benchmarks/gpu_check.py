@@ -39,10 +39,12 @@ MFU_TARGET, TOKENS_TARGET = 0.45, 300_000
 NOMINAL_TFLOPS = (("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
                   ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0), ("L4", 121.0))
 STUDY = Study(
-    "gpu_check", question="Where does the GPU path stand?", metric="pass or fail per step; tokens/s and MFU",
+    "gpu_check", question="Where does the GPU path stand?",
+    metric="pass or fail per step; tokens/s and MFU; SST-2 dev accuracy after the run to the end (median of 3 seeds)",
     baseline=f"fp32 and the padded path; targets: RoBERTa-large {MFU_TARGET:.0%} MFU (nominal peak), "
-             f"ModernBERT-base {TOKENS_TARGET:,} tokens/s",
-    arms=(*ARCHITECTURES, "bf16", "fp16", "ZeRO 0", "ZeRO 2", "loader on", "loader off", "compiled"))
+             f"ModernBERT-base {TOKENS_TARGET:,} tokens/s; the same model from scratch and token counts on SST-2",
+    arms=(*ARCHITECTURES, "bf16", "fp16", "ZeRO 0", "ZeRO 2", "loader on", "loader off", "compiled", "export",
+          "from scratch"))
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -397,15 +399,20 @@ def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] 
     """Two steps, the pretraining (killed -9, resumed, compared, exported), then the transfer to SST-2; a row each."""
     e2e = None if made is None else RunToTheEnd(work, made, scale, data)
 
-    def step(fn: Callable[[RunToTheEnd], dict[str, Any]]) -> dict[str, Any]:
+    def pretrain() -> dict[str, Any]:
         if e2e is None:
             raise Skipped("no shards (the data step failed)")
-        return fn(e2e)
+        return e2e.pretrain(steps.seconds_left())
+
+    def transfer() -> dict[str, Any]:
+        if e2e is None or e2e.source is None:
+            raise Skipped("no pretrained model: the pretraining step failed before its run ended")
+        return e2e.transfer(steps.seconds_left())
 
     try:
-        steps.attempt("e2e/pretrain-kill-resume-export", lambda: step(lambda e: e.pretrain(steps.seconds_left())))
+        steps.attempt("e2e/pretrain-kill-resume-export", pretrain)
         pretrained = steps.outcomes[-1]
-        steps.attempt("e2e/transfer-sst2", lambda: step(lambda e: e.transfer(steps.seconds_left())))
+        steps.attempt("e2e/transfer-sst2", transfer)
         transferred = steps.outcomes[-1]
     finally:
         if e2e is not None:

@@ -313,6 +313,8 @@ class RunToTheEnd:
         self.reference_dir, self.run_dir = folder / "e2e-uninterrupted", folder / "e2e-killed"
         self.sst2 = folder / "sst2"
         self.processes: dict[str, subprocess.Popen] = {}
+        self.source: Path | None = None
+        """What the export's arm fine-tunes once the run has ended or been stopped: its export, or its folder."""
 
     def config(self) -> dict[str, Any]:
         sizes, tiny = self.sizes, self.scale.tiny
@@ -352,6 +354,8 @@ class RunToTheEnd:
             signal_after(self.processes["reference"], self.reference_dir, sizes.compare_to, left(), signal.SIGTERM)
             self.start_beside()
             completed = wait_or_stop(self.processes["run"], self.run_dir, left())
+            export = self.run_dir / "export"
+            self.source = export if (export / "config.json").is_file() else self.run_dir
         except BaseException:
             for name in ("reference", "run"):
                 if name in self.processes:
@@ -383,7 +387,7 @@ class RunToTheEnd:
                 "first_loss": b[1], "final_loss": b[done],
                 "eval_mlm_loss": {r["step"]: r["eval/mlm_loss"] for r in evals},
                 "median_tokens_per_s": rates[len(rates) // 2] if rates else None,
-                "sequence_tokens": sizes.batch * self.scale.seq_len(True),
+                "tokens_per_step": sizes.batch * self.scale.seq_len(True),
                 "export": "the run's own" if completed else "by the fine-tune command, from the newest checkpoint",
                 "pretrain_seconds": round(time.monotonic() - started, 1)}
 
@@ -412,14 +416,10 @@ class RunToTheEnd:
                        *self.task_settings(), *[x for s in settings for x in ("--set", s)]], out, self.env)
 
     def transfer(self, seconds: float | None) -> dict[str, Any]:
-        """The export's arm (the run's newest checkpoint when it was stopped), then both arms' and the baseline's
-        dev accuracy."""
+        """The export's arm (the run's newest checkpoint where it was stopped), then both arms' and the baseline's
+        dev accuracy; once `pretrain` has ended or stopped its run (`source`)."""
         ends = time.monotonic() + (600 if seconds is None else seconds)
-        if "scratch" not in self.processes:
-            self.start_beside()  # the pretraining step failed after its reference had a checkpoint
-        export = self.run_dir / "export"
-        self.processes["pretrained"] = self.fine_tune(export if (export / "config.json").is_file() else self.run_dir,
-                                                      scratch=False)
+        self.processes["pretrained"] = self.fine_tune(self.source, scratch=False)
         for name in ("baseline", "scratch", "pretrained"):
             finish(self.processes[name], self.sst2 / name, ends - time.monotonic())
         arms = {name: json.loads((self.sst2 / name / "metrics.json").read_text()) for name in ("pretrained", "scratch")}
