@@ -131,6 +131,24 @@ def test_a_rerun_in_the_same_work_folder_reuses_the_data_made_from_the_same_inpu
     assert made == [tmp_path / "data", None, None]
 
 
+def test_a_run_still_going_at_its_cap_is_stopped_by_sigterm_and_one_that_ends_is_waited_for(tmp_path):
+    """The run to the end's pretraining past its cap: SIGTERM, which the pretrain command answers by checkpointing
+    and exiting 0 (as this stand-in does), and the export's arm then fine-tunes that checkpoint."""
+    stand_in = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+                "print('ready', flush=True)\ntime.sleep(60)\n")
+    slow = gpu_runs.launch([PYTHON, "-c", stand_in], tmp_path / "slow", dict(os.environ))
+    deadline = time.monotonic() + 60
+    while "ready" not in (tmp_path / "slow.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)  # its handler is installed
+    assert gpu_runs.wait_or_stop(slow, tmp_path / "slow", 0.5) is False and slow.returncode == 0
+    quick = gpu_runs.launch([PYTHON, "-c", "pass"], tmp_path / "quick", dict(os.environ))
+    assert gpu_runs.wait_or_stop(quick, tmp_path / "quick", 60) is True
+    failing = gpu_runs.launch([PYTHON, "-c", "raise SystemExit('no checkpoint')"], tmp_path / "failing",
+                              dict(os.environ))
+    with pytest.raises(RuntimeError, match="failing exited 1: no checkpoint"):
+        gpu_runs.wait_or_stop(failing, tmp_path / "failing", 60)
+
+
 def test_a_version_other_than_the_pinned_one_fails_the_versions_step(monkeypatch):
     pins = gpu_check.pinned_versions()
     assert set(pins) == {"transformers", "tokenizers"}
