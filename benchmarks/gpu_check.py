@@ -1,12 +1,12 @@
-"""Where the GPU path stands, in one command and one record: faults, correctness, throughput, MFU, a run to the end.
+"""Where the GPU path stands, in one command and one record: throughput, MFU, a run to the end that transfers, faults.
 
-    python benchmarks/gpu_check.py --data DIR --budget-minutes 8   # on a CUDA machine, inside a lease
+    python benchmarks/gpu_check.py --data DIR --budget-minutes 9 --started-at T0   # on a CUDA machine, in a lease
     python benchmarks/gpu_check.py --device cpu --tiny --data DIR   # the same code at toy size, so it cannot rot
 
-Its parts run in order of value (environment, correctness, packed documents, throughput, the run to the end,
-compiled throughput); a step's failure is recorded with its error and the check goes on; the record is
-written after each part. docs/gpu-nodes.md describes each part, the cells that show each fault the H200
-found fixed, and how a lease runs it.
+Its parts run in order of value (PLAN: the targets' throughput, the run to the end and its transfer to SST-2,
+correctness, packed documents, the other models' throughput, compiled throughput), each within its cap; a step's
+failure is recorded with its error and the check goes on; the record is written after each part.
+docs/gpu-nodes.md describes each part, the cells that show each fault the H200 found fixed, and how a lease runs it.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpu_runs import SHAPES, Scale, end_to_end, find_data, prepared_data, throughput_row
+from gpu_runs import SHAPES, SST2_SEEDS, RunToTheEnd, Scale, find_data, prepared_data, throughput_row
 from harness import ROOT, BenchmarkRecord, Study, peak_flops
 
 ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
@@ -38,10 +39,12 @@ MFU_TARGET, TOKENS_TARGET = 0.45, 300_000
 NOMINAL_TFLOPS = (("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
                   ("A100", 312.0), ("L40S", 362.0), ("A10G", 70.0), ("L4", 121.0))
 STUDY = Study(
-    "gpu_check", question="Where does the GPU path stand?", metric="pass or fail per step; tokens/s and MFU",
+    "gpu_check", question="Where does the GPU path stand?",
+    metric="pass or fail per step; tokens/s and MFU; SST-2 dev accuracy after the run to the end (median of 3 seeds)",
     baseline=f"fp32 and the padded path; targets: RoBERTa-large {MFU_TARGET:.0%} MFU (nominal peak), "
-             f"ModernBERT-base {TOKENS_TARGET:,} tokens/s",
-    arms=(*ARCHITECTURES, "bf16", "fp16", "ZeRO 0", "ZeRO 2", "loader on", "loader off", "compiled"))
+             f"ModernBERT-base {TOKENS_TARGET:,} tokens/s; the same model from scratch and token counts on SST-2",
+    arms=(*ARCHITECTURES, "bf16", "fp16", "ZeRO 0", "ZeRO 2", "loader on", "loader off", "compiled", "export",
+          "from scratch"))
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -54,16 +57,32 @@ def small_model(architecture: str) -> dict[str, Any]:
 class Steps:
     """Each step's outcome, in order: ok, failed (with the error) or skipped (with the reason).
 
-    With `budget_s`, a step that would start after that many seconds is skipped as out of time, so a check on a
-    lent machine ends, record written, inside the lease instead of being killed with nothing written."""
+    With `budget_s` (counted from `started`, a `time.perf_counter()` value, default now), a step that would start
+    after that many seconds is skipped as out of time, so a check on a lent machine ends, record written, inside the
+    lease instead of being killed with nothing written. Inside `part(cap_s)` a step is skipped as well once the
+    part has run `cap_s` seconds; `seconds_left` is what the nearer of the two leaves, for a step's own runs."""
 
-    def __init__(self, budget_s: float | None = None) -> None:
+    def __init__(self, budget_s: float | None = None, started: float | None = None) -> None:
         self.outcomes: list[dict[str, Any]] = []
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() if started is None else started
         self.budget_s = budget_s
+        self.part_cap_s: float | None = None
+        self.part_ends: float | None = None
 
     def seconds_left(self) -> float | None:
-        return None if self.budget_s is None else self.budget_s - (time.perf_counter() - self.started)
+        now = time.perf_counter()
+        lefts = [x for x in (None if self.budget_s is None else self.budget_s - (now - self.started),
+                             None if self.part_ends is None else self.part_ends - now) if x is not None]
+        return min(lefts) if lefts else None
+
+    @contextmanager
+    def part(self, cap_s: float | None) -> Iterator[None]:
+        """The steps inside start only within `cap_s` seconds of now (None: the budget alone bounds them)."""
+        self.part_cap_s, self.part_ends = cap_s, None if cap_s is None else time.perf_counter() + cap_s
+        try:
+            yield
+        finally:
+            self.part_cap_s = self.part_ends = None
 
     def attempt(self, name: str, fn: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
         """Run `fn`; record what it returned, or its failure, and never raise (Ctrl-C aside)."""
@@ -71,7 +90,9 @@ class Steps:
         try:
             left = self.seconds_left()
             if left is not None and left <= 0:
-                raise Skipped(f"out of time: the check's budget of {self.budget_s / 60:g} min was spent")
+                raise Skipped("out of time: " + (f"the part's cap of {self.part_cap_s:g} s was spent"
+                                                 if self.part_ends is not None and self.part_ends <= start else
+                                                 f"the check's budget of {self.budget_s / 60:g} min was spent"))
             found = fn() or {}
         except Skipped as why:
             self.outcomes.append({"step": name, "status": "skipped", "reason": str(why)})
@@ -347,14 +368,15 @@ def _percent(x: float | None) -> str | None:
 
 def throughput(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] | None, peaks: dict[str, Any] | None,
                models: tuple[str, ...], compiled: bool) -> list[dict[str, Any]]:
-    """Each model with the loader on, then off; eager runs are one part, compiled ones another (they come last)."""
+    """Each model with the loader on, then each with it off: a part stopped early keeps every model's user-facing
+    row. Eager runs are one part, compiled ones another (they come last)."""
     rows = []
-    for name in models:
-        for loader in (True, False):
+    for loader in (True, False):
+        for name in models:
             def cell(name=name, loader=loader):
                 if made is None:
                     raise Skipped("no shards (the data step failed)")
-                cap = 300 if scale.tiny or compiled else 150  # one stuck run must not take the lease
+                cap = 300 if scale.tiny or compiled else 90  # one stuck run must not take the lease
                 left = steps.seconds_left()
                 return throughput_row(work, made, scale, name, compiled, loader, peaks,
                                       cap if left is None else min(cap, left))
@@ -373,28 +395,60 @@ def throughput(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] | No
 
 
 def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] | None,
-                   data: Path | None) -> list[dict[str, Any]]:
-    def e2e():
-        if made is None:
-            raise Skipped("no shards (the data step failed)")
-        return end_to_end(work, made, scale, data, steps.seconds_left())
+                   data: Path | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Two steps, the pretraining (killed -9, resumed, compared, exported), then the transfer to SST-2; a row each."""
+    e2e = None if made is None else RunToTheEnd(work, made, scale, data)
 
-    steps.attempt("e2e/pretrain-kill-resume-export-finetune", e2e)
-    o = steps.outcomes[-1]
-    figures = {k: o[k] for k in ("killed_at_step", "resumed_at_step", "max_abs_loss_difference", "first_loss",
-                                 "final_loss", "pretrain_seconds", "sst2_seconds") if k in o}
-    return [{"run": f"ModernBERT on {'IMDB' if data else 'no data'}, {o.get('steps', '–')} steps",
-             "status": o["status"], **{k: figures.get(k) for k in ("killed_at_step", "resumed_at_step",
-                                                                  "max_abs_loss_difference")},
-             "identical losses": o.get("identical_losses"),
-             "SST-2 dev": f"{o['sst2_metric']} {o['sst2_dev']:.3f}" if "sst2_dev" in o else None,
-             "note": _note(o)}]
+    def pretrain() -> dict[str, Any]:
+        if e2e is None:
+            raise Skipped("no shards (the data step failed)")
+        return e2e.pretrain(steps.seconds_left())
+
+    def transfer() -> dict[str, Any]:
+        if e2e is None or e2e.source is None:
+            raise Skipped("no pretrained model: the pretraining step failed before its run ended")
+        return e2e.transfer(steps.seconds_left())
+
+    try:
+        steps.attempt("e2e/pretrain-kill-resume-export", pretrain)
+        pretrained = steps.outcomes[-1]
+        steps.attempt("e2e/transfer-sst2", transfer)
+        transferred = steps.outcomes[-1]
+    finally:
+        if e2e is not None:
+            e2e.close()
+    o, sizes = pretrained, scale.run
+    evals = o.get("eval_mlm_loss") or {}
+    run = {"run": f"ModernBERT-small{' (tiny)' if scale.tiny else ''} on {'IMDB' if data else 'no data'}, "
+                  f"{sizes.steps:,} steps × {sizes.batch} × {scale.seq_len(True):,}",
+           "status": o["status"], "steps done": o.get("steps_done"), "killed at step": o.get("killed_at_step"),
+           "resumed at step": o.get("resumed_at_step"), "steps compared": o.get("compared_steps"),
+           "max |Δ loss|": f"{o['max_abs_loss_difference']:.1e}" if "max_abs_loss_difference" in o else None,
+           "identical losses": o.get("identical_losses"),
+           "loss": f"{o['first_loss']:.2f} → {o['final_loss']:.2f}" if "final_loss" in o else None,
+           "validation MLM loss": f"{list(evals.values())[-1]:.2f}" if evals else None,
+           "minutes": f"{o['pretrain_seconds'] / 60:.1f}" if "pretrain_seconds" in o else None,
+           "export": o.get("export"), "note": _note(o)}
+    t = transferred
+    arms = ("pretrained", "scratch")
+    transfer = {"task": f"SST-2, {sizes.sst2_examples:,} training sentences, seeds {SST2_SEEDS}",
+                "status": t["status"],
+                **({"pretrained (median)": f"{t['pretrained']['median']:.3f}",
+                    "from scratch (median)": f"{t['scratch']['median']:.3f}",
+                    "difference": f"{100 * t['difference']:+.1f} points",
+                    "token-count baseline": f"{t['token_baseline']:.3f}",
+                    "chosen (pretrained / scratch)": " / ".join(",".join(f"{k}={v}" for k, v in t[a]["chosen"].items())
+                                                                for a in arms),
+                    "held-out slice (pretrained / scratch)": " / ".join(f"{t[a]['selection_score']:.3f}"
+                                                                        for a in arms)}
+                   if "difference" in t else {}), "note": _note(t)}
+    return [run], [transfer]
 
 
 # ---------------------------------------------------------------- the check
 
 def headlines(rec: BenchmarkRecord, steps: Steps, device: str, tiny: bool) -> None:
-    """The two GPU targets; recorded only for a full-size CUDA run."""
+    """The two GPU targets and the transfer; recorded only for a full-size CUDA run."""
     if device != "cuda" or tiny:
         return
     found = {o["step"]: o for o in steps.outcomes}
@@ -409,9 +463,22 @@ def headlines(rec: BenchmarkRecord, steps: Steps, device: str, tiny: bool) -> No
     rate = best("ModernBERT-base", "real_tokens_per_s")
     rec.headline("ModernBERT-base seq 1024 packed bf16, tokens/s", None if rate is None else f"{rate:,.0f}",
                  target=f"≥ {TOKENS_TARGET:,}", met=None if rate is None else rate >= TOKENS_TARGET)
+    t = found.get("e2e/transfer-sst2", {})
+    if "difference" in t:
+        rec.headline("SST-2 dev accuracy, the run to the end's export − from scratch (medians)",
+                     f"{100 * t['difference']:+.1f} points ({t['pretrained']['median']:.3f} vs "
+                     f"{t['scratch']['median']:.3f}; token counts {t['token_baseline']:.3f})")
 
 
-PARTS = ("correctness", "packed", "throughput", "e2e", "compiled")
+PARTS = ("throughput", "e2e", "correctness", "packed", "compiled")
+"""The parts `--skip` names."""
+TARGET_MODELS = ("RoBERTa-large", "ModernBERT-base")
+"""The throughput models that have a target: measured before the run to the end, the others after it."""
+# The order of value: a lease stopped early keeps the targets and the transfer row. Each entry: the part `--skip`
+# names, what runs, and its cap in seconds on a full-size run (None: only the budget bounds it); docs/gpu-nodes.md
+# splits a lease's minutes by these.
+PLAN = (("throughput", "targets", 200), ("e2e", "e2e", 345), ("correctness", "correctness", 45),
+        ("packed", "packed", 45), ("throughput", "others", None), ("compiled", "compiled", None))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -430,6 +497,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget-minutes", type=float, default=None,
                    help="skip the steps that would start later than this (a lent machine's lease); the record is "
                         "also written after each part, so a check stopped from outside keeps the parts it finished")
+    p.add_argument("--started-at", type=float, default=None, metavar="UNIX_TIME",
+                   help="count --budget-minutes from this time (`date +%%s` when the lease's command started, so "
+                        "that the install before the check counts), not from the check's own start")
     a = p.parse_args(argv)
     a.models = tuple(m.strip() for m in a.models.split(",") if m.strip())
     if unknown := [m for m in a.models if m not in SHAPES]:
@@ -439,6 +509,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--skip: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     if a.budget_minutes is not None and a.budget_minutes <= 0:
         p.error(f"--budget-minutes {a.budget_minutes:g}: give a positive number of minutes")
+    if a.started_at is not None and not 0 <= time.time() - a.started_at < 86_400:
+        p.error(f"--started-at {a.started_at:g}: not within the last day (give `date +%s` of the command's start)")
     a.data = find_data(a.data)
     variant = f"{a.device}-tiny" if a.tiny else (None if a.device == "cuda" else a.device)
     with STUDY.record(variant, sys.argv if argv is None else [__file__, *argv]) as rec:
@@ -446,13 +518,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) -> Steps:
-    """Every part in order of value, the record written after each: what a lease must show first comes first."""
+    """Every part in order of value (PLAN), the record written after each: what a lease must show first comes first."""
     if a.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from pipeline.common.topology import prepare_environment
 
     scale = Scale(a.device, a.tiny)
-    steps = Steps(None if a.budget_minutes is None else 60 * a.budget_minutes)
+    since = None if a.started_at is None else time.perf_counter() - (time.time() - a.started_at)
+    steps = Steps(None if a.budget_minutes is None else 60 * a.budget_minutes, since)
     steps.attempt("environment/process group", lambda: _process_group(prepare_environment()))
     env = steps.attempt("environment", lambda: environment(a.device, a.tiny))
     rec.results["environment"] = env or {}
@@ -462,32 +535,35 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(a.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        made: dict[str, Any] | None = None
-
-        def prepared() -> dict[str, Any] | None:
-            nonlocal made
-            if made is None and "data" not in {o["step"] for o in steps.outcomes}:
-                made = steps.attempt("data", lambda: prepared_data(work, scale, a.data))
-            return made
-
+        made = None
+        if {"throughput", "e2e", "compiled"} - skipped:
+            made = steps.attempt("data", lambda: prepared_data(work, scale, a.data))
+        targets = tuple(m for m in a.models if m in TARGET_MODELS)
+        others = tuple(m for m in a.models if m not in TARGET_MODELS)
+        eager = "the pretrain command, loader on (real shards) and off (in memory)"
         parts = {
-            "correctness": ("correctness: one DeepSpeed step vs fp32, same batch (relative loss difference)",
-                            lambda: correctness(steps, a.device)),
-            "packed": ("packed documents: each attention path vs the padded path, per document",
-                       lambda: packed(steps, a.device)),
-            "throughput": ("throughput, eager: the pretrain command, loader on (real shards) and off (in memory)",
-                           lambda: throughput(steps, work, scale, prepared(), env, a.models, compiled=False)),
-            "e2e": ("the run to the end: IMDB shards, pretraining killed -9 and resumed, export, SST-2",
-                    lambda: run_to_the_end(steps, work, scale, prepared(), a.data)),
-            "compiled": ("throughput, train.compile: the pretrain command, loader on and off",
-                         lambda: throughput(steps, work, scale, prepared(), env, a.models, compiled=True)),
+            "targets": lambda: [(f"throughput, eager, the targets' models: {eager}",
+                                 throughput(steps, work, scale, made, env, targets, compiled=False))],
+            "e2e": lambda: list(zip(("the run to the end: IMDB shards, pretraining killed -9 and resumed, export",
+                                     "transfer: SST-2 dev accuracy through the fair protocol, from the export and "
+                                     "from scratch"), run_to_the_end(steps, work, scale, made, a.data), strict=True)),
+            "correctness": lambda: [("correctness: one DeepSpeed step vs fp32, same batch (relative loss difference)",
+                                     correctness(steps, a.device))],
+            "packed": lambda: [("packed documents: each attention path vs the padded path, per document",
+                                packed(steps, a.device))],
+            "others": lambda: [(f"throughput, eager, the other models: {eager}",
+                                throughput(steps, work, scale, made, env, others, compiled=False))],
+            "compiled": lambda: [("throughput, train.compile: the pretrain command, loader on and off",
+                                  throughput(steps, work, scale, made, env, a.models, compiled=True))],
         }
-        for part in PARTS:
+        for part, key, cap in PLAN:
             if part in skipped:
                 continue
-            title, run_part = parts[part]
-            rows = run_part()
-            rec.table(title, rows)
+            with steps.part(None if a.tiny else cap):
+                tables = parts[key]()
+            for title, rows in tables:
+                if rows:
+                    rec.table(title, rows)
             summarise(rec, steps, a)
             rec.write()  # what finished so far survives a check stopped from outside
     summarise(rec, steps, a)
