@@ -11,10 +11,12 @@ process, which carries one-off costs (workers starting, compilation).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from pipeline.common.lost_rank import RankWatchdog
+from pipeline.common.lost_rank import RankWatchdog, lost_rank_message
+from pipeline.common.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,15 @@ class ThroughputWindow:
 
 
 class StepGuard:
-    """The watchdog around each step after a process's first (none with one rank)."""
+    """With several ranks, a watchdog around each step after the process's first: a thread that ends this rank when
+    a step outlasts `timeout_s`, its message saying where a rerun resumes (`resume_hint`)."""
 
-    def __init__(self, first_step: int, watchdog: RankWatchdog | None):
-        self.first_step, self.watchdog = first_step, watchdog
+    def __init__(self, first_step: int, topology: Topology, timeout_s: float, resume_hint: Callable[[], str]):
+        self.first_step, self.watchdog = first_step, None
+        if topology.world_size > 1:
+            self.watchdog = RankWatchdog(timeout_s, lambda where: lost_rank_message(
+                topology.rank, topology.world_size, where, timeout_s, resume_hint(),
+                f"the step has waited {timeout_s:g} s"))
 
     def around(self, step: int) -> AbstractContextManager:
         """Guard optimizer step `step` (0-based, about to run)."""

@@ -15,6 +15,7 @@ that with `checkpoint.load_universal`. The data order does not depend on the wor
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -27,9 +28,11 @@ from pipeline.common.atomic_files import publish_folder
 from pipeline.common.errors import PipelineError
 from pipeline.common.topology import Topology
 from pipeline.pretrain import checkpoints
-from pipeline.pretrain.checkpoint_record import CheckpointRecord, read_record
+from pipeline.pretrain.checkpoint_record import read_record
 from pipeline.pretrain.engine import restore_step
 from pipeline.pretrain.plan import RunPlan, StartPoint
+from pipeline.pretrain.pretrain_data import PretrainData
+from pipeline.pretrain.run_log import RunLog
 
 UNIVERSAL_DIR = "universal"
 OPTIMIZER_SETTINGS = ("lr", "initial_lr", "weight_decay", "betas", "beta1", "beta2", "eps", "max_lr", "max_coeff",
@@ -41,10 +44,8 @@ DeepSpeed's partitions) is state the checkpoint brings back."""
 class Checkpointer:
     """Makes sure of, loads and saves this run's checkpoints on one rank."""
 
-    def __init__(self, root: Path, topology: Topology):
-        self.root = root
-        self.topology = topology
-        self.verify_seconds = self.load_seconds = 0.0
+    def __init__(self, root: Path, topology: Topology, log: RunLog):
+        self.root, self.topology, self.log = root, topology, log
 
     def confirm_start(self, plan: RunPlan) -> RunPlan:
         """The plan, or the plan from an earlier start when its own start checkpoint is damaged (rank 0 checks
@@ -64,21 +65,27 @@ class Checkpointer:
         if self.topology.world_size > 1:
             dist.broadcast_object_list(found, src=0)
         self.verify_seconds = time.perf_counter() - started
-        if plan.start is None or plan.start.anneal or found[0] == plan.start.checkpoint.name:
-            return plan
-        if found[0] is None:
-            return plan.starting_from(None)
-        folder = self.root / found[0]
-        return plan.starting_from(StartPoint.at(folder, read_record(folder), plan.world_size))
+        if plan.start is not None and not plan.start.anneal and found[0] != plan.start.checkpoint.name:
+            folder = self.root / found[0] if found[0] else None  # the newest intact one, or none
+            plan = plan.starting_from(StartPoint.at(folder, read_record(folder), plan.world_size) if folder else None)
+        self.plan = plan
+        return plan
 
-    def load(self, engine, start: StartPoint) -> int:
-        """Load `start` into the engine on every rank; returns its step, which sets the LR (`engine.restore_step`).
+    def load(self, engine) -> int:
+        """Load the plan's start into the engine on every rank; returns its step, which sets the LR
+        (`engine.restore_step`).
 
         The weights, moments and step come from the checkpoint; the optimizer's settings (peak LR, weight decay,
         betas) stay this run's config's, which DeepSpeed's load would otherwise replace with the checkpoint's:
         an anneal, or a resume with an edited `optimizer.lr`, would silently train at the old values.
         """
-        started = time.perf_counter()
+        start, started = self.plan.start, time.perf_counter()
+        if start.universal:
+            self.log.say(f"checkpoint {start.checkpoint.name} was written by {start.record.world_size} ranks, this "
+                         f"run has {self.topology.world_size}: converting it to a universal checkpoint")
+        if start.record.version < 2 and not start.anneal:
+            self.log.say(f"checkpoint {start.checkpoint.name} was written by an earlier release, which kept no "
+                         "record of its data order: the run goes on in this release's order")
         settings = [{k: group[k] for k in OPTIMIZER_SETTINGS if k in group} for group in engine.optimizer.param_groups]
         peaks = list(engine.lr_scheduler.base_lrs)
         load_root = start.checkpoint.parent
@@ -94,21 +101,38 @@ class Checkpointer:
             group.update(own)
         engine.lr_scheduler.base_lrs = peaks
         restore_step(engine.lr_scheduler, start.step)
-        self.load_seconds = time.perf_counter() - started
+        event = {"resumed_from": str(start.checkpoint), "resume_load_seconds": round(time.perf_counter() - started, 3),
+                 "checkpoint_verify_seconds": round(self.verify_seconds, 3)}
+        message = f"resumed from {start.checkpoint} (step {start.step})"
+        if start.anneal:
+            a, peak = self.plan.anneal, self.plan.config.optimizer.lr
+            event["anneal_steps"] = a.steps
+            lr_from, lr_to = (self.plan.schedule.multiplier(step) * peak for step in (a.start, a.start + a.steps))
+            message = (f"annealing from {start.checkpoint} (step {a.start}) for {a.steps} steps: LR {lr_from:.3g} "
+                       f"to {lr_to:.3g} ({self.plan.config.schedule.decay})")
+        self.log.report(start.step, event, message)
         return start.step
 
-    def save(self, engine, record: CheckpointRecord, keep_last: int) -> Path:
-        return checkpoints.save_checkpoint(engine, self.root, record, keep_last)
+    def save(self, engine, step: int, data: PretrainData) -> None:
+        """A checkpoint after `step` steps of `data`'s stretch, with the plan's record of them."""
+        started = time.perf_counter()
+        record = self.plan.record(step, phase=data.stretch.phase.name, seq_len=data.seq_len, batch=data.plan,
+                                  # the model's own shape: with model.init_from it is the folder's, not the config's
+                                  hf_config=json.loads(engine.module.config.to_json_string()))
+        folder = checkpoints.save_checkpoint(engine, self.root, record, self.plan.config.checkpoint.keep_last)
+        self.log.metrics.event({"checkpoint": str(folder),
+                                "checkpoint_seconds": round(time.perf_counter() - started, 3)}, step)
+        self.log.metrics.flush()
 
     def newest_complete(self) -> Path | None:
         return checkpoints.newest_complete(self.root)
 
-    def resume_hint(self, plan: RunPlan) -> str:
+    def resume_hint(self) -> str:
         """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
         newest = self.newest_complete()
-        if newest is None and plan.anneal is not None:
-            return (f"No checkpoint of this run is complete yet: a rerun anneals from {plan.anneal_from.checkpoint} "
-                    "again.")
+        if newest is None and self.plan.anneal is not None:
+            return (f"No checkpoint of this run is complete yet: a rerun anneals from "
+                    f"{self.plan.anneal_from.checkpoint} again.")
         if newest is None:
             return "No checkpoint is complete yet: a rerun starts from step 0."
         return (f"Rerun the same command to resume from the last complete checkpoint, {newest} "

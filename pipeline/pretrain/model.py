@@ -200,7 +200,7 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": Roberta
 
 
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
-    """A freshly initialised training model, or one loaded from `model.init_from`.
+    """A freshly initialised training model, or one loaded from `model.init_from`, in training mode.
 
     A released encoder often ships without its MLM head (a sentence-embedding model is saved as
     `BertModel`): transformers then initialises the head, the decoder tied to the word embeddings
@@ -212,6 +212,7 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
         built, info = cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
                                           attn_implementation=model.attn_implementation, output_loading_info=True)
         note = created_head_note(built, info["missing_keys"], model.init_from)
+        built.train()  # from_pretrained leaves it in eval mode; the trainer's engine expects training mode
     else:
         built = cls(hf_config(model, tokenizer, seq_len))
     if model.architecture == "bert":

@@ -1,5 +1,5 @@
-"""The trainer's one view of its data in a stretch: masked train and validation batches, the stream, eval sets,
-eval metrics and progress; the same questions for one folder and for a mix.
+"""The trainer's one view of its data in a stretch: masked train and validation batches, the stream and the loader,
+the validation losses, eval metrics and progress; the same questions for one folder and for a mix.
 
 Each corpus of the stretch has its own token caches (data/token_cache.py, its block as the plan records);
 the stream (stream.py) numbers corpus c's row i as row offset_c + i of them end to end, so two corpora
@@ -13,16 +13,17 @@ import math
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import MaskedBatches, eval_keys, train_loader
-from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.masking import Masker, build_masker
+from pipeline.pretrain.masking import IGNORE_INDEX, Masker, build_masker
 from pipeline.pretrain.model import first_position_id
-from pipeline.pretrain.plan import Stretch
+from pipeline.pretrain.plan import RunPlan, Stretch
 from pipeline.pretrain.stream import MicroBatchKey
 
 
@@ -32,10 +33,11 @@ class PretrainData:
 
     def __init__(self, stretch: Stretch, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
                  tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0,
-                 eval_masker: Masker | None = None):
+                 eval_masker: Masker | None = None, num_workers: int = 0, skipped: tuple[range, ...] = ()):
         """`plan`: the stretch's batch on this world size; `eval_masker` masks the validation batches
-        (`masking.eval_probability`); None: `masker`."""
-        self.plan = plan
+        (`masking.eval_probability`); None: `masker`. The loader reads with `num_workers` processes and leaves
+        out the steps `skipped`."""
+        self.stretch, self.plan, self.num_workers, self.skipped = stretch, plan, num_workers, skipped
         self.masking_probability = masker.masking.probability
         self.corpora = stretch.corpora
         self.mixed = len(self.corpora) > 1 or stretch.phase.data.mixed
@@ -62,26 +64,47 @@ class PretrainData:
                                          position_offset=position_offset)
 
     @classmethod
-    def for_stretch(cls, stretch: Stretch, config: PretrainConfig, tokenizer, info: TokenizerInfo, world_size: int,
-                    eval_masker: Masker) -> PretrainData:
-        """The data of `stretch` on `world_size` ranks: its batch plan, and a masker at its phase's masking rate."""
+    def for_stretch(cls, stretch: Stretch, run: RunPlan, tokenizer, info: TokenizerInfo) -> PretrainData:
+        """The data of one of the `run`'s stretches: its batch plan, a masker at its phase's masking rate, and
+        validation masks at the run's one rate (`masking.eval_probability`), so every phase's losses compare."""
+        config, seed = run.config, run.config.train.seed
         masking = dataclasses.replace(config.masking, probability=stretch.phase.masking_probability)
-        masker = build_masker(masking, tokenizer, info.vocab_size, info.mask_id, config.train.seed)
-        return cls(stretch, stretch.plan(world_size), masker, seed=config.train.seed, cache_dir=config.cache_dir,
+        masker = build_masker(masking, tokenizer, info.vocab_size, info.mask_id, seed)
+        eval_masker = build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, seed, evaluation=True)
+        return cls(stretch, stretch.plan(run.world_size), masker, seed=seed, cache_dir=config.cache_dir,
                    tokenizer_fingerprint=info.fingerprint,
                    with_segments=config.model.architecture == "bert",  # where the shards hold pairs
                    # doc-packed rows restart positions per document from the first position id
                    position_offset=first_position_id(config.model.architecture, info.pad_id),
-                   eval_masker=eval_masker)
+                   eval_masker=eval_masker, num_workers=config.data.num_workers, skipped=run.skipped)
 
     @property
     def num_train_sequences(self) -> int:
         return sum(len(t) for t in self._train)
 
-    def loader(self, *, rank: int, start_step: int, end_step: int, num_workers: int,
-               skipped: tuple[range, ...] = ()) -> DataLoader:
-        return train_loader(self.train_batches, self.stream, rank=rank, start_step=start_step, end_step=end_step,
-                            num_workers=num_workers, skipped=skipped)
+    def loader(self, *, rank: int, start_step: int) -> DataLoader:
+        """This rank's micro batches from `start_step` to the stretch's end, skipped steps left out, read lazily."""
+        return train_loader(self.train_batches, self.stream, rank=rank, start_step=start_step,
+                            end_step=self.stretch.end, num_workers=self.num_workers, skipped=self.skipped)
+
+    @torch.no_grad()
+    def evaluate(self, engine, eval_sequences: int, rank: int) -> np.ndarray:
+        """Per corpus, (loss × masked tokens, masked tokens) summed over every rank's validation micro batches."""
+        eval_sets = self.eval_sets(eval_sequences, self.plan.micro_batch_size, rank, self.plan.world_size)
+        engine.eval()
+        # On the engine's device: NCCL reduces no CPU tensor (a CPU one here failed every CUDA run's last
+        # evaluation), and the batches' losses come to the host once, not each.
+        totals = torch.zeros(len(eval_sets), 2, dtype=torch.float64, device=engine.device)
+        for corpus, keys in enumerate(eval_sets):
+            for key in keys:
+                batch = {k: v.to(engine.device) for k, v in self.val_batches[key].items()}
+                out = engine(**batch)
+                masked = (batch["labels"] != IGNORE_INDEX).sum()
+                totals[corpus, 0] += out.get("mlm_loss", out["loss"]).detach().double() * masked
+                totals[corpus, 1] += masked
+        engine.train()
+        dist.all_reduce(totals)
+        return totals.cpu().numpy()
 
     def eval_sets(self, eval_sequences: int, micro_batch_size: int, rank: int,
                   world_size: int) -> list[list[MicroBatchKey]]:

@@ -9,7 +9,13 @@ in checkpoints; a resumed run rebuilds them from its phase.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from pipeline.pretrain.phases import Phase
 
 # ModernBertConfig's layer types: the global layers attend fully, the local ones in a sliding window.
 LAYER_TYPE_OF = {"global": "full_attention", "local": "sliding_attention"}
@@ -49,3 +55,9 @@ def set_rope_theta(model: torch.nn.Module, global_theta: float, local_theta: flo
         getattr(rotary, f"{layer_type}_original_inv_freq").copy_(inv_freq.to(buffer.device, buffer.dtype))
         setattr(rotary, f"{layer_type}_attention_scaling", scaling)
     return True
+
+
+def use_phase_rope(model: torch.nn.Module, phase: Phase, say: Callable[[str], None]) -> None:
+    """A ModernBERT phase's rotary bases on `model` (other architectures' phases have none), said when they change."""
+    if phase.global_rope_theta is not None and set_rope_theta(model, phase.global_rope_theta, phase.local_rope_theta):
+        say(f"RoPE theta: global {phase.global_rope_theta:g}, local {phase.local_rope_theta:g}")

@@ -10,10 +10,14 @@ non-finite if any of its steps was.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from pipeline.common.errors import PipelineError
 
 
 @dataclass
@@ -25,6 +29,16 @@ class CheckedLosses:
     window_loss: float
     first_step: int
     tokens: float
+
+    def nonfinite_error(self, step: int, newest: Path | None) -> PipelineError:
+        """What stops a run whose loss became non-finite by `step`, naming its last good checkpoint `newest`."""
+        loss = self.loss if not math.isfinite(self.loss) else self.window_loss
+        since = "" if self.first_step == step else (
+            f" (checked at logging, evaluation and checkpoint steps: it became non-finite at one of steps "
+            f"{self.first_step}-{step})")
+        return PipelineError(f"the training loss is {loss} at step {step}{since}; stopping without saving. The last "
+                             f"good checkpoint is {newest or 'none (no checkpoint yet)'}. Lower optimizer.lr, raise "
+                             f"schedule.warmup_steps or check the data")
 
 
 class StepSync:

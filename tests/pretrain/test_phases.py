@@ -247,7 +247,6 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     from test_eval_masking import masked_fraction
 
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.masking import build_masker
     from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.pretrain_data import PretrainData
 
@@ -258,9 +257,8 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     plan = prepare_run(write_config(tmp_path / "config.json", data))
     tokenizer = load_tokenizer(str(bpe_tokenizer_dir))
     info = describe_tokenizer(tokenizer, str(bpe_tokenizer_dir))
-    eval_masker = build_masker(plan.config.masking, tokenizer, info.vocab_size, info.mask_id, 0, evaluation=True)
     for stretch, rate in zip(plan.stretches, (0.3, 0.05), strict=True):
-        feed = PretrainData.for_stretch(stretch, plan.config, tokenizer, info, 1, eval_masker)
+        feed = PretrainData.for_stretch(stretch, plan, tokenizer, info)
         keys = [feed.stream.micro_batch(step, k) for step in range(stretch.start, stretch.end)
                 for k in range(feed.plan.accumulation)]
         assert masked_fraction(feed.train_batches, keys, tokenizer.all_special_ids) == pytest.approx(rate, abs=0.03)
