@@ -38,7 +38,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": t.zero_stage}
     for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
         ds[name] = {**ds.get(name, {}), "enabled": t.precision == name}
-    if load_universal:  # resuming on another world size (pipeline/pretrain/checkpointer.py)
+    if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
     ds.update(

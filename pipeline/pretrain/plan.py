@@ -43,7 +43,7 @@ class StartPoint:
     checkpoint: Path
     record: CheckpointRecord
     universal: bool
-    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint (checkpointer.py)."""
+    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint (checkpoints.py)."""
     anneal: bool = False
 
     @property

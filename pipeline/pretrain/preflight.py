@@ -199,11 +199,14 @@ def corpus_layout(folder: str, index: dict) -> CorpusLayout:
                         shards_per_block=default_shards_per_block(sizes, index["seq_len"]), seq_len=index["seq_len"])
 
 
-def data_groups(config: PretrainConfig) -> list[tuple[str, str | list]]:
-    """Where the config names shard folders: `data`, or each `phases[i]`, with its folder or mix."""
+def data_groups(config: PretrainConfig) -> list[tuple[str, str | list, int | None, int]]:
+    """Where the config names shard folders: each `phases[i]`, or `data`, with its folder or mix, the seq_len it
+    states and its global batch."""
+    t = config.train
     if config.phases:
-        return [(f"phases[{i}]", p.shards) for i, p in enumerate(config.phases)]
-    return [("data", config.data.shards)] if config.data.shards else []
+        return [(f"phases[{i}]", p.shards, p.seq_len, p.global_batch_size or t.global_batch_size)
+                for i, p in enumerate(config.phases)]
+    return [("data", config.data.shards, None, t.global_batch_size)] if config.data.shards else []
 
 
 def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
@@ -211,7 +214,7 @@ def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
     from pipeline.data.shard_index import load_index
 
     indexes, problems = {}, []
-    for key, shards in data_groups(config):
+    for key, shards, *_ in data_groups(config):
         for j, source in enumerate(named_corpora(shards)):
             if source.path and source.path not in indexes:
                 try:
@@ -232,9 +235,6 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
             word_rule(tokenizer)
         except PipelineError as err:
             problems.append(f"masking.unit {config.masking.unit}: {err}")
-    for key, shards in data_groups(config):
-        if isinstance(shards, list):  # a mix feeds one model: one length, one layout, one tokenizer
-            problems += mix_file_problems(f"{key}.shards", [s.path for s in named_corpora(shards)], indexes)
     for folder, index in indexes.items():
         if info.fingerprint != index["tokenizer"]["fingerprint"]:
             problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
@@ -251,21 +251,26 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
                             "with a larger --val-fraction (and --overwrite), or on more text")
         if index["splits"]["train"]["sequences"] == 0:
             problems.append(f"data.shards: {folder} has no train sequences")
-    if config.phases:
-        problems += phase_file_problems(config, indexes)
-    elif not config.data.mixed and indexes:
-        train = next(iter(indexes.values()))["splits"]["train"]["sequences"]
-        if 0 < train < config.train.global_batch_size:
-            problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
-                            f"(train.global_batch_size {config.train.global_batch_size})")
+    for key, shards, seq_len, batch in data_groups(config):
+        found = [(s.path, indexes[s.path]) for s in named_corpora(shards) if s.path in indexes]
+        if isinstance(shards, list):  # a mix feeds one model: one length, one packing, one tokenizer
+            problems += mix_file_problems(f"{key}.shards", found)
+        for folder, index in found:
+            if seq_len is not None and index["seq_len"] != seq_len:
+                problems.append(f"{key}.seq_len is {seq_len}, but {key}.shards {folder} holds sequences of "
+                                f"{index['seq_len']} tokens (its index.json); point the phase at shards made with "
+                                f"--seq-len {seq_len}, or correct the seq_len")
+            train = index["splits"]["train"]["sequences"]
+            if not isinstance(shards, list) and 0 < train < batch:  # a mix's corpora each run through their epochs
+                problems.append(f"{key}.shards: the train split of {folder} holds {train} sequences, fewer than one "
+                                f"global batch ({batch})")
     if config.model.init_from:  # positions are sized for the longest phase
         problems += init_from_problems(config, info, max(index["seq_len"] for index in indexes.values()))
     return problems
 
 
-def mix_file_problems(key: str, folders: list[str], indexes: dict[str, dict]) -> list[str]:
-    """The corpora of one mix must share a sequence length, a packing and a tokenizer."""
-    found = [(f, indexes[f]) for f in folders if f in indexes]
+def mix_file_problems(key: str, found: list[tuple[str, dict]]) -> list[str]:
+    """The corpora of one mix (their folders and indexes) must share a sequence length, a packing and a tokenizer."""
     if not found:
         return []
     problems, ((first, first_index), *others) = [], found
@@ -279,27 +284,6 @@ def mix_file_problems(key: str, folders: list[str], indexes: dict[str, dict]) ->
                             f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
                             f"{folder} with {index['tokenizer']['name']} "
                             f"({index['tokenizer']['fingerprint'][:19]}…)")
-    return problems
-
-
-def phase_file_problems(config: PretrainConfig, indexes: dict[str, dict]) -> list[str]:
-    """Each phase against its folders' indexes: the seq_len it states, a single folder's train split of at least
-    one batch (a mix's corpora may be smaller: each runs through its own epochs)."""
-    problems = []
-    for i, phase in enumerate(config.phases):
-        for source in named_corpora(phase.shards):
-            index = indexes.get(source.path)
-            if index is None:
-                continue
-            if phase.seq_len is not None and index["seq_len"] != phase.seq_len:
-                problems.append(f"phases[{i}].seq_len is {phase.seq_len}, but phases[{i}].shards {source.path} "
-                                f"holds sequences of {index['seq_len']} tokens (its index.json); point the phase at "
-                                f"shards made with --seq-len {phase.seq_len}, or correct the seq_len")
-            batch = phase.global_batch_size or config.train.global_batch_size
-            train = index["splits"]["train"]["sequences"]
-            if not isinstance(phase.shards, list) and 0 < train < batch:
-                problems.append(f"phases[{i}].shards: the train split of {source.path} holds {train} sequences, "
-                                f"fewer than one global batch of the phase ({batch})")
     return problems
 
 

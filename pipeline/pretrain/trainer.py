@@ -1,7 +1,7 @@
 """The pretraining loop, as torchtitan's `Trainer.train`: load, then step until the end, logging, evaluating and
 saving when the cadence says. The plan (plan.py) says which data, batch and LR each step has and where the run
 starts; side concerns sit behind small objects: the cadence (cadence.py) says when, the checkpointer
-(checkpointer.py) loads and saves, the stretch's data (pretrain_data.py) feeds and evaluates, and the run log
+(checkpoints.py) loads and saves, the stretch's data (pretrain_data.py) feeds and evaluates, and the run log
 (run_log.py) reports."""
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from pipeline.common.run_kernel import seed_everything
 from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batches import real_tokens, shut_down_workers
 from pipeline.pretrain.cadence import Cadence, StepGuard
-from pipeline.pretrain.checkpointer import Checkpointer
+from pipeline.pretrain.checkpoints import Checkpointer
 from pipeline.pretrain.engine import initialize_engine, restore_step, set_batch_plan
 from pipeline.pretrain.masking import splitmix64
 from pipeline.pretrain.model import build_model
@@ -174,9 +173,7 @@ class Pretrainer:
             self.log.evaluation(self.data.evaluate(self.engine, c.train.eval_sequences, self.topology.rank), self.step)
         if not already_done:
             self.log.summary(self.step)
-        newest = self.checkpointer.newest_complete()
-        if newest is None or newest.name != checkpoints.tag_for(self.step):
-            self.checkpointer.save(self.engine, self.step, self.data)
+        self.checkpointer.save(self.engine, self.step, self.data)
         if stopped_by is not None:
             seconds = time.monotonic() - (stop.received_at or time.monotonic())
             self.log.report(self.step, {"stopped_by": stopped_by, "signal_to_checkpoint_seconds": round(seconds, 3)},

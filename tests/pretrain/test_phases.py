@@ -139,6 +139,23 @@ def test_a_shard_folder_whose_seq_len_differs_from_the_phase_is_a_clear_error(tm
             in str(err.value)) and "phases[1].seq_len is 128" in str(err.value)
 
 
+def test_a_single_folder_smaller_than_one_global_batch_is_refused_with_or_without_phases(
+        tmp_path, roberta_shards, short_shards, bpe_tokenizer_dir):
+    from pipeline.data.shard_index import load_index
+
+    train = load_index(roberta_shards)["splits"]["train"]["sequences"]
+    batch = 4 * (train // 4 + 1)  # one step more than the folder holds
+    plain = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", train={"global_batch_size": batch})
+    with pytest.raises(ConfigError, match=rf"data.shards: the train split of {roberta_shards} holds {train} "
+                                          rf"sequences, fewer than one global batch \({batch}\)"):
+        load(tmp_path, plain)
+    phased = phased_config(tmp_path, short_shards, roberta_shards, bpe_tokenizer_dir)
+    phased["phases"][1].update(global_batch_size=batch, micro_batch_size=4)
+    with pytest.raises(ConfigError, match=rf"phases\[1\].shards: the train split of {roberta_shards} holds {train} "
+                                          rf"sequences, fewer than one global batch \({batch}\)"):
+        load(tmp_path, phased)
+
+
 def test_the_shipped_two_phase_config_follows_the_published_recipe_scaled_to_base():
     config = load_pretrain_config(ROOT / "configs/base-two-phase.json", world_size=8, cuda=True, check_files=False)
     one, two = resolve_phases(config)
