@@ -145,7 +145,8 @@ def test_a_single_folder_smaller_than_one_global_batch_is_refused_with_or_withou
 
     train = load_index(roberta_shards)["splits"]["train"]["sequences"]
     batch = 4 * (train // 4 + 1)  # one step more than the folder holds
-    plain = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", train={"global_batch_size": batch})
+    plain = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
+                                 train={"global_batch_size": batch})
     with pytest.raises(ConfigError, match=rf"data.shards: the train split of {roberta_shards} holds {train} "
                                           rf"sequences, fewer than one global batch \({batch}\)"):
         load(tmp_path, plain)
