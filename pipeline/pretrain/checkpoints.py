@@ -40,7 +40,6 @@ from pipeline.pretrain.checkpoint_record import RECORD_FILE, CheckpointRecord, r
 from pipeline.pretrain.plan import RunPlan, StartPoint
 
 if TYPE_CHECKING:
-    from pipeline.pretrain.pretrain_data import PretrainData
     from pipeline.pretrain.run_log import RunLog
 
 _TAG = re.compile(r"^step_(\d{8,})$")
@@ -258,15 +257,14 @@ class Checkpointer:
         self.log.report(start.step, event, message)
         return start.step
 
-    def save(self, engine, step: int, data: PretrainData) -> None:
-        """A checkpoint after `step` steps of `data`'s stretch, with the plan's record of them; none when the newest
-        complete checkpoint is this step's already (a rerun of a finished run)."""
+    def save(self, engine, step: int) -> None:
+        """A checkpoint after `step` steps, with the plan's record of them; none when the newest complete checkpoint
+        is this step's already (a rerun of a finished run)."""
         if (newest := self.newest_complete()) is not None and newest.name == tag_for(step):
             return
         started = time.perf_counter()
-        record = self.plan.record(step, phase=data.stretch.phase.name, seq_len=data.seq_len, batch=data.plan,
-                                  # the model's own shape: with model.init_from it is the folder's, not the config's
-                                  hf_config=json.loads(engine.module.config.to_json_string()))
+        # The model's own shape: with model.init_from it is the folder's, not the config's.
+        record = self.plan.record(step, hf_config=json.loads(engine.module.config.to_json_string()))
         folder = save_checkpoint(engine, self.root, record, self.plan.config.checkpoint.keep_last)
         self.log.metrics.event({"checkpoint": str(folder),
                                 "checkpoint_seconds": round(time.perf_counter() - started, 3)}, step)

@@ -126,7 +126,7 @@ class Pretrainer:
                     stopped_by = stop.signal_name or "a stop signal on another rank"
                     break
                 if due.save:
-                    self.checkpointer.save(self.engine, self.step, self.data)
+                    self.checkpointer.save(self.engine, self.step)
         finally:
             shut_down_workers(batches)  # the loader's workers stop here, not at interpreter exit
         guard.close()
@@ -173,7 +173,7 @@ class Pretrainer:
             self.log.evaluation(self.data.evaluate(self.engine, c.train.eval_sequences, self.topology.rank), self.step)
         if not already_done:
             self.log.summary(self.step)
-        self.checkpointer.save(self.engine, self.step, self.data)
+        self.checkpointer.save(self.engine, self.step)
         if stopped_by is not None:
             seconds = time.monotonic() - (stop.received_at or time.monotonic())
             self.log.report(self.step, {"stopped_by": stopped_by, "signal_to_checkpoint_seconds": round(seconds, 3)},
