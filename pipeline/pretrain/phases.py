@@ -13,8 +13,8 @@ each phase warms up to its own peak and decays over its own steps (NVIDIA's `--p
 `--rewarmup`; schedules.py, which counts optimizer steps whatever the batch). Under WSD
 `phases[i].decay_steps: 0` holds a phase at its peak, so ModernBERT's stable, context-extension and
 decay phases are three phases. A ModernBERT phase may raise the rotary bases with its longer shards; a
-phase that names none keeps the previous phase's (rope.py applies them). How the phases' data streams
-follow each other is the plan's (plan.py, stream.py).
+phase that names none keeps the previous phase's (model.py's `set_rope_theta` applies them). How the
+phases' data streams follow each other is the plan's (plan.py, stream.py).
 """
 
 from __future__ import annotations

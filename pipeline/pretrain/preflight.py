@@ -229,7 +229,7 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
     """The shard folders against each other, the tokenizer and the model, without loading shards."""
     problems = []
     if config.masking.unit != "token":
-        from pipeline.pretrain.word_starts import word_rule
+        from pipeline.pretrain.masking import word_rule
 
         try:
             word_rule(tokenizer)

@@ -7,6 +7,7 @@ drops everything (tracking/metrics.py), so the loop never asks which rank it is 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -15,13 +16,12 @@ from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.run_kernel import run_tags
 from pipeline.common.topology import Topology
-from pipeline.pretrain.cadence import ThroughputWindow
+from pipeline.pretrain.cadence import CheckedLosses
 from pipeline.pretrain.flops import mfu, model_flops_per_token
 from pipeline.pretrain.masking import eval_probability
 from pipeline.pretrain.plan import RunPlan
 from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
 from pipeline.pretrain.pretrain_data import PretrainData
-from pipeline.pretrain.step_sync import CheckedLosses
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.sinks import open_metrics
 
@@ -166,3 +166,31 @@ class RunLog:
             self.progress.close()
             self.progress = None
         self.metrics.close(status)
+
+
+class ThroughputWindow:
+    """Tokens and samples trained since the last log, the seconds they took, and of the steps' own seconds those
+    spent waiting for the next batch: a share near 0 means the loader keeps up, one that grows means the steps
+    wait on it. The times are the host's: on a GPU a wait overlapped by queued kernels costs nothing."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.started, self.tokens, self.samples = time.perf_counter(), 0.0, 0
+        self.stepping = self.waited = 0.0
+
+    def add(self, *, samples: int = 0, tokens: float = 0.0, stepping: float = 0.0, waited: float = 0.0) -> None:
+        """`stepping`: seconds inside steps; `waited`: the part of them spent waiting for the loader."""
+        self.samples += samples
+        self.tokens += tokens
+        self.stepping += stepping
+        self.waited += waited
+
+    def rates(self) -> tuple[float, float, float]:
+        """(tokens/s, samples/s, share of the steps' time spent waiting for data) over the window; starts the
+        next one."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        rates = self.tokens / elapsed, self.samples / elapsed, self.waited / max(self.stepping, 1e-9)
+        self.reset()
+        return rates

@@ -23,16 +23,14 @@ from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.batches import real_tokens, shut_down_workers
-from pipeline.pretrain.cadence import Cadence, StepGuard
+from pipeline.pretrain.cadence import Cadence, StepGuard, StepSync
 from pipeline.pretrain.checkpoints import Checkpointer
 from pipeline.pretrain.engine import initialize_engine, restore_step, set_batch_plan
 from pipeline.pretrain.masking import splitmix64
-from pipeline.pretrain.model import build_model
+from pipeline.pretrain.model import build_model, use_phase_rope
 from pipeline.pretrain.plan import RunPlan, Stretch
 from pipeline.pretrain.pretrain_data import PretrainData
-from pipeline.pretrain.rope import use_phase_rope
 from pipeline.pretrain.run_log import RunLog
-from pipeline.pretrain.step_sync import StepSync
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 
 

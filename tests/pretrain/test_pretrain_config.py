@@ -12,8 +12,7 @@ from pipeline.common.config_tree import ConfigError, apply_overrides, parse_over
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import ScheduleConfig
-from pipeline.pretrain.engine import client_optimizer, deepspeed_config, optimizer_groups
-from pipeline.pretrain.lamb import Lamb
+from pipeline.pretrain.engine import Lamb, client_optimizer, deepspeed_config, optimizer_groups
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import Schedule, segments
 
