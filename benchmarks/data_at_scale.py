@@ -175,7 +175,7 @@ from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
-from pipeline.pretrain.pretrain_data import PretrainData
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.batches import shut_down_workers
 run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
                                       "train.output_dir={run_dir / 'probe'}"], world_size=1)

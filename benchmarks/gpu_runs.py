@@ -178,7 +178,7 @@ def run_in_memory(config_path: str) -> None:
     import torch
 
     from pipeline.commands.pretrain import main
-    from pipeline.pretrain.pretrain_data import PretrainData
+    from pipeline.pretrain.batches import PretrainData
 
     real_loader, ready = PretrainData.loader, []
 

@@ -16,12 +16,12 @@ from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.run_kernel import run_tags
 from pipeline.common.topology import Topology
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.cadence import CheckedLosses
 from pipeline.pretrain.flops import mfu, model_flops_per_token
 from pipeline.pretrain.masking import eval_probability
 from pipeline.pretrain.plan import RunPlan
 from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
-from pipeline.pretrain.pretrain_data import PretrainData
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.sinks import open_metrics
 

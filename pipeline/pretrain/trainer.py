@@ -1,7 +1,7 @@
 """The pretraining loop, as torchtitan's `Trainer.train`: load, then step until the end, logging, evaluating and
 saving when the cadence says. The plan (plan.py) says which data, batch and LR each step has and where the run
 starts; side concerns sit behind small objects: the cadence (cadence.py) says when, the checkpointer
-(checkpoints.py) loads and saves, the stretch's data (pretrain_data.py) feeds and evaluates, and the run log
+(checkpoints.py) loads and saves, the stretch's data (batches.py) feeds and evaluates, and the run log
 (run_log.py) reports."""
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from pipeline.common.run_kernel import seed_everything
 from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.batches import real_tokens, shut_down_workers
+from pipeline.pretrain.batches import PretrainData, real_tokens, shut_down_workers
 from pipeline.pretrain.cadence import Cadence, StepGuard, StepSync
 from pipeline.pretrain.checkpoints import Checkpointer
 from pipeline.pretrain.engine import initialize_engine, restore_step, set_batch_plan
 from pipeline.pretrain.masking import splitmix64
 from pipeline.pretrain.model import build_model, use_phase_rope
 from pipeline.pretrain.plan import RunPlan, Stretch
-from pipeline.pretrain.pretrain_data import PretrainData
 from pipeline.pretrain.run_log import RunLog
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 

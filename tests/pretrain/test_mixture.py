@@ -14,10 +14,10 @@ from helpers import make_documents, tiny_pretrain_config, write_jsonl
 from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.config import named_corpora
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
-from pipeline.pretrain.pretrain_data import PretrainData
 
 
 def shard(tmp_path_factory, tokenizer: Path, name: str, seed: int, **args) -> Path:

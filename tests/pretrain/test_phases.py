@@ -265,8 +265,8 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     from test_eval_masking import masked_fraction
 
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.batches import PretrainData
     from pipeline.pretrain.preflight import prepare_run
-    from pipeline.pretrain.pretrain_data import PretrainData
 
     data = phased_config(tmp_path, roberta_shards, roberta_shards, bpe_tokenizer_dir,
                          data={"cache_dir": str(tmp_path / "cache")})
