@@ -153,8 +153,7 @@ def eval_keys(num_sequences: int, eval_sequences: int, micro_batch_size: int, ra
 
 
 class PretrainData:
-    """The trainer's data: masked train and validation batches, the step order, eval sets and progress; one
-    object for a single folder and a mix, so the trainer asks the same questions of both."""
+    """One stretch's data on this rank, as the trainer asks for it (see the module doc)."""
 
     def __init__(self, stretch: Stretch, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
                  tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0,
@@ -163,7 +162,6 @@ class PretrainData:
         (`masking.eval_probability`); None: `masker`. The loader reads with `num_workers` processes and leaves
         out the steps `skipped`."""
         self.stretch, self.plan, self.num_workers, self.skipped = stretch, plan, num_workers, skipped
-        self.masking_probability = masker.masking.probability
         self.corpora = stretch.corpora
         self.mixed = len(self.corpora) > 1 or stretch.phase.data.mixed
         train, val = [], []
@@ -202,10 +200,6 @@ class PretrainData:
                    # doc-packed rows restart positions per document from the first position id
                    position_offset=first_position_id(config.model.architecture, info.pad_id),
                    eval_masker=eval_masker, num_workers=config.data.num_workers, skipped=run.skipped)
-
-    @property
-    def num_train_sequences(self) -> int:
-        return sum(len(t) for t in self._train)
 
     def loader(self, *, rank: int, start_step: int) -> DataLoader:
         """This rank's micro batches from `start_step` to the stretch's end, skipped steps left out, read lazily."""

@@ -19,6 +19,7 @@ does not depend on the world size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -104,11 +105,8 @@ def check_intact(folder: Path) -> None:
 
 
 def newest_intact(root: Path, warn: Callable[[str], None]) -> Path | None:
-    """The newest complete checkpoint whose files match their checksums, warning once per damaged one.
-
-    A damaged checkpoint is renamed `damaged-step_…`: it is kept for inspection, but never resumed from
-    again, and a later save of the same step does not write into it.
-    """
+    """The newest complete checkpoint whose files match their checksums; each damaged one is set aside, with a
+    warning."""
     done = complete_checkpoints(root)
     for i in range(len(done) - 1, -1, -1):
         folder = done[i]
@@ -118,11 +116,16 @@ def newest_intact(root: Path, warn: Callable[[str], None]) -> Path | None:
                 warn(f"checkpoint {folder} was saved without checksums and cannot be verified; resuming from it")
             return folder
         previous = f"the previous complete checkpoint {done[i - 1].name}" if i else "a fresh start (none earlier)"
-        aside = folder.with_name(f"damaged-{folder.name}")
-        shutil.rmtree(aside, ignore_errors=True)
-        folder.rename(aside)
-        warn(f"{problem}; falling back to {previous} (the damaged one is kept as {aside})")
+        warn(f"{problem}; falling back to {previous} (the damaged one is kept as {set_aside(folder, 'damaged')})")
     return None
+
+
+def set_aside(folder: Path, why: str) -> Path:
+    """Rename a checkpoint `<why>-step_…`: kept for inspection, never resumed from, never written into again."""
+    aside = folder.with_name(f"{why}-{folder.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    return aside
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -156,7 +159,7 @@ def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int
     if dist.get_rank() == 0:
         # Checksums of every rank's files, read back once by rank 0 after the barrier: a file damaged
         # later (a failing disk, a cut copy) is then found before it is loaded.
-        write_record(folder, record.with_files(file_checksums(folder)))
+        write_record(folder, dataclasses.replace(record, files=file_checksums(folder)))
         prune(root, keep_last)
     dist.barrier()
     return folder
@@ -196,11 +199,8 @@ class Checkpointer:
         found = [plan.start.checkpoint.name if plan.start else None]
         if self.topology.is_main:
             for folder in plan.rolled_back:
-                aside = folder.with_name(f"rolled-back-{folder.name}")
-                shutil.rmtree(aside, ignore_errors=True)
-                folder.rename(aside)
                 self._warn(f"checkpoint {folder.name} trained on a skipped range (train.skip_steps); set aside as "
-                           f"{aside.name}")
+                           f"{set_aside(folder, 'rolled-back').name}")
             if plan.start and not plan.start.anneal:  # the plan's start is the newest left: check it, or fall back
                 newest = newest_intact(self.root, self._warn)
                 found = [newest.name if newest else None]

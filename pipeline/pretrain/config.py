@@ -360,16 +360,14 @@ class TrainConfig:
         refuse(self, problems + self._skip_problems())
 
     def _skip_problems(self) -> list[str]:
-        ranges = []
         for text in self.skip_steps:
             match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", str(text))
             if not match or not 1 <= int(match[1]) <= int(match[2]):
                 return [f"train.skip_steps: {text!r} is not a range A:B of steps with 1 ≤ A ≤ B (e.g. 1201:1250, "
                         "the steps as the logs number them)"]
-            ranges.append((int(match[1]), int(match[2])))
-        ranges.sort()
-        return [f"train.skip_steps: {a}:{b} and {c}:{d} overlap; give them as one range"
-                for (a, b), (c, d) in zip(ranges, ranges[1:], strict=False) if c <= b]
+        ranges = self.skipped()
+        return [f"train.skip_steps: {a.start + 1}:{a.stop} and {b.start + 1}:{b.stop} overlap; give them as one range"
+                for a, b in zip(ranges, ranges[1:], strict=False) if b.start < a.stop]
 
     def skipped(self) -> tuple[range, ...]:
         """`skip_steps` as ranges of 0-based step indices (the loop's `step` before the step runs), in order."""

@@ -18,7 +18,6 @@ running job's order alone. A version-1 record kept no stream: the config's own s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -71,10 +70,6 @@ class Stretch:
     corpora: tuple[CorpusLayout, ...]
     shares: tuple[Fraction, ...]
     first_draws: tuple[int, ...] = ()
-
-    @property
-    def steps(self) -> int:
-        return self.end - self.start
 
     @property
     def seq_len(self) -> int:
@@ -193,12 +188,6 @@ class PlanError(PipelineError):
     def __init__(self, problems: list[str]):
         super().__init__("; ".join(problems))
         self.problems = problems
-
-
-def usable_start(record: CheckpointRecord, skipped: Iterable[range]) -> bool:
-    """Whether a run may start from a checkpoint: not if it trained on a range the config now skips."""
-    passed = set(record.skipped)
-    return all(r.start >= record.step or (r.start + 1, r.stop) in passed for r in skipped)
 
 
 def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, CorpusLayout], start: StartPoint | None,

@@ -25,7 +25,7 @@ from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
 from pipeline.pretrain.checkpoint_record import read_record
 from pipeline.pretrain.config import PretrainConfig, named_corpora
 from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan, usable_start
+from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan
 from pipeline.pretrain.schedules import wsd_decay_steps
 from pipeline.pretrain.stream import CorpusLayout
 
@@ -253,7 +253,7 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
             problems.append(f"data.shards: {folder} has no train sequences")
     for key, shards, seq_len, batch in data_groups(config):
         found = [(s.path, indexes[s.path]) for s in named_corpora(shards) if s.path in indexes]
-        if isinstance(shards, list):  # a mix feeds one model: one length, one packing, one tokenizer
+        if isinstance(shards, list):  # a mix feeds one model: one length, one packing
             problems += mix_file_problems(f"{key}.shards", found)
         for folder, index in found:
             if seq_len is not None and index["seq_len"] != seq_len:
@@ -270,21 +270,15 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
 
 
 def mix_file_problems(key: str, found: list[tuple[str, dict]]) -> list[str]:
-    """The corpora of one mix (their folders and indexes) must share a sequence length, a packing and a tokenizer."""
+    """The corpora of one mix (their folders and indexes) must share a sequence length and a packing (and a
+    tokenizer, data.tokenizer's: checked for every folder)."""
     if not found:
         return []
-    problems, ((first, first_index), *others) = [], found
-    for folder, index in others:
-        for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
-            if index[entry] != first_index[entry]:
-                problems.append(f"{key}: mixed corpora must share one {what}: {first} has {entry} "
-                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
-        if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
-            problems.append(f"{key}: mixed corpora must share one tokenizer: {first} was made with "
-                            f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
-                            f"{folder} with {index['tokenizer']['name']} "
-                            f"({index['tokenizer']['fingerprint'][:19]}…)")
-    return problems
+    (first, first_index), *others = found
+    return [f"{key}: mixed corpora must share one {what}: {first} has {entry} {first_index[entry]!r}, {folder} has "
+            f"{entry} {index[entry]!r}; re-shard one of them"
+            for folder, index in others for entry, what in (("seq_len", "sequence length"), ("pack", "packing"))
+            if index[entry] != first_index[entry]]
 
 
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
@@ -319,7 +313,8 @@ def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_si
                 record = read_record(folder)
             except PipelineError:
                 continue  # a damaged record: the checkpointer sets it aside
-            if usable_start(record, config.train.skipped()):
+            # Not one that trained on a range the config now skips.
+            if all(r.start >= record.step or (r.start + 1, r.stop) in record.skipped for r in config.train.skipped()):
                 own = StartPoint.at(folder, record, world_size)
                 break
             rolled_back.append(folder)

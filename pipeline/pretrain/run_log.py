@@ -68,7 +68,7 @@ class RunLog:
     def use(self, data: PretrainData, hf_config, *, handed_over_at: int | None = None) -> None:
         """Report on `data`'s stretch from now on (its MFU from `hf_config`); announce it when a hand-over starts it."""
         self.data, phase = data, data.stretch.phase
-        self.flops_per_token = model_flops_per_token(hf_config, data.seq_len, data.masking_probability)
+        self.flops_per_token = model_flops_per_token(hf_config, data.seq_len, phase.masking_probability)
         if handed_over_at is None:
             return
         shares = {c.name: round(float(p), 4) for c, p in zip(data.corpora, data.stretch.shares, strict=True)}
@@ -132,7 +132,12 @@ class RunLog:
 
     def evaluation(self, totals, step: int) -> None:
         """The validation losses of every rank (`PretrainData.evaluate`), beside each corpus's unigram plateau."""
-        levels = self._plateau_levels() if self.is_main else None
+        levels = None
+        if self.is_main:  # each corpus's unigram plateau: a loss means little without it (plateau.py says why)
+            for source in self.data.corpora:
+                if source.path not in self._entropies:  # once per folder: a bincount over its validation shards
+                    self._entropies[source.path] = plateau_level(source.path, self.tokenizer)
+            levels = [self._entropies[source.path] for source in self.data.corpora]
         metrics = {**self.data.eval_metrics(totals, levels), "eval/mask_rate": eval_probability(self.config.masking)}
         self.metrics.log(metrics, step)
         self.metrics.flush()
@@ -140,13 +145,6 @@ class RunLog:
                              for s in self.data.corpora if self.data.mixed)
         self.say(f"step {step}: eval MLM loss{at_mask_rate(metrics)} {metrics_beside_plateau(metrics)}"
                  f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
-
-    def _plateau_levels(self) -> list[float]:
-        """Each corpus's unigram plateau: a loss means little without it (plateau.py says why)."""
-        for source in self.data.corpora:
-            if source.path not in self._entropies:  # once per folder: a bincount over its validation shards
-                self._entropies[source.path] = plateau_level(source.path, self.tokenizer)
-        return [self._entropies[source.path] for source in self.data.corpora]
 
     def summary(self, step: int) -> None:
         """The session's throughput, MFU and share of time spent waiting for data."""

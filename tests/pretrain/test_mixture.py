@@ -60,8 +60,9 @@ def test_a_mix_config_loads_and_problems_name_the_item_and_the_folders(tmp_path,
     message = str(err.value)
     assert (f"mixed corpora must share one sequence length: {roberta_shards} has seq_len 64, {short} has "
             "seq_len 32") in message
-    assert f"mixed corpora must share one tokenizer: {roberta_shards} was made with" in message
-    assert f"{pairs_shards} with" in message and "mixed corpora must share one packing" in message
+    assert f"{pairs_shards} has pack 'pairs'" in message and "mixed corpora must share one packing" in message
+    # Every folder is held to data.tokenizer, so the one made with another tokenizer is named for that.
+    assert f"data.tokenizer {bpe_tokenizer_dir} is not the tokenizer data.shards {pairs_shards} was made" in message
 
     wrong = [{"path": str(roberta_shards), "weight": -1}, {"path": "", "weight": 1, "name": "bad/name"},
              {"path": str(books), "weight": "lots"}, {"path": str(books), "weight": 1, "name": "roberta"}]
