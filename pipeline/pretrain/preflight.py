@@ -76,11 +76,9 @@ def recorded_plan(run_dir: str | Path) -> RunPlan:
     if not layout.config.is_file():
         raise PipelineError(f"{run_dir}: no config.json; expected a pretraining run folder (train.output_dir)")
     config = load_pretrain_config(layout.config, check_files=False)
-    problems, indexes = index_problems(config)
+    problems, layouts, start, _, anneal_from = read_files(config, 1, check_data=False)
     if problems:
         raise ConfigError(str(layout.config), problems)
-    start, _, anneal_from, _ = find_start(config, None, world_size=1)
-    layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
     return build_plan(config, 1, layouts, start, anneal_from=anneal_from)
 
 
@@ -170,14 +168,14 @@ def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
     return None
 
 
-def read_files(config: PretrainConfig, world_size: int) -> tuple[
+def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = True) -> tuple[
         list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...], StartPoint | None]:
     """The shard folders, the tokenizer, `model.init_from` and the checkpoints the run starts from: the problems,
     each folder's layout, the start, this run's checkpoints that a skipped range rolls back, and the anneal's
-    source."""
+    source. Without `check_data` (a run that trained: its trace), only the indexes and the checkpoints."""
     problems, indexes = index_problems(config)
     tokenizer = info = None
-    if config.data.tokenizer and not problems and indexes:
+    if check_data and config.data.tokenizer and not problems and indexes:
         try:
             tokenizer = load_tokenizer(config.data.tokenizer)
             info = describe_tokenizer(tokenizer, config.data.tokenizer)
