@@ -20,7 +20,7 @@ from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, offloads_optimizer, owned_key_problems
-from pipeline.pretrain.masking import MaskingConfig, span_coverage_problem
+from pipeline.pretrain.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -496,7 +496,8 @@ class PretrainConfig:
             if not p.shards:
                 add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase, or a mix)")
             problems += mix_problems(key, p.shards, p.mix_temperature)
-            problems += self._masking_rate_problems(f"{key}.masking_probability", p.masking_probability)
+            problems += self.masking.rate_problems(f"{key}.masking_probability", p.masking_probability,
+                                                   " or null (masking.probability)")
             if not 0 < p.steps_fraction <= 1:
                 add(f"{key}.steps_fraction: must be in (0, 1], got {p.steps_fraction}")
             if p.lr is not None and p.lr <= 0:
@@ -516,16 +517,6 @@ class PretrainConfig:
                                             (f"{key}.micro_batch_size", p.micro_batch_size, lim.MAX_MICRO_BATCH)],
                                            minimum=None)  # the phase's batch on the world size: preflight.py
         return problems
-
-    def _masking_rate_problems(self, key: str, rate: float | None) -> list[str]:
-        """A phase's masking rate: in (0, 1), and within what the masking section's spans can cover."""
-        if rate is None:
-            return []
-        if not 0 < rate < 1:
-            return [f"{key}: must be in (0, 1) or null (masking.probability), got {rate}"]
-        m = self.masking
-        problem = m.unit == "span" and span_coverage_problem(key, rate, m.span_p, m.span_max_words)
-        return [problem] if problem else []
 
     def _deepspeed_problems(self) -> list[str]:
         """The `deepspeed` section (pipeline/pretrain/deepspeed_section.py) and the optimizers it cannot offload."""

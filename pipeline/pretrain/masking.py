@@ -113,26 +113,32 @@ class MaskingConfig:
     """unit span: the longest span, in words; the geometric distribution is truncated here and renormalised."""
 
     def __post_init__(self):
-        problems = []
-        add = problems.append
-        if not 0 < self.probability < 1:
-            add(f"masking.probability: must be in (0, 1), got {self.probability}")
-        if self.eval_probability is not None and not 0 < self.eval_probability < 1:
-            add(f"masking.eval_probability: must be in (0, 1) or null (the training rate), got "
-                f"{self.eval_probability}")
+        problems = self.rate_problems("masking.probability", self.probability, "")
+        problems += self.rate_problems("masking.eval_probability", self.eval_probability,
+                                       " or null (the training rate)")
         if min(self.mask_token_fraction, self.random_token_fraction) < 0 \
                 or self.mask_token_fraction + self.random_token_fraction > 1:
-            add(f"masking.mask_token_fraction {self.mask_token_fraction} + masking.random_token_fraction "
-                f"{self.random_token_fraction} must be non-negative and sum to at most 1")
-        if self.unit == "span":
-            if not 0 < self.span_p <= 1 or self.span_max_words < 1:
-                add(f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {self.span_p} and "
-                    f"{self.span_max_words}")
-            else:  # each rate a masker is built with (the Masker relies on it)
-                rates = {"masking.probability": self.probability, "masking.eval_probability": self.eval_probability}
-                problems += [problem for key, rate in rates.items() if rate is not None and 0 < rate < 1
-                             and (problem := span_coverage_problem(key, rate, self.span_p, self.span_max_words))]
+            problems.append(f"masking.mask_token_fraction {self.mask_token_fraction} + masking.random_token_fraction "
+                            f"{self.random_token_fraction} must be non-negative and sum to at most 1")
+        if self.unit == "span" and not self._spans_valid:
+            problems.append(f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {self.span_p} and "
+                            f"{self.span_max_words}")
         refuse(self, problems)
+
+    @property
+    def _spans_valid(self) -> bool:
+        return 0 < self.span_p <= 1 and self.span_max_words >= 1
+
+    def rate_problems(self, key: str, rate: float | None, null: str) -> list[str]:
+        """Why a masker of this section cannot mask at `rate`, the value of `key` (`null` says what None means): a
+        rate outside (0, 1), or one its spans cannot cover (the Masker relies on both)."""
+        if rate is None:
+            return []
+        if not 0 < rate < 1:
+            return [f"{key}: must be in (0, 1){null}, got {rate}"]
+        problem = self.unit == "span" and self._spans_valid and span_coverage_problem(key, rate, self.span_p,
+                                                                                       self.span_max_words)
+        return [problem] if problem else []
 
 
 class Masker:
