@@ -175,6 +175,10 @@ class DataConfig:
         """True when `shards` is a list of weighted corpora (even a list of one)."""
         return isinstance(self.shards, list)
 
+    def corpora(self) -> list[CorpusSource]:
+        """Every corpus with its name filled in; a single folder is one corpus of weight 1."""
+        return named_corpora(self.shards)
+
 
 def named_corpora(shards: str | list[CorpusSource]) -> list[CorpusSource]:
     """A folder or a mix as corpora with their names filled in; a single folder is one corpus of weight 1."""

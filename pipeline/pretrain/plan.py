@@ -29,7 +29,7 @@ from pipeline.common.config_tree import build_config, to_dict
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import BatchPlan, RampSegment, batch_ramp
 from pipeline.pretrain.checkpoint_record import CheckpointRecord, StretchRecord
-from pipeline.pretrain.config import PretrainConfig, named_corpora
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.phases import Phase, resolve_phases
 from pipeline.pretrain.schedules import Anneal, Schedule, lr_schedule
 from pipeline.pretrain.stream import CorpusLayout, DataStream, drawn, shares_of
@@ -231,7 +231,7 @@ def config_spans(config: PretrainConfig, phases: list[Phase], layouts: dict[str,
     quota could go negative)."""
     spans = []
     for phase in phases:
-        sources = named_corpora(phase.data.shards)
+        sources = phase.data.corpora()
         corpora = tuple(dataclasses.replace(layouts[s.path], name=s.name) for s in sources)
         if phase.data.mix_temperature is not None:  # p_c ∝ N_c^τ
             shares = shares_of([c.num_sequences ** phase.data.mix_temperature for c in corpora])

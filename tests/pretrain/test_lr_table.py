@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pipeline.common.config_tree import build_config
-from pipeline.pretrain.config import PretrainConfig, named_corpora
+from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import lr_scheduler
 from pipeline.pretrain.phases import resolve_phases
 from pipeline.pretrain.schedules import Anneal, lr_schedule
@@ -73,7 +73,7 @@ def test_each_stretch_keeps_its_recorded_steps_and_batch_and_draws_on_where_its_
     from helpers import plan_of
 
     config = build(case["config"])
-    folders = {s.path for p in resolve_phases(config) for s in named_corpora(p.data.shards)}
+    folders = {s.path for p in resolve_phases(config) for s in p.data.corpora()}
     # A batch warmup's ramp counts tokens in the sequence length the table recorded it with.
     plan = plan_of(config, dict.fromkeys(folders, case["num_sequences"][0]), seq_len=case["seq_len"] or 64)
     assert [[s.start, s.end, s.global_batch_size] for s in plan.stretches] == [row[:3] for row in case["stretches"]]

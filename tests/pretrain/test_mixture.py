@@ -15,7 +15,6 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import PretrainData
-from pipeline.pretrain.config import named_corpora
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
 
@@ -50,7 +49,7 @@ def test_a_mix_config_loads_and_problems_name_the_item_and_the_folders(tmp_path,
                                                                       books, pairs_shards, bpe_tokenizer_dir):
     mix = [{"path": str(roberta_shards), "weight": 0.3}, {"path": str(books), "weight": 0.7, "name": "books"}]
     config = load_pretrain_config(data_config(tmp_path, mix, bpe_tokenizer_dir), world_size=1)
-    assert [(c.name, c.weight) for c in named_corpora(config.data.shards)] == [("roberta", 0.3), ("books", 0.7)]
+    assert [(c.name, c.weight) for c in config.data.corpora()] == [("roberta", 0.3), ("books", 0.7)]
 
     short = shard(tmp_path_factory, bpe_tokenizer_dir, "short", seed=2, seq_len=32)
     bad = [{"path": str(roberta_shards), "weight": 0.5}, {"path": str(short), "weight": 0.5},

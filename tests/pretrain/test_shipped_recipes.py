@@ -145,7 +145,6 @@ def test_the_modernbert_recipe_spends_the_anchors_token_budgets():
 def test_the_mmbert_recipe_lowers_masking_and_flattens_language_sampling_phase_by_phase():
     """mmBERT: 30% → 15% → 5% masking, temperatures 0.7 → 0.5 → 0.3 over a growing set of languages, 2.3T tokens
     at 4,608 × 1,024, then 600B and 100B at 4,608 × 8,192, all at 8e-4 until the last phase decays."""
-    from pipeline.pretrain.config import named_corpora
     from pipeline.pretrain.phases import resolve_phases
     from pipeline.pretrain.schedules import lr_schedule
 
@@ -155,7 +154,7 @@ def test_the_mmbert_recipe_lowers_masking_and_flattens_language_sampling_phase_b
     assert [p.masking_probability for p in phases] == [0.3, 0.15, 0.05]
     assert [p.data.mix_temperature for p in phases] == [0.7, 0.5, 0.3]
     assert config.masking.eval_probability == 0.15  # one validation rate, so the phases' losses compare
-    groups = [{c.name for c in named_corpora(p.data.shards)} for p in phases]
+    groups = [{c.name for c in p.data.corpora()} for p in phases]
     assert groups[0] < groups[1] < groups[2]  # each phase adds languages to the last one's
     tokens = [p.steps * p.global_batch_size * p.seq_len for p in phases]
     for spent, budget in zip(tokens, (2.3e12, 600e9, 100e9), strict=True):
@@ -171,13 +170,11 @@ def test_the_mmbert_plan_gives_each_phase_its_temperature_shares_of_the_corpora(
     """Each phase draws corpus c with probability N_c^τ / Σ N^τ, N the corpora's training sequences."""
     from helpers import plan_of
 
-    from pipeline.pretrain.config import named_corpora
     from pipeline.pretrain.phases import resolve_phases
 
     config = load_recipe("mmbert-base")
     sizes = {"english": 8_000_000, "high-resource": 2_000_000, "mid-resource": 200_000, "low-resource": 20_000}
-    plan = plan_of(config, {c.path: sizes[c.name] for p in resolve_phases(config)
-                            for c in named_corpora(p.data.shards)})
+    plan = plan_of(config, {c.path: sizes[c.name] for p in resolve_phases(config) for c in p.data.corpora()})
     assert [(s.start, s.end) for s in plan.stretches] == [(p.start, p.end) for p in plan.phases]
     for stretch, tau in zip(plan.stretches, (0.7, 0.5, 0.3), strict=True):
         weights = [sizes[c.name] ** tau for c in stretch.corpora]
