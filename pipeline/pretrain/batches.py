@@ -201,10 +201,10 @@ class PretrainData:
                    position_offset=first_position_id(config.model.architecture, info.pad_id),
                    eval_masker=eval_masker, num_workers=config.data.num_workers, skipped=run.skipped)
 
-    def loader(self, *, rank: int, start_step: int) -> DataLoader:
+    def loader(self, *, rank: int, start_step: int) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's micro batches from `start_step` to the stretch's end, skipped steps left out, read lazily."""
-        return train_loader(self.train_batches, self.stream, rank=rank, start_step=start_step,
-                            end_step=self.stretch.end, num_workers=self.num_workers, skipped=self.skipped)
+        return iter(train_loader(self.train_batches, self.stream, rank=rank, start_step=start_step,
+                                 end_step=self.stretch.end, num_workers=self.num_workers, skipped=self.skipped))
 
     @torch.no_grad()
     def evaluate(self, engine, eval_sequences: int, rank: int) -> np.ndarray:
