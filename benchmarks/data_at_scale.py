@@ -175,7 +175,7 @@ from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
-from pipeline.pretrain.pretrain_data import PretrainData
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.batches import shut_down_workers
 run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
                                       "train.output_dir={run_dir / 'probe'}"], world_size=1)
@@ -185,9 +185,9 @@ masker = build_masker(c.masking, tok, info.vocab_size, info.mask_id, seed=0)
 plan = BatchPlan.derive(c.train.global_batch_size, c.train.micro_batch_size, 1)
 started = time.monotonic()
 data = PretrainData(run.stretches[0], plan, masker, seed=0, cache_dir="{cache}",
-                    tokenizer_fingerprint=info.fingerprint, with_segments=False)
+                    tokenizer_fingerprint=info.fingerprint, with_segments=False, num_workers=1)
 step = int({fraction} * len(data.train_batches) // plan.global_batch_size)
-loader = iter(data.loader(rank=0, start_step=step, end_step=step + 3, num_workers=1))
+loader = iter(data.loader(rank=0, start_step=step))
 next(loader)
 print(json.dumps({{"resume_step": step, "resume_first_batch_s": time.monotonic() - started}}))
 shut_down_workers(loader)

@@ -223,14 +223,15 @@ def run_in_memory(config_path: str) -> None:
     import torch
 
     from pipeline.commands.pretrain import main
-    from pipeline.pretrain.pretrain_data import PretrainData
+    from pipeline.pretrain.batches import PretrainData
 
     real_loader, ready = PretrainData.loader, []
 
     def replay(self, **kwargs):
         if not ready:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-            made = real_loader(self, **{**kwargs, "num_workers": 0})
+            self.num_workers = 0
+            made = real_loader(self, **kwargs)
             ready.extend({k: v.to(device) for k, v in b.items()} for b in islice(made, IN_MEMORY_BATCHES))
         return cycle(ready)
 

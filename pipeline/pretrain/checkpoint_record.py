@@ -12,7 +12,7 @@ history. A record newer than `RECORD_VERSION` is refused by name rather than hal
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -68,9 +68,6 @@ class CheckpointRecord:
     @property
     def world_size(self) -> int | None:
         return self.batch_plan.world_size if self.batch_plan else None
-
-    def with_files(self, files: dict[str, dict[str, Any]]) -> CheckpointRecord:
-        return replace(self, files=files)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -20,7 +20,7 @@ from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, offloads_optimizer, owned_key_problems
-from pipeline.pretrain.masking import MaskingConfig, span_coverage_problem
+from pipeline.pretrain.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -364,16 +364,14 @@ class TrainConfig:
         refuse(self, problems + self._skip_problems())
 
     def _skip_problems(self) -> list[str]:
-        ranges = []
         for text in self.skip_steps:
             match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", str(text))
             if not match or not 1 <= int(match[1]) <= int(match[2]):
                 return [f"train.skip_steps: {text!r} is not a range A:B of steps with 1 ≤ A ≤ B (e.g. 1201:1250, "
                         "the steps as the logs number them)"]
-            ranges.append((int(match[1]), int(match[2])))
-        ranges.sort()
-        return [f"train.skip_steps: {a}:{b} and {c}:{d} overlap; give them as one range"
-                for (a, b), (c, d) in zip(ranges, ranges[1:], strict=False) if c <= b]
+        ranges = self.skipped()
+        return [f"train.skip_steps: {a.start + 1}:{a.stop} and {b.start + 1}:{b.stop} overlap; give them as one range"
+                for a, b in zip(ranges, ranges[1:], strict=False) if b.start < a.stop]
 
     def skipped(self) -> tuple[range, ...]:
         """`skip_steps` as ranges of 0-based step indices (the loop's `step` before the step runs), in order."""
@@ -502,7 +500,8 @@ class PretrainConfig:
             if not p.shards:
                 add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase, or a mix)")
             problems += mix_problems(key, p.shards, p.mix_temperature)
-            problems += self._masking_rate_problems(f"{key}.masking_probability", p.masking_probability)
+            problems += self.masking.rate_problems(f"{key}.masking_probability", p.masking_probability,
+                                                   " or null (masking.probability)")
             if not 0 < p.steps_fraction <= 1:
                 add(f"{key}.steps_fraction: must be in (0, 1], got {p.steps_fraction}")
             if p.lr is not None and p.lr <= 0:
@@ -522,16 +521,6 @@ class PretrainConfig:
                                             (f"{key}.micro_batch_size", p.micro_batch_size, lim.MAX_MICRO_BATCH)],
                                            minimum=None)  # the phase's batch on the world size: preflight.py
         return problems
-
-    def _masking_rate_problems(self, key: str, rate: float | None) -> list[str]:
-        """A phase's masking rate: in (0, 1), and within what the masking section's spans can cover."""
-        if rate is None:
-            return []
-        if not 0 < rate < 1:
-            return [f"{key}: must be in (0, 1) or null (masking.probability), got {rate}"]
-        m = self.masking
-        problem = m.unit == "span" and span_coverage_problem(key, rate, m.span_p, m.span_max_words)
-        return [problem] if problem else []
 
     def _deepspeed_problems(self) -> list[str]:
         """The `deepspeed` section (pipeline/pretrain/deepspeed_section.py) and the optimizers it cannot offload."""

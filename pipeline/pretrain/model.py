@@ -11,7 +11,9 @@ same mean cross-entropy over masked tokens that HF computes from full logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn import functional as F
@@ -32,6 +34,9 @@ from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.masking import IGNORE_INDEX
 from pipeline.pretrain.packed_attention import FLEX, check_flex_mask, encoder_inputs
+
+if TYPE_CHECKING:
+    from pipeline.pretrain.phases import Phase
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
@@ -200,7 +205,7 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": Roberta
 
 
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
-    """A freshly initialised training model, or one loaded from `model.init_from`.
+    """A freshly initialised training model, or one loaded from `model.init_from`, in training mode.
 
     A released encoder often ships without its MLM head (a sentence-embedding model is saved as
     `BertModel`): transformers then initialises the head, the decoder tied to the word embeddings
@@ -212,6 +217,7 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
         built, info = cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
                                           attn_implementation=model.attn_implementation, output_loading_info=True)
         note = created_head_note(built, info["missing_keys"], model.init_from)
+        built.train()  # from_pretrained leaves it in eval mode; the trainer's engine expects training mode
     else:
         built = cls(hf_config(model, tokenizer, seq_len))
     if model.architecture == "bert":
@@ -261,7 +267,7 @@ def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Optimizer groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa).
 
-    LAMB also skips its trust ratio in the second group (pipeline/pretrain/lamb.py). Norms are found
+    LAMB also skips its trust ratio in the second group (`engine.Lamb`). Norms are found
     by module type, not by name: every name in the pre-LN model contains "roberta_prelayernorm".
     """
     norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
@@ -271,3 +277,54 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             continue
         (no_decay if name.endswith("bias") or id(param) in norms or param.ndim < 2 else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+# ModernBertConfig's layer types: the global layers attend fully, the local ones in a sliding window.
+LAYER_TYPE_OF = {"global": "full_attention", "local": "sliding_attention"}
+
+
+def rope_thetas(model: torch.nn.Module) -> dict[str, float]:
+    """The config's rotary bases, as {"global": θ, "local": θ}."""
+    parameters = model.config.rope_parameters
+    return {kind: float(parameters[layer_type]["rope_theta"]) for kind, layer_type in LAYER_TYPE_OF.items()}
+
+
+@torch.no_grad()
+def set_rope_theta(model: torch.nn.Module, global_theta: float, local_theta: float) -> bool:
+    """Give a ModernBERT model (or an engine's module) these rotary bases, as a context-extension phase raises them
+    (10k → 160k in ModernBERT); returns whether anything changed.
+
+    transformers 5 computes each layer type's non-persistent `<layer type>_inv_freq` buffer (and its
+    `_original_` copy) once, from `config.rope_parameters`, so changing the config alone changes nothing:
+    the buffers are recomputed here with the module's own init function, so the model and its config
+    (which the checkpoint record and the export keep) carry the same bases. The buffers are not saved
+    in checkpoints; a resumed run rebuilds them from its phase.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
+
+    rotary = next((m for m in model.modules() if isinstance(m, ModernBertRotaryEmbedding)), None)
+    if rotary is None:
+        raise ValueError(f"{type(model).__name__} has no ModernBERT rotary embedding to set a RoPE theta on")
+    wanted = {"global": float(global_theta), "local": float(local_theta)}
+    if rope_thetas(model) == wanted:
+        return False
+    config = model.config
+    for kind, layer_type in LAYER_TYPE_OF.items():
+        config.rope_parameters[layer_type]["rope_theta"] = wanted[kind]
+    for layer_type in rotary.layer_types:
+        init = rotary.compute_default_rope_parameters
+        if rotary.rope_type[layer_type] != "default":
+            init = ROPE_INIT_FUNCTIONS[rotary.rope_type[layer_type]]
+        inv_freq, scaling = init(rotary.config, layer_type=layer_type)
+        buffer = getattr(rotary, f"{layer_type}_inv_freq")
+        buffer.copy_(inv_freq.to(buffer.device, buffer.dtype))
+        getattr(rotary, f"{layer_type}_original_inv_freq").copy_(inv_freq.to(buffer.device, buffer.dtype))
+        setattr(rotary, f"{layer_type}_attention_scaling", scaling)
+    return True
+
+
+def use_phase_rope(model: torch.nn.Module, phase: Phase, say: Callable[[str], None]) -> None:
+    """A ModernBERT phase's rotary bases on `model` (other architectures' phases have none), said when they change."""
+    if phase.global_rope_theta is not None and set_rope_theta(model, phase.global_rope_theta, phase.local_rope_theta):
+        say(f"RoPE theta: global {phase.global_rope_theta:g}, local {phase.local_rope_theta:g}")

@@ -13,8 +13,8 @@ each phase warms up to its own peak and decays over its own steps (NVIDIA's `--p
 `--rewarmup`; schedules.py, which counts optimizer steps whatever the batch). Under WSD
 `phases[i].decay_steps: 0` holds a phase at its peak, so ModernBERT's stable, context-extension and
 decay phases are three phases. A ModernBERT phase may raise the rotary bases with its longer shards; a
-phase that names none keeps the previous phase's (rope.py applies them). How the phases' data streams
-follow each other is the plan's (plan.py, stream.py).
+phase that names none keeps the previous phase's (model.py's `set_rope_theta` applies them). How the
+phases' data streams follow each other is the plan's (plan.py, stream.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.config import DataConfig, PretrainConfig
+from pipeline.pretrain.config import DataConfig, PhaseConfig, PretrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,17 +76,14 @@ def phase_ends(fractions: list[float], max_steps: int) -> list[int]:
 
 
 def resolve_phases(config: PretrainConfig) -> list[Phase]:
-    """The run's phases; one phase of the whole run when the config lists none."""
+    """The run's phases; without `phases`, one phase of the whole run made of `data` and the other sections."""
     t, o, s, m = config.train, config.optimizer, config.schedule, config.model
+    written = config.phases or [PhaseConfig(steps_fraction=1.0, shards=config.data.shards,
+                                            mix_temperature=config.data.mix_temperature)]
     theta = (m.global_rope_theta, m.local_rope_theta) if m.architecture == "modernbert" else (None, None)
-    if not config.phases:
-        return [Phase(index=0, name="", start=0, end=t.max_steps, data=config.data,
-                      global_batch_size=t.global_batch_size, micro_batch_size=t.micro_batch_size, lr=o.lr,
-                      warmup_steps=s.warmup_steps, masking_probability=config.masking.probability,
-                      global_rope_theta=theta[0], local_rope_theta=theta[1])]
     phases, start = [], 0
-    for i, (p, end) in enumerate(zip(config.phases, phase_ends([p.steps_fraction for p in config.phases],
-                                                               t.max_steps), strict=True)):
+    for i, (p, end) in enumerate(zip(written, phase_ends([p.steps_fraction for p in written], t.max_steps),
+                                     strict=True)):
         if theta[0] is not None:  # a phase that names no base keeps the previous phase's
             theta = (theta[0] if p.global_rope_theta is None else p.global_rope_theta,
                      theta[1] if p.local_rope_theta is None else p.local_rope_theta)

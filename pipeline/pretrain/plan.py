@@ -18,7 +18,6 @@ running job's order alone. A version-1 record kept no stream: the config's own s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 
 from pipeline.common.config_tree import build_config, to_dict
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.batch_plan import BatchPlan, batch_ramp
+from pipeline.pretrain.batch_plan import BatchPlan, RampSegment, batch_ramp
 from pipeline.pretrain.checkpoint_record import CheckpointRecord, StretchRecord
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.phases import Phase, resolve_phases
@@ -43,7 +42,7 @@ class StartPoint:
     checkpoint: Path
     record: CheckpointRecord
     universal: bool
-    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint (checkpointer.py)."""
+    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint (checkpoints.py)."""
     anneal: bool = False
 
     @property
@@ -63,22 +62,23 @@ class Stretch:
     """Steps [start, end) of one phase at one global batch, drawing `shares` from `corpora`, each of which had
     drawn `first_draws` sequences before `start` (stream.py)."""
 
-    index: int
+    index: int = 0
     start: int
     end: int
     phase: Phase
     global_batch_size: int
     corpora: tuple[CorpusLayout, ...]
     shares: tuple[Fraction, ...]
-    first_draws: tuple[int, ...]
-
-    @property
-    def steps(self) -> int:
-        return self.end - self.start
+    first_draws: tuple[int, ...] = ()
 
     @property
     def seq_len(self) -> int:
         return self.corpora[0].seq_len
+
+    @property
+    def keys(self) -> tuple[int, ...]:
+        """Its corpora's order keys."""
+        return tuple(c.key for c in self.corpora)
 
     def plan(self, world_size: int) -> BatchPlan:
         return self.phase.plan(world_size, self.global_batch_size)
@@ -96,8 +96,8 @@ class Stretch:
 
     def record(self, step: int) -> StretchRecord:
         """The part of the stretch trained by the first `step` steps, for a checkpoint."""
-        return StretchRecord(self.start, min(self.end, step), self.global_batch_size,
-                             tuple(c.key for c in self.corpora), self.shares, self.first_draws, self.phase.name)
+        return StretchRecord(self.start, min(self.end, step), self.global_batch_size, self.keys, self.shares,
+                             self.first_draws, self.phase.name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,15 +140,15 @@ class RunPlan:
         """Training sequences drawn by the first `step` steps, skipped ones included."""
         return sum(s.global_batch_size * (min(step, s.end) - s.start) for s in self.stretches if s.start < step)
 
-    def record(self, step: int, *, phase: str, seq_len: int, batch: BatchPlan,
-               hf_config: dict[str, Any]) -> CheckpointRecord:
-        """What a checkpoint after `step` steps records (its files' checksums are added when it is saved)."""
-        c = self.config
+    def record(self, step: int, hf_config: dict[str, Any]) -> CheckpointRecord:
+        """What a checkpoint after `step` steps of a model of `hf_config` records (its files' checksums are added
+        when it is saved)."""
+        c, last = self.config, self.stretch_at(step - 1)
         used = {c.key: c for s in self.stretches if s.start < step for c in s.corpora}
         return CheckpointRecord(
-            step=step, config=to_dict(c), architecture=c.model.architecture, seq_len=seq_len,
-            zero_stage=c.train.zero_stage, precision=c.train.precision, batch_plan=batch, hf_config=hf_config,
-            phase=phase, corpora=tuple(used.values()),
+            step=step, config=to_dict(c), architecture=c.model.architecture, seq_len=last.seq_len,
+            zero_stage=c.train.zero_stage, precision=c.train.precision, batch_plan=last.plan(self.world_size),
+            hf_config=hf_config, phase=last.phase.name, corpora=tuple(used.values()),
             stretches=tuple(s.record(step) for s in self.stretches if s.start < step),
             skipped=tuple((r.start + 1, r.stop) for r in self.skipped if r.start < step),
             sequences_seen=self.sequences_seen(step))
@@ -190,12 +190,6 @@ class PlanError(PipelineError):
         self.problems = problems
 
 
-def usable_start(record: CheckpointRecord, skipped: Iterable[range]) -> bool:
-    """Whether a run may start from a checkpoint: not if it trained on a range the config now skips."""
-    passed = set(record.skipped)
-    return all(r.start >= record.step or (r.start + 1, r.stop) in passed for r in skipped)
-
-
 def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, CorpusLayout], start: StartPoint | None,
                rolled_back: tuple[Path, ...] = (), anneal_from: StartPoint | None = None) -> RunPlan:
     """The run's plan; `layouts` are today's of every folder the config names (preflight.py reads them)."""
@@ -212,10 +206,10 @@ def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, Corpu
     kept = {path: dataclasses.replace(recorded.get(c.key, c), name=c.name, path=c.path)  # the recorded block wins
             for path, c in layouts.items()}
     problems: list[str] = []
-    spans = [span for span in config_spans(config, phases, kept, problems) if span[0] < end_step]
+    spans = [span for span in config_spans(config, phases, kept, problems) if span.start < end_step]
     if problems:
         raise PlanError(problems)
-    spans[-1] = (spans[-1][0], end_step, *spans[-1][2:])  # an anneal runs on past the source run's end
+    spans[-1] = dataclasses.replace(spans[-1], end=end_step)  # an anneal runs on past the source run's end
     history = _history(start, spans, recorded) if start else []
     stretches = _join(history, spans, start.step if start else 0)
     recorded_skips = {range(a - 1, b) for a, b in start.record.skipped} if start and not start.anneal else set()
@@ -227,18 +221,14 @@ def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, Corpu
     schedule = lr_schedule(config, phases, anneal)
     return RunPlan(config=config, world_size=world_size, phases=tuple(phases), stretches=tuple(stretches),
                    schedule=schedule, end_step=end_step, start=start, anneal_from=anneal_from, anneal=anneal,
-                   skipped=skipped,
-                   rolled_back=rolled_back, layouts=layouts)
-
-
-Span = tuple[int, int, Phase, int, tuple[CorpusLayout, ...], tuple[Fraction, ...]]
-"""(start, end, phase, global batch, corpora, shares): a stretch as the config alone gives it."""
+                   skipped=skipped, rolled_back=rolled_back, layouts=layouts)
 
 
 def config_spans(config: PretrainConfig, phases: list[Phase], layouts: dict[str, CorpusLayout],
-                 problems: list[str]) -> list[Span]:
-    """Each phase, or each batch of a batch warmup, with its corpora and their shares; a corpus whose share is
-    less than one sequence of a global batch is a problem (its per-step quota could go negative)."""
+                 problems: list[str]) -> list[Stretch]:
+    """Each phase, or each batch of a batch warmup, with its corpora and their shares: the stretches as the config
+    alone gives them. A corpus whose share is less than one sequence of a global batch is a problem (its per-step
+    quota could go negative)."""
     spans = []
     for phase in phases:
         sources = phase.data.corpora()
@@ -254,48 +244,43 @@ def config_spans(config: PretrainConfig, phases: list[Phase], layouts: dict[str,
                                 f"{phase.global_batch_size} sequences of a global batch; raise its weight (or the "
                                 f"temperature) or the global batch")
         t = config.train
+        ramp = [RampSegment(phase.start, phase.end, phase.global_batch_size)]
         if t.batch_warmup_tokens:  # one phase (config.py): a stretch per global batch of the ramp
             ramp = batch_ramp(t.global_batch_size, t.batch_warmup_start or t.micro_batch_size,
                               t.batch_warmup_tokens, corpora[0].seq_len, t.max_steps)
-            spans += [(r.start, r.end, phase, r.global_batch_size, corpora, shares) for r in ramp]
-        else:
-            spans.append((phase.start, phase.end, phase, phase.global_batch_size, corpora, shares))
+        spans += [Stretch(start=r.start, end=r.end, phase=phase, global_batch_size=r.global_batch_size,
+                          corpora=corpora, shares=shares) for r in ramp]
     return spans
 
 
-def _history(start: StartPoint, spans: list[Span], recorded: dict[int, CorpusLayout]) -> list[Stretch]:
+def _history(start: StartPoint, spans: list[Stretch], recorded: dict[int, CorpusLayout]) -> list[Stretch]:
     """The stretches before the start: the record's, or (version 1, none recorded) the config's own."""
     cut = start.step
     if not start.record.stretches:
-        return _join([], [(a, min(b, cut), *rest) for a, b, *rest in spans if a < cut], 0)
-
-    def phase_at(step: int) -> Phase:
-        return next((s[2] for s in spans if s[0] <= step < s[1]), spans[-1][2])
-
-    return [Stretch(index=i, start=r.start, end=min(r.end, cut), phase=phase_at(r.start),
+        return _join([], [dataclasses.replace(s, end=min(s.end, cut)) for s in spans if s.start < cut], 0)
+    return [Stretch(index=i, start=r.start, end=min(r.end, cut),
+                    phase=next((s.phase for s in spans if s.start <= r.start < s.end), spans[-1].phase),
                     global_batch_size=r.global_batch_size, corpora=tuple(recorded[k] for k in r.corpora),
                     shares=r.shares, first_draws=r.first_draws)
             for i, r in enumerate(start.record.stretches) if r.start < cut]
 
 
-def _join(history: list[Stretch], spans: list[Span], cut: int) -> list[Stretch]:
+def _join(history: list[Stretch], spans: list[Stretch], cut: int) -> list[Stretch]:
     """`history`, then the config's spans from step `cut` on, each corpus starting where the stream left it."""
     stretches = list(history)
     draws: dict[int, int] = {}
     for s in stretches:
         draws.update({c.key: int(n) for c, n in zip(s.corpora, s.drawn(s.end), strict=True)})
-    for begin, end, phase, batch, corpora, shares in spans:
-        if end <= cut:
+    for span in spans:
+        if span.end <= cut:
             continue
         last = stretches[-1] if stretches else None
-        if last is not None and begin < cut and (last.start, last.global_batch_size, last.shares) == (
-                begin, batch, shares) and [c.key for c in last.corpora] == [c.key for c in corpora]:
-            stretch = dataclasses.replace(last, end=end, phase=phase)  # the recorded stretch goes on
-            stretches[-1] = stretch
+        if last is not None and span.start < cut and (last.start, last.global_batch_size, last.shares) == (
+                span.start, span.global_batch_size, span.shares) and last.keys == span.keys:
+            stretch = stretches[-1] = dataclasses.replace(last, end=span.end, phase=span.phase)  # it goes on
         else:
-            stretch = Stretch(index=len(stretches), start=max(begin, cut), end=end, phase=phase,
-                              global_batch_size=batch, corpora=corpora, shares=shares,
-                              first_draws=tuple(draws.get(c.key, 0) for c in corpora))
+            stretch = dataclasses.replace(span, index=len(stretches), start=max(span.start, cut),
+                                          first_draws=tuple(draws.get(k, 0) for k in span.keys))
             stretches.append(stretch)
-        draws.update({c.key: int(n) for c, n in zip(corpora, stretch.drawn(end), strict=True)})
+        draws.update(zip(span.keys, map(int, stretch.drawn(span.end)), strict=True))
     return stretches

@@ -25,7 +25,7 @@ from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
 from pipeline.pretrain.checkpoint_record import read_record
 from pipeline.pretrain.config import PretrainConfig, named_corpora
 from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan, usable_start
+from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan
 from pipeline.pretrain.schedules import wsd_decay_steps
 from pipeline.pretrain.stream import CorpusLayout
 
@@ -76,11 +76,9 @@ def recorded_plan(run_dir: str | Path) -> RunPlan:
     if not layout.config.is_file():
         raise PipelineError(f"{run_dir}: no config.json; expected a pretraining run folder (train.output_dir)")
     config = load_pretrain_config(layout.config, check_files=False)
-    problems, indexes = index_problems(config)
+    problems, layouts, start, _, anneal_from = read_files(config, 1, check_data=False)
     if problems:
         raise ConfigError(str(layout.config), problems)
-    start, _, anneal_from, _ = find_start(config, None, world_size=1)
-    layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
     return build_plan(config, 1, layouts, start, anneal_from=anneal_from)
 
 
@@ -170,14 +168,14 @@ def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
     return None
 
 
-def read_files(config: PretrainConfig, world_size: int) -> tuple[
+def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = True) -> tuple[
         list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...], StartPoint | None]:
     """The shard folders, the tokenizer, `model.init_from` and the checkpoints the run starts from: the problems,
     each folder's layout, the start, this run's checkpoints that a skipped range rolls back, and the anneal's
-    source."""
+    source. Without `check_data` (a run that trained: its trace), only the indexes and the checkpoints."""
     problems, indexes = index_problems(config)
     tokenizer = info = None
-    if config.data.tokenizer and not problems and indexes:
+    if check_data and config.data.tokenizer and not problems and indexes:
         try:
             tokenizer = load_tokenizer(config.data.tokenizer)
             info = describe_tokenizer(tokenizer, config.data.tokenizer)
@@ -199,11 +197,14 @@ def corpus_layout(folder: str, index: dict) -> CorpusLayout:
                         shards_per_block=default_shards_per_block(sizes, index["seq_len"]), seq_len=index["seq_len"])
 
 
-def data_groups(config: PretrainConfig) -> list[tuple[str, str | list]]:
-    """Where the config names shard folders: `data`, or each `phases[i]`, with its folder or mix."""
+def data_groups(config: PretrainConfig) -> list[tuple[str, str | list, int | None, int]]:
+    """Where the config names shard folders: each `phases[i]`, or `data`, with its folder or mix, the seq_len it
+    states and its global batch."""
+    t = config.train
     if config.phases:
-        return [(f"phases[{i}]", p.shards) for i, p in enumerate(config.phases)]
-    return [("data", config.data.shards)] if config.data.shards else []
+        return [(f"phases[{i}]", p.shards, p.seq_len, p.global_batch_size or t.global_batch_size)
+                for i, p in enumerate(config.phases)]
+    return [("data", config.data.shards, None, t.global_batch_size)] if config.data.shards else []
 
 
 def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
@@ -211,7 +212,7 @@ def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
     from pipeline.data.shard_index import load_index
 
     indexes, problems = {}, []
-    for key, shards in data_groups(config):
+    for key, shards, *_ in data_groups(config):
         for j, source in enumerate(named_corpora(shards)):
             if source.path and source.path not in indexes:
                 try:
@@ -226,15 +227,12 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
     """The shard folders against each other, the tokenizer and the model, without loading shards."""
     problems = []
     if config.masking.unit != "token":
-        from pipeline.pretrain.word_starts import word_rule
+        from pipeline.pretrain.masking import word_rule
 
         try:
             word_rule(tokenizer)
         except PipelineError as err:
             problems.append(f"masking.unit {config.masking.unit}: {err}")
-    for key, shards in data_groups(config):
-        if isinstance(shards, list):  # a mix feeds one model: one length, one layout, one tokenizer
-            problems += mix_file_problems(f"{key}.shards", [s.path for s in named_corpora(shards)], indexes)
     for folder, index in indexes.items():
         if info.fingerprint != index["tokenizer"]["fingerprint"]:
             problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
@@ -251,56 +249,34 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
                             "with a larger --val-fraction (and --overwrite), or on more text")
         if index["splits"]["train"]["sequences"] == 0:
             problems.append(f"data.shards: {folder} has no train sequences")
-    if config.phases:
-        problems += phase_file_problems(config, indexes)
-    elif not config.data.mixed and indexes:
-        train = next(iter(indexes.values()))["splits"]["train"]["sequences"]
-        if 0 < train < config.train.global_batch_size:
-            problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
-                            f"(train.global_batch_size {config.train.global_batch_size})")
+    for key, shards, seq_len, batch in data_groups(config):
+        found = [(s.path, indexes[s.path]) for s in named_corpora(shards) if s.path in indexes]
+        if isinstance(shards, list):  # a mix feeds one model: one length, one packing
+            problems += mix_file_problems(f"{key}.shards", found)
+        for folder, index in found:
+            if seq_len is not None and index["seq_len"] != seq_len:
+                problems.append(f"{key}.seq_len is {seq_len}, but {key}.shards {folder} holds sequences of "
+                                f"{index['seq_len']} tokens (its index.json); point the phase at shards made with "
+                                f"--seq-len {seq_len}, or correct the seq_len")
+            train = index["splits"]["train"]["sequences"]
+            if not isinstance(shards, list) and 0 < train < batch:  # a mix's corpora each run through their epochs
+                problems.append(f"{key}.shards: the train split of {folder} holds {train} sequences, fewer than one "
+                                f"global batch ({batch})")
     if config.model.init_from:  # positions are sized for the longest phase
         problems += init_from_problems(config, info, max(index["seq_len"] for index in indexes.values()))
     return problems
 
 
-def mix_file_problems(key: str, folders: list[str], indexes: dict[str, dict]) -> list[str]:
-    """The corpora of one mix must share a sequence length, a packing and a tokenizer."""
-    found = [(f, indexes[f]) for f in folders if f in indexes]
+def mix_file_problems(key: str, found: list[tuple[str, dict]]) -> list[str]:
+    """The corpora of one mix (their folders and indexes) must share a sequence length and a packing (and a
+    tokenizer, data.tokenizer's: checked for every folder)."""
     if not found:
         return []
-    problems, ((first, first_index), *others) = [], found
-    for folder, index in others:
-        for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
-            if index[entry] != first_index[entry]:
-                problems.append(f"{key}: mixed corpora must share one {what}: {first} has {entry} "
-                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
-        if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
-            problems.append(f"{key}: mixed corpora must share one tokenizer: {first} was made with "
-                            f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
-                            f"{folder} with {index['tokenizer']['name']} "
-                            f"({index['tokenizer']['fingerprint'][:19]}…)")
-    return problems
-
-
-def phase_file_problems(config: PretrainConfig, indexes: dict[str, dict]) -> list[str]:
-    """Each phase against its folders' indexes: the seq_len it states, a single folder's train split of at least
-    one batch (a mix's corpora may be smaller: each runs through its own epochs)."""
-    problems = []
-    for i, phase in enumerate(config.phases):
-        for source in named_corpora(phase.shards):
-            index = indexes.get(source.path)
-            if index is None:
-                continue
-            if phase.seq_len is not None and index["seq_len"] != phase.seq_len:
-                problems.append(f"phases[{i}].seq_len is {phase.seq_len}, but phases[{i}].shards {source.path} "
-                                f"holds sequences of {index['seq_len']} tokens (its index.json); point the phase at "
-                                f"shards made with --seq-len {phase.seq_len}, or correct the seq_len")
-            batch = phase.global_batch_size or config.train.global_batch_size
-            train = index["splits"]["train"]["sequences"]
-            if not isinstance(phase.shards, list) and 0 < train < batch:
-                problems.append(f"phases[{i}].shards: the train split of {source.path} holds {train} sequences, "
-                                f"fewer than one global batch of the phase ({batch})")
-    return problems
+    (first, first_index), *others = found
+    return [f"{key}: mixed corpora must share one {what}: {first} has {entry} {first_index[entry]!r}, {folder} has "
+            f"{entry} {index[entry]!r}; re-shard one of them"
+            for folder, index in others for entry, what in (("seq_len", "sequence length"), ("pack", "packing"))
+            if index[entry] != first_index[entry]]
 
 
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
@@ -335,7 +311,8 @@ def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_si
                 record = read_record(folder)
             except PipelineError:
                 continue  # a damaged record: the checkpointer sets it aside
-            if usable_start(record, config.train.skipped()):
+            # Not one that trained on a range the config now skips.
+            if all(r.start >= record.step or (r.start + 1, r.stop) in record.skipped for r in config.train.skipped()):
                 own = StartPoint.at(folder, record, world_size)
                 break
             rolled_back.append(folder)

@@ -42,7 +42,7 @@ def main() -> None:
             def noted():
                 for batch in micro_batches:
                     digest = hashlib.sha256(batch["input_ids"].numpy().tobytes() + batch["labels"].numpy().tobytes())
-                    self.seen.setdefault(self.step + 1, {"global_batch_size": self.batch.global_batch_size,
+                    self.seen.setdefault(self.step + 1, {"global_batch_size": self.data.plan.global_batch_size,
                                                          "micro": []})["micro"].append(digest.hexdigest()[:16])
                     yield batch
 

@@ -105,7 +105,7 @@ def test_export_refuses_a_damaged_checkpoint_with_the_message_resume_warns_with(
     assert str(err.value) == expected
     assert not (tmp_path / "export").exists()
     warned: list[str] = []
-    checkpoints.newest_intact(checkpoint.parent, warned.append, set_aside=False)
+    checkpoints.newest_intact(checkpoint.parent, warned.append)
     assert warned[0].startswith(expected + ";")
 
 

@@ -12,10 +12,10 @@ from test_pretrain_distributed import write_config
 from pipeline.common.config_tree import ConfigError
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, eval_probability
 from pipeline.pretrain.plateau import at_mask_rate
 from pipeline.pretrain.preflight import prepare_run
-from pipeline.pretrain.pretrain_data import PretrainData
 
 
 def masked_fraction(batches, keys, special_ids) -> float:

@@ -14,9 +14,9 @@ from helpers import make_documents, tiny_pretrain_config, write_jsonl
 from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
-from pipeline.pretrain.pretrain_data import PretrainData
 
 
 def shard(tmp_path_factory, tokenizer: Path, name: str, seed: int, **args) -> Path:
@@ -59,8 +59,9 @@ def test_a_mix_config_loads_and_problems_name_the_item_and_the_folders(tmp_path,
     message = str(err.value)
     assert (f"mixed corpora must share one sequence length: {roberta_shards} has seq_len 64, {short} has "
             "seq_len 32") in message
-    assert f"mixed corpora must share one tokenizer: {roberta_shards} was made with" in message
-    assert f"{pairs_shards} with" in message and "mixed corpora must share one packing" in message
+    assert f"{pairs_shards} has pack 'pairs'" in message and "mixed corpora must share one packing" in message
+    # Every folder is held to data.tokenizer, so the one made with another tokenizer is named for that.
+    assert f"data.tokenizer {bpe_tokenizer_dir} is not the tokenizer data.shards {pairs_shards} was made" in message
 
     wrong = [{"path": str(roberta_shards), "weight": -1}, {"path": "", "weight": 1, "name": "bad/name"},
              {"path": str(books), "weight": "lots"}, {"path": str(books), "weight": 1, "name": "roberta"}]

@@ -139,6 +139,24 @@ def test_a_shard_folder_whose_seq_len_differs_from_the_phase_is_a_clear_error(tm
             in str(err.value)) and "phases[1].seq_len is 128" in str(err.value)
 
 
+def test_a_single_folder_smaller_than_one_global_batch_is_refused_with_or_without_phases(
+        tmp_path, roberta_shards, short_shards, bpe_tokenizer_dir):
+    from pipeline.data.shard_index import load_index
+
+    train = load_index(roberta_shards)["splits"]["train"]["sequences"]
+    batch = 4 * (train // 4 + 1)  # one step more than the folder holds
+    plain = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
+                                 train={"global_batch_size": batch})
+    with pytest.raises(ConfigError, match=rf"data.shards: the train split of {roberta_shards} holds {train} "
+                                          rf"sequences, fewer than one global batch \({batch}\)"):
+        load(tmp_path, plain)
+    phased = phased_config(tmp_path, short_shards, roberta_shards, bpe_tokenizer_dir)
+    phased["phases"][1].update(global_batch_size=batch, micro_batch_size=4)
+    with pytest.raises(ConfigError, match=rf"phases\[1\].shards: the train split of {roberta_shards} holds {train} "
+                                          rf"sequences, fewer than one global batch \({batch}\)"):
+        load(tmp_path, phased)
+
+
 def test_the_shipped_two_phase_config_follows_the_published_recipe_scaled_to_base():
     config = load_pretrain_config(ROOT / "configs/base-two-phase.json", world_size=8, cuda=True, check_files=False)
     one, two = resolve_phases(config)
@@ -247,9 +265,8 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     from test_eval_masking import masked_fraction
 
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.masking import build_masker
+    from pipeline.pretrain.batches import PretrainData
     from pipeline.pretrain.preflight import prepare_run
-    from pipeline.pretrain.pretrain_data import PretrainData
 
     data = phased_config(tmp_path, roberta_shards, roberta_shards, bpe_tokenizer_dir,
                          data={"cache_dir": str(tmp_path / "cache")})
@@ -258,9 +275,8 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     plan = prepare_run(write_config(tmp_path / "config.json", data))
     tokenizer = load_tokenizer(str(bpe_tokenizer_dir))
     info = describe_tokenizer(tokenizer, str(bpe_tokenizer_dir))
-    eval_masker = build_masker(plan.config.masking, tokenizer, info.vocab_size, info.mask_id, 0, evaluation=True)
     for stretch, rate in zip(plan.stretches, (0.3, 0.05), strict=True):
-        feed = PretrainData.for_stretch(stretch, plan.config, tokenizer, info, 1, eval_masker)
+        feed = PretrainData.for_stretch(stretch, plan, tokenizer, info)
         keys = [feed.stream.micro_batch(step, k) for step in range(stretch.start, stretch.end)
                 for k in range(feed.plan.accumulation)]
         assert masked_fraction(feed.train_batches, keys, tokenizer.all_special_ids) == pytest.approx(rate, abs=0.03)
