@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from pipeline.finetune.qa_family import QA_TASKS, QuestionAnsweringFamily
+from pipeline.finetune.qa_family import QuestionAnsweringFamily
 from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.task_family import SequenceTask, TaskFamily
-from pipeline.finetune.token_family import TOKEN_TASKS, TokenTaggingFamily
+from pipeline.finetune.tasks import task_kind
+from pipeline.finetune.token_family import TokenTaggingFamily
 
 
 def task_family(data: TaskData, options=None) -> TaskFamily:
     """The family that handles `data`'s task; `options` is the config's data section (token and QA settings)."""
-    if data.spec.name in TOKEN_TASKS:
+    kind = task_kind(data.spec.name)
+    if kind == "token":
         return TokenTaggingFamily(data, options)
-    if data.spec.name in QA_TASKS:
+    if kind == "qa":
         return QuestionAnsweringFamily(data, options)
     return SequenceTask(data.spec)

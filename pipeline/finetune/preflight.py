@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.common.run_kernel import load_config
-from pipeline.finetune.config import BATCH_KEYS, SPAN_TASKS, FinetuneConfig
+from pipeline.finetune.config import BATCH_KEYS, FinetuneConfig
+from pipeline.finetune.tasks import task_kind
 from pipeline.pretrain.batch_plan import batch_problem
 
 
@@ -30,17 +31,16 @@ def preflight_problems(config: FinetuneConfig, world_size: int = 1, *, check_fil
     problems = []
     t = config.train
     if t.batch_size >= 1:
-        micro = t.micro_batch_size or max(1, t.batch_size // world_size)
-        if problem := batch_problem(t.batch_size, micro, world_size, keys=BATCH_KEYS):
+        if problem := batch_problem(t.batch_size, t.micro_batch(world_size), world_size, keys=BATCH_KEYS):
             problems.append(problem)
     return problems + (file_problems(config) if check_files else [])
 
 
 def file_problems(config: FinetuneConfig) -> list[str]:
     """The GLUE folder, or the task's files, that the config names and that are not there."""
-    d = config.data
-    if config.task not in SPAN_TASKS and config.task != "custom":  # a GLUE task
+    d, kind = config.data, task_kind(config.task)
+    if kind == "glue":
         return [f"data.glue_dir: {d.glue_dir} is not a folder"] if d.glue_dir and not Path(d.glue_dir).is_dir() else []
-    names = ["train_file", "validation_file"] + (["test_file"] if config.task in SPAN_TASKS else [])
+    names = ["train_file", "validation_file"] + (["test_file"] if kind in ("token", "qa") else [])
     named = {name: getattr(d, name) for name in names if getattr(d, name)}
     return [f"data.{name}: {path} does not exist" for name, path in named.items() if not Path(path).is_file()]

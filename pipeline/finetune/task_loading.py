@@ -8,19 +8,19 @@ from __future__ import annotations
 
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
-from pipeline.finetune.tasks import task_spec
+from pipeline.finetune.tasks import task_kind, task_spec
 
 
 def load_task(config: FinetuneConfig) -> TaskData:
-    from pipeline.finetune.qa_family import QA_TASKS, load_qa_task
-    from pipeline.finetune.token_family import TOKEN_TASKS, load_token_task
+    from pipeline.finetune.qa_family import load_qa_task
+    from pipeline.finetune.token_family import load_token_task
 
-    d = config.data
-    if config.task in TOKEN_TASKS:
+    d, kind = config.data, task_kind(config.task)
+    if kind == "token":
         return load_token_task(config.task, d)
-    if config.task in QA_TASKS:
+    if kind == "qa":
         return load_qa_task(config.task, d)
-    if config.task == "custom":
+    if kind == "custom":
         data = load_custom(d.train_file, d.validation_file, d.test_file, d.text_fields, d.label_field, d.task_type,
                            d.labels)
     elif d.use_datasets and not d.glue_dir:
