@@ -5,15 +5,14 @@ from __future__ import annotations
 from pipeline.finetune.qa_family import QuestionAnsweringFamily
 from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.task_family import SequenceTask, TaskFamily
-from pipeline.finetune.tasks import task_kind
+from pipeline.finetune.tasks import QA_TASKS, TOKEN_TASKS
 from pipeline.finetune.token_family import TokenTaggingFamily
 
 
 def task_family(data: TaskData, options=None) -> TaskFamily:
     """The family that handles `data`'s task; `options` is the config's data section (token and QA settings)."""
-    kind = task_kind(data.spec.name)
-    if kind == "token":
+    if data.spec.name in TOKEN_TASKS:
         return TokenTaggingFamily(data, options)
-    if kind == "qa":
+    if data.spec.name in QA_TASKS:
         return QuestionAnsweringFamily(data, options)
     return SequenceTask(data.spec)
