@@ -32,6 +32,7 @@ from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.families import task_family
+from pipeline.finetune.model_source import cap_seq_len
 from pipeline.finetune.select_split import SELECT, SelectionSplit, selection_task, split_for_selection
 from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.trainer import SeedResult, train_or_reuse
@@ -154,13 +155,17 @@ def select_setting(sweep: Sweep, data: TaskData, arm: Arm, seed: int) -> Selecti
     cut = split_for_selection(data.train, sweep.fraction)
     task = selection_task(data, cut)
     layout = arm.config.layout
+    # Each setting fit to the model's positions, as the run's config is (a swept length says so itself).
+    settings = [Setting(s.overrides, cap_seq_len(s.config, arm.source.path,
+                                                 say=arm.is_main and "data.max_seq_len" in s.values))
+                for s in sweep.settings]
     if arm.is_main:
         print(f"selection: {len(sweep.settings)} setting(s), seed {seed}, trained on {len(cut.fit)} training "
               f"examples, scored on {len(cut.held_out)} held out ({sweep.fraction:g} of train; dev unused)",
               flush=True)
     trials, scores, families = [], [], {}
     best_trained: SeedResult | None = None
-    for setting in sweep.settings:
+    for setting in settings:
         config = dataclasses.replace(setting.config, train=dataclasses.replace(
             setting.config.train, output_dir=str(layout.trial(setting.name).root)))
         if repr(config.data) not in families:
@@ -178,7 +183,7 @@ def select_setting(sweep: Sweep, data: TaskData, arm: Arm, seed: int) -> Selecti
             print(f"selection: {' '.join(setting.overrides)} → {family.main_metric} {score:.4f} on the slice",
                   flush=True)
     best_index = max(range(len(scores)), key=lambda i: (scores[i], -i))  # the first setting on a tie
-    chosen = sweep.settings[best_index]
+    chosen = settings[best_index]
     selection = Selection(chosen, scores[best_index], family.main_metric, seed, trials, cut, best_trained)
     if arm.is_main:
         layout.root.mkdir(parents=True, exist_ok=True)
