@@ -17,7 +17,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import FinetuneLayout
-from pipeline.finetune.tasks import GLUE_TASKS, SPAN_TASKS, task_kind, task_spec
+from pipeline.finetune.tasks import GLUE_TASKS, QA_TASKS, SPAN_TASKS, task_spec
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import TrackingConfig
 
@@ -133,10 +133,10 @@ class FinetuneConfig:
         """The task against its data section; the data's files are the preflight's (they may not exist here)."""
         problems = []
         add = problems.append
-        d, kind = self.data, task_kind(self.task)
-        if kind in ("token", "qa"):
+        d = self.data
+        if self.task in SPAN_TASKS:
             problems += self._span_task_problems()
-        elif kind == "glue":
+        elif self.task != "custom":
             try:
                 task_spec(self.task)
             except PipelineError:
@@ -164,7 +164,7 @@ class FinetuneConfig:
         if d.glue_dir or d.use_datasets:
             add(f"data.glue_dir / data.use_datasets: task {self.task!r} reads data.train_file and "
                 "data.validation_file")
-        if task_kind(self.task) == "qa":
+        if self.task in QA_TASKS:
             if stride_problem := doc_stride_problem(d.doc_stride, d.max_seq_len):
                 add(stride_problem)
             if d.n_best < 1 or d.max_answer_length < 1:

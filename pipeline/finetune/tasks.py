@@ -1,5 +1,5 @@
 """Every task fine-tuning knows, in one place: the GLUE tasks' files, columns, labels and official metrics,
-the token-tagging and QA tasks, and which kind of task a config's `task` names.
+and the token-tagging and QA tasks (any other `task` is `custom`).
 
 Columns are named as in the real GLUE data folder's TSV headers; CoLA's train and dev files have
 no header, so its columns are given by position.
@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-TaskKind = Literal["glue", "custom", "token", "qa"]
 TagFormat = Literal["conll", "conllu", "jsonl"]
 
 
@@ -87,15 +86,6 @@ TOKEN_TASKS = {t.name: t for t in (TokenTask("ner", "conll", True), TokenTask("p
 QA_TASKS = ("squad", "qa-custom")
 SPAN_TASKS = (*TOKEN_TASKS, *QA_TASKS)
 """Token tagging and extractive QA tasks: read from data.train_file / validation_file / test_file."""
-
-
-def task_kind(task: str) -> TaskKind:
-    """Which reader and task family a config's `task` takes (whether a GLUE name exists is `task_spec`'s)."""
-    if task in TOKEN_TASKS:
-        return "token"
-    if task in QA_TASKS:
-        return "qa"
-    return "custom" if task == "custom" else "glue"
 
 
 def task_spec(name: str) -> TaskSpec:

@@ -1,4 +1,4 @@
-"""One training of a fine-tuning run as one value, its completion record, and the one way it is trained or reused.
+"""One training of a fine-tuning run as one value, with its completion record; what a run's trainings share.
 
 A run trains its seeds (`runner.py`), a sweep's trials (`sweep.py`) and the label curve's points
 (`label_curve.py`). Each is a `Training`: what it trains (config, data, family, seed), what picks its
