@@ -71,12 +71,13 @@ def cap_seq_len(config: FinetuneConfig, model: str, *, say: bool = True) -> Fine
     from transformers import AutoConfig
 
     from pipeline.finetune.config import doc_stride_problem
+    from pipeline.finetune.tasks import QA_TASKS
 
     limit = position_limit(AutoConfig.from_pretrained(model))
     asked = config.data.max_seq_len
     if asked <= limit:
         return config
-    if config.task in ("squad", "qa-custom") and (problem := doc_stride_problem(config.data.doc_stride, limit)):
+    if config.task in QA_TASKS and (problem := doc_stride_problem(config.data.doc_stride, limit)):
         raise PipelineError(f"{problem}: data.max_seq_len {asked} is capped to {limit}, the most tokens {model} "
                             f"takes (its position embeddings); lower data.doc_stride")
     if say:

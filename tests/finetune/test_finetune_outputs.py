@@ -204,7 +204,7 @@ def test_a_model_retrained_in_place_is_not_mistaken_for_the_old_one(small_task, 
 
 
 def test_only_a_seed_finished_from_the_models_weights_pins_its_export(tmp_path):
-    from pipeline.finetune.outputs import holds_pretrained_seeds
+    from pipeline.finetune.training import holds_pretrained_seeds
 
     for seed, record in (("seed_1", '{"from_scratch": true}'), ("seed_2", "{damaged")):
         (tmp_path / seed).mkdir()
@@ -238,20 +238,25 @@ def test_precision_has_the_pipelines_one_spelling_and_the_old_key_says_the_new_o
         load(small_task, tmp_path, "train.precision=no")
 
 
-def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
+def scratch_training(config, model: str, seed: int = 3):
+    """One from-scratch training of `config`'s task on `model`'s architecture, in this process."""
+    from pipeline.finetune.accelerator import processes
     from pipeline.finetune.families import task_family
     from pipeline.finetune.model_source import ModelSource
     from pipeline.finetune.task_loading import load_task
-    from pipeline.finetune.trainer import FineTuner, build_accelerator
+    from pipeline.finetune.training import Arm, Training
+
+    data = load_task(config)
+    return Training(config, data, task_family(data), Arm(config, ModelSource(model), True, processes()), seed)
+
+
+def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
+    from pipeline.finetune.trainer import FineTuner
 
     default = load(small_task, tmp_path).train
     assert (default.adam_betas, default.adam_eps) == ((0.9, 0.98), 1e-6)  # RoBERTa's GLUE recipe
     config = load(small_task, tmp_path, "train.adam_betas=[0.9, 0.999]", "train.adam_eps=1e-8")
-    data = load_task(config)
-    plan = config.batch_plan(1)
-    accelerator = build_accelerator(config, plan)
-    tuner = FineTuner(config, data, task_family(data), ModelSource(small_task["model"]), accelerator, plan, seed=3,
-                      from_scratch=True)
+    tuner = FineTuner(scratch_training(config, small_task["model"]))
     tuner.setup()
     assert {(g["betas"], g["eps"]) for g in tuner.optimizer.param_groups} == {((0.9, 0.999), 1e-8)}
 
@@ -262,10 +267,7 @@ def test_training_batches_hold_rows_of_similar_length_and_scores_come_back_in_th
     import numpy as np
     import torch
 
-    from pipeline.finetune.families import task_family
-    from pipeline.finetune.model_source import ModelSource
-    from pipeline.finetune.task_loading import load_task
-    from pipeline.finetune.trainer import FineTuner, LengthSorted, build_accelerator
+    from pipeline.finetune.trainer import FineTuner, LengthSorted
 
     rng = random.Random(5)
     for name, n in (("train", 640), ("dev", 48)):  # 1 to 24 words, so the lengths differ
@@ -274,16 +276,15 @@ def test_training_batches_hold_rows_of_similar_length_and_scores_come_back_in_th
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = load(small_task, tmp_path, f"data.train_file={tmp_path / 'train.jsonl'}",
                   f"data.validation_file={tmp_path / 'dev.jsonl'}", "data.test_file=null")
-    data, plan = load_task(config), config.batch_plan(1)
-    tuner = FineTuner(config, data, task_family(data), ModelSource(small_task["model"]),
-                      build_accelerator(config, plan), plan, seed=3, from_scratch=True)
+    tuner = FineTuner(scratch_training(config, small_task["model"]))
     tuner.setup()
+    data = tuner.data
 
     def padding(batches) -> float:
         batches = list(batches)
         return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(b["input_ids"].numel() for b in batches)
 
-    train_set = tuner.inputs.encoded(tuner.family, data.train, config.data.max_seq_len)
+    train_set = tuner.arm.encoded(tuner.family, data.train, config.data.max_seq_len)
     shuffled = torch.utils.data.DataLoader(train_set, batch_size=16, shuffle=True, collate_fn=tuner.family.collator(
         tuner.tokenizer), generator=torch.Generator().manual_seed(0))
     assert padding(tuner.train_loader) < padding(shuffled) / 2
