@@ -89,7 +89,7 @@ class Steps:
         start = time.perf_counter()
         try:
             left = self.seconds_left()
-            if left is not None and left <= 0:
+            if left is not None and left < MIN_STEP_SECONDS:
                 raise Skipped("out of time: " + (f"the part's cap of {self.part_cap_s:g} s was spent"
                                                  if self.part_ends is not None and self.part_ends <= start else
                                                  f"the check's budget of {self.budget_s / 60:g} min was spent"))
@@ -98,7 +98,8 @@ class Steps:
             self.outcomes.append({"step": name, "status": "skipped", "reason": str(why)})
             return None
         except Exception as exc:  # noqa: BLE001 (the check's point: record every failure and go on)
-            self.outcomes.append({"step": name, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000],
+            self.outcomes.append({"step": name, "status": "failed", **getattr(exc, "figures", {}),
+                                  "error": f"{type(exc).__name__}: {exc}"[:2000],
                                   "traceback": traceback.format_exc()[-4000:],
                                   "seconds": round(time.perf_counter() - start, 2)})
             print(f"  {name}: FAILED ({_note(self.outcomes[-1])})", flush=True)
@@ -109,6 +110,9 @@ class Steps:
 
 class Skipped(Exception):
     """A step that cannot run here, with the reason."""
+
+
+MIN_STEP_SECONDS = 15  # a step with less left is skipped: a run started then is killed before its first logged step
 
 
 def nominal_tflops(gpu_name: str | None) -> float | None:
@@ -422,8 +426,9 @@ def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] 
     run = {"run": f"ModernBERT-small{' (tiny)' if scale.tiny else ''} on {'IMDB' if data else 'no data'}, "
                   f"{sizes.steps:,} steps × {sizes.batch} × {scale.seq_len(True):,}",
            "status": o["status"], "steps done": o.get("steps_done"), "killed at step": o.get("killed_at_step"),
-           "resumed at step": o.get("resumed_at_step"), "steps compared": o.get("compared_steps"),
-           "max |Δ loss|": f"{o['max_abs_loss_difference']:.1e}" if "max_abs_loss_difference" in o else None,
+           "resumed at step": o.get("resumed_at_step"),
+           "max |Δ loss|, redone steps": _difference(o, "max_abs_redone_loss_difference", "redone_steps"),
+           "max |Δ loss|, uninterrupted run": _difference(o, "max_abs_loss_difference", "compared_steps"),
            "identical losses": o.get("identical_losses"),
            "loss": f"{o['first_loss']:.2f} → {o['final_loss']:.2f}" if "final_loss" in o else None,
            "validation MLM loss": f"{list(evals.values())[-1]:.2f}" if evals else None,
@@ -443,6 +448,10 @@ def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] 
                                                                         for a in arms)}
                    if "difference" in t else {}), "note": _note(t)}
     return [run], [transfer]
+
+
+def _difference(outcome: dict[str, Any], key: str, count: str) -> str | None:
+    return None if outcome.get(key) is None else f"{outcome[key]:.1e} ({outcome[count]} steps)"
 
 
 # ---------------------------------------------------------------- the check

@@ -38,6 +38,18 @@ def test_a_step_that_raises_is_recorded_as_failed_and_the_next_one_runs():
     assert fine["status"] == "ok" and fine["loss"] == 1.5
 
 
+def test_a_check_that_fails_after_measuring_keeps_its_figures_in_the_record():
+    steps = gpu_check.Steps()
+
+    def too_far_apart():
+        raise gpu_runs.CheckFailed("resumed losses differ", {"steps_done": 1600, "pretrain_seconds": 250.0})
+
+    steps.attempt("e2e", too_far_apart)
+    failed = steps.outcomes[-1]
+    assert failed["status"] == "failed" and failed["error"] == "CheckFailed: resumed losses differ"
+    assert failed["steps_done"] == 1600 and failed["pretrain_seconds"] == 250.0
+
+
 def test_past_its_budget_a_step_is_skipped_as_out_of_time_without_running():
     steps = gpu_check.Steps(budget_s=3600)
     assert steps.attempt("early", lambda: {"x": 1}) == {"x": 1}
@@ -225,6 +237,9 @@ def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
     assert e2e["status"] == "ok" and e2e["identical_losses"] and e2e["max_abs_loss_difference"] == 0.0
     assert e2e["resumed_at_step"] < e2e["killed_at_step"] < e2e["steps"] == e2e["steps_done"]  # killed mid-run
     assert e2e["compared_steps"] > e2e["killed_at_step"] and e2e["completed"] and e2e["export"] == "the run's own"
+    # the steps between the checkpoint and the kill were run twice, from the same saved state: the same losses
+    assert e2e["redone_steps"] >= e2e["killed_at_step"] - e2e["resumed_at_step"] > 0
+    assert e2e["max_abs_redone_loss_difference"] == 0.0
     transfer = outcome["e2e/transfer-sst2"]
     assert transfer["status"] == "ok" and transfer["metric"] == "accuracy"
     for arm in ("pretrained", "scratch"):  # each arm chose its own rate on the held-out slice of train
