@@ -40,10 +40,10 @@ def last_eval(metrics_jsonl: Path) -> dict | None:
     return last
 
 
-def seed_spread(record: Path = SEED_RECORD) -> str | None:
-    """The recipe's spread over pretraining seeds, as its record says it (the one owner), or None without one;
+def seed_spread() -> str | None:
+    """The recipe's spread over pretraining seeds as `SEED_RECORD` says it (its one owner), or None without one;
     a record measured on another configs/main-job.json says so."""
-    data = read_json(record) or {}
+    data = read_json(SEED_RECORD) or {}
     entry = (data.get("results") or {}).get("headline", {}).get(SEED_SPREAD)
     if not isinstance(entry, dict):
         return None
@@ -83,12 +83,10 @@ def _around_mask(text: str, width: int = 60) -> str:
     return ("…" if start > 0 else "") + text[start:end] + ("…" if end < len(text) else "")
 
 
-def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True,
-                   seed_record: Path = SEED_RECORD) -> str:
+def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True) -> str:
     """The closing screen for the main job's run folder `out`.
 
-    `predict_cli` False adds a note that `launchers/predict.py` is not in this checkout yet; `seed_record` is the
-    seed benchmark's record, whose spread stands beside this run's seed.
+    `predict_cli` False adds a note that `launchers/predict.py` is not in this checkout yet.
     """
     out = Path(out)
     layout = MainJobLayout(out)
@@ -123,11 +121,10 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
                                                f"{'below' if margin >= 0 else 'ABOVE'} it"))
     else:
         figures.append(("validation MLM loss", f"not found in {layout.pretrain.metrics}"))
-    seed, spread = _seed(layout.pretrain.config), seed_spread(seed_record)
-    if seed is not None or spread is not None:
-        this = "" if seed is None else f"{seed} (--seed N: another)"
-        over = "" if spread is None else f"the recipe over {spread} (benchmarks/main_job_seeds.py)"
-        figures.append(("pretraining seed", "; ".join(x for x in (this, over) if x)))
+    if (seed := _seed(layout.pretrain.config)) is not None:
+        figures.append(("pretraining seed", f"{seed} (--seed N picks another)"))
+    if (spread := seed_spread()) is not None:
+        figures.append(("the recipe's spread", f"{spread} (benchmarks/main_job_seeds.py)"))
     cloze = read_json(layout.cloze)
     if cloze:
         figures.append(("cloze accuracy", f"{cloze['accuracy']:.3f} top-1 at {cloze['masked']:,} masked validation "
