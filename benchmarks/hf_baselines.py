@@ -1,25 +1,11 @@
-"""The HF `Trainer` baselines of benchmarks/budget_time_to_loss.py, evaluated on the pipeline's fixed masked batches.
+"""The HF `Trainer` baselines, each the way an HF user runs it: pretraining for budget_time_to_loss.py (evaluated
+on the pipeline's own fixed masked batches from a callback, evaluation time left out), and run_glue's
+fine-tuning (`finetune`) for released_encoder_finetune.py and finetune_speed.py.
 
-Two recipes, each one process (`OMP_NUM_THREADS` threads) on transformers' own masked-LM class for
-the budget config's `model.architecture` (RobertaForMaskedLM, RobertaPreLayerNormForMaskedLM,
-ModernBertForMaskedLM, BertForMaskedLM), its config built by the pipeline's own
-`pipeline.pretrain.model.hf_config`, so the shapes are the budget recipe's:
-
-- `hf-same`: the budget config's recipe, as far as `TrainingArguments` can say it (`same_recipe`):
-  LR, AdamW betas and eps, weight decay on the same parameters, warmup then decay to the config's
-  end at `train.max_steps`, the global batch, gradient clipping, masking probability and 80/10/10
-  split, dropout, seed. What is left is the pipeline's own efficiency (its sparse MLM head, data
-  path, ranks); `same_recipe` lists the few differences in the recipe itself, and they go into the
-  results.
-- `hf-run_mlm`: HF `run_mlm.py`'s defaults (`RUN_MLM`): LR 5e-5, AdamW (0.9, 0.999), eps 1e-8, no
-  weight decay, no warmup, linear decay over 3 epochs, batch 8, masking 0.15, dropout the HF config
-  class's default (0.1 for RoBERTa and BERT, 0.0 for ModernBERT).
-
-Both are evaluated from a callback every `eval_every_sequences` training sequences on the first
-`eval_sequences` validation sequences masked by the pipeline's hashed masker under the budget
-config's masking section and the run's seed: the batches the budget recipe's trainer evaluates on.
-HF's own evaluation would draw new random masks each time. Evaluation time is left out of the
-curve's time (pipeline/tracking/loss_curve.py's convention).
+- `hf-same`: transformers' own masked-LM class for the budget config's architecture, built by the pipeline's
+  `hf_config`, trained with the budget config's recipe as far as `TrainingArguments` can say it
+  (`same_recipe`, which lists what still differs). What is left is the pipeline's own efficiency.
+- `hf-run_mlm`: the same model with `run_mlm.py`'s defaults (`RUN_MLM`) and the HF class's dropout.
 """
 
 from __future__ import annotations
@@ -31,8 +17,6 @@ from pathlib import Path
 from pipeline.pretrain.config import PretrainConfig
 
 RECIPES = ("hf-same", "hf-run_mlm")
-ALIASES = {"hf": "hf-run_mlm"}
-"""Earlier name of `hf-run_mlm` (the recipe was on tiny.json's model then)."""
 
 RUN_MLM = {  # run_mlm.py's TrainingArguments defaults (the optimizer too: TrainingArguments' default `optim`)
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_train_epochs": 3,
@@ -221,8 +205,7 @@ def worker(spec: dict) -> None:
             return decay_parameter_names(model)
 
     args = TrainingArguments(output_dir=spec["out"], logging_steps=10**9, save_strategy="no", report_to="none",
-                             disable_tqdm=True,
-                             use_cpu=True, seed=seed, data_seed=seed, **arguments)
+                             disable_tqdm=True, use_cpu=True, seed=seed, data_seed=seed, **arguments)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability, **corruption)
     trainer = (SameDecayTrainer if recipe == "hf-same" else Trainer)(
         model=model, args=args, train_dataset=Rows(), data_collator=collator, callbacks=[EvalAndCap()])
@@ -230,3 +213,40 @@ def worker(spec: dict) -> None:
     Path(spec["result"]).write_text(json.dumps({
         "curve": curve, "steps": trainer.state.global_step, "batch": batch, "model_class": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()), "differences": differences}))
+
+
+def encode(tokenizer, texts: list[tuple[str, ...]], labels: list[int], max_seq_len: int) -> list[dict]:
+    """run_glue's tokenization: one or two texts per example, truncated, padded later by the collator."""
+    enc = tokenizer(*zip(*texts, strict=True), truncation=True, max_length=max_seq_len)
+    return [{**{k: v[i] for k, v in enc.items()}, "labels": label} for i, label in enumerate(labels)]
+
+
+def finetune(model: str, tokenizer, train: list[dict], dev: list[dict], num_labels: int, recipe: dict, seed: int,
+             out: str, *, save: bool = False, progress: bool = True) -> tuple[list[float], float]:
+    """(dev accuracy after each epoch, seconds of `Trainer.train`) of run_glue's way on `encode`d examples."""
+    import numpy as np
+    from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer, TrainingArguments
+
+    accuracies: list[float] = []
+
+    def accuracy(prediction) -> dict:
+        accuracies.append(float((np.argmax(prediction.predictions, -1) == prediction.label_ids).mean()))
+        return {"accuracy": accuracies[-1]}
+
+    args = TrainingArguments(
+        output_dir=out, learning_rate=recipe["lr"], num_train_epochs=recipe["epochs"],
+        per_device_train_batch_size=recipe["batch"], per_device_eval_batch_size=recipe.get("eval_batch", 64),
+        warmup_steps=recipe["warmup_ratio"],  # transformers 5: a fraction below 1 is a ratio of the total steps
+        weight_decay=recipe["weight_decay"], adam_beta1=recipe["betas"][0], adam_beta2=recipe["betas"][1],
+        adam_epsilon=recipe["eps"], max_grad_norm=recipe["max_grad_norm"], seed=seed, eval_strategy="epoch",
+        save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+        disable_tqdm=not progress)
+    hf = AutoModelForSequenceClassification.from_pretrained(model, num_labels=num_labels)
+    trainer = Trainer(model=hf, args=args, train_dataset=train, eval_dataset=dev,
+                      data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy)
+    started = time.monotonic()
+    trainer.train()
+    seconds = time.monotonic() - started
+    if save:
+        trainer.save_model()
+    return accuracies, seconds

@@ -2,36 +2,29 @@
 
     python benchmarks/loader_capacity.py [--input CORPUS] [--seq-lens 512 1024] [--micro-batch 32] [--batches 60]
 
-For each sequence length and masking unit (token, whole-word, span), the training loader as the
-trainer builds it (`train_loader`: the shard cache, the epoch order, `MaskedBatches` with dynamic
-masking, one worker process, tensors handed to the main process) is read for `--batches` micro
-batches after a warm-up; its rate is sequences per second of one worker.
-
-What one H100 consumes, at the GPU targets:
-- RoBERTa-large (24 layers, hidden 1,024, FFN 4,096, vocabulary 50,265, sparse MLM head at 15%) at
-  45% MFU: 0.45 × 989 TFLOP/s (H100 SXM bf16 dense peak) ÷ `flops.training_flops_per_token`;
-- ModernBERT-base at 300k tokens/s.
-The goal: two workers per GPU deliver twice what it consumes, i.e. one worker at least 1× the
-demand. Text: `--input` (any `shard.py` input), by default the embedded corpus (Python's
-documentation), tokenized with an 8k BPE trained here.
+For each sequence length and masking unit, the training loader as the trainer builds it (`train_loader`:
+the shard cache, the epoch order, `MaskedBatches`, one worker process) is read for `--batches` micro
+batches after a warm-up. One H100 consumes: RoBERTa-large (sparse head at 15%) at 45% MFU of 989 TFLOP/s
+(H100 SXM bf16 dense) ÷ `flops.training_flops_per_token`, and ModernBERT-base at 300k tokens/s. The goal:
+two workers per GPU deliver twice that. Text: `--input` (any `shard.py` input; default the embedded
+corpus), with an 8k BPE trained here.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from result_record import BenchmarkRecord  # noqa: E402
+import harness
+from gpu_check import MFU_TARGET, TOKENS_TARGET, nominal_tflops
 
-H100_BF16_DENSE_TFLOPS = 989.0
-"""H100 SXM bf16 dense tensor-core peak (NVIDIA's datasheet: 1,979 with 2:4 sparsity)."""
-ROBERTA_LARGE_MFU = 0.45
-MODERNBERT_BASE_TOKENS_PER_S = 300_000
+STUDY = harness.Study(
+    "loader_capacity", question="Can two loader workers feed one H100?",
+    metric="sequences per second one DataLoader worker delivers",
+    baseline="what one H100 consumes at the GPU targets (RoBERTa-large at 45% MFU, ModernBERT-base at 300k tokens/s)",
+    arms=("token masking", "whole-word masking", "span masking"))
 WORKERS_PER_GPU, HEADROOM = 2, 2.0
 UNITS = ("token", "word", "span")
 
@@ -42,9 +35,8 @@ def gpu_demand(seq_len: int) -> dict[str, float]:
 
     flops = training_flops_per_token(layers=24, hidden=1024, intermediate=4096, seq_len=seq_len, vocab=50265,
                                      masked_fraction=0.15)
-    roberta = ROBERTA_LARGE_MFU * H100_BF16_DENSE_TFLOPS * 1e12 / flops
-    return {"RoBERTa-large, 45% MFU": roberta / seq_len,
-            "ModernBERT-base, 300k tokens/s": MODERNBERT_BASE_TOKENS_PER_S / seq_len}
+    roberta = MFU_TARGET * nominal_tflops("H100") * 1e12 / flops  # the data sheet's dense bf16 peak
+    return {"RoBERTa-large, 45% MFU": roberta / seq_len, "ModernBERT-base, 300k tokens/s": TOKENS_TARGET / seq_len}
 
 
 def worker_rate(shards: Path, cache_dir: Path, tokenizer_dir: Path, unit: str, micro_batch: int,
@@ -55,15 +47,17 @@ def worker_rate(shards: Path, cache_dir: Path, tokenizer_dir: Path, unit: str, m
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer
     from pipeline.pretrain.batch_plan import BatchPlan
-    from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, shut_down_workers, train_loader
+    from pipeline.pretrain.batches import MaskedBatches, shut_down_workers, train_loader
     from pipeline.pretrain.config import MaskingConfig
     from pipeline.pretrain.masking import build_masker
+    from pipeline.pretrain.stream import CorpusLayout, DataStream
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     info = describe_tokenizer(tokenizer)
     cache = TokenCache(shards, "train", cache_dir)
     masker = build_masker(MaskingConfig(unit=unit), tokenizer, info.vocab_size, info.mask_id, seed=0)
-    shuffle = GlobalShuffle(cache.layout, BatchPlan.derive(micro_batch, micro_batch, 1), seed=0)
+    corpus = CorpusLayout("corpus", str(shards), 0, cache.layout.sizes, cache.layout.shards_per_block, cache.seq_len)
+    shuffle = DataStream([corpus], BatchPlan.derive(micro_batch, micro_batch, 1), seed=0)
     warm = 4
     steps = warm + batches  # past an epoch the order wraps: the rate is the same
     loader = iter(train_loader(MaskedBatches(cache, masker, with_segments=False), shuffle, rank=0, start_step=0,
@@ -86,36 +80,25 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=32)
     p.add_argument("--batches", type=int, default=60, help="micro batches timed per configuration")
     args = p.parse_args()
-    with BenchmarkRecord("loader_capacity", argv=sys.argv) as rec:
+    with STUDY.record() as rec:
         measure(args, rec)
 
 
-def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
-    import json
-
+def measure(args: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
     import torch
 
-    from pipeline.data.default_corpus import write_embedded_corpus
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
 
     torch.set_num_threads(1)
     rows, worst = [], None
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        corpus = Path(args.input) if args.input else tmp / "corpus.jsonl"
-        if not args.input:
-            write_embedded_corpus(corpus)
-        texts = []
-        with open(corpus, encoding="utf-8") as f:
-            for line, _ in zip(f, range(20_000), strict=False):
-                texts.append(json.loads(line)["text"])
+        _, texts, _ = harness.sample_corpus(args.input, 20_000, tmp)  # the tokenizer's texts
+        corpus = Path(args.input) if args.input else tmp / "embedded.jsonl"
         train_tokenizer(texts, "bpe", 8000, tmp / "tok", model_max_length=max(args.seq_lens))
         for seq_len in args.seq_lens:
-            shards = tmp / f"shards{seq_len}"
-            run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tmp / "tok"), seq_len=seq_len,
-                                         out=str(shards), workers=2, val_fraction=0.01, quiet=True))
+            shards = harness.make_shards(corpus, tmp / "tok", tmp / f"shards{seq_len}", seq_len, workers=2,
+                                         val_fraction=0.01)
             demand = gpu_demand(seq_len)
             for unit in UNITS:
                 rate = worker_rate(shards, tmp / "cache", tmp / "tok", unit, args.micro_batch, args.batches)
@@ -124,8 +107,6 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
                     rows.append({"seq_len": seq_len, "masking": unit, "one worker (seq/s)": f"{rate:,.0f}",
                                  "GPU target": target, "H100 consumes (seq/s)": f"{need:,.0f}",
                                  "2 workers ÷ demand": f"{WORKERS_PER_GPU * ratio:.1f}×"})
-                    print(f"seq {seq_len} {unit:>5}: one worker {rate:8,.0f} seq/s; {target}: {need:6,.0f} seq/s "
-                          f"→ 2 workers give {WORKERS_PER_GPU * ratio:.1f}× the demand", flush=True)
                     if worst is None or ratio < worst[0]:
                         worst = (ratio, seq_len, unit, target)
     rec.table(f"one DataLoader worker (micro batch {args.micro_batch}, {args.batches} batches timed, 1 torch thread) "

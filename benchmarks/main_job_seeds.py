@@ -25,18 +25,23 @@ import math
 import os
 import shutil
 import statistics
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.result_record import BenchmarkRecord  # noqa: E402
-from pipeline.commands import run_default as job  # noqa: E402
-from pipeline.common.run_layout import MainJobLayout  # noqa: E402
-from pipeline.common.shipped_configs import find_config  # noqa: E402
-from pipeline.common.topology import use_environment_extensions_dir  # noqa: E402
-from pipeline.tracking.job_summary import SEED_SPREAD  # noqa: E402
+from harness import BenchmarkRecord, Study, work_dir
 
+from pipeline.commands import run_default as job
+from pipeline.common.run_layout import MainJobLayout
+from pipeline.common.shipped_configs import find_config
+from pipeline.common.topology import use_environment_extensions_dir
+from pipeline.tracking.job_summary import SEED_SPREAD
+
+STUDY = Study(
+    "main_job_seeds", question="How much does the main job's result hang on its pretraining seed?",
+    metric="step off the plateau (H − 0.5), final validation loss, minimal pairs against the unigram model, "
+           "word order's dev accuracy through the fair protocol",
+    baseline="the unigram entropy H and the unigram model; word order from scratch; targets: gain median ≥ +10 "
+             "and worst ≥ +5 points, minimal pairs above unigram on all for ≥ 4 of 5 seeds",
+    arms=("pretraining seeds", "recipe arms"))
 MARGIN = 0.5
 """Nats below the unigram entropy that count as off the plateau."""
 TASK = "word-order"
@@ -147,15 +152,15 @@ def main() -> None:
                    help="a pretraining config override for one arm, e.g. mask30:masking.probability=0.3")
     p.add_argument("--screen", action="store_true", help="pretraining and minimal pairs only (no word order)")
     p.add_argument("--variant", help="record as main_job_seeds.VARIANT (a search round), not the default record")
-    p.add_argument("--out", type=Path, default=Path("/tmp/main-job-seeds"))
+    p.add_argument("--out", type=Path, help="work folder (default: the benchmarks' work folder, main-job-seeds)")
     a = p.parse_args()
     arms, seeds = a.arms.split(","), [int(s) for s in a.seeds.split(",")]
     bad = [s for s in a.set if ":" not in s or s.split(":", 1)[0] not in arms]
     if bad or len(set(arms)) != len(arms):
         raise SystemExit(f"--set {bad}: each must name one of --arms {arms} (ARM:KEY=VALUE), and arms must differ")
     overrides = {arm: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == arm] for arm in arms}
-    out = a.out.resolve()
-    with BenchmarkRecord("main_job_seeds" + (f".{a.variant}" if a.variant else ""), sys.argv) as rec:
+    out = work_dir("main-job-seeds", a.out)
+    with STUDY.record(a.variant) as rec:
         rec.data["recipe_sha256"] = hashlib.sha256(find_config(job.CONFIG, "pretrain").read_bytes()).hexdigest()
         measure(rec, out, arms, seeds, overrides, a.ranks, a.screen)
 

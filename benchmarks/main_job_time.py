@@ -30,17 +30,16 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from pipeline.common.atomic_files import write_json_atomic  # noqa: E402
-from pipeline.common.topology import environment_extensions_dir  # noqa: E402
+from harness import BUILD_OP, ROOT, BenchmarkRecord, Study, cpu_model
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from result_record import BenchmarkRecord, cpu_model  # noqa: E402
+from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.topology import environment_extensions_dir
 
-BUILD_OP = ("import time; from deepspeed.accelerator import get_accelerator; "
-            "builder = get_accelerator().create_op_builder('ShareMemCommBuilder'); "
-            "t = time.monotonic(); builder.load(); print(time.monotonic() - t)")
+STUDY = Study(
+    "main_job_time", question="How long is the main job, and does its pretraining pay?",
+    metric="wall seconds of the job and of each stage (its logs/timings.json); dev accuracy of both tasks",
+    baseline="targets: 300 s on an AMD EPYC draw, 600 s on an Intel Xeon one; from scratch and token counts",
+    arms=("fresh run", "second run"))
 
 
 def machine() -> dict:
@@ -74,7 +73,7 @@ def main() -> None:
     p.add_argument("--cold-build", action="store_true", help="measure DeepSpeed's first comm-op build, then use it")
     p.add_argument("--install", action="store_true", help="measure a new environment's set-up (launchers/setup_env.sh)")
     a = p.parse_args()
-    with BenchmarkRecord("main_job_time", argv=sys.argv) as rec:
+    with STUDY.record() as rec:
         measure(a, rec)
 
 

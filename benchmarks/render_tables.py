@@ -10,9 +10,10 @@ The page's prose is written by hand. Each result is shown in a region between tw
     <!-- end generated -->
 
 whose content is the result's tables (each titled and annotated right above it), then one list: its
-headline (each target and whether it was met), its notes, and last its conditions on one line:
-command, date, load average at the start and the end, git commit, and the machine where it differs
-from the page's. The page's machine (the one most measured results ran on) is named once, between
+headline (each target and whether it was met), its notes, the study it ran (arms, metric, baseline),
+and last its conditions on one line: command, date, load average at the start and the end, git
+commit, and the machine where it differs from the page's. The page's machine (the one most measured
+results ran on) is named once, between
 
     <!-- generated machine from benchmarks/results: do not edit -->
     ...
@@ -34,14 +35,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from pipeline.common.atomic_files import write_text_atomic  # noqa: E402
-from pipeline.common.errors import PipelineError, exit_on_pipeline_error  # noqa: E402
+from harness import RESULTS_DIR, ROOT
+
+from pipeline.common.atomic_files import write_text_atomic
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 
 PAGE = ROOT / "docs" / "benchmarks.md"
-RESULTS = ROOT / "benchmarks" / "results"
 START = "<!-- generated from benchmarks/results/{name}.json: do not edit -->"
 END = "<!-- end generated -->"
 REGION = re.compile(r"<!-- generated from benchmarks/results/(?P<name>[^\s]+?)\.json: do not edit -->\n"
@@ -53,14 +52,8 @@ MACHINE_REGION = re.compile(re.escape(MACHINE_START) + r"\n.*?" + re.escape(END)
 
 def cell(value: Any) -> str:
     """One table cell: text as written, numbers compactly, a '|' escaped so it cannot split the row."""
-    if value is None:
-        text = "—"
-    elif isinstance(value, bool):
-        text = "yes" if value else "no"
-    elif isinstance(value, float):
-        text = format(value, ".6g")
-    else:
-        text = str(value)
+    text = ("—" if value is None else ("yes" if value else "no") if isinstance(value, bool)
+            else format(value, ".6g") if isinstance(value, float) else str(value))
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -77,40 +70,15 @@ def render_table(table: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def tables_of(tables: Any) -> list[dict[str, Any]]:
-    """`results["tables"]` as a list of {title, columns, rows}: also accepts {title: rows or table} and bare rows."""
-    if not tables:
-        return []
-    if isinstance(tables, dict):
-        return [{"title": title, **(t if isinstance(t, dict) else {"rows": t})} for title, t in tables.items()]
-    if all(isinstance(t, dict) and "rows" in t for t in tables):
-        return list(tables)
-    return [{"rows": list(tables)}]  # one table given as its rows
-
-
-def verdict(met: bool | None) -> str:
-    return {True: "**met**", False: "**not met**"}.get(met, "not measured")
-
-
 def render_headline(headline: dict[str, Any]) -> list[str]:
-    lines = []
-    for name, entry in headline.items():
-        entry = entry if isinstance(entry, dict) else {"value": entry}
-        text = f"- {name}: **{cell(entry.get('value'))}**"
-        if entry.get("unit"):
-            text += f" {entry['unit']}"
-        if "target" in entry:
-            text += f" (target {entry['target']}: {verdict(entry.get('met'))})"
-        lines.append(text)
-    return lines
+    verdict = {True: "**met**", False: "**not met**"}
+    return [f"- {name}: **{cell(entry.get('value'))}**" + (f" {entry['unit']}" if entry.get("unit") else "")
+            + (f" (target {entry['target']}: {verdict.get(entry.get('met'), 'not measured')})" if "target" in entry
+               else "") for name, entry in headline.items()]
 
 
-def load_text(load: Any) -> str:
-    if load is None:
-        return "not recorded"
-    if isinstance(load, list | tuple):
-        return " / ".join(format(x, ".2f") for x in load)
-    return str(load)
+def load_text(load: list[float] | None) -> str:
+    return "not recorded" if load is None else " / ".join(format(x, ".2f") for x in load)
 
 
 def machine_text(machine: dict[str, Any]) -> str:
@@ -136,9 +104,8 @@ def render_conditions(data: dict[str, Any], machine: str | None = None) -> list[
     if data.get("load_start") is None and data.get("load_end") is None and data.get("load_note"):
         load = data["load_note"]
     else:
-        load = f"{load_text(data.get('load_start'))} at the start, {load_text(data.get('load_end'))} at the end"
-        if isinstance(data.get("load_start"), list | tuple) or isinstance(data.get("load_end"), list | tuple):
-            load += " (1 / 5 / 15 min)"
+        load = (f"{load_text(data.get('load_start'))} at the start, {load_text(data.get('load_end'))} at the end"
+                + (" (1 / 5 / 15 min)" if data.get("load_start") or data.get("load_end") else ""))
         if data.get("load_note"):
             load += f"; {data['load_note']}"
     own_machine = machine_text(data.get("machine") or {})
@@ -156,7 +123,7 @@ def render_result(data: dict[str, Any], machine: str | None = None) -> str:
     """
     lines: list[str] = []
     results = data.get("results") or {}
-    for table in tables_of(results.get("tables")):
+    for table in results.get("tables") or []:
         lines += render_table(table)
     items = render_headline(results.get("headline") or {})
     # `steps`: a per-step log (the GPU check's, tracebacks included) whose figures its tables already show
@@ -164,6 +131,9 @@ def render_result(data: dict[str, Any], machine: str | None = None) -> str:
     if rest:  # figures a benchmark recorded outside tables: shown as written, so none is left out
         items.append("- Other figures: `" + json.dumps(rest, ensure_ascii=False) + "`")
     items += [f"- *Note:* {note}" for note in data.get("notes") or []]
+    if study := data.get("study"):
+        items.append(f"- *Study:* arms {', '.join(study['arms'])}; metric: {study['metric']}; baseline: "
+                     f"{study['baseline']}")
     conditions = render_conditions(data, machine)[0]
     if data.get("provenance") == "transcribed":  # said on the conditions line, which a reader checks for provenance
         source = data.get("transcribed_from") or {}
@@ -240,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--check", action="store_true", help="exit 1 if the page is stale, without writing it")
     p.add_argument("--page", type=Path, default=PAGE)
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--results", type=Path, default=RESULTS_DIR)
     a = p.parse_args(argv)
     if not a.page.exists():
         raise PipelineError(f"{a.page}: no such page; give --page")

@@ -1,32 +1,16 @@
-"""Training throughput and MFU: our pretraining step, option by option, against HF Trainer, in one run.
+"""Training throughput and MFU: our pretraining step against HF Trainer, in one run.
 
-    python benchmarks/train_throughput.py [--corpus FILE] [--steps 20] [--batch 32] [--seq-len 128]
-                                          [--variants baseline,fused,compile,loader,syncs,all]
+    python benchmarks/train_throughput.py [--corpus FILE] [--steps 20] [--skip 5] [--batch 32] [--seq-len 128]
 
-Same model (4 layers, hidden 256, 4 heads, FFN 1024, a 50,265-token BPE vocabulary trained here,
-seq 128, dropout 0.1), same packed sequences, same batch, AdamW with the same settings, fp32,
-one process with the same threads:
-- ours: `python launchers/pretrain.py` as a user runs it (DeepSpeed engine, ZeRO 0, the hashed
-  masking collator, the sparse MLM head), once per variant; step times from its metrics.jsonl.
-  baseline: the loader in the training process, torch's per-tensor AdamW, eager model, logging
-  (losses to the host) every step. Each other variant changes one thing: `optimizer.fused`,
-  `train.compile`, `data.num_workers 1`, `train.log_every 5` (the losses reach the host every 5
-  steps instead of every step); `all` changes all four.
-- HF:   `transformers.Trainer` on `RobertaForMaskedLM` with `DataCollatorForLanguageModeling`
-  (its defaults: fused AdamW on torch ≥ 2.8, data in the training process), step times from a callback.
-The first `--skip` steps of each are warm-up (and compilation) and not counted.
-
-Peak: a 4096 × 4096 fp32 `torch.mm` with the same threads, best of 5, measured before every
-training run of this benchmark; the best of those is the peak (the most the cores gave in this run).
-
-MFU convention (PaLM's: the FLOPs the model's math needs, not what a kernel recomputes), from the
-FLOP model in pipeline/pretrain/flops.py: for ours the MLM head counts at the masked fraction
-(the sparse head only computes those rows), for HF at every position (its head computes all
-logits). "dense-equivalent" counts the dense head for both: the same FLOPs per token, so its ratio
-is the tokens/s speed-up; above 100% for ours, it measures the saving of the sparse head, not
-utilisation.
-
-Default corpus: ../shared/data/corpus/imdb-reviews.jsonl.zst when present, else the embedded one.
+Same model (4 layers, hidden 256, FFN 1024, a 50,265-token BPE trained here on the shared IMDB reviews
+or the embedded corpus, seq 128), data, batch, AdamW settings, fp32 and threads. Ours is
+`launchers/pretrain.py` as a user runs it (ZeRO 0, hashed masking, the sparse MLM head, the loader in the
+training process, per-tensor AdamW), timed from its metrics.jsonl; HF is `Trainer` +
+`RobertaForMaskedLM` + `DataCollatorForLanguageModeling` with its defaults, timed from a callback. The
+first `--skip` steps are warm-up. The peak is a 4096² fp32 `torch.mm` with the same threads, best of 5,
+before every run; the best of those counts. MFU follows PaLM (the FLOPs the model's math needs,
+pipeline/pretrain/flops.py): ours counts its head at the masked fraction, HF's at every position;
+"dense-equivalent" counts the dense head for both, so its ratio is the tokens/s speed-up.
 """
 
 from __future__ import annotations
@@ -34,23 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from matmul_peak import peak_flops  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+import harness
 
-SHARED_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "imdb-reviews.jsonl.zst"
 MODEL = dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024)
 MASKED = 0.15  # masking.probability (the default)
 OPTIMIZER = dict(lr=5e-4, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01)
-
-
+STUDY = harness.Study(
+    "train_throughput", question="Is the pretraining step fast?", metric="tokens/s and MFU over the counted steps",
+    baseline="HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling, same model, batch, data and threads",
+    arms=("ours", "HF Trainer"))
 def hf_worker(shards: str, tokenizer_dir: str, steps: int, batch: int) -> None:
     """Train with HF Trainer; print the wall-clock time at the end of every step as JSON."""
     import torch
@@ -94,47 +75,27 @@ def hf_worker(shards: str, tokenizer_dir: str, steps: int, batch: int) -> None:
     print(json.dumps({"stamps": stamps}))
 
 
-VARIANTS = {  # name: (what changes, config updates by section)
-    "baseline": ("eager, per-tensor AdamW, loader in process, losses to host every step", {}),
-    "fused": ("+ optimizer.fused (torch's fused AdamW)", {"optimizer": {"fused": True}}),
-    "compile": ("+ train.compile (engine.compile, inductor)", {"train": {"compile": True}}),
-    "loader": ("+ data.num_workers 1 (masking in a worker process)", {"data": {"num_workers": 1}}),
-    "syncs": ("+ train.log_every 5 (losses to host every 5 steps)", {"train": {"log_every": 5}}),
-    "all": ("all of the above", {"optimizer": {"fused": True}, "train": {"compile": True, "log_every": 5},
-                                 "data": {"num_workers": 1}}),
-}
-
-
-def ours(shards: Path, tokenizer_dir: Path, steps: int, batch: int, skip: int, out: Path, env: dict,
-         updates: dict, timeout: float | None = None) -> tuple[float, float]:
-    """Run launchers/pretrain.py (killed after `timeout` seconds); (seconds per counted step, masked fraction)
-    from its metrics.jsonl."""
+def ours(shards: Path, tokenizer_dir: Path, a: argparse.Namespace, out: Path, env: dict) -> float:
+    """Seconds per counted step of `launchers/pretrain.py` as a user runs it, from its metrics.jsonl."""
     config = {
         "model": MODEL, "data": {"shards": str(shards), "tokenizer": str(tokenizer_dir), "num_workers": 0,
                                  "cache_dir": str(out.parent / "token_cache")},
         "optimizer": OPTIMIZER, "schedule": {"warmup_steps": 2},
-        "train": {"output_dir": str(out), "max_steps": steps, "global_batch_size": batch, "micro_batch_size": batch,
-                  "eval_sequences": batch, "export": False, "log_every": 1},
+        "train": {"output_dir": str(out), "max_steps": a.steps, "global_batch_size": a.batch,
+                  "micro_batch_size": a.batch, "eval_sequences": a.batch, "export": False, "log_every": 1},
         "checkpoint": {"every": 10**6}, "tracking": {"enabled": False},
     }
-    for section, values in updates.items():
-        config[section] = {**config[section], **values}
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(config))
-    done = subprocess.run([sys.executable, "launchers/pretrain.py", "--config", str(path)], cwd=ROOT, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          timeout=None if timeout is None else max(1.0, timeout))
-    if done.returncode != 0:  # the run's own last words, for whoever records the failure
-        raise RuntimeError(f"launchers/pretrain.py exited {done.returncode}: {done.stderr.strip()[-1500:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    records = [r for r in records if "train/loss" in r]
+    harness.launch([sys.executable, "launchers/pretrain.py", "--config", path], env=env,
+                   log=out.parent / f"{out.name}.log")
     seconds, counted, previous = 0.0, 0, 0
-    for r in records:  # a record covers the steps since the previous one
-        if previous >= skip:
-            seconds += (r["step"] - previous) * batch / r["train/samples_per_s"]
+    for r in (r for r in harness.metrics(out) if "train/loss" in r):  # covers the steps since the previous record
+        if previous >= a.skip:
+            seconds += (r["step"] - previous) * a.batch / r["train/samples_per_s"]
             counted += r["step"] - previous
         previous = r["step"]
-    return seconds / counted, MASKED  # the FLOP model's masked fraction, as the trainer's MFU uses
+    return seconds / counted
 
 
 def main() -> None:
@@ -146,84 +107,63 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--no-hf", action="store_true", help="skip the HF Trainer run")
     p.add_argument("--hf-worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.hf_worker:
         shards, tok, steps, batch = a.hf_worker
         return hf_worker(shards, tok, int(steps), int(batch))
-    variants = a.variants.split(",")
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or a.skip % 5 or a.skip >= a.steps:
-        p.error(f"unknown variants {unknown}" if unknown else "--skip must be a multiple of 5 and below --steps")
-    with BenchmarkRecord("train_throughput", argv=sys.argv) as rec:
-        measure(a, variants, rec)
+    if a.skip % 5 or a.skip >= a.steps:
+        p.error("--skip must be a multiple of 5 and below --steps")
+    with STUDY.record() as rec:
+        measure(a, rec)
 
 
-def measure(a: argparse.Namespace, variants: list[str], rec: BenchmarkRecord) -> None:
-    from bench_corpus import sample_corpus
-
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
     from pipeline.data.tokenizer import train_tokenizer
     from pipeline.pretrain.flops import training_flops_per_token
 
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "DS_ACCELERATOR": "cpu"}
-    peaks, rows = [], {}
+    peaks, seconds = [], {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        source = a.corpus or (str(SHARED_CORPUS) if SHARED_CORPUS.exists() else None)
-        source, texts, corpus = sample_corpus(source, a.documents, tmp)
+        source = a.corpus or (str(harness.IMDB) if harness.IMDB.exists() else None)
+        source, texts, corpus = harness.sample_corpus(source, a.documents, tmp)
         tok = tmp / "tokenizer"
         train_tokenizer(texts, "bpe", 50_265, tok, model_max_length=a.seq_len)
-        shards = tmp / "shards"
-        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tok), seq_len=a.seq_len, out=str(shards),
-                                     val_fraction=0.01, workers=a.threads, quiet=True))
+        shards = harness.make_shards(corpus, tok, tmp / "shards", a.seq_len, val_fraction=0.01, workers=a.threads)
         vocab = json.loads((shards / "index.json").read_text())["tokenizer"]["vocab_size"]
-
-        for name in variants:
-            peaks.append(peak_flops(a.threads))
-            rows[name] = ours(shards, tok, a.steps, a.batch, a.skip, tmp / name, env, VARIANTS[name][1])
+        peaks.append(harness.peak_flops(a.threads))
+        seconds["ours"] = ours(shards, tok, a, tmp / "ours", env)
         if not a.no_hf:
-            peaks.append(peak_flops(a.threads))
-            worker = [sys.executable, __file__, "--hf-worker", str(shards), str(tok), str(a.steps), str(a.batch)]
-            hf = subprocess.run(worker, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-            stamps = json.loads(hf.stdout.strip().splitlines()[-1])["stamps"]
+            peaks.append(harness.peak_flops(a.threads))
+            hf = harness.launch([sys.executable, __file__, "--hf-worker", shards, tok, a.steps, a.batch], env=env,
+                                capture=True)
+            stamps = json.loads(hf.output.strip().splitlines()[-1])["stamps"]
             counted = [b - a_ for a_, b in zip(stamps, stamps[1:], strict=False)][a.skip - 1:]
-            rows["hf"] = (sum(counted) / len(counted), None)
-        peaks.append(peak_flops(a.threads))
+            seconds["hf"] = sum(counted) / len(counted)
+        peaks.append(harness.peak_flops(a.threads))
 
-    peak = max(peaks)
+    peak, tokens = max(peaks), a.batch * a.seq_len
     shape = dict(layers=MODEL["num_hidden_layers"], hidden=MODEL["hidden_size"],
                  intermediate=MODEL["intermediate_size"], seq_len=a.seq_len, vocab=vocab)
     dense = training_flops_per_token(**shape, masked_fraction=None)
-    tokens = a.batch * a.seq_len
-    hf_seconds = rows["hf"][0] if "hf" in rows else None
-    print(f"model: {MODEL}, vocabulary {vocab:,}, seq {a.seq_len}, batch {a.batch}, fp32, {a.threads} threads, "
-          f"{a.steps} steps ({a.skip} warm-up not counted)")
-    print(f"peak: {peak / 1e9:.1f} GFLOP/s (4096² fp32 torch.mm, best of 5, {len(peaks)} times in this run: "
-          f"{', '.join(f'{x / 1e9:.0f}' for x in peaks)}); FLOPs per token: dense head {dense / 1e6:.1f} M\n")
-    print("| training step | ms per step | tokens/s | model GFLOP/s | MFU | dense-equivalent / peak | vs HF |")
-    print("|---|---|---|---|---|---|---|")
-    table = []
-    for name, (seconds, masked) in rows.items():
-        per_token = dense if masked is None else training_flops_per_token(**shape, masked_fraction=masked)
-        label = ("HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling" if name == "hf"
-                 else f"ours, {name}: {VARIANTS[name][0]}")
-        flops = tokens * per_token / seconds
-        speedup = f"{hf_seconds / seconds:.2f}" if hf_seconds else "–"
-        print(f"| {label} | {1e3 * seconds:,.0f} | {tokens / seconds:,.0f} | {flops / 1e9:.1f} | "
-              f"**{flops / peak:.0%}** | {tokens * dense / seconds / peak:.0%} | {speedup} |")
-        table.append({"training step": label, "ms per step": f"{1e3 * seconds:,.0f}",
-                      "tokens/s": f"{tokens / seconds:,.0f}", "model GFLOP/s": f"{flops / 1e9:.1f}",
-                      "MFU": f"{flops / peak:.0%}", "dense-equivalent / peak": f"{tokens * dense / seconds / peak:.0%}",
-                      "vs HF": speedup})
+    rows = []
+    for name, step in seconds.items():
+        # PaLM's convention: the FLOPs the model's math needs (ours: the sparse head at the masked fraction)
+        flops = tokens * (dense if name == "hf" else training_flops_per_token(**shape, masked_fraction=MASKED)) / step
+        rows.append({"training step": "HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling"
+                     if name == "hf" else "ours", "ms per step": f"{1e3 * step:,.0f}",
+                     "tokens/s": f"{tokens / step:,.0f}", "model GFLOP/s": f"{flops / 1e9:.1f}",
+                     "MFU": f"{flops / peak:.0%}", "dense-equivalent / peak": f"{tokens * dense / step / peak:.0%}",
+                     "vs HF": f"{seconds['hf'] / step:.2f}" if "hf" in seconds else "–"})
     rec.table(f"4 layers, hidden 256, vocabulary {vocab:,}, seq {a.seq_len}, batch {a.batch}, fp32, {a.threads} "
-              f"threads, {a.steps} steps ({a.skip} warm-up not counted); peak {peak / 1e9:.1f} GFLOP/s", table)
-    if hf_seconds and "baseline" in rows:
-        rec.headline("ours (baseline) vs HF Trainer", f"{hf_seconds / rows['baseline'][0]:.2f}×")
+              f"threads, {a.steps} steps ({a.skip} warm-up not counted); peak {peak / 1e9:.1f} GFLOP/s "
+              f"(4096² fp32 torch.mm, best of 5, before every run: {', '.join(f'{x / 1e9:.0f}' for x in peaks)})",
+              rows)
+    if "hf" in seconds:
+        rec.headline("ours vs HF Trainer", f"{seconds['hf'] / seconds['ours']:.2f}×")
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 

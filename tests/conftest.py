@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import make_documents, write_jsonl
+from helpers import CHECKOUT_RUNS, make_documents, write_jsonl
+
+_GUARD = Path(__file__).resolve().parent / "runs_guard"
+sys.path.insert(0, str(_GUARD))
+import checkout_runs  # noqa: E402  (the same module the launched processes' sitecustomize imports)
 
 # No test reaches the network: set before any test module imports huggingface_hub (which reads these once, at
 # import), and inherited by every command a test launches. A hub name then fails at once, not after retries.
@@ -17,6 +25,15 @@ for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "
 # waiting on each other: on the 2-core AMD EPYC, two tiny pretraining runs side by side took 234-311 s with the
 # default threads and 27-44 s with one each. The models here are tiny; a second thread never pays for itself.
 os.environ["OMP_NUM_THREADS"] = "1"
+# Every process of this session (and each one it starts, through runs_guard/sitecustomize.py) reports a touch of the
+# checkout's runs/ into a folder of this pytest process's own; `nothing_touches_the_checkouts_runs` fails the test.
+_GUARD_REPORTS = tempfile.mkdtemp(prefix="runs-guard-")
+atexit.register(shutil.rmtree, _GUARD_REPORTS, True)
+os.environ[checkout_runs.FORBIDDEN_VARIABLE] = str(CHECKOUT_RUNS)
+os.environ[checkout_runs.REPORT_VARIABLE] = _GUARD_REPORTS
+os.environ["PYTHONPATH"] = os.pathsep.join([str(_GUARD), *filter(None, os.environ.get("PYTHONPATH", "").split(
+    os.pathsep))])
+checkout_runs.install(str(CHECKOUT_RUNS))
 
 
 @pytest.fixture(scope="session")
@@ -114,3 +131,17 @@ def no_launcher_variables_leak():
     leaked = [name for name in LAUNCHER_VARIABLES if os.environ.get(name) != before[name]]
     put_back({name: before[name] for name in leaked})
     assert not leaked, f"the test left launcher variables set: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def nothing_touches_the_checkouts_runs():
+    """Fail a test that reads or writes the checkout's runs/ (itself, a fixture it uses, or a process it starts).
+
+    Such a test passes on a fresh clone and fails once a user has run the main job, or tries to resume the
+    user's run: every test works in its own folder (tmp_path) and names it in the configs it loads.
+    """
+    yield
+    found = checkout_runs.take_findings()
+    if found:
+        pytest.fail(f"the test touched the checkout's {CHECKOUT_RUNS} (use tmp_path, and set train.output_dir "
+                    f"in any shipped config it loads):\n" + "\n".join(found[:20]), pytrace=False)

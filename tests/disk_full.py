@@ -137,11 +137,12 @@ class FakeEngine:
     def __init__(self, weights: int = 1000):
         self.state = {"module": {"w": torch.arange(weights, dtype=torch.float32)}}
 
-    def save_checkpoint(self, root, tag, client_state, save_latest):
+    def save_checkpoint(self, root, tag, client_state=None, save_latest=True):
         folder = Path(root) / tag
         folder.mkdir(parents=True, exist_ok=True)
         torch.save(self.state, folder / "mp_rank_00_model_states.pt")
-        torch.save({"optimizer": {"m": torch.ones(10)}, **client_state}, folder / "zero_pp_rank_0_optim_states.pt")
+        torch.save({"optimizer": {"m": torch.ones(10)}, **(client_state or {})},
+                   folder / "zero_pp_rank_0_optim_states.pt")
 
 
 @pytest.fixture

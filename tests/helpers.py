@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT_RUNS = ROOT / "runs"
+"""The user's own runs (the main job's `runs/default/`): no test reads or writes there (tests/conftest.py fails one)."""
 PYTHON = sys.executable
 
 WORDS = ("the a model token encoder shard packing corpus reader document sequence batch mask "
@@ -54,6 +56,24 @@ def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sect
     for section, values in sections.items():
         config.setdefault(section, {}).update(values)
     return config
+
+
+def record_at(step: int, **fields):
+    """A checkpoint record of `step` with placeholder model facts, for tests of the checkpoint files."""
+    from pipeline.pretrain.checkpoint_record import CheckpointRecord
+
+    return CheckpointRecord(**{"step": step, "config": {}, "architecture": "roberta", "seq_len": 64, "zero_stage": 0,
+                               "precision": "fp32", "batch_plan": None, **fields})
+
+
+def plan_of(config, sequences: dict[str, int], world_size: int = 1, seq_len: int = 64):
+    """The run plan of a config checked without files, each folder it names holding `sequences[path]` in one shard."""
+    from pipeline.pretrain.plan import build_plan
+    from pipeline.pretrain.stream import CorpusLayout
+
+    layouts = {path: CorpusLayout(Path(path).name, path, key, (n,), 1, seq_len)
+               for key, (path, n) in enumerate(sequences.items())}
+    return build_plan(config, world_size, layouts, None)
 
 
 def predict_with_saved_model(folder: Path, texts: list[str], batch_size: int):

@@ -137,3 +137,50 @@ def save_headless_bert(tokenizer_dir: Path, out: Path, seed: int = 0, max_positi
     BertModel(tiny_config(tokenizer, "bert", max_position_embeddings=max_positions, **shape)).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def save_pretraining_run(root: Path, shards: Path, tokenizer_dir: Path, architecture: str = "roberta",
+                         steps: tuple[int, ...] = (4,), precision: str = "fp32", seed: int = 0,
+                         evaluations: dict[int, float] | None = None, **model) -> Path:
+    """A pretraining run folder as the trainer lays it out, in seconds: ZeRO-0 checkpoints at `steps` (each
+    marker as the trainer writes it, the weights the training class's own, perturbed per step so revisions
+    differ), the tokenizer copy, and `evaluations` ({step: eval/mlm_loss}) in metrics.jsonl."""
+    import torch
+    from helpers import tiny_pretrain_config
+
+    from pipeline.common.config_tree import build_config
+    from pipeline.common.run_layout import PretrainLayout
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.checkpoints import file_checksums, tag_for
+    from pipeline.pretrain.config import PretrainConfig
+    from pipeline.pretrain.model import build_model
+
+    layout = PretrainLayout(root)
+    seq_len = json.loads((shards / "index.json").read_text())["seq_len"]
+    config = tiny_pretrain_config(shards, tokenizer_dir, root, model={"architecture": architecture, **model},
+                                  train={"precision": precision})
+    typed, problems = build_config(PretrainConfig, config)
+    assert not problems, problems
+    tokenizer = load_tokenizer(tokenizer_dir)
+    info = describe_tokenizer(tokenizer, str(tokenizer_dir))
+    torch.manual_seed(seed)
+    trained = build_model(typed.model, info, seq_len)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(layout.tokenizer)
+    layout.config.write_text(json.dumps(config))
+    records = [{"step": s, "eval/mlm_loss": loss, "eval/unigram_entropy": 5.0}
+               for s, loss in sorted((evaluations or {}).items())]
+    layout.metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for step in steps:
+        with torch.no_grad():
+            for param in trained.parameters():
+                param.add_(0.01 * torch.randn_like(param))
+        folder = layout.checkpoints / tag_for(step)
+        folder.mkdir(parents=True)
+        torch.save({"module": trained.state_dict()}, folder / "mp_rank_00_model_states.pt")
+        marker = {"step": step, "train_state": {"step": step, "samples_consumed": step * 16, "epoch": 0},
+                  "architecture": architecture, "seq_len": seq_len, "zero_stage": 0, "precision": precision,
+                  "config": config, "hf_config": json.loads(trained.config.to_json_string()),
+                  "files": file_checksums(folder)}
+        (folder / "complete.json").write_text(json.dumps(marker))
+    return root

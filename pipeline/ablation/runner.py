@@ -38,6 +38,7 @@ from pipeline.common.run_layout import AblationLayout, ArmLayout, StudyLayout
 from pipeline.common.shipped_configs import find_config
 from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.pretrain import checkpoints
+from pipeline.pretrain.checkpoint_record import read_record
 
 
 class StudyStopped(Exception):
@@ -226,7 +227,7 @@ class StudyRunner:
     def pretrain(self, plan: ArmPlan, arm: ArmLayout) -> None:
         layout = arm.pretrain
         newest = checkpoints.newest_complete(layout.checkpoints)
-        step = checkpoints.read_marker(newest)["train_state"]["step"] if newest else 0
+        step = read_record(newest).step if newest else 0
         if step >= plan.steps and (layout.export / "config.json").exists():
             print(f"   pretraining: finished before ({step} steps, export in {layout.export}), skipped", flush=True)
             return

@@ -10,7 +10,9 @@
 as a string), e.g. `--set train.max_steps=100 --set train.zero_stage=3`.
 The run resumes by itself from the newest complete checkpoint in train.output_dir; SIGTERM or
 SIGUSR1 makes it finish the step, checkpoint and exit 0. `--anneal-from CHECKPOINT --anneal-steps N`
-runs only the schedule's decay from a stable-phase checkpoint, into train.output_dir.
+runs only the schedule's decay from a stable-phase checkpoint, into train.output_dir. `--skip-steps A:B`
+rolls back past a loss spike: it resumes from the last checkpoint before step A and leaves out the
+batches of steps A to B (docs/long-runs.md). `--print-config` prints the run's plan.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only the schedule's decay from this stable-phase checkpoint (its weights, optimizer and "
                         "data position) into train.output_dir: sets train.anneal_from")
     p.add_argument("--anneal-steps", type=int, metavar="N", help="the decay's steps: sets train.anneal_steps")
+    p.add_argument("--skip-steps", action="append", default=[], metavar="A:B",
+                   help="leave out the batches of steps A to B (1-based, inclusive, as the logs number them), resuming "
+                        "from the last checkpoint before A: adds to train.skip_steps (repeatable)")
     p.add_argument("--print-config", action="store_true",
-                   help="validate, print the resolved config and batch arithmetic, and exit")
+                   help="validate, print the run's plan (config, stretches, batches, start, skips) and exit")
     p.add_argument("--verbose", action="store_true",
                    help="show the frameworks' own logs, warnings and progress bars (default: warnings and up)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed
@@ -44,8 +49,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
-    """`--set` overrides, then those of the anneal flags (the path as a JSON string, so it stays a string)."""
+    """`--set` overrides, then those of the anneal and skip flags (the path as a JSON string, so it stays a
+    string; `--skip-steps` adds to the config's own ranges)."""
     out = list(args.set)
+    if args.skip_steps:
+        from pipeline.common.config_tree import read_json_config
+        from pipeline.common.shipped_configs import find_config
+
+        written = read_json_config(find_config(args.config, "pretrain")).get("train", {}).get("skip_steps", [])
+        out.append(f"train.skip_steps={json.dumps([*written, *args.skip_steps])}")
     if args.anneal_from is not None:
         out.append(f"train.anneal_from={json.dumps(args.anneal_from)}")
     if args.anneal_steps is not None:
@@ -59,45 +71,32 @@ def main(argv=None) -> None:
     from pipeline.common.topology import prepare_environment
 
     topology = prepare_environment()
-    from pipeline.common.config_tree import to_dict
     from pipeline.common.shipped_configs import find_config
-    from pipeline.pretrain.phases import resolve_phases, resolve_stretches
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
 
-    try:  # the preflight: the config, the run it plans, this machine, its files and the checkpoint it starts from
-        config = load_pretrain_config(find_config(args.config, "pretrain"), overrides(args),
-                                      world_size=topology.world_size, cuda=topology.cuda)
+    try:  # the preflight: the config, this machine, its files, the checkpoint it starts from, and the run's plan
+        plan = prepare_run(find_config(args.config, "pretrain"), overrides(args), world_size=topology.world_size,
+                           cuda=topology.cuda)
     except PipelineError:
         if topology.rank != 0:  # every rank finds the same problems; one copy is enough
             raise SystemExit(2) from None
         raise
     from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
 
+    config = plan.config
     slow_bf16 = bf16_cpu_warning(config.train.precision == "bf16", topology.cuda, topology.cuda or native_bf16(),
                                  "--set train.precision=fp32")
     if slow_bf16 and topology.is_main:
         print(slow_bf16, file=sys.stderr)
     if args.print_config:
-        phases = resolve_phases(config)
-        stretches = resolve_stretches(config, phases, config.train.max_steps)
-        plans = [stretch.plan(topology.world_size) for stretch in stretches]
-        report = {"config": to_dict(config), "world_size": topology.world_size,
-                  "gradient_accumulation": plans[0].accumulation}
-        if config.phases:  # each phase's steps and accumulation
-            report["phases"] = [{"name": p.name, "steps": [p.start, p.end], "gradient_accumulation": plan.accumulation}
-                                for p, plan in zip(phases, plans, strict=True)]
-        elif config.train.batch_warmup_tokens:  # each global batch of the warmup, and its steps
-            report["batch_warmup"] = [{"steps": [s.start, s.end], "global_batch_size": s.global_batch_size,
-                                       "gradient_accumulation": plan.accumulation}
-                                      for s, plan in zip(stretches, plans, strict=True)]
-        print(json.dumps(report, indent=2))
+        print(json.dumps(plan.describe(), indent=2))
         return
     from pipeline.common.console import quiet_frameworks
 
     quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.pretrain.trainer import run_pretraining
 
-    result = run_pretraining(config, topology)
+    result = run_pretraining(plan, topology)
     # Tear the process group down before the interpreter does: left to exit, gloo's worker threads were
     # once destroyed while joinable on a rank that had finished ("terminate called without an active
     # exception", SIGABRT after a clean run). Only after a finished run: with a lost peer it could block.

@@ -55,7 +55,11 @@ from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLay
 from pipeline.common.shipped_configs import find_config
 from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.common.topology import free_port, use_environment_extensions_dir
+from pipeline.finetune.model_card import record_baselines
+from pipeline.pretrain.export_card import record_scores
+from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.job_summary import render_summary
+from pipeline.tracking.task_report import ARM_NAMES, task_arms, token_baseline
 
 SEQ_LEN = 128
 VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (docs/pretraining.md, the unigram plateau)
@@ -193,11 +197,13 @@ def main(argv: list[str] | None = None) -> None:
     pretrain(job, layout, env, ranks=args.ranks, seed=args.seed)
     job.run("6/10 cloze check", "cloze", "cloze", "--model", layout.pretrain.export, "--shards", layout.shards,
             "--json", layout.cloze, env=env)
+    record_scores(layout.pretrain.export, cloze=read_json(layout.cloze))  # into the export's card
     if args.stop_after == "pretrain":
         print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
         return
     make_tasks(job, layout)
     finetune_every_arm(job, layout, args.sweep, env)
+    record_arm_baselines(layout)
     score_minimal_pairs(job, layout, env)
     job.run("10/10 compare", "compare", "compare", "--uri", layout.tracking_uri, "--out", layout.compare,
             *FULL_OUTPUT)
@@ -311,6 +317,24 @@ def score_minimal_pairs(job: MainJob, layout: MainJobLayout, env: dict) -> None:
     job.run("9/10 minimal pairs: export vs unigram", "minimal-pairs", "minimal_pairs",
             "--model", layout.pretrain.export, "--pairs", layout.minimal_pairs, "--group-by", "phenomenon",
             "--corpus", layout.corpus, "--out", layout.minimal_pairs_result, env=env)
+    record_scores(layout.pretrain.export, minimal_pairs=read_json(layout.minimal_pairs_result))
+
+
+def record_arm_baselines(layout: MainJobLayout) -> None:
+    """Each arm's saved models' cards set its dev figures beside the other arm's and the token-count baseline's."""
+    for task in MAIN_JOB_TASKS:
+        arms = task_arms(layout, task)
+        for arm, result in arms.items():
+            if result is None:
+                continue
+            rows = [{"name": ARM_NAMES[other], "metric": theirs.metric, "value": theirs.median,
+                     "note": f"median of {theirs.seeds} seeds, the same protocol"}
+                    for other, theirs in arms.items() if other != arm and theirs is not None]
+            counted = token_baseline(layout, task, result.metric)
+            if counted is not None:
+                rows.append({"name": "token counts", "metric": result.metric, "value": counted,
+                             "note": "bag of words + logistic regression on the same split"})
+            record_baselines(layout.finetune(task, arm).root, rows)
 
 
 if __name__ == "__main__":

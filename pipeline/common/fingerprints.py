@@ -13,14 +13,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pipeline.common.atomic_files import sha256_file
+from pipeline.common.model_card import CARD_FILE
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack")
 PROVENANCE_PREFIX = "pipeline_"  # our own provenance files say where a folder came from, not what it holds
 
 
-def checkpoint_fingerprint(marker: dict) -> str:
-    """A checkpoint's identity from its completion marker: the sha256 of every file, its step and config."""
-    what = {"files": marker.get("files"), "step": marker.get("step"), "config": marker.get("config")}
+def checkpoint_fingerprint(record) -> str:
+    """A checkpoint's identity from its record (pretrain/checkpoint_record.py): every file's sha256, step, config."""
+    what = {"files": record.files, "step": record.step, "config": record.config}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -34,8 +35,8 @@ def model_fingerprint(model: str, *, weights: bool = True) -> str | None:
         return None
     digest = hashlib.sha256()
     for path in sorted(folder.iterdir()):
-        if not path.is_file() or path.name.startswith(PROVENANCE_PREFIX):
-            continue
+        if not path.is_file() or path.name.startswith(PROVENANCE_PREFIX) or path.name == CARD_FILE:
+            continue  # what the folder says of itself, not what it holds
         if not weights and path.name.endswith(WEIGHT_SUFFIXES):
             continue
         digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())

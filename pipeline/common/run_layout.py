@@ -8,6 +8,7 @@ one place, and a checkpoint finds its run folder (tokenizer, MLflow state) the s
       tracking.json token_cache/ export/            best_model.json     (pointer to the best seed)
       checkpoints/step_NNNNNNNN/                    source_model/       (export of a checkpoint --model)
                                                     seed_N/model/  seed_N/complete.json  …
+                                                    baselines.json      (figures the cards set beside)
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class PretrainLayout:
         layout = cls(checkpoint.parent.parent)
         return layout if checkpoint.parent == layout.checkpoints else None
 
+
+EXPORT_PROVENANCE_FILE = "pipeline_export.json"
+"""In an export: the checkpoint and pretraining MLflow run it came from, what trained it, its equivalence check."""
 
 FINETUNE_PROVENANCE_FILE = "pipeline_finetune.json"
 """In a saved fine-tuned model (`SeedLayout.model`): task, labels, seed, metrics and the model it started from."""
@@ -149,6 +153,12 @@ class FinetuneLayout:
 
     def seed(self, seed: int) -> SeedLayout:
         return SeedLayout(self.root / f"seed_{seed}", seed)
+
+    @property
+    def baselines(self) -> Path:
+        """What the run's figures stand beside (another arm, a token-count baseline): named by whoever ran them,
+        shown in the saved models' cards."""
+        return self.root / "baselines.json"
 
     @property
     def selection(self) -> Path:

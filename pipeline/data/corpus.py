@@ -33,6 +33,8 @@ class RecordBatch:
 
     source: str
     format: Format
+    file: int = 0
+    """The source's number among the corpus's inputs (`resolve_inputs`' order)."""
     lines: list[int] = field(default_factory=list)
     payloads: list[bytes | str | None] = field(default_factory=list)
     """Raw bytes (txt, jsonl), text (parquet, hf), or None for a record skipped as oversized."""
@@ -178,16 +180,17 @@ def iter_record_batches(
     sources: list[Source], options: CorpusOptions, batch_records: int = 256, batch_bytes: int = 1 << 20
 ) -> Iterator[RecordBatch]:
     """Yield raw records from every source in order, grouped in batches of bounded size."""
-    for source in sources:
-        yield from batched(source.path, source.format, iter_records(source, options), batch_records, batch_bytes)
+    for file, source in enumerate(sources):
+        yield from batched(source.path, source.format, iter_records(source, options), batch_records, batch_bytes,
+                           file)
 
 
 def batched(
     label: str, fmt: Format, records: Iterator[tuple[int, bytes | str | None]], batch_records: int = 256,
-    batch_bytes: int = 1 << 20,
+    batch_bytes: int = 1 << 20, file: int = 0,
 ) -> Iterator[RecordBatch]:
     """Group one source's records in batches of at most `batch_records` records or about `batch_bytes` bytes."""
-    batch = RecordBatch(label, fmt)
+    batch = RecordBatch(label, fmt, file)
     size = 0
     for line_no, payload in records:
         batch.lines.append(line_no)
@@ -195,7 +198,7 @@ def batched(
         size += len(payload) if payload is not None else 0
         if len(batch.lines) >= batch_records or size >= batch_bytes:
             yield batch
-            batch, size = RecordBatch(label, fmt), 0
+            batch, size = RecordBatch(label, fmt, file), 0
     if batch.lines:
         yield batch
 

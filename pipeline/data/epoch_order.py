@@ -25,6 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+BLOCK_TOKENS = 1 << 30
+"""Token slots in a shuffle block (2 GiB of uint16 ids; a node's cache holds two blocks). A global batch draws
+from one block's shards, so in a corpus sorted by source its mix strays from the corpus's as a sample of the
+block's shards does: at 100B tokens of 512 in 8,192-sequence shards, 256 shards a block stray about twice as
+far as a global shuffle at a batch of 1,024, 8 shards ten times (benchmarks/order_quality.py,
+docs/long-runs.md)."""
+MIN_BLOCK_SHARDS = 8
+"""At least this many shards per block, however large the shards."""
 ROUNDS = 6
 """Feistel rounds; four already give a pseudorandom permutation for a pseudorandom round function (Luby-Rackoff)."""
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -81,6 +89,16 @@ class ShardLayout:
     @property
     def num_sequences(self) -> int:
         return sum(self.sizes)
+
+
+def default_shards_per_block(shard_sizes: tuple[int, ...], seq_len: int) -> int:
+    """Today's block for a folder: `BLOCK_TOKENS` of its largest shards, at least `MIN_BLOCK_SHARDS` of them.
+
+    A run records the value it started with (pretrain/plan.py), so a release that changes it leaves a
+    resumed run's order alone.
+    """
+    longest = max(shard_sizes, default=1) * max(seq_len, 1)
+    return max(MIN_BLOCK_SHARDS, BLOCK_TOKENS // longest)
 
 
 class EpochOrder:

@@ -21,6 +21,13 @@ class ByteCounter:
         self.total = 0
 
 
+class LineCount:
+    """Lines that start before a byte range's end: where the next range's line numbers go on from."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+
+
 class _CountedFile(io.RawIOBase):
     """A raw file that adds every byte read to a `ByteCounter`."""
 
@@ -193,29 +200,36 @@ def iter_lines(
 
 
 def iter_line_records(
-    stream: io.BufferedIOBase, max_bytes: int, offset: int = 0, stop: int | None = None
+    stream: io.BufferedIOBase, max_bytes: int, offset: int = 0, stop: int | None = None,
+    count: LineCount | None = None,
 ) -> Iterator[tuple[int, bytes | None]]:
-    """Non-blank lines (jsonl records, or one-document-per-line text) that start before byte `stop`."""
+    """Non-blank lines (jsonl records, or one-document-per-line text) that start before byte `stop`; `count`
+    counts the lines (blank too) that start before it."""
     for line_no, at, line in iter_lines(stream, max_bytes, offset):
         if stop is not None and at >= stop:
             return
+        if count is not None:
+            count.lines = line_no
         if line is None or line.strip():
             yield line_no, line
 
 
 def iter_paragraph_docs(
-    stream: io.BufferedIOBase, max_doc_bytes: int, offset: int = 0, stop: int | None = None, inside: bool = False
+    stream: io.BufferedIOBase, max_doc_bytes: int, offset: int = 0, stop: int | None = None, inside: bool = False,
+    count: LineCount | None = None,
 ) -> Iterator[tuple[int, bytes | None]]:
     """Documents separated by blank lines that start before byte `stop`; a document over `max_doc_bytes` yields None.
 
     `inside`: the stream starts in the middle of a document, which belongs to whoever reads its
-    first line, so it is skipped.
+    first line, so it is skipped. `count` counts the lines that start before `stop`.
     """
     lines: list[bytes] = []
     first = 0
     size = 0
     oversized = False
     for line_no, at, line in iter_lines(stream, max_doc_bytes, offset):
+        if count is not None and (stop is None or at < stop):
+            count.lines = line_no
         blank = line is not None and not line.strip()
         if inside:
             inside = not blank

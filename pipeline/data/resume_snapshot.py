@@ -1,5 +1,8 @@
 """Resume snapshots of the shard stage: the input position plus the packers' and writers' state.
 
+The packers' state includes their open documents' origins, and the writers' pending sequences
+carry theirs, so a resumed part writes the same origins files as an uninterrupted one.
+
 Saved after every record batch that completed a shard, so a killed run loses at most the shard in
 progress; restored only when every shard it lists still verifies.
 """
@@ -39,7 +42,7 @@ def save_snapshot(out: Path, rank: int, identity: dict, state: StageState, packe
                   writers: dict[str, ShardWriter], seconds: float) -> None:
     arrays: dict[str, np.ndarray] = {}
     meta: dict = {"identity": identity, "position": state.position, "counts": dict(state.counts),
-                  "examples": state.examples, "seconds": seconds, "packers": {}, "shards": {}}
+                  "examples": state.examples, "seconds": seconds, "packers": {}, "shards": {}, "origins": True}
     for split in SPLITS:
         scalars, packer_arrays = packers[split].state()
         meta["packers"][split] = scalars
@@ -62,6 +65,9 @@ def restore_snapshot(out: Path, rank: int, identity: dict, packers: dict[str, Pa
         say(f"resume snapshot unreadable ({err}); starting {part_name(rank)} afresh")
         return StageState()
     if changed_keys(meta["identity"], identity):
+        return StageState()
+    if not meta.get("origins"):
+        say(f"the resume snapshot predates document origins; starting {part_name(rank)} afresh")
         return StageState()
     for split in SPLITS:
         for shard in meta["shards"][split]:

@@ -4,7 +4,8 @@ Layout of a folder made by `data_prep/shard.py`:
 
     index.json                          written last; readers trust only the shards it lists
     train/part00000-shard000000.zst     training shards of part (rank) 0
-    val/part00000-shard000000.zst       validation shards
+    train/part00000-shard000000.origins.zst  which documents each of its sequences holds
+    val/part00000-shard000000.zst       validation shards (and their .origins.zst)
     parts/part00000.json                per-part summary and stats, once that part is complete
     parts/part00000.resume.zst          resume snapshot while that part is in progress
 
@@ -44,6 +45,7 @@ def resume_path(out: Path, rank: int) -> Path:
 
 
 SHARD_NAME = re.compile(r"^(train|val)/[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.zst$")
+ORIGINS_SUFFIX = ".origins.zst"
 DTYPES = ("uint8", "uint16", "int16", "uint32", "int32", "int64")
 MAX_SHARDS = 1 << 20
 HEADER_BYTES = 1 << 20
@@ -142,18 +144,64 @@ def index_problems(index, path: Path) -> list[str]:
             if seq_len and shard_byte_bound(shard, seq_len, fields) > MAX_SHARD_BYTES:
                 problems.append(f"{at}: {sequences:,} sequences of {seq_len:,} tokens would decompress past the "
                                 f"{MAX_SHARD_BYTES:,}-byte bound of one shard")
-            if not _is_count(shard.get("bytes", 0), MAX_SHARD_BYTES):
-                problems.append(f"{at}.bytes {shard.get('bytes')!r}: expected an integer from 0 to "
-                                f"{MAX_SHARD_BYTES:,}")
-            digest = shard.get("sha256")
-            if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
-                problems.append(f"{at}.sha256: expected 64 hexadecimal digits")
+            problems += _file_entry_problems(shard, at)
+            if "origins" in shard:
+                problems += _origins_entry_problems(shard["origins"], f"{at}.origins", split, names)
             total_sequences += sequences
             total_tokens += tokens if type(tokens) is int else 0
         if entry.get("sequences") != total_sequences or entry.get("tokens") != total_tokens:
             problems.append(f"{where}: sequences {entry.get('sequences')!r} and tokens {entry.get('tokens')!r} "
                             f"should be the shards' sums, {total_sequences} and {total_tokens}")
+    return problems + _origins_problems(index.get("origins"), splits)
+
+
+def _file_entry_problems(entry: dict, at: str) -> list[str]:
+    problems = []
+    if not _is_count(entry.get("bytes", 0), MAX_SHARD_BYTES):
+        problems.append(f"{at}.bytes {entry.get('bytes')!r}: expected an integer from 0 to {MAX_SHARD_BYTES:,}")
+    digest = entry.get("sha256")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        problems.append(f"{at}.sha256: expected 64 hexadecimal digits")
     return problems
+
+
+def _origins_entry_problems(entry, at: str, split: str, names: set) -> list[str]:
+    """A shard's origins file: a name beside the shard's, its size, checksum and part."""
+    if not isinstance(entry, dict):
+        return [f"{at}: expected an object"]
+    problems = []
+    name = entry.get("file")
+    if not isinstance(name, str) or not SHARD_NAME.match(name) or not name.startswith(split + "/") \
+            or not name.endswith(ORIGINS_SUFFIX):
+        problems.append(f"{at}.file {str(name)[:100]!r}: expected '{split}/NAME{ORIGINS_SUFFIX}' inside the folder")
+    elif name in names:
+        problems.append(f"{at}.file {name!r}: listed twice")
+    else:
+        names.add(name)
+    if "bytes" not in entry:
+        problems.append(f"{at}.bytes: missing")
+    if not _is_count(entry.get("part"), MAX_SHARDS):
+        problems.append(f"{at}.part {entry.get('part')!r}: expected a part number")
+    return problems + _file_entry_problems(entry, at)
+
+
+def _origins_problems(origins, splits: dict) -> list[str]:
+    """index.json's `origins`: the input files, named once, and each part's line offsets."""
+    if origins is None:
+        return []
+    files, offsets = (origins.get("files"), origins.get("line_offsets")) if isinstance(origins, dict) else (0, 0)
+    if not isinstance(files, list) or len(files) > MAX_SHARDS or not all(isinstance(f, str) for f in files):
+        return [f"origins.files: expected a list of at most {MAX_SHARDS:,} file names"]
+    if not isinstance(offsets, list) or len(offsets) > MAX_SHARDS or not all(
+            isinstance(part, list) and all(isinstance(pair, list) and len(pair) == 2
+                                           and _is_count(pair[0], len(files) - 1) and _is_count(pair[1], 1 << 40)
+                                           for pair in part) for part in offsets):
+        return ["origins.line_offsets: expected, per part, a list of [file number, lines before its piece]"]
+    parts = [s["origins"].get("part") for split in SPLITS for s in splits[split].get("shards", [])
+             if isinstance(s, dict) and isinstance(s.get("origins"), dict)]
+    if beyond := [part for part in parts if type(part) is int and part >= len(offsets)]:
+        return [f"origins.line_offsets: holds {len(offsets)} parts, a shard's origins name part {beyond[0]}"]
+    return []
 
 
 def load_index(folder: str | Path) -> dict:
@@ -225,22 +273,39 @@ def combine_parts(out: Path, world_size: int) -> dict | None:
         "parts": [{"rank": p["rank"], "seconds": p["seconds"], "input_bytes_read": p.get("input_bytes_read"),
                    "stats": p["stats"], "examples": p["examples"]} for p in parts],
     }
+    files = [p["origin_files"] for p in parts if "origin_files" in p]  # parts made before origins have none
+    if any(f != files[0] for f in files):
+        raise PipelineError(f"{out}: the parts read different input files (a glob or folder changed between "
+                            "ranks); rerun every rank with --overwrite")
+    if len(files) == len(parts):
+        index["origins"] = {"files": files[0], "line_offsets": _line_offsets(parts)}
     write_json_atomic(out / INDEX_NAME, index)
     return index
 
 
+def _line_offsets(parts: list[dict]) -> list[list[list[int]]]:
+    """Per part, [file number, lines before its byte range] for each byte range it read past another's.
+
+    A rank reading a byte range counts lines from the range's first line (it never reads what comes
+    before); the ranges of one file go to ranks in order, so the lines before rank R's range are the
+    lines the ranks before it counted in theirs.
+    """
+    counted: dict[int, int] = {}
+    offsets = []
+    for part in sorted(parts, key=lambda p: p["rank"]):
+        mine = [piece for piece in part["inputs"] if piece["kind"] == "bytes"]
+        offsets.append([[piece["file"], counted[piece["file"]]] for piece in mine if counted.get(piece["file"])])
+        for piece in mine:
+            counted[piece["file"]] = counted.get(piece["file"], 0) + piece["lines"]
+    return offsets
+
+
 def check_shard(folder: Path, shard: dict, seq_len: int, dtype: str, fields: list | None = None) -> str | None:
-    """Check one listed shard's checksum, container and counts; return a problem, or None."""
-    try:
-        path = shard_path(folder, shard["file"])
-    except PipelineError as err:
-        return str(err)
-    if not path.is_file():
-        return f"{path}: missing"
-    if path.stat().st_size != shard.get("bytes", path.stat().st_size):
-        return f"{path}: size {path.stat().st_size} bytes, index says {shard['bytes']} (truncated?)"
-    if sha256_file(path) != shard["sha256"]:
-        return f"{path}: sha256 does not match the index (the file is corrupt or was changed)"
+    """Check one listed shard's checksum, container and counts, and its origins file's checksum; return a
+    problem, or None."""
+    if problem := _listed_file_problem(folder, shard):
+        return problem
+    path = folder / shard["file"]
     try:
         arrays, _ = decode(path.read_bytes(), str(path), shard_byte_bound(shard, seq_len, fields))
     except ShardFormatError as err:
@@ -253,6 +318,21 @@ def check_shard(folder: Path, shard: dict, seq_len: int, dtype: str, fields: lis
     tokens = int(arrays["length"].sum()) if "length" in arrays else ids.size
     if tokens != shard["tokens"]:
         return f"{path}: holds {tokens} tokens, index says {shard['tokens']}"
+    return _listed_file_problem(folder, shard["origins"]) if "origins" in shard else None
+
+
+def _listed_file_problem(folder: Path, entry: dict) -> str | None:
+    """A listed file (a shard or its origins) that is missing, outside the folder, or not the bytes listed."""
+    try:
+        path = shard_path(folder, entry["file"])
+    except PipelineError as err:
+        return str(err)
+    if not path.is_file():
+        return f"{path}: missing"
+    if path.stat().st_size != entry.get("bytes", path.stat().st_size):
+        return f"{path}: size {path.stat().st_size} bytes, index says {entry['bytes']} (truncated?)"
+    if sha256_file(path) != entry["sha256"]:
+        return f"{path}: sha256 does not match the index (the file is corrupt or was changed)"
     return None
 
 
@@ -269,6 +349,7 @@ def verify_folder(folder: str | Path) -> list[str]:
         entry = index["splits"].get(split, {"shards": []})
         for shard in entry["shards"]:
             listed.add(shard["file"])
+            listed.add(shard.get("origins", {}).get("file"))
             if problem := check_shard(folder, shard, index["seq_len"], index["dtype"], index.get("fields")):
                 problems.append(problem)
         if entry.get("sequences") != sum(s["sequences"] for s in entry["shards"]):
@@ -276,5 +357,6 @@ def verify_folder(folder: str | Path) -> list[str]:
     for split in SPLITS:
         for path in sorted((folder / split).glob("*.zst")):
             if f"{split}/{path.name}" not in listed:
-                problems.append(f"{path}: shard file not listed in {INDEX_NAME}")
+                problems.append(f"{path}: {'origins' if path.name.endswith(ORIGINS_SUFFIX) else 'shard'} file not "
+                                f"listed in {INDEX_NAME}")
     return problems

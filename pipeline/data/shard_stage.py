@@ -7,6 +7,10 @@ Results come back in input order and are packed and written by the reading proce
 Memory stays flat: a bounded number of batches is in flight, and a shard is written as soon as it
 is full.
 
+Every document keeps its origin (input file and line, or record number) through tokenizing, the
+split, dedup and packing; each shard's sequences' documents are written beside it
+(`pipeline.data.document_origins`).
+
 Restartable (the datatrove executor's pattern): after every batch that completed a shard, a
 resume snapshot (`pipeline.data.resume_snapshot`) records the input position and the packers' and
 writers' state. A rerun with the same arguments checks the shards already written against their
@@ -31,8 +35,9 @@ import numpy as np
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.data.corpus import RecordBatch, Source, check_sources, resolve_inputs
+from pipeline.data.document_origins import origin_name
 from pipeline.data.exact_dedup import all_hashes, drop_mask, hashes_path, load_hashes, save_hashes
-from pipeline.data.input_pieces import assign_inputs, iter_piece_batches
+from pipeline.data.input_pieces import InputPiece, assign_inputs, iter_piece_batches
 from pipeline.data.ordered_pool import ordered_map
 from pipeline.data.output_folder import completed_part, prepare_output
 from pipeline.data.packers import Packer, PackStats, make_packer, token_dtype
@@ -72,7 +77,8 @@ def run_shard_stage(options: ShardOptions) -> dict:
 
         drop = drop_mask(all_hashes(out, options.world_size, rank, options.reading_key(), hash_rank))
     bytes_read = ByteCounter()
-    batches = _numbered_batches(iter_piece_batches(pieces, corpus, rank, options.world_size, bytes_read),
+    piece_lines: dict[InputPiece, int] = {}
+    batches = _numbered_batches(iter_piece_batches(pieces, corpus, rank, options.world_size, bytes_read, piece_lines),
                                 state.position, drop)
     started = time.monotonic()
     progress = Progress(not options.quiet, packers)
@@ -86,8 +92,8 @@ def run_shard_stage(options: ShardOptions) -> dict:
             wrote = False
             for split, mask in (("train", ~result.is_val), ("val", result.is_val)):
                 if mask.any():
-                    ids, lengths = _select_documents(result.ids, result.lengths, mask)
-                    wrote |= writers[split].add(packers[split].add(ids, lengths))
+                    ids, lengths, origins = _select_documents(result.ids, result.lengths, result.origins, mask)
+                    wrote |= writers[split].add(packers[split].add(ids, lengths, origins))
             progress.update(result)
             if wrote:
                 save_snapshot(out, rank, identity, state, packers, writers,
@@ -109,8 +115,10 @@ def run_shard_stage(options: ShardOptions) -> dict:
         "shards": {split: writers[split].shards for split in SPLITS},
         "stats": stats, "examples": state.examples,
         "seconds": round(state.seconds + time.monotonic() - started, 3),
-        "inputs": [{"path": p.source.path, "kind": p.kind, "start": p.start, "stop": p.stop} for p in pieces],
+        "inputs": [{"path": p.source.path, "file": p.file, "kind": p.kind, "start": p.start, "stop": p.stop,
+                    **({"lines": piece_lines[p]} if p.kind == "bytes" else {})} for p in pieces],
         "input_bytes_read": bytes_read.total,
+        "origin_files": [origin_name(source.path, source.format) for source in sources],
     }
     write_json_atomic(part_summary_path(out, rank), summary)
     resume_path(out, rank).unlink(missing_ok=True)
@@ -124,7 +132,8 @@ def _numbered_batches(batches: Iterator[RecordBatch], start: int, drop: np.ndarr
     for i, b in enumerate(batches):
         n = len(b.lines)
         if i >= start:
-            yield i, (b.source, b.format, b.lines, b.payloads, None if drop is None else drop[first: first + n])
+            yield i, (b.source, b.format, b.lines, b.payloads, None if drop is None else drop[first: first + n],
+                      b.file)
         first += n
 
 
@@ -166,12 +175,13 @@ def _hash_records(options: ShardOptions, sources: list[Source], settings: Worker
     return np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
 
 
-def _select_documents(ids: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The documents where `keep` is True, still as flat ids plus lengths."""
+def _select_documents(ids: np.ndarray, lengths: np.ndarray, origins: np.ndarray,
+                      keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents where `keep` is True, still as flat ids plus lengths, and their origins."""
     if keep.all():
-        return ids, lengths
+        return ids, lengths, origins
     doc_of_token = np.repeat(np.arange(len(lengths)), lengths)
-    return ids[keep[doc_of_token]], lengths[keep]
+    return ids[keep[doc_of_token]], lengths[keep], origins[keep]
 
 
 def _part_stats(packers: dict[str, Packer], counts: Counter, dedup: bool) -> dict:

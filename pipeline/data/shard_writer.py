@@ -1,4 +1,5 @@
-"""Sequences of one split → shard files of exactly `shard_size` sequences (the last may be short)."""
+"""Sequences of one split → shard files of exactly `shard_size` sequences (the last may be short), each with its
+documents' origins beside it (`pipeline.data.document_origins`) when the sequences carry them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.common.atomic_files import sha256_bytes, write_atomic
-from pipeline.data.packers import Sequences
+from pipeline.data.document_origins import encode_origins
+from pipeline.data.packers import DOCUMENT_COUNTS, DOCUMENT_KEYS, Sequences, take_rows
 from pipeline.data.shard_format import encode
 from pipeline.data.shard_index import part_name
 
@@ -30,9 +32,8 @@ class ShardWriter:
             self.pending_rows += n
         wrote = False
         while self.pending_rows >= self.shard_size:
-            merged = self._take_all()
-            self._write({k: v[: self.shard_size] for k, v in merged.items()})
-            rest = {k: v[self.shard_size:] for k, v in merged.items()}
+            shard, rest = take_rows(self._take_all(), self.shard_size)
+            self._write(shard)
             if len(rest["input_ids"]):
                 self.pending, self.pending_rows = [rest], len(rest["input_ids"])
             wrote = True
@@ -48,12 +49,19 @@ class ShardWriter:
         return merged
 
     def _write(self, seqs: Sequences) -> None:
-        name = f"{self.split}/{part_name(self.rank)}-shard{len(self.shards):06d}.zst"
+        stem = f"{self.split}/{part_name(self.rank)}-shard{len(self.shards):06d}"
+        counts, keys = seqs.pop(DOCUMENT_COUNTS, None), seqs.pop(DOCUMENT_KEYS, None)
         data = encode(seqs, {**self.meta, "split": self.split}, self.level)
-        write_atomic(self.out / name, data)
+        write_atomic(self.out / f"{stem}.zst", data)
         tokens = int(seqs["length"].sum()) if "length" in seqs else seqs["input_ids"].size
-        self.shards.append({"file": name, "sequences": len(seqs["input_ids"]), "tokens": tokens,
-                            "bytes": len(data), "sha256": sha256_bytes(data)})
+        entry = {"file": f"{stem}.zst", "sequences": len(seqs["input_ids"]), "tokens": tokens,
+                 "bytes": len(data), "sha256": sha256_bytes(data)}
+        if counts is not None:
+            origins = encode_origins(counts, keys)
+            write_atomic(self.out / f"{stem}.origins.zst", origins)
+            entry["origins"] = {"file": f"{stem}.origins.zst", "part": self.rank, "bytes": len(origins),
+                                "sha256": sha256_bytes(origins)}
+        self.shards.append(entry)
 
     def state(self) -> tuple[list[dict], dict[str, np.ndarray]]:
         """The shards written so far and the sequences not yet in a shard (for a resume snapshot)."""

@@ -30,20 +30,17 @@ import numpy as np
 
 from pipeline.common.atomic_files import reporting_disk_full
 from pipeline.common.errors import PipelineError
-from pipeline.data.epoch_order import ShardLayout
+from pipeline.data.epoch_order import ShardLayout, default_shards_per_block
 from pipeline.data.shard_reader import ShardedDataset
-
-BLOCK_TOKENS = 1 << 24
-"""Token slots in a shuffle block (32 MiB of uint16 ids): with `MIN_BLOCK_SHARDS`, what the cache holds."""
-MIN_BLOCK_SHARDS = 8
-"""At least this many shards per block, so that every global batch mixes that many places of the corpus."""
 
 
 class TokenCache:
     """Fields of one split, gathered by row from the node's shard cache: `cache.fields["input_ids"][rows]`."""
 
     def __init__(self, shards: str | Path, split: str, cache_root: str | Path,
-                 *, seq_len: int | None = None, tokenizer_fingerprint: str | None = None):
+                 *, seq_len: int | None = None, tokenizer_fingerprint: str | None = None,
+                 shards_per_block: int | None = None):
+        """`shards_per_block`: the order's block (a run's plan records it); None: today's default for the folder."""
         self.source = ShardedDataset(shards, split, seq_len=seq_len, tokenizer_fingerprint=tokenizer_fingerprint,
                                      cache_shards=1)
         digest = hashlib.sha256(json.dumps(self.source.shards, sort_keys=True).encode()).hexdigest()[:16]
@@ -51,8 +48,7 @@ class TokenCache:
         self._check_sizes()
         sizes = tuple(entry["sequences"] for entry in self.source.shards)
         self.starts = np.cumsum([0, *sizes])
-        longest = max(sizes, default=1) * self.seq_len
-        self.layout = ShardLayout(sizes, max(MIN_BLOCK_SHARDS, BLOCK_TOKENS // max(longest, 1)))
+        self.layout = ShardLayout(sizes, shards_per_block or default_shards_per_block(sizes, self.seq_len))
         self.capacity = 2 * self.layout.shards_per_block
         """Shard files kept in the cache folder (and maps kept open by each process)."""
         self.fields = {name: ShardedField(self, name) for name in self.source.index["fields"]}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.data.corpus import CorpusOptions, decode_record
+from pipeline.data.document_origins import origin_keys
 from pipeline.data.exact_dedup import normalised_hash
 
 MAX_EXAMPLES = 10
@@ -37,6 +38,8 @@ class TokenizedBatch:
     ids: np.ndarray
     lengths: np.ndarray
     is_val: np.ndarray
+    origins: np.ndarray
+    """Each document's origin key: its input file's number and its line (`pipeline.data.document_origins`)."""
     counts: Counter = field(default_factory=Counter)
     """Skipped or repaired records by reason (empty, oversized, bad_record, invalid_utf8), and the
     duplicate_documents and duplicate_tokens left out."""
@@ -80,18 +83,19 @@ def hash_batch(source: str, fmt: str, lines: list[int], payloads: list) -> np.nd
 
 
 def tokenize_batch(
-    source: str, fmt: str, lines: list[int], payloads: list, drop: np.ndarray | None = None
+    source: str, fmt: str, lines: list[int], payloads: list, drop: np.ndarray | None = None, file: int = 0
 ) -> TokenizedBatch:
     """Decode, split and tokenize one batch of raw records (see `pipeline.data.corpus.RecordBatch`).
 
     `drop` marks duplicates (`pipeline.data.exact_dedup`): they are tokenized to count their tokens,
-    then left out.
+    then left out. `file` is the source's number among the inputs, for the documents' origins.
     """
     assert _settings is not None and _tokenizer is not None, "init_worker was not called"
     counts: Counter = Counter()
     examples: list[str] = []
     where = "row" if fmt in ("parquet", "hf") else "line"
     texts: list[str] = []
+    kept_lines: list[int] = []
     duplicates: list[str] = []
     for i, (line, payload) in enumerate(zip(lines, payloads, strict=True)):
         decoded = decode_record(payload, fmt, _settings.corpus)
@@ -108,6 +112,7 @@ def tokenize_batch(
                     examples.append(message)
         if decoded.text is not None:
             texts.append(decoded.text)
+            kept_lines.append(line)
 
     if duplicates:
         counts["duplicate_documents"] = len(duplicates)
@@ -119,9 +124,9 @@ def tokenize_batch(
     fraction = _settings.val_fraction
     is_val = np.fromiter((val_score(t) < fraction for t in texts), bool, len(texts)) if fraction > 0 \
         else np.zeros(len(texts), bool)
-    return TokenizedBatch(ids, lengths, is_val, counts, examples)
+    return TokenizedBatch(ids, lengths, is_val, origin_keys(file, kept_lines), counts, examples)
 
 
 def _failed(error: str, counts: Counter, examples: list[str]) -> TokenizedBatch:
     empty = np.zeros(0, np.int64)
-    return TokenizedBatch(empty.astype(np.uint32), empty, empty.astype(bool), counts, examples, error)
+    return TokenizedBatch(empty.astype(np.uint32), empty, empty.astype(bool), empty, counts, examples, error)

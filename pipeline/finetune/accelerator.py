@@ -20,10 +20,11 @@ def build_accelerator(precision: Precision, *, accumulation: int = 1, world_size
     another ("AcceleratorState has already been initialized and cannot be changed"). In one process
     (a notebook building a bf16 Kit trainer, then an fp32 one) that state is reset first, as
     accelerate's own tests do between cases; the process group of a multi-process run is never reset.
+    The accumulation is process-wide too (accelerate's `GradientState`): an `Accelerator` serves one
+    training at a time, and the next training builds its own.
     """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
-    from accelerate.utils import InitProcessGroupKwargs
 
     cpu = not torch.cuda.is_available() if cpu is None else cpu
     wanted = accelerate_precision(precision)
@@ -31,16 +32,35 @@ def build_accelerator(precision: Precision, *, accumulation: int = 1, world_size
         state = AcceleratorState()
         if state.mixed_precision != wanted or (state.device.type == "cpu") != cpu:
             AcceleratorState._reset_state(reset_partial_state=True)
-    # Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each
-    # train alone (DistributedType.NO); with it they form a gloo group (MULTI_CPU). The timeout
-    # bounds every collective (accelerate's own default is torch's 30 minutes on gloo).
-    # One process has no group: a backend named there would make accelerate look for one.
-    handlers = []
-    if world_size > 1:
-        timeout = {"timeout": timedelta(seconds=collective_timeout_s)} if collective_timeout_s else {}
-        handlers = [InitProcessGroupKwargs(backend="gloo" if cpu else "nccl", **timeout)]
+    handler = _process_group(world_size, cpu, collective_timeout_s)
     return Accelerator(cpu=cpu, mixed_precision=wanted, gradient_accumulation_steps=accumulation,
-                       kwargs_handlers=handlers)
+                       kwargs_handlers=[handler] if handler else [])
+
+
+def processes(*, world_size: int = 1, collective_timeout_s: float | None = None):
+    """This process among the run's (accelerate's `PartialState`: which is the main one, a barrier), the process
+    group made as `build_accelerator` makes it: what a run does between its trainings needs no `Accelerator`."""
+    from accelerate import PartialState
+
+    cpu = not torch.cuda.is_available()
+    handler = _process_group(world_size, cpu, collective_timeout_s)
+    return PartialState(cpu=cpu, **(handler.to_kwargs() if handler else {}))
+
+
+def _process_group(world_size: int, cpu: bool, collective_timeout_s: float | None):
+    """How several processes meet: gloo on CPU, NCCL on GPUs, collectives bounded by the timeout; None for one.
+
+    Without cpu=True, processes started by `accelerate launch` on a machine with no GPU each train alone
+    (DistributedType.NO); with it they form a gloo group (MULTI_CPU). The timeout bounds every collective
+    (accelerate's own default is torch's 30 minutes on gloo). One process has no group: a backend named
+    there would make accelerate look for one.
+    """
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if world_size == 1:
+        return None
+    timeout = {"timeout": timedelta(seconds=collective_timeout_s)} if collective_timeout_s else {}
+    return InitProcessGroupKwargs(backend="gloo" if cpu else "nccl", **timeout)
 
 
 def bare_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -17,12 +17,9 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import FinetuneLayout
-from pipeline.finetune.tasks import GLUE_TASKS, task_spec
+from pipeline.finetune.tasks import GLUE_TASKS, QA_TASKS, SPAN_TASKS, task_spec
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import TrackingConfig
-
-SPAN_TASKS = ("ner", "pos", "token-custom", "squad", "qa-custom")
-"""Token tagging and extractive QA tasks: read from data.train_file / validation_file / test_file."""
 
 
 @dataclass
@@ -116,6 +113,10 @@ class FinetuneTrainConfig:
                 f"{self.warmup_ratio}")
         refuse(self, problems)
 
+    def micro_batch(self, world_size: int) -> int:
+        """Examples per process per forward pass: `micro_batch_size`, by default the batch split over the processes."""
+        return self.micro_batch_size or max(1, self.batch_size // world_size)
+
 
 @dataclass
 class FinetuneConfig:
@@ -163,7 +164,7 @@ class FinetuneConfig:
         if d.glue_dir or d.use_datasets:
             add(f"data.glue_dir / data.use_datasets: task {self.task!r} reads data.train_file and "
                 "data.validation_file")
-        if self.task in ("squad", "qa-custom"):
+        if self.task in QA_TASKS:
             if stride_problem := doc_stride_problem(d.doc_stride, d.max_seq_len):
                 add(stride_problem)
             if d.n_best < 1 or d.max_answer_length < 1:
@@ -186,9 +187,7 @@ class FinetuneConfig:
 
     def batch_plan(self, world_size: int) -> BatchPlan:
         """train.batch_size = micro batch × processes × accumulation."""
-        t = self.train
-        micro = t.micro_batch_size or max(1, t.batch_size // world_size)
-        return BatchPlan.derive(t.batch_size, micro, world_size, keys=BATCH_KEYS)
+        return BatchPlan.derive(self.train.batch_size, self.train.micro_batch(world_size), world_size, keys=BATCH_KEYS)
 
 
 BATCH_KEYS = ("train.batch_size", "train.micro_batch_size")

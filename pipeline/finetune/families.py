@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pipeline.finetune.qa_family import QA_TASKS, QuestionAnsweringFamily
+from pipeline.finetune.qa_family import QuestionAnsweringFamily
 from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.task_family import SequenceTask, TaskFamily
-from pipeline.finetune.token_family import TOKEN_TASKS, TokenTaggingFamily
+from pipeline.finetune.tasks import QA_TASKS, TOKEN_TASKS
+from pipeline.finetune.token_family import TokenTaggingFamily
 
 
 def task_family(data: TaskData, options=None) -> TaskFamily:

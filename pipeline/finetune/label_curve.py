@@ -20,10 +20,13 @@ import dataclasses
 import math
 import random
 import statistics
+from typing import TYPE_CHECKING
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.task_data import Split, TaskData
+
+if TYPE_CHECKING:
+    from pipeline.finetune.training import Training
 
 MAX_CURVE_EPOCHS = 20
 
@@ -62,11 +65,38 @@ def curve_epochs(epochs: int, full_examples: int, examples: int) -> int:
     return max(epochs, min(MAX_CURVE_EPOCHS, math.ceil(epochs * full_examples / max(examples, 1))))
 
 
-def point_config(config: FinetuneConfig, per_class: int, full_examples: int, examples: int) -> FinetuneConfig:
-    """The chosen setting for one point: its own output folder (`labels_<N>_per_class/`) and epochs."""
-    train = dataclasses.replace(config.train, output_dir=str(config.layout.root / f"labels_{per_class}_per_class"),
-                                epochs=curve_epochs(config.train.epochs, full_examples, examples))
-    return dataclasses.replace(config, train=train)
+def label_curve(full: Training, counts: list[int], seeds: list[int], results: list[dict]) -> list[dict]:
+    """`metrics.json`'s `label_curve`: a row per count of examples per class, every seed of the run's training
+    `full` retrained on its own draw of them; then the full split's row ("all": `results`, the seeds' own)."""
+    if not counts:
+        return []
+    rows = [_point(full, per_class, seeds) for per_class in counts]
+    return [*rows, curve_point("all", len(full.data.train), full.config.train.epochs, results, full.family.main_metric)]
+
+
+def _point(full: Training, per_class: int, seeds: list[int]) -> dict:
+    """Every seed of one point, trained (or reused when finished) on its own draw of the examples."""
+    from pipeline.finetune.trainer import train_or_reuse
+
+    points = [point_training(full.for_seed(seed), per_class) for seed in seeds]
+    results = [train_or_reuse(point).best for point in points]
+    last = points[-1]
+    return curve_point(per_class, len(last.data.train), last.config.train.epochs, results, full.family.main_metric)
+
+
+def point_training(seed: Training, per_class: int) -> Training:
+    """`seed`'s training on `per_class` examples of each class: in its own folder (`labels_<N>_per_class/`), with
+    the epochs for about the full run's steps, scored about as often, its completion record naming the point."""
+    config = seed.config
+    train = per_class_sample(seed.data.train, per_class, seed.seed)
+    epochs = curve_epochs(config.train.epochs, len(seed.data.train), len(train))
+    score_every = curve_scoring_interval(epochs, config.train.epochs)
+    point = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, output_dir=str(config.layout.root / f"labels_{per_class}_per_class"), epochs=epochs))
+    return dataclasses.replace(
+        seed, config=point, data=TaskData(seed.data.spec, train, seed.data.dev, {}), role="point",
+        part=f"{per_class}-per-class", score_every=score_every,
+        protocol={**(seed.protocol or {}), "labels_per_class": per_class, "score_every": score_every})
 
 
 def curve_point(per_class: int | str, examples: int, epochs: int, results: list[dict], metric: str) -> dict:

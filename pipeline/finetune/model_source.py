@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE, FinetuneLayout, PretrainLayout
-from pipeline.pretrain.checkpoints import COMPLETE_MARKER, read_marker, resolve_checkpoint
-from pipeline.pretrain.export import PROVENANCE_FILE
+from pipeline.pretrain.checkpoint_record import RECORD_FILE
+from pipeline.pretrain.checkpoints import resolve_checkpoint
+from pipeline.pretrain.export import PROVENANCE_FILE, exported_from, exported_identity
 
 if TYPE_CHECKING:
     from pipeline.finetune.config import FinetuneConfig
@@ -71,12 +71,13 @@ def cap_seq_len(config: FinetuneConfig, model: str, *, say: bool = True) -> Fine
     from transformers import AutoConfig
 
     from pipeline.finetune.config import doc_stride_problem
+    from pipeline.finetune.tasks import QA_TASKS
 
     limit = position_limit(AutoConfig.from_pretrained(model))
     asked = config.data.max_seq_len
     if asked <= limit:
         return config
-    if config.task in ("squad", "qa-custom") and (problem := doc_stride_problem(config.data.doc_stride, limit)):
+    if config.task in QA_TASKS and (problem := doc_stride_problem(config.data.doc_stride, limit)):
         raise PipelineError(f"{problem}: data.max_seq_len {asked} is capped to {limit}, the most tokens {model} "
                             f"takes (its position embeddings); lower data.doc_stride")
     if say:
@@ -92,7 +93,7 @@ def default_cache_dir() -> Path:
 
 def is_pretraining_output(path: Path) -> bool:
     """A checkpoint folder, or a pretraining output folder holding checkpoints."""
-    return path.is_dir() and ((path / COMPLETE_MARKER).exists() or PretrainLayout(path).checkpoints.is_dir())
+    return path.is_dir() and ((path / RECORD_FILE).exists() or PretrainLayout(path).checkpoints.is_dir())
 
 
 def resolve_model_source(model: str | os.PathLike, *, export_to: Path | None = None,
@@ -127,20 +128,6 @@ def resolve_model_source(model: str | os.PathLike, *, export_to: Path | None = N
     raise PipelineError(f"{what} {model}: not an HF model folder (no config.json), a fine-tuning output (no "
                         "best_model.json), nor a pretraining checkpoint or output folder (no complete.json, "
                         "no checkpoints/)")
-
-
-def exported_identity(checkpoint: Path) -> tuple[str, str]:
-    """What an export of `checkpoint` records of it: its path and its fingerprint."""
-    return str(checkpoint), checkpoint_fingerprint(read_marker(checkpoint))
-
-
-def exported_from(folder: Path) -> tuple[str, str] | None:
-    """The checkpoint (path, fingerprint) an existing export was made from, or None."""
-    try:
-        info = json.loads((folder / PROVENANCE_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return info.get("checkpoint"), info.get("checkpoint_fingerprint")
 
 
 def _export_source(folder: Path) -> ModelSource:

@@ -1,4 +1,4 @@
-"""What a fine-tuning run leaves behind, and how a rerun reads it back.
+"""What a fine-tuning run leaves behind: each kept seed's proven model folder, the medians over seeds, the best seed.
 
     <output_dir>/metrics.json            medians over seeds (plus _mean, _std, per_seed)
     <output_dir>/best_model.json         {"seed", "path": "seed_N/model", "task", "metric", "value"}
@@ -7,64 +7,33 @@
     <output_dir>/seed_N/complete.json    written last: the seed is finished and a rerun skips it
     <output_dir>/selection.json          with --sweep: every trial's setting and selection score, the choice
     <output_dir>/selection/trial_<id>/seed_N/   a trial's reports and complete.json (no weights)
+
+A training's `complete.json`, which a rerun reads back, is `training.py`'s.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
-from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import describe_differences
+from pipeline.common.output_agreement import refuse_unless_within
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE as PROVENANCE_FILE
-from pipeline.common.run_layout import FinetuneLayout, SeedLayout
+from pipeline.common.run_layout import FinetuneLayout
 
 
-def save_model(folder: Path, model, tokenizer, provenance: dict) -> None:
-    """The HF folder (safetensors, config, tokenizer, provenance), swapped into place whole."""
+def save_model(folder: Path, model, tokenizer, provenance: dict, *, check_batch: dict, precision: str) -> None:
+    """The HF folder (safetensors, config, tokenizer, provenance), swapped into place whole once it is proven:
+    `check_batch` through `model` (in memory, in `precision`) and through the saved folder agree, their figures
+    recorded in the provenance; beyond the tolerance nothing is written (`saved_model_check.py`)."""
+    from pipeline.finetune.saved_model_check import check_saved_model
+
     with staged_folder(folder) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / PROVENANCE_FILE, provenance)
-
-
-def mark_complete(seed: SeedLayout, record: dict) -> None:
-    """The last write of a seed: from here on a rerun skips it."""
-    write_json_atomic(seed.complete, {"seed": seed.seed, **record})
-
-
-def holds_pretrained_seeds(root: Path) -> bool:
-    """Whether a fine-tuning output folder holds a finished seed trained from its model's weights (not from scratch)."""
-    for marker in root.glob("seed_*/complete.json"):
-        try:
-            if json.loads(marker.read_text()).get("from_scratch") is False:
-                return True
-        except (OSError, json.JSONDecodeError, AttributeError):
-            continue  # unreadable: not finished (see finished_seed)
-    return False
-
-
-def finished_seed(seed: SeedLayout, expected: dict, *, needs_model: bool = True) -> dict | None:
-    """The completion record of a finished seed, None if it has to be (re)done.
-
-    A seed whose record says it was trained differently (another task, model content, recipe or
-    from-scratch setting) is an error rather than a skip or an overwrite: its results would be mixed with
-    this run's, or lost. `needs_model=False`: a selection trial, which keeps no weights.
-    """
-    try:
-        record = json.loads(seed.complete.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # never finished (or killed while writing the marker, which is atomic anyway)
-    if record.get("seed") != seed.seed or not isinstance(record.get("metrics"), dict) or (
-            needs_model and not seed.model.is_dir()):
-        return None
-    differs = describe_differences(record, expected, keys=expected)  # the record's own keys (metrics, …) aside
-    if differs:
-        raise PipelineError(f"{seed.root} holds a finished seed trained differently ({', '.join(differs)}); "
-                            "choose another train.output_dir, or delete the folder to redo it")
-    return record
+        agreement = check_saved_model(model, tmp, check_batch, precision)
+        refuse_unless_within(agreement, f"saving the fine-tuned model {folder}")
+        write_json_atomic(tmp / PROVENANCE_FILE, {**provenance, "equivalence": agreement.record()})
 
 
 def summarize(results: list[dict[str, float]], metric_names: tuple[str, ...]) -> dict:

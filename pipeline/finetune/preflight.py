@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.common.run_kernel import load_config
-from pipeline.finetune.config import BATCH_KEYS, SPAN_TASKS, FinetuneConfig
+from pipeline.finetune.config import BATCH_KEYS, FinetuneConfig
+from pipeline.finetune.tasks import SPAN_TASKS
 from pipeline.pretrain.batch_plan import batch_problem
 
 
@@ -30,8 +31,7 @@ def preflight_problems(config: FinetuneConfig, world_size: int = 1, *, check_fil
     problems = []
     t = config.train
     if t.batch_size >= 1:
-        micro = t.micro_batch_size or max(1, t.batch_size // world_size)
-        if problem := batch_problem(t.batch_size, micro, world_size, keys=BATCH_KEYS):
+        if problem := batch_problem(t.batch_size, t.micro_batch(world_size), world_size, keys=BATCH_KEYS):
             problems.append(problem)
     return problems + (file_problems(config) if check_files else [])
 

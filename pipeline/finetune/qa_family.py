@@ -25,7 +25,6 @@ from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.task_family import TaskFamily, load_head_model
 from pipeline.finetune.tasks import TaskSpec
 
-QA_TASKS = ("squad", "qa-custom")
 QA_METRICS = ("f1", "exact_match")
 # Logits put at padded positions so that padding is never an answer, yet stays finite in any dtype.
 PAD_LOGIT = -1e4

@@ -31,16 +31,19 @@ from dataclasses import dataclass
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.finetune.config import FinetuneConfig
-from pipeline.finetune.select_split import SelectionSplit, selection_task, split_for_selection
+from pipeline.finetune.families import task_family
+from pipeline.finetune.model_source import cap_seq_len
+from pipeline.finetune.select_split import SELECT, SelectionSplit, selection_task, split_for_selection
 from pipeline.finetune.task_data import TaskData
-from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS, FineTuner, RunInputs, TrainedRun
+from pipeline.finetune.trainer import SeedResult, train_or_reuse
+from pipeline.finetune.training import RESULT_NEUTRAL_SETTINGS, Arm, Training
 
 DEFAULT_SELECT_FRACTION = 0.1
 
 FIXED_PER_LAUNCH = ("task", "train.precision")
 """Keys read once per launch, before any trial: the task's data, and the precision the one accelerator of the
 process is built for (a swept precision would train every trial in the first setting's).
-A sweep refuses these, the trainer's `RESULT_NEUTRAL_SETTINGS` (they change no result: the rerun skip rule
+A sweep refuses these, `training.RESULT_NEUTRAL_SETTINGS` (they change no result: the rerun skip rule
 and the sweep name the same keys), `tracking.*`, and the `data.*` keys outside `SWEEPABLE_DATA`."""
 
 SWEEPABLE_DATA = ("data.max_seq_len", "data.label_all_tokens", "data.doc_stride", "data.n_best",
@@ -118,12 +121,24 @@ class Selection:
     seed: int
     trials: list[dict]
     cut: SelectionSplit
-    trained: TrainedRun | None = None
-    """The chosen setting's trial, when it trained in this process: the selection seed takes it over."""
+    trained: SeedResult | None = None
+    """The chosen setting's trial, when it trained in this process (with its weights): the selection seed takes it
+    over."""
 
     def protocol(self) -> dict:
         """What the final seeds' completion records must match: the slice and the chosen setting."""
         return {"slice": self.cut.record(), "setting": list(self.chosen.overrides)}
+
+    def seeds_training(self, data: TaskData, arm: Arm) -> Training:
+        """What the seeds train: the chosen setting, in the run's folder, on the training split minus the slice,
+        which picks each seed's best epoch (dev is scored once, on it)."""
+        chosen, cut = self.chosen.config, self.cut
+        config = dataclasses.replace(chosen, train=dataclasses.replace(chosen.train,
+                                                                       output_dir=arm.config.train.output_dir))
+        # The family knows the slice by name (token and QA metrics look their split up); the seeds' data does not.
+        family = task_family(TaskData(data.spec, cut.fit, {**data.dev, SELECT: cut.held_out}, data.test), config.data)
+        return Training(config, TaskData(data.spec, cut.fit, data.dev, data.test), family, arm, self.seed,
+                        held_out=cut.held_out, protocol=self.protocol())
 
     def record(self) -> dict:
         """`metrics.json`'s `selection` entry."""
@@ -131,63 +146,49 @@ class Selection:
                 **self.cut.record(), "trials": self.trials}
 
 
-def select_setting(sweep: Sweep, data: TaskData, source, accelerator, seed: int, from_scratch: bool,
-                   parent_run_id: str | None, root_config: FinetuneConfig, inputs: RunInputs) -> Selection:
+def select_setting(sweep: Sweep, data: TaskData, arm: Arm, seed: int) -> Selection:
     """Train every setting on the training split minus the slice, score it on the slice; keep the best.
 
-    `data.dev` is not given to any trial: the trials see `selection_task(data, cut)` alone. `inputs`: the
-    run's tokenizer and encodings (trials with the same data options share one family, so one encoding).
+    `data.dev` is not given to any trial: the trials see `selection_task(data, cut)` alone. Trials with the same
+    data options share one family, so one encoding (`Arm.encoded`).
     """
-    from pipeline.finetune.families import task_family
-    from pipeline.finetune.outputs import finished_seed
-
     cut = split_for_selection(data.train, sweep.fraction)
     task = selection_task(data, cut)
-    layout = root_config.layout
-    is_main = accelerator.is_main_process
-    if is_main:
+    layout = arm.config.layout
+    # Each setting fit to the model's positions, as the run's config is (a swept length says so itself).
+    settings = [Setting(s.overrides, cap_seq_len(s.config, arm.source.path,
+                                                 say=arm.is_main and "data.max_seq_len" in s.values))
+                for s in sweep.settings]
+    if arm.is_main:
         print(f"selection: {len(sweep.settings)} setting(s), seed {seed}, trained on {len(cut.fit)} training "
               f"examples, scored on {len(cut.held_out)} held out ({sweep.fraction:g} of train; dev unused)",
               flush=True)
     trials, scores, families = [], [], {}
-    best_trained: TrainedRun | None = None
-    for setting in sweep.settings:
-        folder = layout.trial(setting.name)
+    best_trained: SeedResult | None = None
+    for setting in settings:
         config = dataclasses.replace(setting.config, train=dataclasses.replace(
-            setting.config.train, output_dir=str(folder.root)))
-        plan = config.batch_plan(accelerator.num_processes)
-        accelerator.gradient_accumulation_steps = plan.accumulation  # a swept batch size changes it
+            setting.config.train, output_dir=str(layout.trial(setting.name).root)))
         if repr(config.data) not in families:
             families[repr(config.data)] = task_family(task, config.data)
         family = families[repr(config.data)]
-        tuner = FineTuner(config, task, family, source, accelerator, plan, seed, from_scratch, parent_run_id,
-                          protocol={"slice": cut.record(), "setting": list(setting.overrides)}, trial=setting.name,
-                          inputs=inputs)
-        done = finished_seed(folder.seed(seed), tuner.completion_key(), needs_model=False)
-        trained = None
-        if done is not None:
-            if is_main:
-                print(f"{tuner.label}: finished before ({folder.seed(seed).complete}), skipped", flush=True)
-            best, epoch = done["metrics"], done["best_epoch"]
-        else:
-            result = tuner.run()
-            best, epoch, trained = result.best, result.best_epoch, tuner.trained(result)
-        score = best[f"select_{family.main_metric}"]
+        result = train_or_reuse(Training(config, task, family, arm, seed, role="trial", part=setting.name,
+                                         protocol={"slice": cut.record(), "setting": list(setting.overrides)}))
+        score = result.best[f"select_{family.main_metric}"]
         if not scores or score > max(scores):  # the best so far (the first on a tie): keep its weights only
-            best_trained = trained
+            best_trained = result if result.state is not None else None
         scores.append(score)
-        trials.append({"trial": setting.name, "setting": setting.values, "score": score, "best_epoch": epoch,
-                       "metrics": best})
-        if is_main:
+        trials.append({"trial": setting.name, "setting": setting.values, "score": score,
+                       "best_epoch": result.best_epoch, "metrics": result.best})
+        if arm.is_main:
             print(f"selection: {' '.join(setting.overrides)} → {family.main_metric} {score:.4f} on the slice",
                   flush=True)
     best_index = max(range(len(scores)), key=lambda i: (scores[i], -i))  # the first setting on a tie
-    chosen = sweep.settings[best_index]
+    chosen = settings[best_index]
     selection = Selection(chosen, scores[best_index], family.main_metric, seed, trials, cut, best_trained)
-    if is_main:
+    if arm.is_main:
         layout.root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(layout.selection_record, selection.record())
         print(f"selection: chose {' '.join(chosen.overrides)} ({family.main_metric} {selection.score:.4f} on the "
               "slice)", flush=True)
-    accelerator.wait_for_everyone()
+    arm.processes.wait_for_everyone()
     return selection

@@ -1,23 +1,18 @@
 """Fine-tuning data: a GLUE data folder, `datasets`' ("glue", task), or a custom CSV/TSV/JSONL task.
 
-Real GLUE files have quirks handled here: MRPC starts with a UTF-8 BOM (read as `utf-8-sig`),
-CoLA's train/dev files have no header, and sentences contain quote characters that are text, not
-CSV quoting (TSVs are read with `QUOTE_NONE`). Every problem — a missing file or column, a label
-outside the task's labels, an empty split — is an error naming the file and line.
+CoLA's train/dev files have no header; the files' other quirks (MRPC's byte-order mark, literal
+quotes) are `text_files.py`'s. Every problem — a missing file or column, a label outside the
+task's labels, an empty split — is an error naming the file and line.
 """
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.size_limits import MAX_LINE_BYTES
 from pipeline.finetune.tasks import GLUE_FOLDERS, TaskSpec
-from pipeline.finetune.text_files import jsonl_records, text_lines
-
-csv.field_size_limit(MAX_LINE_BYTES)  # a quoted field may span lines, but never past one line's bound
+from pipeline.finetune.text_files import table_rows
 
 
 @dataclass
@@ -42,67 +37,46 @@ class TaskData:
     test: dict[str, Split]
 
 
-def _rows(path: Path, headerless: tuple[str, ...] | None):
-    """(line number, {column: value}) for each row of a TSV/CSV file."""
-    if not path.is_file():
-        raise PipelineError(f"{path}: file not found")
-    tsv = path.suffix.lower() == ".tsv"
-    lines = (line for _, line in text_lines(path, keep_ends=True))  # strict UTF-8, bounded lines, BOM dropped
-    reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(lines)
-    try:
-        header = list(headerless) if headerless else next(reader, None)
-        if header is None:
-            raise PipelineError(f"{path}: the file is empty")
-        for number, row in enumerate(reader, start=1 if headerless else 2):
-            if not row or row == [""]:
-                continue
-            if len(row) < len(header):
-                raise PipelineError(f"{path}:{number}: {len(row)} columns, the header has {len(header)} "
-                                    f"({', '.join(header)})")
-            yield number, dict(zip(header, row, strict=False)), header
-    except csv.Error as err:
-        raise PipelineError(f"{path}:{reader.line_num}: not valid {'TSV' if tsv else 'CSV'}: {err}") from None
-
-
-def _jsonl_rows(path: Path):
-    for number, record in jsonl_records(path):
-        if not isinstance(record, dict):
-            raise PipelineError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        yield number, record, list(record)
-
-
-def _file_rows(path: Path, headerless: tuple[str, ...] | None = None):
-    return _jsonl_rows(path) if path.suffix.lower() == ".jsonl" else _rows(path, headerless)
-
-
 def read_split(path: Path, text_columns: tuple[str, ...], label_column: str | None, labels: tuple[str, ...] | None,
                *, headerless: tuple[str, ...] | None = None, labelled: bool = True) -> Split:
     """Read one file of a task; labels become class ids (or floats for regression)."""
-    rows = _file_rows(path, headerless)
-    split = Split(str(path), labels=[] if labelled else None)
-    label_ids = {label: i for i, label in enumerate(labels)} if labels else None
-    for number, row, header in rows:
-        missing = [c for c in (*text_columns, *([label_column] if labelled else [])) if c not in row]
+    split, raw = _read(path, text_columns, label_column if labelled else None, headerless)
+    return _labelled(split, raw, label_column, labels) if labelled else split
+
+
+def _read(path: Path, text_columns: tuple[str, ...], label_column: str | None,
+          headerless: tuple[str, ...] | None = None) -> tuple[Split, list[tuple[int, str]]]:
+    """The examples of one file, and each one's (line, label as written) when `label_column` is named."""
+    split, raw = Split(str(path), labels=None if label_column is None else []), []
+    for number, row, header in table_rows(path, headerless):
+        missing = [c for c in (*text_columns, *([label_column] if label_column else [])) if c not in row]
         if missing:
             raise PipelineError(f"{path}:{number}: no column {', '.join(map(repr, missing))} "
                                 f"(columns: {', '.join(map(str, header))})")
         split.texts.append(tuple(str(row[c]) for c in text_columns))
         split.ids.append(str(row.get("index", row.get("id", len(split.ids)))))
-        if labelled:
-            value = str(row[label_column]).strip()
-            if label_ids is None:
-                try:
-                    split.labels.append(float(value))
-                except ValueError:
-                    raise PipelineError(f"{path}:{number}: label {value!r} in column {label_column!r} is not a "
-                                        "number (the task is a regression)") from None
-            elif value not in label_ids:
-                raise PipelineError(f"{path}:{number}: label {value!r} in column {label_column!r} is not one of "
-                                    f"the task's labels ({', '.join(labels)})")
-            else:
-                split.labels.append(label_ids[value])
+        if label_column:
+            raw.append((number, str(row[label_column]).strip()))
     if not split.texts:
         raise PipelineError(f"{path}: no examples (the split is empty)")
+    return split, raw
+
+
+def _labelled(split: Split, raw: list[tuple[int, str]], label_column: str, labels: tuple[str, ...] | None) -> Split:
+    """`split` with its labels as class ids (`labels` in class-id order), or as numbers (`labels` None: regression)."""
+    label_ids = {label: i for i, label in enumerate(labels)} if labels else None
+    for number, value in raw:
+        if label_ids is None:
+            try:
+                split.labels.append(float(value))
+            except ValueError:
+                raise PipelineError(f"{split.source}:{number}: label {value!r} in column {label_column!r} is not a "
+                                    "number (the task is a regression)") from None
+        elif value not in label_ids:
+            raise PipelineError(f"{split.source}:{number}: label {value!r} in column {label_column!r} is not one of "
+                                f"the task's labels ({', '.join(labels)})")
+        else:
+            split.labels.append(label_ids[value])
     return split
 
 
@@ -172,19 +146,16 @@ def load_custom(train_file: str, validation_file: str, test_file: str | None, te
     if not 1 <= len(text_fields) <= 2:
         raise PipelineError(f"data.text_fields: expected 1 or 2 column names, got {text_fields}")
     columns = tuple(text_fields)
+    train, raw = _read(Path(train_file), columns, label_field)  # read once: its labels, then its examples
     if task_type == "classification" and not labels:
-        labels = sorted(_raw_labels(Path(train_file), label_field), key=_label_sort_key)
+        labels = sorted({value for _, value in raw}, key=_label_sort_key)
     label_tuple = tuple(labels) if task_type == "classification" else None
     metrics = ("accuracy", "f1_macro") if task_type == "classification" else ("pearson", "spearman")
     spec = TaskSpec("custom", columns, label_field, label_tuple, metrics)
-    train = read_split(Path(train_file), columns, label_field, label_tuple)
+    train = _labelled(train, raw, label_field, label_tuple)
     dev = {"dev": read_split(Path(validation_file), columns, label_field, label_tuple)}
     test = {"test": read_split(Path(test_file), columns, label_field, label_tuple, labelled=False)} if test_file else {}
     return TaskData(spec, train, dev, test)
-
-
-def _raw_labels(path: Path, label_field: str) -> set[str]:
-    return {str(row[label_field]).strip() for _, row, _ in _file_rows(path) if label_field in row}
 
 
 def _label_sort_key(label: str):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
-from pipeline.finetune.tasks import task_spec
+from pipeline.finetune.tasks import QA_TASKS, TOKEN_TASKS, task_spec
 
 
 def load_task(config: FinetuneConfig) -> TaskData:
-    from pipeline.finetune.qa_family import QA_TASKS, load_qa_task
-    from pipeline.finetune.token_family import TOKEN_TASKS, load_token_task
+    from pipeline.finetune.qa_family import load_qa_task
+    from pipeline.finetune.token_family import load_token_task
 
     d = config.data
     if config.task in TOKEN_TASKS:
@@ -23,10 +23,9 @@ def load_task(config: FinetuneConfig) -> TaskData:
     if config.task == "custom":
         data = load_custom(d.train_file, d.validation_file, d.test_file, d.text_fields, d.label_field, d.task_type,
                            d.labels)
-    elif d.use_datasets and not d.glue_dir:
-        data = load_hf_glue(task_spec(config.task))
     else:
-        data = load_glue_folder(task_spec(config.task), d.glue_dir)
+        spec = task_spec(config.task)
+        data = load_hf_glue(spec) if d.use_datasets and not d.glue_dir else load_glue_folder(spec, d.glue_dir)
     if d.max_train_examples:
         t = data.train
         n = d.max_train_examples

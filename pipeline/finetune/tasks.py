@@ -1,4 +1,5 @@
-"""The GLUE tasks: their files, columns, labels and official metrics, in one table.
+"""Every task fine-tuning knows, in one place: the GLUE tasks' files, columns, labels and official metrics,
+and the token-tagging and QA tasks (any other `task` is `custom`).
 
 Columns are named as in the real GLUE data folder's TSV headers; CoLA's train and dev files have
 no header, so its columns are given by position.
@@ -7,6 +8,9 @@ no header, so its columns are given by position.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+TagFormat = Literal["conll", "conllu", "jsonl"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,24 @@ GLUE_TASKS: dict[str, TaskSpec] = {t.name: t for t in (
 GLUE_FOLDERS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "qqp": "QQP", "stsb": "STS-B", "mnli": "MNLI",
                 "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli"}
+
+
+
+
+@dataclass(frozen=True)
+class TokenTask:
+    name: str
+    format: TagFormat | None
+    """The files' format; None: from each file's name (`.conllu`, `.jsonl`, else CoNLL)."""
+    entity_level: bool | None
+    """Score entities with seqeval (NER); False: word accuracy (POS); None: entities when the tags are IOB."""
+
+
+TOKEN_TASKS = {t.name: t for t in (TokenTask("ner", "conll", True), TokenTask("pos", "conllu", False),
+                                   TokenTask("token-custom", None, None))}
+QA_TASKS = ("squad", "qa-custom")
+SPAN_TASKS = (*TOKEN_TASKS, *QA_TASKS)
+"""Token tagging and extractive QA tasks: read from data.train_file / validation_file / test_file."""
 
 
 def task_spec(name: str) -> TaskSpec:

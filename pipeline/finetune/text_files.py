@@ -1,13 +1,16 @@
-"""Task files as lines and JSONL records, with `file:line` in every error and `.zst`/`.gz` read as is.
+"""Task files as lines, JSONL records and table rows, with `file:line` in every error and `.zst`/`.gz` read as is.
 
 A task file is untrusted input: lines are read with a length bound (`MAX_LINE_BYTES`, so a file
 without newlines is not read into memory whole), decoded as strict UTF-8, and every failure — bytes
 that are not UTF-8, a line past the bound, a compressed file that does not decompress, JSON nested
-too deep — is a `PipelineError` naming the file and line.
+too deep — is a `PipelineError` naming the file and line. Real GLUE files have quirks handled here:
+MRPC starts with a UTF-8 BOM, and sentences contain quote characters that are text, not CSV
+quoting (TSVs are read with `QUOTE_NONE`).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import zlib
 from collections.abc import Iterator
@@ -16,6 +19,8 @@ from typing import Any
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.size_limits import MAX_LINE_BYTES
+
+csv.field_size_limit(MAX_LINE_BYTES)  # a quoted field may span lines, but never past one line's bound
 
 
 def _decompression_errors() -> tuple[type[BaseException], ...]:
@@ -77,3 +82,37 @@ def jsonl_records(path: str | Path) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         yield number, parse_json(line, f"{path}:{number}")
+
+
+def table_rows(path: Path, headerless: tuple[str, ...] | None = None) -> Iterator[tuple[int, dict, list[str]]]:
+    """(line number, {column: value}, the columns) of each row of a CSV, TSV or JSONL file (of objects);
+    `headerless`: the columns of a CSV or TSV file that has no header row."""
+    return _jsonl_rows(path) if path.suffix.lower() == ".jsonl" else _csv_rows(path, headerless)
+
+
+def _csv_rows(path: Path, headerless: tuple[str, ...] | None):
+    if not path.is_file():
+        raise PipelineError(f"{path}: file not found")
+    tsv = path.suffix.lower() == ".tsv"
+    lines = (line for _, line in text_lines(path, keep_ends=True))  # strict UTF-8, bounded lines, BOM dropped
+    reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(lines)
+    try:
+        header = list(headerless) if headerless else next(reader, None)
+        if header is None:
+            raise PipelineError(f"{path}: the file is empty")
+        for number, row in enumerate(reader, start=1 if headerless else 2):
+            if not row or row == [""]:
+                continue
+            if len(row) < len(header):
+                raise PipelineError(f"{path}:{number}: {len(row)} columns, the header has {len(header)} "
+                                    f"({', '.join(header)})")
+            yield number, dict(zip(header, row, strict=False)), header
+    except csv.Error as err:
+        raise PipelineError(f"{path}:{reader.line_num}: not valid {'TSV' if tsv else 'CSV'}: {err}") from None
+
+
+def _jsonl_rows(path: Path):
+    for number, record in jsonl_records(path):
+        if not isinstance(record, dict):
+            raise PipelineError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        yield number, record, list(record)

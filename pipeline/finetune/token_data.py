@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from pipeline.common.errors import PipelineError
+from pipeline.finetune.tasks import TagFormat
 from pipeline.finetune.text_files import jsonl_records, text_lines
 
-TagFormat = Literal["conll", "conllu", "jsonl"]
 OUTSIDE = "O"
 
 

@@ -9,7 +9,6 @@ between sentences) that conlleval-style tools re-score.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +21,8 @@ from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.metrics import entity_metrics, token_accuracy
 from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.task_family import TaskFamily, load_head_model
-from pipeline.finetune.tasks import TaskSpec
+from pipeline.finetune.tasks import TOKEN_TASKS, TaskSpec
 from pipeline.finetune.token_data import (
-    TagFormat,
     TaggedSplit,
     check_known_tags,
     is_iob,
@@ -40,19 +38,6 @@ from pipeline.finetune.token_features import (
 )
 
 ENTITY_METRICS = ("f1", "precision", "recall", "accuracy")
-
-
-@dataclass(frozen=True)
-class TokenTask:
-    name: str
-    format: TagFormat | None
-    """The files' format; None: from each file's name (`.conllu`, `.jsonl`, else CoNLL)."""
-    entity_level: bool | None
-    """Score entities with seqeval (NER); False: word accuracy (POS); None: entities when the tags are IOB."""
-
-
-TOKEN_TASKS = {t.name: t for t in (TokenTask("ner", "conll", True), TokenTask("pos", "conllu", False),
-                                   TokenTask("token-custom", None, None))}
 
 
 def load_token_task(task: str, data) -> TaskData:

@@ -1,83 +1,36 @@
-"""Training and evaluation batches: a seeded shuffle per epoch, a disjoint slice per rank.
-
-The data order is a pure function of (seed, optimizer step): step `s` takes the global batch
-`s mod steps_per_epoch` of epoch `s // steps_per_epoch`'s order (`data/epoch_order.py`, evaluated
-for just the positions a micro batch needs; an epoch's last partial batch is dropped), and micro
-batch `k` of it is `BatchPlan`'s slice. So the only data state a checkpoint needs is the step, and
-a run resumed, on the same or another world size with the same global batch, sees exactly the
-batches and masks an uninterrupted one would.
+"""A stretch's data: the stream's micro batches (stream.py) gathered, masked and loaded, and the trainer's one view
+of them (`PretrainData`): train and validation batches, the loader, the validation losses, eval metrics and
+progress, the same questions for one folder and for a mix.
 
 Each DataLoader item is a whole micro batch: the sampler (in the training process) names the
-sequence indices, a worker gathers them from the cache and masks them in one vectorised call.
+sequence indices, a worker gathers them from the cache and masks them in one vectorised call. Each
+corpus of the stretch has its own token caches (data/token_cache.py, its block as the plan records);
+the stream numbers corpus c's row i as row offset_c + i of them end to end, so two corpora never
+share a mask key.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from pipeline.data.epoch_order import EpochOrder, ShardLayout
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
+from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masking import EVAL_STREAM, TRAIN_STREAM, Masker
+from pipeline.pretrain.masking import EVAL_STREAM, IGNORE_INDEX, Masker, build_masker
+from pipeline.pretrain.model import first_position_id
 from pipeline.pretrain.packed_attention import document_layout
-
-
-@dataclass(frozen=True)
-class MicroBatchKey:
-    """Which sequences make up one micro batch, and the mask key's epoch (one, or one per sequence) and stream."""
-
-    epoch: int | np.ndarray
-    indices: np.ndarray
-    stream: int = TRAIN_STREAM
-
-
-class StepOrder:
-    """A step → micro batches mapping under a BatchPlan: `GlobalShuffle`, or `mixture.MixedShuffle` for corpora."""
-
-    plan: BatchPlan
-
-    def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
-        raise NotImplementedError
-
-    def rank_keys(self, rank: int, start_step: int, end_step: int) -> Iterator[MicroBatchKey]:
-        """This rank's micro batches, in the order it runs them, from `start_step` up to `end_step`."""
-        for step in range(start_step, end_step):
-            for micro_step in range(self.plan.accumulation):
-                yield self.micro_batch(step, self.plan.micro_batch_index(rank, micro_step))
-
-
-class GlobalShuffle(StepOrder):
-    """The epoch orders and the step → sequence mapping shared by every rank.
-
-    `layout`: the folder's shards and shuffle blocks (`TokenCache.layout`), or a bare sequence count
-    (one block). Epoch e's order is `EpochOrder(layout, [seed, e])`: computed per micro batch, never
-    held as an array, so its memory does not grow with the corpus.
-    """
-
-    def __init__(self, layout: ShardLayout | int, plan: BatchPlan, seed: int):
-        self.layout = ShardLayout.of(layout)
-        self.num_sequences = self.layout.num_sequences
-        self.plan = plan
-        self.seed = seed
-        self.steps_per_epoch = self.num_sequences // plan.global_batch_size
-        self._order = EpochOrder(self.layout, [seed, 0])
-
-    def order(self, epoch: int) -> EpochOrder:
-        if self._order.key != [self.seed, epoch]:
-            self._order = EpochOrder(self.layout, [self.seed, epoch])
-        return self._order
-
-    def micro_batch(self, step: int, micro_index: int) -> MicroBatchKey:
-        """Micro batch `micro_index` (0 ≤ k < world × accumulation) of optimizer step `step`."""
-        epoch, within = divmod(step, self.steps_per_epoch)
-        start = within * self.plan.global_batch_size + micro_index * self.plan.micro_batch_size
-        return MicroBatchKey(epoch, self.order(epoch).rows(np.arange(start, start + self.plan.micro_batch_size)))
+from pipeline.pretrain.plan import RunPlan, Stretch
+from pipeline.pretrain.stream import DataStream, MicroBatchKey
 
 
 class MaskedBatches(torch.utils.data.Dataset):
@@ -128,10 +81,11 @@ def real_tokens(batch: dict[str, torch.Tensor]) -> int:
     return batch["input_ids"].numel()
 
 
-def train_loader(batches: MaskedBatches, shuffle: StepOrder, *, rank: int, start_step: int, end_step: int,
-                 num_workers: int) -> DataLoader:
-    """This rank's micro batches from `start_step`, prefetched by `num_workers` processes."""
-    keys = RankKeys(shuffle, rank, start_step, end_step)
+def train_loader(batches: MaskedBatches, stream: DataStream, *, rank: int, start_step: int, end_step: int,
+                 num_workers: int, skipped: tuple[range, ...] = ()) -> DataLoader:
+    """This rank's micro batches of steps [start_step, end_step) but the `skipped` ones, prefetched by
+    `num_workers` processes."""
+    keys = RankKeys(stream, rank, start_step, end_step, skipped)
     # Pinned host memory lets the trainer's copies to a GPU run asynchronously.
     return DataLoader(batches, sampler=keys, batch_size=None, num_workers=num_workers,
                       prefetch_factor=4 if num_workers else None, pin_memory=torch.cuda.is_available(),
@@ -167,16 +121,22 @@ def ignore_stop_signals(worker_id: int) -> None:
 class RankKeys:
     """The sampler: one rank's micro-batch keys, made as they are consumed rather than held in a list."""
 
-    order: StepOrder
+    stream: DataStream
     rank: int
     start_step: int
     end_step: int
+    skipped: tuple[range, ...] = ()
+    """Steps whose batches are never read (a skipped range: their order positions stay theirs)."""
+
+    def steps(self) -> Iterator[int]:
+        return (step for step in range(self.start_step, self.end_step)
+                if not any(step in skip for skip in self.skipped))
 
     def __iter__(self) -> Iterator[MicroBatchKey]:
-        return self.order.rank_keys(self.rank, self.start_step, self.end_step)
+        return self.stream.rank_keys(self.rank, self.steps())
 
     def __len__(self) -> int:
-        return (self.end_step - self.start_step) * self.order.plan.accumulation
+        return sum(1 for _ in self.steps()) * self.stream.plan.accumulation
 
 
 def eval_keys(num_sequences: int, eval_sequences: int, micro_batch_size: int, rank: int,
@@ -190,3 +150,143 @@ def eval_keys(num_sequences: int, eval_sequences: int, micro_batch_size: int, ra
     per_rank = max(1, min(num_sequences, eval_sequences) // world_size)
     mine = np.arange(rank * per_rank, (rank + 1) * per_rank) % num_sequences  # wraps only if val < world size
     return [MicroBatchKey(0, mine[i: i + micro_batch_size], EVAL_STREAM) for i in range(0, per_rank, micro_batch_size)]
+
+
+class PretrainData:
+    """One stretch's data on this rank, as the trainer asks for it (see the module doc)."""
+
+    def __init__(self, stretch: Stretch, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
+                 tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0,
+                 eval_masker: Masker | None = None, num_workers: int = 0, skipped: tuple[range, ...] = ()):
+        """`plan`: the stretch's batch on this world size; `eval_masker` masks the validation batches
+        (`masking.eval_probability`); None: `masker`. The loader reads with `num_workers` processes and leaves
+        out the steps `skipped`."""
+        self.stretch, self.plan, self.num_workers, self.skipped = stretch, plan, num_workers, skipped
+        self.corpora = stretch.corpora
+        self.mixed = len(self.corpora) > 1 or stretch.phase.data.mixed
+        train, val = [], []
+        for corpus in self.corpora:  # one cache per corpus; seq_len is checked again against the first
+            seq_len = train[0].seq_len if train else None
+            train.append(TokenCache(corpus.path, "train", cache_dir, seq_len=seq_len,
+                                    tokenizer_fingerprint=tokenizer_fingerprint,
+                                    shards_per_block=corpus.shards_per_block))
+            val.append(TokenCache(corpus.path, "val", cache_dir, seq_len=train[0].seq_len,
+                                  tokenizer_fingerprint=tokenizer_fingerprint))
+        self.seq_len = train[0].seq_len
+        self.shares = [float(s) for s in stretch.shares]
+        self._train, self._val_sizes = train, [len(v) for v in val]
+        self._shard_tokens = [np.array([s["tokens"] for s in t.source.shards], dtype=np.int64) for t in train]
+        self._counted: dict[int, tuple[tuple[int, int], int, int]] = {}
+        """Per corpus: ((epoch, block start), position, tokens from the block start) at the last count."""
+        train_rows = ConcatenatedCaches(train) if self.mixed else train[0]
+        val_rows = ConcatenatedCaches(val) if self.mixed else val[0]
+        self.stream = stretch.stream(seed, plan)
+        self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments,
+                                           position_offset=position_offset)
+        self.val_batches = MaskedBatches(val_rows, eval_masker or masker, with_segments=with_segments,
+                                         position_offset=position_offset)
+
+    @classmethod
+    def for_stretch(cls, stretch: Stretch, run: RunPlan, tokenizer, info: TokenizerInfo) -> PretrainData:
+        """The data of one of the `run`'s stretches: its batch plan, a masker at its phase's masking rate, and
+        validation masks at the run's one rate (`masking.eval_probability`), so every phase's losses compare."""
+        config, seed = run.config, run.config.train.seed
+        masking = dataclasses.replace(config.masking, probability=stretch.phase.masking_probability)
+        masker = build_masker(masking, tokenizer, info.vocab_size, info.mask_id, seed)
+        eval_masker = build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, seed, evaluation=True)
+        return cls(stretch, stretch.plan(run.world_size), masker, seed=seed, cache_dir=config.cache_dir,
+                   tokenizer_fingerprint=info.fingerprint,
+                   with_segments=config.model.architecture == "bert",  # where the shards hold pairs
+                   # doc-packed rows restart positions per document from the first position id
+                   position_offset=first_position_id(config.model.architecture, info.pad_id),
+                   eval_masker=eval_masker, num_workers=config.data.num_workers, skipped=run.skipped)
+
+    def loader(self, *, rank: int, start_step: int) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's micro batches from `start_step` to the stretch's end, skipped steps left out, read lazily."""
+        return iter(train_loader(self.train_batches, self.stream, rank=rank, start_step=start_step,
+                                 end_step=self.stretch.end, num_workers=self.num_workers, skipped=self.skipped))
+
+    @torch.no_grad()
+    def evaluate(self, engine, eval_sequences: int, rank: int) -> np.ndarray:
+        """Per corpus, (loss × masked tokens, masked tokens) summed over every rank's validation micro batches."""
+        eval_sets = self.eval_sets(eval_sequences, self.plan.micro_batch_size, rank, self.plan.world_size)
+        engine.eval()
+        # On the engine's device: NCCL reduces no CPU tensor (a CPU one here failed every CUDA run's last
+        # evaluation), and the batches' losses come to the host once, not each.
+        totals = torch.zeros(len(eval_sets), 2, dtype=torch.float64, device=engine.device)
+        for corpus, keys in enumerate(eval_sets):
+            for key in keys:
+                batch = {k: v.to(engine.device) for k, v in self.val_batches[key].items()}
+                out = engine(**batch)
+                masked = (batch["labels"] != IGNORE_INDEX).sum()
+                totals[corpus, 0] += out.get("mlm_loss", out["loss"]).detach().double() * masked
+                totals[corpus, 1] += masked
+        engine.train()
+        dist.all_reduce(totals)
+        return totals.cpu().numpy()
+
+    def eval_sets(self, eval_sequences: int, micro_batch_size: int, rank: int,
+                  world_size: int) -> list[list[MicroBatchKey]]:
+        """Per corpus, this rank's fixed validation micro batches (`eval_sequences` of each corpus)."""
+        sets, offset = [], 0
+        for size in self._val_sizes:
+            keys = eval_keys(size, eval_sequences, micro_batch_size, rank, world_size)
+            sets.append([MicroBatchKey(k.epoch, k.indices + offset, k.stream) for k in keys])
+            offset += size
+        return sets
+
+    def eval_metrics(self, totals: np.ndarray, entropies: list[float] | None = None) -> dict[str, float]:
+        """Metrics from per-corpus (loss × masked tokens, masked tokens) sums over all ranks; with `entropies`
+        (each corpus's unigram plateau, plateau.py) also the plateau's level and the margin below it.
+
+        A mix weighs each corpus's loss and level by its share: the loss on the training mix, whatever the
+        sizes of the validation splits.
+        """
+        losses = totals[:, 0] / np.maximum(totals[:, 1], 1)
+        levels = [None] * len(losses) if entropies is None else entropies
+        level = None if entropies is None else float(np.dot(self.shares, entropies))
+        rows = [("eval/", float(np.dot(self.shares, losses)), level)]
+        if self.mixed:
+            rows += [(f"eval/{s.name}/", float(loss), h) for s, loss, h in zip(self.corpora, losses, levels,
+                                                                                strict=True)]
+        metrics = {}
+        for prefix, loss, level in rows:
+            metrics[f"{prefix}mlm_loss"] = loss
+            if level is not None:
+                metrics.update({f"{prefix}unigram_entropy": level, f"{prefix}margin_below_unigram": level - loss})
+        metrics["eval/perplexity"] = math.exp(min(metrics["eval/mlm_loss"], 50.0))
+        return metrics
+
+    def progress(self, step: int) -> dict[str, float]:
+        """How far training is through the data after `step` steps, for the step logs."""
+        drawn = self.stream.drawn(step)
+        if not self.mixed:
+            return {"train/epoch": float(drawn[0] / len(self._train[0]))}
+        metrics = {}
+        for c, (corpus, n) in enumerate(zip(self.corpora, drawn, strict=True)):
+            metrics[f"data/{corpus.name}/epoch"] = float(n / len(self._train[c]))
+            metrics[f"data/{corpus.name}/tokens"] = self._tokens(c, int(n))
+        return metrics
+
+    def _tokens(self, corpus: int, drawn: int) -> int:
+        """Real (unpadded) tokens in corpus `corpus`'s first `drawn` draws: exact, from the epoch's order.
+
+        The blocks already read count by index.json's per-shard tokens; the block being read by the lengths
+        of the sequences drawn from it, counted on from the last call (the logs ask at increasing steps).
+        So no shard is read for this that training did not read.
+        """
+        cache = self._train[corpus]
+        if "length" not in cache.fields:  # full packing: every sequence is seq_len real tokens
+            return drawn * cache.seq_len
+        epoch, position = divmod(drawn, len(cache))
+        order = self.stream.order(corpus, epoch)
+        block_start, _ = order.block_of(position)
+        counted_at, counted, tokens = self._counted.get(corpus, ((epoch, block_start), block_start, 0))
+        if counted_at != (epoch, block_start) or counted > position:
+            counted, tokens = block_start, 0
+        if position > counted:
+            rows = order.rows(np.arange(counted, position))
+            tokens += int(cache.fields["length"][rows].astype(np.int64).sum())
+        self._counted[corpus] = ((epoch, block_start), position, tokens)
+        before = int(self._shard_tokens[corpus][order.shards_before(position)].sum())
+        return epoch * cache.num_tokens + before + tokens

@@ -1,30 +1,48 @@
-"""Checkpoints: DeepSpeed's engine state plus our train state, marked complete only when every rank is done.
+"""A run's checkpoints (DeepSpeed's engine state plus the run's record) and the trainer's checkpointer.
 
 `<output_dir>/checkpoints/step_00001000/` holds DeepSpeed's files and, written last and atomically by
-rank 0 after a barrier, `complete.json`. A folder without it (a run killed, or a disk full, while
-saving) is never resumed from, so the previous checkpoint stays the newest usable one.
+rank 0 after a barrier, the record `complete.json` (checkpoint_record.py). A folder without it (a run
+killed, or a disk full, while saving) is never resumed from, so the previous checkpoint stays the
+newest usable one. The record lists the size and sha256 of every file, so a file a failing disk
+truncated or flipped a bit in is found before it is loaded: resume falls back to the previous complete
+checkpoint (moving the damaged one aside), and export refuses it, both with the same message naming
+the file. Checkpoints saved before checksums were recorded still load, with a warning.
 
-The marker records the size and sha256 of every file, so a file a failing disk truncated or flipped
-a bit in is found before it is loaded: resume falls back to the previous complete checkpoint (moving
-the damaged one aside), and export refuses it, both with the same message naming the file.
-Checkpoints saved before checksums were recorded still load, with a warning that they cannot be verified.
+The preflight plans the start (plan.py). Once the process group exists, the `Checkpointer` sets aside
+the checkpoints a skipped range rolls back and makes sure of the start's checksums, re-planning from an
+earlier one past a damaged one; it loads the start at the top of `Pretrainer.train`, as torchtitan's
+trainer does. A ZeRO checkpoint holds each rank's partition of the optimizer state, so it loads only
+on the world size that wrote it; on another, rank 0 converts it once with DeepSpeed's `ds_to_universal`
+into `<checkpoint>/universal/`, which the engine loads with `checkpoint.load_universal`. The data order
+does not depend on the world size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
+import subprocess
+import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.common.atomic_files import reporting_disk_full, sha256_file, write_json_atomic
+import torch.distributed as dist
+
+from pipeline.common.atomic_files import publish_folder, reporting_disk_full, sha256_file
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
+from pipeline.common.topology import Topology
+from pipeline.pretrain.checkpoint_record import RECORD_FILE, CheckpointRecord, read_record, write_record
+from pipeline.pretrain.plan import RunPlan, StartPoint
 
-COMPLETE_MARKER = "complete.json"
+if TYPE_CHECKING:
+    from pipeline.pretrain.run_log import RunLog
+
 _TAG = re.compile(r"^step_(\d{8,})$")
 
 
@@ -37,7 +55,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _TAG.match(p.name))]
-    return [p for _, p in sorted(found) if (p / COMPLETE_MARKER).exists()]
+    return [p for _, p in sorted(found) if (p / RECORD_FILE).exists()]
 
 
 def newest_complete(root: Path) -> Path | None:
@@ -45,49 +63,37 @@ def newest_complete(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def read_marker(folder: Path) -> dict[str, Any]:
-    path = folder / COMPLETE_MARKER
-    try:
-        marker = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise PipelineError(f"checkpoint {folder}: {COMPLETE_MARKER} is damaged ({err}); "
-                            "it cannot be used") from None
-    if not isinstance(marker, dict):
-        raise PipelineError(f"checkpoint {folder}: {COMPLETE_MARKER} is damaged (not a JSON object)")
-    return marker
-
-
 def file_checksums(folder: Path) -> dict[str, dict[str, Any]]:
-    """{relative path: {"bytes", "sha256"}} of every file under a checkpoint folder except its marker."""
+    """{relative path: {"bytes", "sha256"}} of every file under a checkpoint folder except its record."""
     return {path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != COMPLETE_MARKER}
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != RECORD_FILE}
 
 
 def damage(folder: Path) -> str | None:
-    """What is wrong with a complete checkpoint's files against the checksums in its marker; None if
+    """What is wrong with a complete checkpoint's files against the checksums in its record; None if
     nothing is (or if it predates checksums: see `unverifiable`)."""
     try:
-        files = read_marker(folder).get("files")
+        files = read_record(folder).files
     except PipelineError as err:
         return str(err)
     if not isinstance(files, dict):
         return None
-    for name, record in sorted(files.items()):
+    for name, saved in sorted(files.items()):
         path = folder / name
         where = f"checkpoint {folder}: file {name} is damaged"
         if not path.is_file():
             return f"{where} (missing)"
         size = path.stat().st_size
-        if size != record.get("bytes"):
-            return f"{where} (truncated or changed: {size} bytes, {record.get('bytes')} when saved)"
-        if sha256_file(path) != record.get("sha256"):
+        if size != saved.get("bytes"):
+            return f"{where} (truncated or changed: {size} bytes, {saved.get('bytes')} when saved)"
+        if sha256_file(path) != saved.get("sha256"):
             return f"{where} (its sha256 differs from the one recorded when it was saved: a flipped bit?)"
     return None
 
 
 def unverifiable(folder: Path) -> bool:
-    """True for a checkpoint saved before checksums were recorded in its marker (one `damage` found readable)."""
-    return not isinstance(read_marker(folder).get("files"), dict)
+    """True for a checkpoint saved before checksums were recorded in its record (one `damage` found readable)."""
+    return not isinstance(read_record(folder).files, dict)
 
 
 def check_intact(folder: Path) -> None:
@@ -98,12 +104,9 @@ def check_intact(folder: Path) -> None:
         warnings.warn(f"checkpoint {folder} was saved without checksums and cannot be verified", stacklevel=2)
 
 
-def newest_intact(root: Path, warn: Callable[[str], None], *, set_aside: bool = True) -> Path | None:
-    """The newest complete checkpoint whose files match their checksums, warning once per damaged one.
-
-    A damaged checkpoint is renamed `damaged-step_…` (with `set_aside`): it is kept for inspection,
-    but never resumed from again, and a later save of the same step does not write into it.
-    """
+def newest_intact(root: Path, warn: Callable[[str], None]) -> Path | None:
+    """The newest complete checkpoint whose files match their checksums; each damaged one is set aside, with a
+    warning."""
     done = complete_checkpoints(root)
     for i in range(len(done) - 1, -1, -1):
         folder = done[i]
@@ -113,50 +116,50 @@ def newest_intact(root: Path, warn: Callable[[str], None], *, set_aside: bool = 
                 warn(f"checkpoint {folder} was saved without checksums and cannot be verified; resuming from it")
             return folder
         previous = f"the previous complete checkpoint {done[i - 1].name}" if i else "a fresh start (none earlier)"
-        aside = folder.with_name(f"damaged-{folder.name}")
-        if set_aside:
-            shutil.rmtree(aside, ignore_errors=True)
-            folder.rename(aside)
-        warn(f"{problem}; falling back to {previous}" + (f" (the damaged one is kept as {aside})" if set_aside else ""))
+        warn(f"{problem}; falling back to {previous} (the damaged one is kept as {set_aside(folder, 'damaged')})")
     return None
+
+
+def set_aside(folder: Path, why: str) -> Path:
+    """Rename a checkpoint `<why>-step_…`: kept for inspection, never resumed from, never written into again."""
+    aside = folder.with_name(f"{why}-{folder.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    return aside
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder, or an output folder / checkpoints folder → its newest complete checkpoint."""
     path = Path(path)
-    if (path / COMPLETE_MARKER).exists():
+    if (path / RECORD_FILE).exists():
         return path
     for root in (path, PretrainLayout(path).checkpoints):
         newest = newest_complete(root)
         if newest:
             return newest
     if path.is_dir() and _TAG.match(path.name):
-        raise PipelineError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER}: the run stopped while saving it)")
+        raise PipelineError(f"checkpoint {path} is incomplete (no {RECORD_FILE}: the run stopped while saving it)")
     raise PipelineError(f"{path}: no complete checkpoint found (expected a step_NNNNNNNN folder with "
-                        f"{COMPLETE_MARKER}, or a training output folder holding checkpoints/)")
+                        f"{RECORD_FILE}, or a training output folder holding checkpoints/)")
 
 
-def save_checkpoint(engine, root: Path, step: int, train_state: dict[str, Any], marker: dict[str, Any],
-                    keep_last: int) -> Path:
-    """Save under `root` (a run's checkpoints folder) on every rank; rank 0 marks it complete after a
-    barrier, then prunes old checkpoints."""
-    import torch.distributed as dist
-
-    tag = tag_for(step)
+def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int) -> Path:
+    """Save under `root` (a run's checkpoints folder) on every rank; rank 0 writes `record` (with every file's
+    checksum) after a barrier, which marks it complete, then prunes old checkpoints."""
+    tag = tag_for(record.step)
     folder = root / tag
-    if dist.get_rank() == 0 and folder.exists() and not (folder / COMPLETE_MARKER).exists():
+    if dist.get_rank() == 0 and folder.exists() and not (folder / RECORD_FILE).exists():
         shutil.rmtree(folder)  # left by a save cut short (a kill, a full disk): never mix its files with ours
     dist.barrier()
     # DeepSpeed writes with torch.save; a full disk surfaces as OSError or RuntimeError. The folder
-    # then has no marker, so it is never resumed from, and the previous checkpoint stays the newest.
+    # then has no record, so it is never resumed from, and the previous checkpoint stays the newest.
     with reporting_disk_full(folder):
-        engine.save_checkpoint(str(root), tag=tag, client_state={"train_state": train_state}, save_latest=False)
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
     dist.barrier()
     if dist.get_rank() == 0:
         # Checksums of every rank's files, read back once by rank 0 after the barrier: a file damaged
         # later (a failing disk, a cut copy) is then found before it is loaded.
-        write_json_atomic(folder / COMPLETE_MARKER, {"step": step, "train_state": train_state, **marker,
-                                                     "files": file_checksums(folder)})
+        write_record(folder, dataclasses.replace(record, files=file_checksums(folder)))
         prune(root, keep_last)
     dist.barrier()
     return folder
@@ -170,7 +173,135 @@ def prune(root: Path, keep_last: int) -> None:
     stale = done[:-keep_last]
     # Incomplete folders were left by a run killed while saving (prune runs right after a save has
     # been marked complete, so none is in progress): never usable, whatever their step.
-    stale += [p for p in root.iterdir() if _TAG.match(p.name) and not (p / COMPLETE_MARKER).exists()]
+    stale += [p for p in root.iterdir() if _TAG.match(p.name) and not (p / RECORD_FILE).exists()]
     for folder in stale:
-        (folder / COMPLETE_MARKER).unlink(missing_ok=True)  # unusable first, so a half-deleted folder is never resumed
+        (folder / RECORD_FILE).unlink(missing_ok=True)  # unusable first, so a half-deleted folder is never resumed
         shutil.rmtree(folder, ignore_errors=True)
+
+
+UNIVERSAL_DIR = "universal"
+OPTIMIZER_SETTINGS = ("lr", "initial_lr", "weight_decay", "betas", "beta1", "beta2", "eps", "max_lr", "max_coeff",
+                      "min_coeff")
+"""An optimizer group's settings, which the config owns: everything else in a group (torch-optimi's `step`,
+DeepSpeed's partitions) is state the checkpoint brings back."""
+
+
+class Checkpointer:
+    """Makes sure of, loads and saves this run's checkpoints on one rank."""
+
+    def __init__(self, root: Path, topology: Topology, log: RunLog):
+        self.root, self.topology, self.log = root, topology, log
+
+    def confirm_start(self, plan: RunPlan) -> RunPlan:
+        """The plan, or the plan from an earlier start when its own start checkpoint is damaged (rank 0 checks
+        once, for every rank); the checkpoints a skipped range rolls back are set aside first."""
+        started = time.perf_counter()
+        found = [plan.start.checkpoint.name if plan.start else None]
+        if self.topology.is_main:
+            for folder in plan.rolled_back:
+                self._warn(f"checkpoint {folder.name} trained on a skipped range (train.skip_steps); set aside as "
+                           f"{set_aside(folder, 'rolled-back').name}")
+            if plan.start and not plan.start.anneal:  # the plan's start is the newest left: check it, or fall back
+                newest = newest_intact(self.root, self._warn)
+                found = [newest.name if newest else None]
+        if self.topology.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        self.verify_seconds = time.perf_counter() - started
+        if plan.start is not None and not plan.start.anneal and found[0] != plan.start.checkpoint.name:
+            folder = self.root / found[0] if found[0] else None  # the newest intact one, or none
+            plan = plan.starting_from(StartPoint.at(folder, read_record(folder), plan.world_size) if folder else None)
+        self.plan = plan
+        return plan
+
+    def load(self, engine) -> int:
+        """Load the plan's start into the engine on every rank; returns its step, which sets the LR
+        (`engine.restore_step`).
+
+        The weights, moments and step come from the checkpoint; the optimizer's settings (peak LR, weight decay,
+        betas) stay this run's config's, which DeepSpeed's load would otherwise replace with the checkpoint's:
+        an anneal, or a resume with an edited `optimizer.lr`, would silently train at the old values.
+        """
+        start, started = self.plan.start, time.perf_counter()
+        if start.universal:
+            self.log.say(f"checkpoint {start.checkpoint.name} was written by {start.record.world_size} ranks, this "
+                         f"run has {self.topology.world_size}: converting it to a universal checkpoint")
+        if start.record.version < 2 and not start.anneal:
+            self.log.say(f"checkpoint {start.checkpoint.name} was written by an earlier release, which kept no "
+                         "record of its data order: the run goes on in this release's order")
+        settings = [{k: group[k] for k in OPTIMIZER_SETTINGS if k in group} for group in engine.optimizer.param_groups]
+        peaks = list(engine.lr_scheduler.base_lrs)
+        load_root = start.checkpoint.parent
+        if start.universal:
+            if self.topology.is_main:
+                convert_to_universal(start.checkpoint)
+            dist.barrier()
+            load_root = start.checkpoint / UNIVERSAL_DIR
+        loaded, _ = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
+        if loaded is None:
+            raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
+        for group, own in zip(engine.optimizer.param_groups, settings, strict=True):
+            group.update(own)
+        engine.lr_scheduler.base_lrs = peaks
+        from pipeline.pretrain.engine import restore_step  # the engine's module imports transformers
+
+        restore_step(engine.lr_scheduler, start.step)
+        event = {"resumed_from": str(start.checkpoint), "resume_load_seconds": round(time.perf_counter() - started, 3),
+                 "checkpoint_verify_seconds": round(self.verify_seconds, 3)}
+        message = f"resumed from {start.checkpoint} (step {start.step})"
+        if start.anneal:
+            a, peak = self.plan.anneal, self.plan.config.optimizer.lr
+            event["anneal_steps"] = a.steps
+            lr_from, lr_to = (self.plan.schedule.multiplier(step) * peak for step in (a.start, a.start + a.steps))
+            message = (f"annealing from {start.checkpoint} (step {a.start}) for {a.steps} steps: LR {lr_from:.3g} "
+                       f"to {lr_to:.3g} ({self.plan.config.schedule.decay})")
+        self.log.report(start.step, event, message)
+        return start.step
+
+    def save(self, engine, step: int) -> None:
+        """A checkpoint after `step` steps, with the plan's record of them; none when the newest complete checkpoint
+        is this step's already (a rerun of a finished run)."""
+        if (newest := self.newest_complete()) is not None and newest.name == tag_for(step):
+            return
+        started = time.perf_counter()
+        # The model's own shape: with model.init_from it is the folder's, not the config's.
+        record = self.plan.record(step, hf_config=json.loads(engine.module.config.to_json_string()))
+        folder = save_checkpoint(engine, self.root, record, self.plan.config.checkpoint.keep_last)
+        self.log.metrics.event({"checkpoint": str(folder),
+                                "checkpoint_seconds": round(time.perf_counter() - started, 3)}, step)
+        self.log.metrics.flush()
+
+    def newest_complete(self) -> Path | None:
+        return newest_complete(self.root)
+
+    def resume_hint(self) -> str:
+        """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""
+        newest = self.newest_complete()
+        if newest is None and self.plan.anneal is not None:
+            return (f"No checkpoint of this run is complete yet: a rerun anneals from "
+                    f"{self.plan.anneal_from.checkpoint} again.")
+        if newest is None:
+            return "No checkpoint is complete yet: a rerun starts from step 0."
+        return (f"Rerun the same command to resume from the last complete checkpoint, {newest} "
+                f"(step {read_record(newest).step}).")
+
+    def _warn(self, message: str) -> None:
+        if self.topology.is_main:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def convert_to_universal(checkpoint: Path) -> None:
+    """Write (once) the universal copy of `checkpoint`: `<checkpoint>/universal/<tag>/`, which DeepSpeed loads."""
+    done = checkpoint / UNIVERSAL_DIR / checkpoint.name / "converted"
+    if done.exists():
+        return
+    tmp = checkpoint / (UNIVERSAL_DIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                           str(checkpoint), "--output_folder", str(tmp / checkpoint.name), "--inject_missing_state",
+                           "--num_extract_workers", "1", "--num_merge_workers", "1"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PipelineError(f"checkpoint {checkpoint}: conversion to a universal checkpoint (to resume on another "
+                            f"number of ranks) failed:\n{proc.stderr[-2000:]}")
+    (tmp / checkpoint.name / "converted").write_text("ok\n")
+    publish_folder(tmp, checkpoint / UNIVERSAL_DIR)

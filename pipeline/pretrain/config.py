@@ -159,35 +159,16 @@ class DataConfig:
     """DataLoader worker processes per rank (0: load in the training process)."""
     cache_dir: str | None = None
     """Where the decompressed token cache lives; None: `<train.output_dir>/token_cache`."""
+    mix_temperature: float | None = None
+    """A mix's shares from the corpora's sizes instead of weights: p_c ∝ N_c^τ over their training sequences
+    (XLM-R's and mmBERT's language sampling; 1 keeps the sizes' own shares, lower values flatten them)."""
 
     def __post_init__(self):
         problems = too_small("data", self, 0, "num_workers")
         if not self.tokenizer:
             problems.append("data.tokenizer: required (the tokenizer folder or hub name the shards were made with)")
-        if self.mixed:
-            problems += self._mix_problems()
+        problems += mix_problems("data", self.shards, self.mix_temperature)
         refuse(self, problems)
-
-    def _mix_problems(self) -> list[str]:
-        """A weighted list of corpora: paths, weights, names (their shares of a batch are PretrainConfig's)."""
-        problems = []
-        add = problems.append
-        corpora = self.corpora()
-        for i, source in enumerate(corpora):
-            key = f"data.shards[{i}]"
-            if not source.path:
-                add(f"{key}.path: required (a folder written by data_prep/shard.py)")
-            if not 0 < source.weight < float("inf"):
-                add(f"{key}.weight: must be a positive number, got {source.weight}")
-            problems += name_problems(f"{key}.name", source.name, "it becomes part of metric keys; it is the "
-                                      f"folder's name unless {key}.name is set")
-        names = [s.name for s in corpora]
-        for name in sorted({n for n in names if names.count(n) > 1}):
-            add(f"data.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
-        paths = [str(Path(s.path).resolve()) for s in corpora if s.path]
-        for path in sorted({p for p in paths if paths.count(p) > 1}):
-            add(f"data.shards: {path} is listed {paths.count(path)} times; give it one entry with the summed weight")
-        return problems
 
     @property
     def mixed(self) -> bool:
@@ -196,8 +177,45 @@ class DataConfig:
 
     def corpora(self) -> list[CorpusSource]:
         """Every corpus with its name filled in; a single folder is one corpus of weight 1."""
-        sources = self.shards if self.mixed else [CorpusSource(path=self.shards)]
-        return [CorpusSource(s.path, s.weight, s.name or Path(s.path).name) for s in sources]
+        return named_corpora(self.shards)
+
+
+def named_corpora(shards: str | list[CorpusSource]) -> list[CorpusSource]:
+    """A folder or a mix as corpora with their names filled in; a single folder is one corpus of weight 1."""
+    sources = shards if isinstance(shards, list) else [CorpusSource(path=shards)]
+    return [CorpusSource(s.path, s.weight, s.name or Path(s.path).name) for s in sources]
+
+
+def mix_problems(key: str, shards: str | list[CorpusSource], temperature: float | None) -> list[str]:
+    """`<key>.shards` as a weighted list of corpora: paths, weights or a temperature, names; their shares of a
+    batch need the corpora's sizes (the plan checks them)."""
+    problems = []
+    add = problems.append
+    if temperature is not None and not 0 < temperature < float("inf"):
+        add(f"{key}.mix_temperature: must be a positive number, got {temperature}")
+    if not isinstance(shards, list):
+        if temperature is not None:
+            add(f"{key}.mix_temperature: applies to a mix of corpora ({key}.shards as a list); leave it out")
+        return problems
+    corpora = named_corpora(shards)
+    for i, source in enumerate(corpora):
+        item = f"{key}.shards[{i}]"
+        if not source.path:
+            add(f"{item}.path: required (a folder written by data_prep/shard.py)")
+        if not 0 < source.weight < float("inf"):
+            add(f"{item}.weight: must be a positive number, got {source.weight}")
+        elif temperature is not None and source.weight != 1.0:
+            add(f"{item}.weight: {key}.mix_temperature sets the shares from the corpora's sizes; give weights or a "
+                "temperature, not both")
+        problems += name_problems(f"{item}.name", source.name, "it becomes part of metric keys; it is the "
+                                  f"folder's name unless {item}.name is set")
+    names = [s.name for s in corpora]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        add(f"{key}.shards: {names.count(name)} corpora are named {name!r}; give each a distinct `name`")
+    paths = [str(Path(s.path).resolve()) for s in corpora if s.path]
+    for path in sorted({p for p in paths if paths.count(p) > 1}):
+        add(f"{key}.shards: {path} is listed {paths.count(path)} times; give it one entry with the summed weight")
+    return problems
 
 
 @dataclass
@@ -307,6 +325,10 @@ class TrainConfig:
     from: its weights, optimizer and data position, into this run's own `output_dir` (see anneal.py)."""
     anneal_steps: int | None = None
     """Steps of the decay after `anneal_from`'s step, from the schedule's LR there to its floor."""
+    skip_steps: list[str] = field(default_factory=list)
+    """Step ranges "A:B" (1-based and inclusive, as the logs number steps) whose batches are left out: the run
+    resumes from its last checkpoint before A, and the step count, LR and later batches go on as if A…B had
+    trained (`--skip-steps`; docs/long-runs.md)."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""
@@ -339,7 +361,22 @@ class TrainConfig:
                 "steps; launchers/pretrain.py --anneal-from CKPT --anneal-steps N), or neither")
         else:
             problems += too_small("train", self, 1, "anneal_steps")
-        refuse(self, problems)
+        refuse(self, problems + self._skip_problems())
+
+    def _skip_problems(self) -> list[str]:
+        for text in self.skip_steps:
+            match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", str(text))
+            if not match or not 1 <= int(match[1]) <= int(match[2]):
+                return [f"train.skip_steps: {text!r} is not a range A:B of steps with 1 ≤ A ≤ B (e.g. 1201:1250, "
+                        "the steps as the logs number them)"]
+        ranges = self.skipped()
+        return [f"train.skip_steps: {a.start + 1}:{a.stop} and {b.start + 1}:{b.stop} overlap; give them as one range"
+                for a, b in zip(ranges, ranges[1:], strict=False) if b.start < a.stop]
+
+    def skipped(self) -> tuple[range, ...]:
+        """`skip_steps` as ranges of 0-based step indices (the loop's `step` before the step runs), in order."""
+        ends = sorted(tuple(int(x) for x in text.split(":")) for text in self.skip_steps)
+        return tuple(range(a - 1, b) for a, b in ends)
 
 
 @dataclass
@@ -378,8 +415,12 @@ class PhaseConfig:
     """The phase's name: the MLflow tag `phase` while it runs, and `phase` in its checkpoints."""
     steps_fraction: float = 0.0
     """Its share of train.max_steps; the phases' fractions sum to 1 as written (0.9 + 0.1)."""
-    shards: str = ""
-    """The folder written by data_prep/shard.py that this phase trains on."""
+    shards: str | list[CorpusSource] = ""
+    """The folder written by data_prep/shard.py that this phase trains on, or a weighted mix of such folders."""
+    mix_temperature: float | None = None
+    """The phase's mix shares from the corpora's sizes instead of weights (`data.mix_temperature`)."""
+    masking_probability: float | None = None
+    """The phase's masking rate (None: masking.probability); mmBERT masks 30%, then 15%, then 5%."""
     seq_len: int | None = None
     """The sequence length its shards must hold, checked against their index.json (None: not checked)."""
     global_batch_size: int | None = None
@@ -423,16 +464,11 @@ class PretrainConfig:
             problems += self._phase_problems()
         elif not c.data.shards:
             add("data.shards: required (the folder written by data_prep/shard.py, or a list of {path, weight})")
-        elif c.data.mixed:
-            problems += self._share_problems()
         if s.warmup_steps < 0 or s.warmup_steps > t.max_steps:
             add(f"schedule.warmup_steps {s.warmup_steps} must be between 0 and train.max_steps {t.max_steps}")
         if t.batch_warmup_tokens > 0 and c.phases:
             add("train.batch_warmup_tokens with phases: give the phases their own global batches "
                 "(phases[i].global_batch_size), or drop the batch warmup")
-        if t.batch_warmup_tokens > 0 and c.data.mixed:
-            add("train.batch_warmup_tokens with a mix of corpora (data.shards as a list): the warmup continues one "
-                "folder's stream; use one folder")
         if t.anneal_from and c.phases:
             add("train.anneal_from with phases: annealing runs one decay on one data stream; give the config of the "
                 "phase to anneal (its shards, batch and LR) without phases")
@@ -442,17 +478,6 @@ class PretrainConfig:
                 f"{', '.join(decays)}")
         problems += self._deepspeed_problems()
         refuse(self, problems)
-
-    def _share_problems(self) -> list[str]:
-        """Each corpus of a mix must get at least one sequence of a global batch (see mixture.py)."""
-        corpora, batch = self.data.corpora(), self.train.global_batch_size
-        if any(not 0 < s.weight < float("inf") for s in corpora) or batch < 1:
-            return []  # the data and train sections report these
-        return [f"data.shards: {source.name} has weight {source.weight}, a share of {float(share):.3g}: less than "
-                f"one of the {batch} sequences of a global batch; each corpus needs a share ≥ "
-                f"1/train.global_batch_size = {1 / batch:.3g} (raise its weight or the global batch)"
-                for source, share in zip(corpora, corpus_shares([s.weight for s in corpora]), strict=True)
-                if share * batch < 1]  # so each step's quota is never negative
 
     def _phase_problems(self) -> list[str]:
         """`phases` as written: names, fractions, folders, LR, decay, RoPE bases, sizes (their steps: preflight.py)."""
@@ -473,7 +498,10 @@ class PretrainConfig:
             key = f"phases[{i}]"
             problems += name_problems(f"{key}.name", p.name, "it becomes an MLflow tag and a checkpoint field")
             if not p.shards:
-                add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase)")
+                add(f"{key}.shards: required (the folder written by data_prep/shard.py for this phase, or a mix)")
+            problems += mix_problems(key, p.shards, p.mix_temperature)
+            problems += self.masking.rate_problems(f"{key}.masking_probability", p.masking_probability,
+                                                   " or null (masking.probability)")
             if not 0 < p.steps_fraction <= 1:
                 add(f"{key}.steps_fraction: must be in (0, 1], got {p.steps_fraction}")
             if p.lr is not None and p.lr <= 0:
@@ -513,14 +541,3 @@ class PretrainConfig:
     @property
     def cache_dir(self) -> Path:
         return Path(self.data.cache_dir) if self.data.cache_dir else self.layout.token_cache
-
-
-def corpus_shares(weights: list[float]) -> list[Fraction]:
-    """The weights normalised to sum exactly 1.
-
-    Each weight is read as the decimal the user wrote (`repr` of the float), not the binary float:
-    0.7 is 7/10, so a 0.7:0.3 mix gives exactly 2,688 of 3,840 sequences, not 2,687.
-    """
-    exact = [Fraction(repr(float(w))) for w in weights]
-    total = sum(exact)
-    return [w / total for w in exact]

@@ -1,6 +1,6 @@
 """The DeepSpeed engine: its config derived from ours, the optimizer and its groups, and the LR scheduler.
 
-LAMB is DeepSpeed's fused `Lamb` on GPU and ours (lamb.py) on CPU, which DeepSpeed has no build of;
+LAMB is DeepSpeed's fused `Lamb` on GPU and ours (`Lamb`) on CPU, which DeepSpeed has no build of;
 StableAdamW is torch-optimi's (the one ModernBERT trained with) on both. Where DeepSpeed builds none,
 the optimizer is passed as a client optimizer, with `zero_allow_untested_optimizer` under ZeRO. Under
 ZeRO 1–3 (and bf16, for StableAdamW) they are given flat partitions, so LAMB's trust ratio and
@@ -18,10 +18,75 @@ import torch
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_section import offloads_optimizer
-from pipeline.pretrain.lamb import MAX_TRUST, MIN_TRUST, Lamb
 from pipeline.pretrain.model import parameter_groups
-from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.schedules import Schedule, lr_schedule
+from pipeline.pretrain.schedules import Schedule
+
+MIN_TRUST, MAX_TRUST = 0.01, 10.0
+"""DeepSpeed FusedLamb's default `min_coeff` and `max_coeff`."""
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning") for CPU runs, where DeepSpeed's fused
+    `Lamb` has no build. The two well-known torch ones were checked here (torch 2.13 CPU) in November 2026:
+    - `timm.optim.Lamb` (timm 1.0.31) has the right semantics (bias correction switch, no trust ratio
+      where weight decay is 0), but `import timm` needs torchvision, and pip resolves torchvision
+      0.29 to a CUDA torch 2.14 that would replace the installed one: too heavy a price for 60 lines.
+    - `torch_optimizer.Lamb` (0.3.0, unmaintained since 2021, needs pytorch-ranger) imports, but
+      applies the trust ratio to every parameter, biases and LayerNorm included, with no per-group
+      switch, and skips bias correction unless `debias=True`.
+    So this is written out, as the LAMB paper's Algorithm 2 (and NVIDIA's NVLAMB, timm): Adam moments
+    with explicit bias correction, m̂ / (√v̂ + ε), plus decoupled weight decay, scaled per parameter
+    tensor by the trust ratio ‖w‖ / ‖update‖ clamped to [`min_trust`, `max_trust`] (DeepSpeed's
+    `min_coeff`/`max_coeff`, 0.01 and 10, so both paths clamp alike). Parameter groups with weight
+    decay 0 (biases and LayerNorm, `model.parameter_groups`) get no trust ratio: their update is
+    Adam's, as in timm and the LAMB paper's BERT setup. One known difference from DeepSpeed's CUDA
+    kernel: it folds bias correction into the step size (lr·√(1-β₂ᵗ)/(1-β₁ᵗ)) after the trust ratio,
+    so its early steps in the decayed groups are smaller until that factor reaches 1.
+    """
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01, bias_correction: bool = True, min_trust: float = MIN_TRUST,
+                 max_trust: float = MAX_TRUST):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
+                        min_trust=min_trust, max_trust=max_trust)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                if group["bias_correction"]:
+                    correction1, correction2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
+                else:
+                    correction1 = correction2 = 1.0
+                update = (exp_avg / correction1) / (exp_avg_sq / correction2).sqrt().add_(group["eps"])
+                weight = p.float()
+                if group["weight_decay"]:
+                    update.add_(weight, alpha=group["weight_decay"])
+                    w_norm, u_norm = weight.norm(), update.norm()
+                    # A zero norm (fresh zero-initialised tensor, or no update) leaves the step unscaled.
+                    trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                    update.mul_(trust.clamp(group["min_trust"], group["max_trust"]))
+                p.add_(update.to(p.dtype), alpha=-group["lr"])
+        return loss
+
 
 FLAT_PARTITIONS_CAVEAT = (
     "optimizer.name {name} with {how}: DeepSpeed gives the optimizer flat partitions of the flattened parameter "
@@ -39,7 +104,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": t.zero_stage}
     for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
         ds[name] = {**ds.get(name, {}), "enabled": t.precision == name}
-    if load_universal:  # resuming on another world size (pipeline/pretrain/checkpointer.py)
+    if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
     ds.update(
@@ -109,9 +174,9 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
-                      *, schedule: Schedule | None = None):
+                      *, schedule: Schedule):
     """`deepspeed.initialize` with our derived config at `plan`, the batch of the stretch the run starts in
-    (`set_batch_plan` changes it later), and `schedule`, the run's LR (None: the config's, without an anneal)."""
+    (`set_batch_plan` changes it later), and `schedule`, the run's LR (the run's plan holds it)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -129,7 +194,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         model=model,
         model_parameters=groups,
         optimizer=client_optimizer(groups, config, cuda),
-        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule or lr_schedule(config, resolve_phases(config))),
+        lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     undo_state_initialisation_step(engine)

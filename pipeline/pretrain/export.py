@@ -1,9 +1,11 @@
-"""A training checkpoint → an HF model folder (safetensors, config, tokenizer), from any ZeRO stage.
+"""A training checkpoint → an HF model folder (safetensors, config, tokenizer, model card), from any ZeRO stage,
+proven to compute what the training-time model computed; a run's checkpoints → revisions under one root.
 
 The weights are consolidated to fp32 with DeepSpeed's own `zero_to_fp32` (a ZeRO-0 checkpoint holds
 whole weights already) and loaded into transformers' plain class with strict key checking, so the
-folder loads with `from_pretrained` and in `pipeline("fill-mask")`. It is written beside the target
-and renamed into place.
+folder loads with `from_pretrained` and in `pipeline("fill-mask")`. It is written beside the target,
+checked (`export_check.py`; the figures go to `pipeline_export.json` and the card, `export_card.py`), and
+only then renamed into place: a folder that does not compute what the training model did is refused.
 """
 
 from __future__ import annotations
@@ -18,21 +20,42 @@ import torch
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import checkpoint_fingerprint
-from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoints import check_intact, read_marker, resolve_checkpoint
+from pipeline.common.output_agreement import refuse_unless_within
+from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
+from pipeline.pretrain.checkpoint_facts import CheckpointFacts, checkpoint_facts
+from pipeline.pretrain.checkpoint_record import RECORD_FILE
+from pipeline.pretrain.checkpoints import (
+    check_intact,
+    complete_checkpoints,
+    resolve_checkpoint,
+    tag_for,
+)
 
-PROVENANCE_FILE = "pipeline_export.json"
-"""Where an export records its checkpoint and pretraining MLflow run, for fine-tuning runs to link to."""
+PROVENANCE_FILE = EXPORT_PROVENANCE_FILE
+"""An export's record: the checkpoint and pretraining MLflow run it came from (fine-tuning runs link to them),
+what trained it, and its equivalence check."""
 
 
-def provenance(checkpoint: Path, marker: dict) -> dict:
-    run_folder = PretrainLayout.of_checkpoint(checkpoint)
-    tracking = run_folder.tracking if run_folder else None
+def provenance(facts: CheckpointFacts) -> dict:
+    tracking = facts.run.tracking if facts.run else None
     run = json.loads(tracking.read_text()) if tracking and tracking.exists() else {}
-    return {"checkpoint": str(checkpoint.resolve()), "step": marker.get("step"),
-            "checkpoint_fingerprint": checkpoint_fingerprint(marker),
+    return {"checkpoint": str(facts.folder.resolve()), "step": facts.step,
+            "checkpoint_fingerprint": facts.fingerprint,
             "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
+
+
+def exported_identity(checkpoint: Path) -> tuple[str, str]:
+    """What an export of `checkpoint` records of it: its path and its fingerprint."""
+    return str(checkpoint), checkpoint_facts(checkpoint).fingerprint
+
+
+def exported_from(folder: Path) -> tuple[str, str] | None:
+    """The checkpoint (path, fingerprint) an existing export was made from, or None."""
+    try:
+        info = json.loads((folder / PROVENANCE_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return info.get("checkpoint"), info.get("checkpoint_fingerprint")
 
 
 def _deepspeed_safe_globals() -> list:
@@ -80,42 +103,122 @@ def consolidated_state_dict(checkpoint: Path, zero_stage: int) -> dict[str, torc
 
 
 def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
-    """Write the HF model folder for checkpoint (or output folder) `path` to `out`; return `out`."""
-    from transformers import AutoTokenizer
+    """Write the HF model folder for checkpoint (or output folder) `path` to `out`, proven; return `out`.
 
-    from pipeline.common.config_tree import build_config
-    from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model import EXPORT_CLASSES, hf_config
+    The folder is written beside `out`, checked (`export_check.py`: one validation batch through the
+    training-time model and through the folder loaded by `AutoModelForMaskedLM`), and only then renamed into
+    place with the figures in `pipeline_export.json` and a model card; beyond the tolerance it is refused.
+    """
+    from pipeline.pretrain.export_card import training_record, write_export_card
+    from pipeline.pretrain.export_check import check_export
+    from pipeline.pretrain.model import EXPORT_CLASSES, load_trained_weights
 
     checkpoint = resolve_checkpoint(path).resolve()  # absolute: its name is the tag DeepSpeed loads by
     check_intact(checkpoint)  # a damaged file is refused with the message resume warns with
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
-    marker = read_marker(checkpoint)
-    config = marker["config"]
-    # The run's own copy of the tokenizer; a loose checkpoint falls back to the one its config names.
-    run_folder = PretrainLayout.of_checkpoint(checkpoint)
-    own_copy = run_folder.tokenizer if run_folder and run_folder.tokenizer.is_dir() else None
-    tokenizer = AutoTokenizer.from_pretrained(own_copy or config["data"]["tokenizer"])
-    cls = EXPORT_CLASSES[marker["architecture"]]
-    if "hf_config" in marker:  # the trained model's config as built (an init_from folder's own shape)
-        hf = cls.config_class.from_dict(marker["hf_config"])
-    else:  # checkpoints written before the marker held it
-        model_config, _ = build_config(ModelConfig, config["model"])
-        hf = hf_config(model_config, describe_tokenizer(tokenizer), marker["seq_len"])
-    model = cls(hf)
-    state = consolidated_state_dict(checkpoint, marker["zero_stage"])
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or {})
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise PipelineError(f"checkpoint {checkpoint} does not match {type(model).__name__}: "
-                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.tie_weights()
+    facts = checkpoint_facts(checkpoint)
+    tokenizer = run_tokenizer(facts)
+    hf = trained_hf_config(facts, tokenizer)
+    state = consolidated_state_dict(checkpoint, facts.zero_stage)
+    cls = EXPORT_CLASSES[facts.architecture]
+    model = load_trained_weights(cls(cls.config_class.from_dict(hf)), state, checkpoint)
     with staged_folder(out) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_json_atomic(tmp / PROVENANCE_FILE, provenance(checkpoint, marker))
+        write_hf_folder(model, tokenizer, tmp)
+        agreement = check_export(facts, hf, state, tmp, tokenizer)
+        refuse_unless_within(agreement, f"the export of {checkpoint}")
+        record = {**provenance(facts), "equivalence": agreement.record(),
+                  "training": training_record(facts, tokenizer, sum(p.numel() for p in model.parameters()))}
+        write_json_atomic(tmp / PROVENANCE_FILE, record)
+        write_export_card(tmp, record, shown_as=out.resolve())
     return out
+
+
+def run_tokenizer(facts: CheckpointFacts):
+    """The run's own copy of the tokenizer; a loose checkpoint falls back to the one its config names."""
+    from transformers import AutoTokenizer
+
+    own_copy = facts.run.tokenizer if facts.run and facts.run.tokenizer.is_dir() else None
+    return AutoTokenizer.from_pretrained(own_copy or facts.config.data.tokenizer)
+
+
+def trained_hf_config(facts: CheckpointFacts, tokenizer) -> dict:
+    """The trained model's transformers config as a dict: as built (an init_from folder's own shape), or for
+    checkpoints written before the record held it, rebuilt from the model section."""
+    if facts.hf_config is not None:
+        return facts.hf_config
+    from pipeline.data.tokenizer import describe_tokenizer
+    from pipeline.pretrain.model import hf_config
+
+    return hf_config(facts.config.model, describe_tokenizer(tokenizer), facts.seq_len).to_dict()
+
+
+def write_hf_folder(model, tokenizer, folder: Path) -> None:
+    """The model's weights and config and the tokenizer, as `from_pretrained` reads them."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+REVISIONS_INDEX = "revisions.json"
+"""Under a revisions root: each exported checkpoint's step, data seen, validation loss and equivalence figures."""
+
+
+def export_revisions(path: str | Path, out: str | Path, *, steps: list[int] | None = None,
+                     overwrite: bool = False) -> list[dict]:
+    """A run's kept checkpoints (or those at `steps`) as HF folders `out/step_NNNNNNNN`, each proven as
+    `export_checkpoint` proves one, and `out/revisions.json` indexing them; return the index.
+
+    `path`: a run folder, its checkpoints folder or one of its checkpoints. A folder already holding the export
+    of the very same checkpoint is kept (a rerun after more training exports only the new ones).
+    """
+    root = checkpoints_root(path)
+    kept = {int(folder.name.removeprefix("step_")): folder for folder in complete_checkpoints(root)}
+    if not kept:
+        raise PipelineError(f"{path}: no complete checkpoint under {root}")
+    if steps is not None and (absent := sorted(set(steps) - kept.keys())):
+        raise PipelineError(f"--steps {','.join(map(str, absent))}: no complete checkpoint at "
+                            f"{'that step' if len(absent) == 1 else 'those steps'} under {root}; kept: "
+                            f"{', '.join(map(str, sorted(kept)))}")
+    out = Path(out)
+    index_path = out / REVISIONS_INDEX
+    index = {entry["step"]: entry for entry in _read_index(index_path)}
+    for step in sorted(kept if steps is None else set(steps)):
+        checkpoint, folder = kept[step].resolve(), out / tag_for(step)
+        if exported_from(folder) != exported_identity(checkpoint):
+            export_checkpoint(checkpoint, folder, overwrite=overwrite)
+        index[step] = revision_entry(folder, out)
+        write_json_atomic(index_path, [index[s] for s in sorted(index)])  # after each one: a stop keeps the rest
+    return [index[s] for s in sorted(index)]
+
+
+def checkpoints_root(path: str | Path) -> Path:
+    """The folder holding a run's `step_NNNNNNNN` checkpoints, from the run folder, itself, or one checkpoint."""
+    path = Path(path)
+    if (path / RECORD_FILE).is_file():
+        return path.resolve().parent
+    run_checkpoints = PretrainLayout(path).checkpoints
+    return run_checkpoints if run_checkpoints.is_dir() else path
+
+
+def revision_entry(folder: Path, root: Path) -> dict:
+    """One line of the revisions index, from the export's own record."""
+    record = json.loads((folder / PROVENANCE_FILE).read_text())
+    training, equivalence = record["training"], record["equivalence"]
+    validation = training["validation"]
+    return {"step": record["step"], "folder": folder.relative_to(root).as_posix(),
+            "tokens_seen": training["tokens_seen"], "samples_consumed": training["samples_consumed"],
+            "validation_loss": validation.get("eval/mlm_loss"), "validation_step": validation.get("step"),
+            "unigram_entropy": validation.get("eval/unigram_entropy"),
+            "max_logit_difference": equivalence["max_logit_difference"],
+            "top1_agreement": equivalence["top1_agreement"], "checkpoint": record["checkpoint"]}
+
+
+def _read_index(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise PipelineError(f"{path}: cannot read the revisions index ({err}); move it away to rebuild it") from None
+    return entries if isinstance(entries, list) else []

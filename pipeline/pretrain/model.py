@@ -11,6 +11,10 @@ same mean cross-entropy over masked tokens that HF computes from full logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
 from torch.nn import functional as F
 from transformers import (
@@ -24,11 +28,15 @@ from transformers import (
     RobertaPreLayerNormForMaskedLM,
 )
 
+from pipeline.common.errors import PipelineError
 from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.masking import IGNORE_INDEX
 from pipeline.pretrain.packed_attention import FLEX, check_flex_mask, encoder_inputs
+
+if TYPE_CHECKING:
+    from pipeline.pretrain.phases import Phase
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
@@ -76,11 +84,19 @@ def first_position_id(architecture: str, pad_id: int) -> int:
     return pad_id + 1 if architecture in ("roberta", "roberta-prelayernorm") else 0
 
 
+def _masked_logits(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+    """Vocabulary logits of the masked positions only (labels not IGNORE_INDEX), row-major: (masked, vocab)."""
+    return head(hidden[labels != IGNORE_INDEX])
+
+
+def _loss_of_masked(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the masked positions' logits (`_masked_logits`) against their labels."""
+    return F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
+
+
 def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
     """Mean cross-entropy over masked positions, projecting only those to the vocabulary."""
-    selected = labels != IGNORE_INDEX
-    logits = head(hidden[selected])
-    return F.cross_entropy(logits.float(), labels[selected])
+    return _loss_of_masked(_masked_logits(hidden, labels, head), labels)
 
 
 def encoder_kwargs(config, input_ids, attention_mask=None, document_ids=None, position_ids=None) -> dict:
@@ -107,13 +123,20 @@ def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, documen
 
 
 class SparseMaskedLM:
-    """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at masked positions only."""
+    """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at masked positions only.
 
-    def forward(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
-                position_ids=None, **_):
+    Every training class has `masked_logits(**batch)`: the logits its training forward takes the loss of, on the
+    same path (the export's equivalence check compares them with the exported folder's).
+    """
+
+    def masked_logits(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
+                      position_ids=None, **_) -> torch.Tensor:
         encoder = getattr(self, self.base_model_prefix)
         hidden = encode(encoder, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        return {"loss": _masked_lm_loss(hidden.last_hidden_state, labels, self.lm_head)}
+        return _masked_logits(hidden.last_hidden_state, labels, self.lm_head)
+
+    def forward(self, input_ids, labels, **batch):
+        return {"loss": _loss_of_masked(self.masked_logits(input_ids, labels, **batch), labels)}
 
 
 class SparseRobertaForMaskedLM(SparseMaskedLM, RobertaForMaskedLM):
@@ -128,7 +151,7 @@ class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
     """ModernBertForMaskedLM training at masked positions only, through the model's own `sparse_prediction`.
 
     It gathers the masked rows before `head` and `decoder`, as `_masked_lm_loss` does for the other
-    architectures; against that head (benchmarks/modernbert_head.py) neither was consistently faster
+    architectures; timed against that head on one CPU thread, neither was consistently faster
     (−4.5% to +1.7% over three runs on shared cores), so the model's own is used. The saved config keeps
     `sparse_prediction` false, so an export gives full logits.
     """
@@ -137,10 +160,17 @@ class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
         super().__init__(config)
         self.sparse_prediction = True
 
-    def forward(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
+    def _sparse_output(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
         inputs = encoder_kwargs(self.config, input_ids, attention_mask, document_ids, position_ids)
         labels = labels.reshape(inputs["input_ids"].shape)  # FlashAttention's flattened rows
-        return {"loss": super().forward(**inputs, labels=labels).loss}
+        return super().forward(**inputs, labels=labels)
+
+    def masked_logits(self, input_ids, labels, **batch) -> torch.Tensor:
+        """The masked positions' logits, row-major (ModernBERT's own sparse prediction gathers them so)."""
+        return self._sparse_output(input_ids, labels, **batch).logits
+
+    def forward(self, input_ids, labels, **batch):
+        return {"loss": self._sparse_output(input_ids, labels, **batch).loss}
 
 
 class SparseBertForPreTraining(BertForPreTraining):
@@ -152,6 +182,11 @@ class SparseBertForPreTraining(BertForPreTraining):
     """
 
     next_sentence_loss = True
+
+    def masked_logits(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
+                      position_ids=None, **_) -> torch.Tensor:
+        out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
+        return _masked_logits(out.last_hidden_state, labels, self.cls.predictions)
 
     def forward(self, input_ids, labels, next_sentence_label=None, attention_mask=None, token_type_ids=None,
                 document_ids=None, position_ids=None, **_):
@@ -170,7 +205,7 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": Roberta
 
 
 def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
-    """A freshly initialised training model, or one loaded from `model.init_from`.
+    """A freshly initialised training model, or one loaded from `model.init_from`, in training mode.
 
     A released encoder often ships without its MLM head (a sentence-embedding model is saved as
     `BertModel`): transformers then initialises the head, the decoder tied to the word embeddings
@@ -182,12 +217,26 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
         built, info = cls.from_pretrained(local_or_hub(model.init_from, "model.init_from"),
                                           attn_implementation=model.attn_implementation, output_loading_info=True)
         note = created_head_note(built, info["missing_keys"], model.init_from)
+        built.train()  # from_pretrained leaves it in eval mode; the trainer's engine expects training mode
     else:
         built = cls(hf_config(model, tokenizer, seq_len))
     if model.architecture == "bert":
         built.next_sentence_loss = model.next_sentence_loss  # a training switch, not saved in the export's config
     built.init_note = note
     return built
+
+
+def load_trained_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> torch.nn.Module:
+    """`model` holding the consolidated weights `state` (every key but the tied ones required, none unexpected),
+    its tied weights tied again."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise PipelineError(f"checkpoint {source} does not match {type(model).__name__}: "
+                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    return model
 
 
 def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str | None:
@@ -218,7 +267,7 @@ def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Optimizer groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa).
 
-    LAMB also skips its trust ratio in the second group (pipeline/pretrain/lamb.py). Norms are found
+    LAMB also skips its trust ratio in the second group (`engine.Lamb`). Norms are found
     by module type, not by name: every name in the pre-LN model contains "roberta_prelayernorm".
     """
     norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
@@ -228,3 +277,54 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             continue
         (no_decay if name.endswith("bias") or id(param) in norms or param.ndim < 2 else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+# ModernBertConfig's layer types: the global layers attend fully, the local ones in a sliding window.
+LAYER_TYPE_OF = {"global": "full_attention", "local": "sliding_attention"}
+
+
+def rope_thetas(model: torch.nn.Module) -> dict[str, float]:
+    """The config's rotary bases, as {"global": θ, "local": θ}."""
+    parameters = model.config.rope_parameters
+    return {kind: float(parameters[layer_type]["rope_theta"]) for kind, layer_type in LAYER_TYPE_OF.items()}
+
+
+@torch.no_grad()
+def set_rope_theta(model: torch.nn.Module, global_theta: float, local_theta: float) -> bool:
+    """Give a ModernBERT model (or an engine's module) these rotary bases, as a context-extension phase raises them
+    (10k → 160k in ModernBERT); returns whether anything changed.
+
+    transformers 5 computes each layer type's non-persistent `<layer type>_inv_freq` buffer (and its
+    `_original_` copy) once, from `config.rope_parameters`, so changing the config alone changes nothing:
+    the buffers are recomputed here with the module's own init function, so the model and its config
+    (which the checkpoint record and the export keep) carry the same bases. The buffers are not saved
+    in checkpoints; a resumed run rebuilds them from its phase.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
+
+    rotary = next((m for m in model.modules() if isinstance(m, ModernBertRotaryEmbedding)), None)
+    if rotary is None:
+        raise ValueError(f"{type(model).__name__} has no ModernBERT rotary embedding to set a RoPE theta on")
+    wanted = {"global": float(global_theta), "local": float(local_theta)}
+    if rope_thetas(model) == wanted:
+        return False
+    config = model.config
+    for kind, layer_type in LAYER_TYPE_OF.items():
+        config.rope_parameters[layer_type]["rope_theta"] = wanted[kind]
+    for layer_type in rotary.layer_types:
+        init = rotary.compute_default_rope_parameters
+        if rotary.rope_type[layer_type] != "default":
+            init = ROPE_INIT_FUNCTIONS[rotary.rope_type[layer_type]]
+        inv_freq, scaling = init(rotary.config, layer_type=layer_type)
+        buffer = getattr(rotary, f"{layer_type}_inv_freq")
+        buffer.copy_(inv_freq.to(buffer.device, buffer.dtype))
+        getattr(rotary, f"{layer_type}_original_inv_freq").copy_(inv_freq.to(buffer.device, buffer.dtype))
+        setattr(rotary, f"{layer_type}_attention_scaling", scaling)
+    return True
+
+
+def use_phase_rope(model: torch.nn.Module, phase: Phase, say: Callable[[str], None]) -> None:
+    """A ModernBERT phase's rotary bases on `model` (other architectures' phases have none), said when they change."""
+    if phase.global_rope_theta is not None and set_rope_theta(model, phase.global_rope_theta, phase.local_rope_theta):
+        say(f"RoPE theta: global {phase.global_rope_theta:g}, local {phase.local_rope_theta:g}")

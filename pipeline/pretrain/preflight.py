@@ -1,48 +1,88 @@
-"""Before a pretraining run starts: its config, the run it plans, this machine, and the files it names.
+"""Before a pretraining run starts: its config, this machine, the files it names, and the plan it makes of them.
 
-`load_pretrain_config` builds the config (each section checks itself: config.py), then adds, in one
-ConfigError with every problem naming its key, the run's plan on this world size (`plan_problems`), what
-this machine lacks (`machine_problems`) and, with `check_files`, the files (`file_problems`): shard
-indexes, the tokenizer, `model.init_from`'s folder and the checkpoint a resume or an anneal starts from.
-The command runs it before any process group, model or engine exists; `check_files=False` checks a
-config whose data does not exist here (the ablation runner, tests of shipped configs).
+`prepare_run` builds the config (each section checks itself: config.py), then adds, in one ConfigError
+with every problem naming its key, the run's arithmetic on this world size (`arithmetic_problems`), what
+this machine lacks (`machine_problems`) and the files (`read_files`): shard indexes, the tokenizer,
+`model.init_from`'s folder and the checkpoint the run starts from. From those it builds the run's plan
+(plan.py), once. The command runs it before any process group, model or engine exists;
+`load_pretrain_config(check_files=False)` checks a config whose data does not exist here (the ablation
+runner, tests of shipped configs).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
-from typing import Any
 
+from pipeline.common.config_tree import ConfigError, SectionProblems
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import load_config
+from pipeline.data.epoch_order import default_shards_per_block
 from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_tokenizer
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
-from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.phases import phase_ends
+from pipeline.pretrain.checkpoint_record import read_record
+from pipeline.pretrain.config import PretrainConfig, named_corpora
+from pipeline.pretrain.phases import resolve_phases
+from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan
 from pipeline.pretrain.schedules import wsd_decay_steps
+from pipeline.pretrain.stream import CorpusLayout
+
+
+def prepare_run(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,
+                cuda: bool = False) -> RunPlan:
+    """The checked config and its plan for a run of `world_size` ranks; all problems in one error."""
+    return _preflight(path, overrides, world_size, cuda, check_files=True)[1]
 
 
 def load_pretrain_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1, cuda: bool = False,
                          check_files: bool = True) -> PretrainConfig:
     """Read, override and check a pretraining config for a run of `world_size` ranks; all problems in one error.
 
-    The files are read only with `check_files` and when every key and type is right (a wrong value's default
-    stands in for it, and would send the checks to the wrong files).
+    With `check_files` the files are read and the run planned (when every key and type is right: a wrong
+    value's default stands in for it, and would send the checks to the wrong files).
     """
-    return load_config(PretrainConfig, path, overrides, lambda config, typed: preflight_problems(
-        config, world_size=world_size, cuda=cuda, check_files=check_files and typed))
+    return _preflight(path, overrides, world_size, cuda, check_files)[0]
 
 
-def preflight_problems(config: PretrainConfig, *, world_size: int, cuda: bool, check_files: bool) -> list[str]:
-    """What the config cannot tell alone: the plan on `world_size` ranks, this machine, and (`check_files`) files."""
-    problems = plan_problems(config, world_size=world_size, cuda=cuda) + machine_problems(config, cuda=cuda)
-    if check_files:
-        problems += file_problems(config)
-    return problems
+def _preflight(path, overrides, world_size: int, cuda: bool,
+               check_files: bool) -> tuple[PretrainConfig, RunPlan | None]:
+    found = []
+
+    def checks(config: PretrainConfig, typed: bool) -> list[str]:
+        problems = arithmetic_problems(config, world_size=world_size, cuda=cuda) + machine_problems(config, cuda=cuda)
+        if check_files and typed:
+            more, *files = read_files(config, world_size)
+            found.append(files)
+            problems += more
+        return problems
+
+    config = load_config(PretrainConfig, path, overrides, checks)
+    if not check_files:
+        return config, None
+    try:  # what only the whole plan shows (a corpus's share of a batch, a skip past the end), in the same form
+        return config, build_plan(config, world_size, *found[0])
+    except PlanError as err:
+        raise ConfigError(str(path), err.problems) from None
 
 
-def plan_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
+def recorded_plan(run_dir: str | Path) -> RunPlan:
+    """An existing run's plan, as its newest checkpoint records it: the stream it trained on up to that step, then
+    what its config (`config.json`, written at every start) plans from there. What a trace reads."""
+    from pipeline.common.run_layout import PretrainLayout
+
+    layout = PretrainLayout(Path(run_dir))
+    if not layout.config.is_file():
+        raise PipelineError(f"{run_dir}: no config.json; expected a pretraining run folder (train.output_dir)")
+    config = load_pretrain_config(layout.config, check_files=False)
+    problems, layouts, start, _, anneal_from = read_files(config, 1, check_data=False)
+    if problems:
+        raise ConfigError(str(layout.config), problems)
+    return build_plan(config, 1, layouts, start, anneal_from=anneal_from)
+
+
+def arithmetic_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
     """The run's arithmetic as this config and launch give it: phase steps, the decay's length, batches."""
     t, s = config.train, config.schedule
     problems = phase_step_problems(config, world_size) if config.phases else []
@@ -69,28 +109,30 @@ def phase_step_problems(config: PretrainConfig, world_size: int) -> list[str]:
     problems = []
     add = problems.append
     t, s = config.train, config.schedule
-    ends = phase_ends([p.steps_fraction for p in config.phases], max(t.max_steps, 1))
-    for i, (p, start, end) in enumerate(zip(config.phases, [0, *ends], ends, strict=False)):
-        key = f"phases[{i}]"
-        if 0 < p.steps_fraction <= 1 and end <= start:
-            add(f"{key}.steps_fraction {p.steps_fraction} of train.max_steps {t.max_steps} gives the phase 0 steps "
-                f"(steps {start} to {end}); raise its fraction or train.max_steps, or drop the phase")
-        problem = batch_problem(t.global_batch_size if p.global_batch_size is None else p.global_batch_size,
-                                t.micro_batch_size if p.micro_batch_size is None else p.micro_batch_size, world_size,
+    try:
+        phases = resolve_phases(config)  # every default filled in there
+    except SectionProblems:  # a phase's mix its own section refused: reported there
+        return []
+    for p, written in zip(phases, config.phases, strict=True):
+        key, start, end = f"phases[{p.index}]", p.start, p.end
+        if 0 < written.steps_fraction <= 1 and end <= start:
+            add(f"{key}.steps_fraction {written.steps_fraction} of train.max_steps {t.max_steps} gives the phase 0 "
+                f"steps (steps {start} to {end}); raise its fraction or train.max_steps, or drop the phase")
+        problem = batch_problem(p.global_batch_size, p.micro_batch_size, world_size,
                                 keys=(f"{key}.global_batch_size (or train.global_batch_size)",
                                       f"{key}.micro_batch_size (or train.micro_batch_size)"))
         if problem:
             add(problem)
-        warmup, source = ((p.warmup_steps, f"{key}.warmup_steps") if p.warmup_steps is not None
-                          else (s.warmup_steps, f"schedule.warmup_steps (the default of {key})"))
-        if not 0 <= warmup <= max(end - start, 0):
-            add(f"{source} {warmup} must be between 0 and the phase's {end - start} steps")
+        source = f"{key}.warmup_steps" if written.warmup_steps is not None else \
+            f"schedule.warmup_steps (the default of {key})"
+        if not 0 <= p.warmup_steps <= max(end - start, 0):
+            add(f"{source} {p.warmup_steps} must be between 0 and the phase's {end - start} steps")
         if s.kind == "wsd" and end > start:
             decay, source = ((p.decay_steps, f"{key}.decay_steps") if p.decay_steps is not None else
                              (wsd_decay_steps(s, end - start), "the schedule's decay"))
-            if not 0 <= decay <= max(end - start - warmup, 0):
-                add(f"{source} ({decay} steps) must be between 0 and the {end - start - warmup} steps that {key}'s "
-                    "warmup leaves")
+            if not 0 <= decay <= max(end - start - p.warmup_steps, 0):
+                add(f"{source} ({decay} steps) must be between 0 and the {end - start - p.warmup_steps} steps "
+                    f"that {key}'s warmup leaves")
     return problems
 
 
@@ -126,11 +168,14 @@ def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
     return None
 
 
-def file_problems(config: PretrainConfig) -> list[str]:
-    """The shard folders, the tokenizer, `model.init_from` and the checkpoint the run starts from."""
+def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = True) -> tuple[
+        list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...], StartPoint | None]:
+    """The shard folders, the tokenizer, `model.init_from` and the checkpoints the run starts from: the problems,
+    each folder's layout, the start, this run's checkpoints that a skipped range rolls back, and the anneal's
+    source. Without `check_data` (a run that trained: its trace), only the indexes and the checkpoints."""
     problems, indexes = index_problems(config)
     tokenizer = info = None
-    if config.data.tokenizer and not problems and indexes:
+    if check_data and config.data.tokenizer and not problems and indexes:
         try:
             tokenizer = load_tokenizer(config.data.tokenizer)
             info = describe_tokenizer(tokenizer, config.data.tokenizer)
@@ -138,25 +183,43 @@ def file_problems(config: PretrainConfig) -> list[str]:
             problems.append(f"data.tokenizer: {err}")
     if info is not None:
         problems += data_problems(config, tokenizer, info, indexes)
-    return problems + start_problems(config, info)
+    start, rolled_back, anneal_from, more = find_start(config, info, world_size)
+    layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
+    return problems + more, layouts, start, rolled_back, anneal_from
+
+
+def corpus_layout(folder: str, index: dict) -> CorpusLayout:
+    """A folder's training split as the order sees it; its key comes from the shards' checksums."""
+    shards = index["splits"]["train"]["shards"]
+    digest = hashlib.sha256(json.dumps([s.get("sha256") for s in shards]).encode()).hexdigest()
+    sizes = tuple(int(s["sequences"]) for s in shards)
+    return CorpusLayout(name=Path(folder).name, path=folder, key=int(digest[:12], 16), shard_sizes=sizes,
+                        shards_per_block=default_shards_per_block(sizes, index["seq_len"]), seq_len=index["seq_len"])
+
+
+def data_groups(config: PretrainConfig) -> list[tuple[str, str | list, int | None, int]]:
+    """Where the config names shard folders: each `phases[i]`, or `data`, with its folder or mix, the seq_len it
+    states and its global batch."""
+    t = config.train
+    if config.phases:
+        return [(f"phases[{i}]", p.shards, p.seq_len, p.global_batch_size or t.global_batch_size)
+                for i, p in enumerate(config.phases)]
+    return [("data", config.data.shards, None, t.global_batch_size)] if config.data.shards else []
 
 
 def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
     """Each shard folder's index.json, read and checked (data/shard_index.py); the problems and the indexes."""
     from pipeline.data.shard_index import load_index
 
-    if config.phases:
-        key, folders = "phases[{}].shards", [p.shards for p in config.phases]
-    else:
-        key = "data.shards" if not config.data.mixed else "data.shards[{}].path"
-        folders = [source.path for source in config.data.corpora()] if config.data.shards else []
     indexes, problems = {}, []
-    for i, folder in enumerate(folders):
-        if folder and folder not in indexes:
-            try:
-                indexes[folder] = load_index(folder)
-            except PipelineError as err:
-                problems.append(f"{key.format(i)}: {err}")
+    for key, shards, *_ in data_groups(config):
+        for j, source in enumerate(named_corpora(shards)):
+            if source.path and source.path not in indexes:
+                try:
+                    indexes[source.path] = load_index(source.path)
+                except PipelineError as err:
+                    where = f"{key}.shards[{j}].path" if isinstance(shards, list) else f"{key}.shards"
+                    problems.append(f"{where}: {err}")
     return problems, indexes
 
 
@@ -164,23 +227,12 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
     """The shard folders against each other, the tokenizer and the model, without loading shards."""
     problems = []
     if config.masking.unit != "token":
-        from pipeline.pretrain.word_starts import word_rule
+        from pipeline.pretrain.masking import word_rule
 
         try:
             word_rule(tokenizer)
         except PipelineError as err:
             problems.append(f"masking.unit {config.masking.unit}: {err}")
-    (first, first_index), *others = indexes.items()
-    for folder, index in others if config.data.mixed else ():  # a mix feeds one model: one length, one layout
-        for entry, what in (("seq_len", "sequence length"), ("pack", "packing")):
-            if index[entry] != first_index[entry]:
-                problems.append(f"data.shards: mixed corpora must share one {what}: {first} has {entry} "
-                                f"{first_index[entry]!r}, {folder} has {entry} {index[entry]!r}; re-shard one of them")
-        if index["tokenizer"]["fingerprint"] != first_index["tokenizer"]["fingerprint"]:
-            problems.append(f"data.shards: mixed corpora must share one tokenizer: {first} was made with "
-                            f"{first_index['tokenizer']['name']} ({first_index['tokenizer']['fingerprint'][:19]}…), "
-                            f"{folder} with {index['tokenizer']['name']} "
-                            f"({index['tokenizer']['fingerprint'][:19]}…)")
     for folder, index in indexes.items():
         if info.fingerprint != index["tokenizer"]["fingerprint"]:
             problems.append(f"data.tokenizer {config.data.tokenizer} is not the tokenizer data.shards "
@@ -195,36 +247,36 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
             problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "
                             f"with --val-fraction {index['args'].get('val_fraction')}); re-run data_prep/shard.py "
                             "with a larger --val-fraction (and --overwrite), or on more text")
-        if config.data.mixed and index["splits"]["train"]["sequences"] == 0:
+        if index["splits"]["train"]["sequences"] == 0:
             problems.append(f"data.shards: {folder} has no train sequences")
-    if config.phases:
-        problems += phase_file_problems(config, indexes)
-    train = sum(index["splits"]["train"]["sequences"] for index in indexes.values())
-    if not config.data.mixed and not config.phases and train < config.train.global_batch_size:
-        problems.append(f"data.shards: the train split holds {train} sequences, fewer than one global batch "
-                        f"(train.global_batch_size {config.train.global_batch_size})")
+    for key, shards, seq_len, batch in data_groups(config):
+        found = [(s.path, indexes[s.path]) for s in named_corpora(shards) if s.path in indexes]
+        if isinstance(shards, list):  # a mix feeds one model: one length, one packing
+            problems += mix_file_problems(f"{key}.shards", found)
+        for folder, index in found:
+            if seq_len is not None and index["seq_len"] != seq_len:
+                problems.append(f"{key}.seq_len is {seq_len}, but {key}.shards {folder} holds sequences of "
+                                f"{index['seq_len']} tokens (its index.json); point the phase at shards made with "
+                                f"--seq-len {seq_len}, or correct the seq_len")
+            train = index["splits"]["train"]["sequences"]
+            if not isinstance(shards, list) and 0 < train < batch:  # a mix's corpora each run through their epochs
+                problems.append(f"{key}.shards: the train split of {folder} holds {train} sequences, fewer than one "
+                                f"global batch ({batch})")
     if config.model.init_from:  # positions are sized for the longest phase
         problems += init_from_problems(config, info, max(index["seq_len"] for index in indexes.values()))
     return problems
 
 
-def phase_file_problems(config: PretrainConfig, indexes: dict[str, dict]) -> list[str]:
-    """Each phase against its folder's index: the seq_len it states, a train split of at least one batch."""
-    problems = []
-    for i, phase in enumerate(config.phases):
-        index = indexes.get(phase.shards)
-        if index is None:
-            continue
-        if phase.seq_len is not None and index["seq_len"] != phase.seq_len:
-            problems.append(f"phases[{i}].seq_len is {phase.seq_len}, but phases[{i}].shards {phase.shards} holds "
-                            f"sequences of {index['seq_len']} tokens (its index.json); point the phase at shards "
-                            f"made with --seq-len {phase.seq_len}, or correct the seq_len")
-        batch = phase.global_batch_size or config.train.global_batch_size
-        train = index["splits"]["train"]["sequences"]
-        if train < batch:
-            problems.append(f"phases[{i}].shards: the train split of {phase.shards} holds {train} sequences, fewer "
-                            f"than one global batch of the phase ({batch})")
-    return problems
+def mix_file_problems(key: str, found: list[tuple[str, dict]]) -> list[str]:
+    """The corpora of one mix (their folders and indexes) must share a sequence length and a packing (and a
+    tokenizer, data.tokenizer's: checked for every folder)."""
+    if not found:
+        return []
+    (first, first_index), *others = found
+    return [f"{key}: mixed corpora must share one {what}: {first} has {entry} {first_index[entry]!r}, {folder} has "
+            f"{entry} {index[entry]!r}; re-shard one of them"
+            for folder, index in others for entry, what in (("seq_len", "sequence length"), ("pack", "packing"))
+            if index[entry] != first_index[entry]]
 
 
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
@@ -234,61 +286,66 @@ SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "interm
 # A checkpoint holds an optimizer's state, a model of one architecture and shape, and an embedding table of one
 # vocabulary; loading it under a config that says otherwise fails deep inside DeepSpeed or torch (a StableAdamW
 # state under AdamW: `KeyError: 'step'` at the first step), or trains on with the wrong vocabulary. These checks
-# read only the checkpoint's `complete.json` and a folder's `config.json`, and name both sides of each mismatch;
-# the checksums of a resume's files are the checkpointer's, when it loads them.
-def start_problems(config: PretrainConfig, tokenizer: TokenizerInfo | None) -> list[str]:
-    """The checkpoint this run starts from (a resume's, else an anneal's) against `config` and the tokenizer
-    (None: it did not load, a problem reported on its own)."""
-    own = _newest_readable(config.layout.checkpoints) if config.checkpoint.resume == "auto" else None
-    if own is not None:
-        checkpoint, marker = own
-        return marker_problems(config, checkpoint, marker, tokenizer, resume=True)
-    if not config.train.anneal_from:
-        return []
-    try:
-        checkpoint = checkpoints.resolve_checkpoint(config.train.anneal_from)
-        marker = checkpoints.read_marker(checkpoint)
-    except PipelineError as err:
-        return [f"train.anneal_from: {err}"]
-    t = config.train
-    problems = []
-    if checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
-        problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
-                        "writes into its own folder: give it another train.output_dir")
-    saved = marker.get("batch_plan", {}).get("global_batch_size")
-    if saved != t.global_batch_size and not t.batch_warmup_tokens:  # with one, the checkpointer checks its step's
-        problems.append(f"train.anneal_from {checkpoint} was trained with global batch {saved}, "
-                        f"train.global_batch_size is {t.global_batch_size}; the data stream continues only at the "
-                        f"same global batch: set train.global_batch_size={saved}")
-    return problems + marker_problems(config, checkpoint, marker, tokenizer, resume=False)
+# read only the checkpoint's record and a folder's `config.json`, and name both sides of each mismatch; the
+# checksums of a resume's files are the checkpointer's, when it loads them.
+def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_size: int) -> tuple[
+        StartPoint | None, tuple[Path, ...], StartPoint | None, list[str]]:
+    """Where the run starts: its newest checkpoint whose record reads and that trained on no range the config
+    skips (those after it are rolled back), else `train.anneal_from`'s, else step 0. Also the anneal's source
+    (it fixes the decay in every session), and the problems of the checkpoints against `config` and the
+    tokenizer (None: it did not load, a problem reported on its own)."""
+    anneal_from, problems = None, []
+    if config.train.anneal_from:
+        try:
+            checkpoint = checkpoints.resolve_checkpoint(config.train.anneal_from)
+            anneal_from = StartPoint.at(checkpoint, read_record(checkpoint), world_size, anneal=True)
+        except PipelineError as err:
+            problems.append(f"train.anneal_from: {err}")
+        if anneal_from and checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
+            problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
+                            "writes into its own folder: give it another train.output_dir")
+    rolled_back, own = [], None
+    if config.checkpoint.resume == "auto":
+        for folder in reversed(checkpoints.complete_checkpoints(config.layout.checkpoints)):
+            try:
+                record = read_record(folder)
+            except PipelineError:
+                continue  # a damaged record: the checkpointer sets it aside
+            # Not one that trained on a range the config now skips.
+            if all(r.start >= record.step or (r.start + 1, r.stop) in record.skipped for r in config.train.skipped()):
+                own = StartPoint.at(folder, record, world_size)
+                break
+            rolled_back.append(folder)
+    start = own or anneal_from
+    if start is not None:
+        problems += record_problems(config, start, tokenizer)
+    return start, tuple(rolled_back), anneal_from, problems
 
 
-def marker_problems(config: PretrainConfig, checkpoint: Path, marker: dict[str, Any],
-                    tokenizer: TokenizerInfo | None, *, resume: bool) -> list[str]:
-    """The optimizer, architecture, vocabulary and shape `checkpoint` was trained with, against `config`
-    (each one its marker records: older checkpoints lack some)."""
-    recorded = marker.get("config") if isinstance(marker.get("config"), dict) else {}
-    hf = marker.get("hf_config") if isinstance(marker.get("hf_config"), dict) else {}
-    if resume:
+def record_problems(config: PretrainConfig, start: StartPoint, tokenizer: TokenizerInfo | None) -> list[str]:
+    """The optimizer, architecture, vocabulary and shape the start checkpoint was trained with, against `config`
+    (each one its record holds: a version-1 record may lack some)."""
+    record, checkpoint = start.record, start.checkpoint
+    recorded, hf = record.config, record.hf_config or {}
+    if not start.anneal:
         where = f"checkpoint.resume auto: this run's checkpoint {checkpoint}"
         fix = "a resume continues that run: set it back, or give this run another train.output_dir"
     else:
         where = f"train.anneal_from: checkpoint {checkpoint}"
         fix = "an anneal continues the checkpoint's model and optimizer: set it to the checkpoint's"
     problems = []
-    optimizer = (recorded.get("optimizer") or {}).get("name") if isinstance(recorded.get("optimizer"), dict) else None
+    optimizer = (recorded.get("optimizer") or {}).get("name")
     if optimizer is not None and optimizer != config.optimizer.name:
         problems.append(f"{where} was trained with optimizer {optimizer}; this config says {config.optimizer.name} "
                         f"(optimizer.name), whose state cannot be loaded from it; {fix}")
-    architecture = marker.get("architecture")
-    if architecture is not None and architecture != config.model.architecture:
-        problems.append(f"{where} holds a {architecture} model; this config says {config.model.architecture} "
-                        f"(model.architecture); {fix}")
+    if record.architecture != config.model.architecture:
+        problems.append(f"{where} holds a {record.architecture} model; this config says "
+                        f"{config.model.architecture} (model.architecture); {fix}")
     vocab = hf.get("vocab_size")
     if tokenizer is not None and vocab is not None and vocab != tokenizer.vocab_size:
         problems.append(f"{where} has a vocabulary of {vocab} tokens; data.tokenizer {config.data.tokenizer} has "
                         f"{tokenizer.vocab_size}; train with the tokenizer the checkpoint was trained with")
-    if architecture == config.model.architecture and not config.model.init_from:  # init_from: the folder's shape
+    if record.architecture == config.model.architecture and not config.model.init_from:  # init_from: its shape
         for key in SHAPE_KEYS:
             saved = hf.get(key)
             if saved is not None and saved != getattr(config.model, key):
@@ -334,14 +391,3 @@ def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len
                         f"shards' seq_len {seq_len} needs {needed}; shard with --seq-len "
                         f"{hf.max_position_embeddings - (needed - seq_len)} or less")
     return problems
-
-
-def _newest_readable(root: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest complete checkpoint under `root` whose marker reads, and the marker (a damaged one the
-    checkpointer sets aside, so the one before it is where the resume starts)."""
-    for folder in reversed(checkpoints.complete_checkpoints(root)):
-        try:
-            return folder, checkpoints.read_marker(folder)
-        except PipelineError:
-            continue
-    return None

@@ -18,7 +18,7 @@ closed forms are written here rather than borrowed from transformers' `get_*_sch
 exist only as LambdaLR objects over an optimizer; tests/pretrain/test_schedules.py checks them
 against transformers' own functions.
 
-An anneal (anneal.py) is one more segment. The engine's scheduler is a LambdaLR over
+An anneal is one more segment. The engine's scheduler is a LambdaLR over
 `Schedule.multiplier` (engine.py); a resume restores the scheduler's step, and the LR follows from it.
 """
 
@@ -29,8 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-if TYPE_CHECKING:  # nothing at run time: the config's checks import this module
-    from pipeline.pretrain.anneal import Anneal
+if TYPE_CHECKING:  # nothing at run time: the preflight's checks import this module
     from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
     from pipeline.pretrain.phases import Phase
 
@@ -65,6 +64,20 @@ class Segment:
             return self.high
         p = (step - self.start) / (self.end - self.start)
         return self.low + (self.high - self.low) * DECAYS[self.shape](p, self.power)
+
+
+@dataclass(frozen=True)
+class Anneal:
+    """Only the decay, from a stable-phase checkpoint (`train.anneal_from`): its step, length and source run.
+
+    ModernBERT's decay phase and Ettin's three phases train a long stable phase once, then decay from one
+    of its checkpoints; the LR falls from what the source run's schedule gave its step.
+    """
+
+    start: int
+    steps: int
+    source: PretrainConfig
+    """The config of the run that wrote the checkpoint (recorded in it)."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +133,10 @@ def lr_schedule(config: PretrainConfig, phases: list[Phase], anneal: Anneal | No
         return Schedule(tuple(part for p in phases for part in segments(
             config.schedule, start=p.start, end=p.end, warmup=p.warmup_steps, peak=p.lr / config.optimizer.lr,
             decay_steps=p.decay_steps)))
-    source = lr_schedule(anneal.source, anneal.source_phases)
+    from pipeline.pretrain.phases import resolve_phases
+
+    source = lr_schedule(anneal.source, resolve_phases(anneal.source))
     start = source.multiplier(anneal.start) * anneal.source.optimizer.lr / config.optimizer.lr
     s = config.schedule
-    return Schedule((Segment(start=anneal.start, end=anneal.end, shape=s.decay, high=start, low=s.end_lr_ratio,
-                             power=s.power),))
+    return Schedule((Segment(start=anneal.start, end=anneal.start + anneal.steps, shape=s.decay, high=start,
+                             low=s.end_lr_ratio, power=s.power),))

@@ -112,7 +112,8 @@ class MlflowSink(MetricsSink):
             self.client.log_batch(self.run_id, (), (), self._tags(tags))
             return
         found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(
+            experiment, artifact_location=artifact_root(self.uri))
         self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
         if self.state_file:
             write_json_atomic(self.state_file, {"uri": self.uri, "run_id": self.run_id, "experiment": experiment})
@@ -290,3 +291,11 @@ class MlflowSink(MetricsSink):
         if self.state_file and self.state_file.exists():
             state = json.loads(self.state_file.read_text())
             write_json_atomic(self.state_file, {**state, "missing": missing, "final_status": status})
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a sqlite store (`<its folder>/mlruns`), so a run's
+    store and its artifacts stay together whatever the working directory; None (MLflow's default) otherwise."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlruns").as_uri()

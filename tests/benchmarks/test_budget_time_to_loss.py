@@ -30,12 +30,11 @@ def curve(*losses: float, minutes_per_eval: float = 1.0) -> list[EvalPoint]:
 
 
 def test_all_three_recipes_write_the_main_record_and_a_subset_or_another_budget_config_its_own_variant():
-    assert bench.record_name(["hf-run_mlm", "budget", "hf-same"]) == "budget_time_to_loss"
-    assert bench.record_name(["hf-run_mlm", "budget"]) == "budget_time_to_loss.hf-run_mlm-vs-budget"
-    assert bench.record_name(["budget"], "configs/budget-modernbert-wide.json") == \
-        "budget_time_to_loss.budget.budget-modernbert-wide"
-    assert bench.record_name(["hf-run_mlm", "budget", "hf-same"], "configs/budget-tiny.json") == \
-        "budget_time_to_loss.budget-tiny"
+    assert bench.record_variant(["hf-run_mlm", "budget", "hf-same"]) is None
+    assert bench.record_variant(["hf-run_mlm", "budget"]) == "hf-run_mlm-vs-budget"
+    assert bench.record_variant(["budget"], "configs/budget-modernbert-wide.json") == "budget.budget-modernbert-wide"
+    assert bench.record_variant(["hf-run_mlm", "budget", "hf-same"], "configs/budget-tiny.json") == "budget-tiny"
+    assert bench.STUDY.record("budget-tiny").name == "budget_time_to_loss.budget-tiny"
 
 
 def test_the_targets_are_the_unigram_entropy_less_each_margin():
@@ -90,9 +89,10 @@ def test_the_summary_shows_the_plateau_every_final_loss_beside_it_and_whether_ea
     runs = [run("budget", 1, (7.5, 6.8, 6.2, 5.9)),  # H − 1.0 = 6.0 at 2.67 min
             run("hf-same", 1, (7.5, 7.0, 6.6, 6.3, 6.1, 5.9)),  # at 4.5 min: 1.7×
             run("hf-run_mlm", 1, (7.5, 7.4, 7.3, 7.2, 7.1, 7.0, 6.9, 6.8))]  # not in 7 min: ≥ 7/2.67 = 2.6×
-    summary, table, rows = bench.summarise(runs, 7.0, [1.0, 1.5], max_minutes=7)
+    summary, rows = bench.summarise(runs, 7.0, [1.0, 1.5], max_minutes=7)
     assert summary["targets"] == {"1.0": 6.0, "1.5": 5.5}
-    assert "H = 7.000 nats" in table and "H − 1.0 = 6.000" in table and "H − 1.5 = 5.500" in table
+    assert "to H − 1.0 = 6.000 nats: steps, min (reached)" in rows[0]
+    assert "to H − 1.5 = 5.500 nats: steps, min (reached)" in rows[0]
     assert rows[0]["final val loss (median)"] == "5.900 (unigram entropy 7.000: 1.100 nats below it)"
     assert rows[2]["final val loss (median)"] == "6.800 (unigram entropy 7.000: 0.200 nats below it)"
     ratios = {r["recipe"]: r["time to H − 1.0 ÷ budget"] for r in rows}

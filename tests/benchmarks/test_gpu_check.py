@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,18 @@ def test_a_step_that_raises_is_recorded_as_failed_and_the_next_one_runs():
     assert fine["status"] == "ok" and fine["loss"] == 1.5
 
 
+def test_a_check_that_fails_after_measuring_keeps_its_figures_in_the_record():
+    steps = gpu_check.Steps()
+
+    def too_far_apart():
+        raise gpu_runs.CheckFailed("resumed losses differ", {"steps_done": 1600, "pretrain_seconds": 250.0})
+
+    steps.attempt("e2e", too_far_apart)
+    failed = steps.outcomes[-1]
+    assert failed["status"] == "failed" and failed["error"] == "CheckFailed: resumed losses differ"
+    assert failed["steps_done"] == 1600 and failed["pretrain_seconds"] == 250.0
+
+
 def test_past_its_budget_a_step_is_skipped_as_out_of_time_without_running():
     steps = gpu_check.Steps(budget_s=3600)
     assert steps.attempt("early", lambda: {"x": 1}) == {"x": 1}
@@ -46,6 +59,22 @@ def test_past_its_budget_a_step_is_skipped_as_out_of_time_without_running():
     assert ran == [] and steps.outcomes[-1]["status"] == "skipped"
     assert steps.outcomes[-1]["reason"].startswith("out of time") and steps.seconds_left() < 0
     assert gpu_check.Steps().seconds_left() is None  # no budget: never out of time
+
+
+def test_a_part_past_its_cap_skips_its_steps_and_the_next_part_starts_afresh():
+    steps = gpu_check.Steps(budget_s=3600, started=time.perf_counter() - 60)  # the lease began a minute ago
+    assert 3539 < steps.seconds_left() <= 3540
+    with steps.part(30):
+        assert 29 < steps.seconds_left() <= 30  # the nearer end
+        steps.part_ends -= 30
+        assert steps.attempt("late", lambda: {"x": 1}) is None
+    assert steps.outcomes[-1]["reason"] == "out of time: the part's cap of 30 s was spent"
+    with steps.part(None):
+        assert steps.attempt("next", lambda: {"x": 1}) == {"x": 1}
+    steps.budget_s = 0
+    with steps.part(30):
+        assert steps.attempt("spent", lambda: {"x": 1}) is None
+    assert steps.outcomes[-1]["reason"] == "out of time: the check's budget of 0 min was spent"
 
 
 def test_the_nominal_peak_is_the_data_sheets_dense_figure_by_gpu_name():
@@ -114,6 +143,24 @@ def test_a_rerun_in_the_same_work_folder_reuses_the_data_made_from_the_same_inpu
     assert made == [tmp_path / "data", None, None]
 
 
+def test_a_run_still_going_at_its_cap_is_stopped_by_sigterm_and_one_that_ends_is_waited_for(tmp_path):
+    """The run to the end's pretraining past its cap: SIGTERM, which the pretrain command answers by checkpointing
+    and exiting 0 (as this stand-in does), and the export's arm then fine-tunes that checkpoint."""
+    stand_in = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+                "print('ready', flush=True)\ntime.sleep(60)\n")
+    slow = gpu_runs.launch([PYTHON, "-c", stand_in], tmp_path / "slow", dict(os.environ))
+    deadline = time.monotonic() + 60
+    while "ready" not in (tmp_path / "slow.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)  # its handler is installed
+    assert gpu_runs.wait_or_stop(slow, tmp_path / "slow", 0.5) is False and slow.returncode == 0
+    quick = gpu_runs.launch([PYTHON, "-c", "pass"], tmp_path / "quick", dict(os.environ))
+    assert gpu_runs.wait_or_stop(quick, tmp_path / "quick", 60) is True
+    failing = gpu_runs.launch([PYTHON, "-c", "raise SystemExit('no checkpoint')"], tmp_path / "failing",
+                              dict(os.environ))
+    with pytest.raises(RuntimeError, match="failing exited 1: no checkpoint"):
+        gpu_runs.wait_or_stop(failing, tmp_path / "failing", 60)
+
+
 def test_a_version_other_than_the_pinned_one_fails_the_versions_step(monkeypatch):
     pins = gpu_check.pinned_versions()
     assert set(pins) == {"transformers", "tokenizers"}
@@ -125,7 +172,7 @@ def test_a_version_other_than_the_pinned_one_fails_the_versions_step(monkeypatch
 
 @pytest.mark.slow
 def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and_the_check_ends(tmp_path):
-    record, done = run_check(tmp_path, "--device", "cuda", "--skip", "faults,throughput,e2e,compiled")
+    record, done = run_check(tmp_path, "--device", "cuda", "--skip", "throughput,e2e,compiled")
     results = record["results"]
     outcome = {o["step"]: o for o in results["steps"]}
     assert outcome["environment"]["status"] == "failed" and results["environment"] == {}
@@ -142,9 +189,11 @@ def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and
 
 @pytest.mark.slow
 def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
-    """`--device cpu --tiny`: the GPU check's own code at toy size, every part but `compiled`. The four faults' rows
-    pass; each eager throughput row (loader on and off) trains and is measured; the run to the end is killed with
-    SIGKILL mid-run, resumes with the same losses as the uninterrupted run, exports and fine-tunes."""
+    """`--device cpu --tiny`: the GPU check's own code at toy size, every part but `compiled`. Each eager throughput
+    row (loader on, with a worker that must stop at exit, and off) trains and is measured; the run to the end is
+    killed with SIGKILL mid-run, resumes with the same losses as the uninterrupted run (stopped by SIGTERM, which
+    checkpoints) and exports; SST-2 is fine-tuned from the export and from scratch, each arm's rate chosen on the
+    held-out slice of train, beside the token-count baseline."""
     data = data_folder(tmp_path / "data")
     out = tmp_path / "record"
     out.mkdir()
@@ -175,22 +224,30 @@ def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
             packed = outcome[f"packed/{arch}/{attention}"]
             assert packed["status"] == "ok" and packed["max_abs_difference"] <= 1e-4
     tables = {t["title"].split(":")[0]: t["rows"] for t in results["tables"]}
-    assert list(tables) == ["correctness", "packed documents", "faults found on the H200, each shown fixed",
-                            "throughput, eager", "the run to the end"]
-    faults = tables["faults found on the H200, each shown fixed"]
-    assert [row["status"] for row in faults] == ["ok"] * 4
-    assert faults[3]["shown by"].startswith("4 of 8 steps") and "not supported" in faults[3]["note"]  # no fp16 here
-    assert outcome["faults/ending-run"]["loader_workers"] == 1
+    assert list(tables) == ["throughput, eager, the targets' models", "the run to the end", "transfer", "correctness",
+                            "packed documents"]  # in order of value; no other model was asked for
 
     assert not [step for step in outcome if "/compile/" in step]  # skipped as asked
     for batches in ("loader", "in-memory"):
         row = outcome[f"throughput/ModernBERT-base/eager/{batches}"]
         assert row["tokens_per_s"] > 0 and row["mfu_measured_peak"] > 0 and row["mfu_nominal_peak"] is None
         assert row["attention"] == "sdpa" and row["seq_len"] == 64  # no FlexAttention backward on CPU
-    e2e = outcome["e2e/pretrain-kill-resume-export-finetune"]
+        assert row["loader_workers"] == (1 if batches == "loader" else None)
+    e2e = outcome["e2e/pretrain-kill-resume-export"]
     assert e2e["status"] == "ok" and e2e["identical_losses"] and e2e["max_abs_loss_difference"] == 0.0
-    assert e2e["resumed_at_step"] < e2e["killed_at_step"] < e2e["steps"]  # killed mid-run, past a checkpoint
-    assert e2e["sst2_metric"] == "accuracy" and 0 <= e2e["sst2_dev"] <= 1
+    assert e2e["resumed_at_step"] < e2e["killed_at_step"] < e2e["steps"] == e2e["steps_done"]  # killed mid-run
+    assert e2e["compared_steps"] > e2e["killed_at_step"] and e2e["completed"] and e2e["export"] == "the run's own"
+    # the steps between the checkpoint and the kill were run twice, from the same saved state: the same losses
+    assert e2e["redone_steps"] >= e2e["killed_at_step"] - e2e["resumed_at_step"] > 0
+    assert e2e["max_abs_redone_loss_difference"] == 0.0
+    transfer = outcome["e2e/transfer-sst2"]
+    assert transfer["status"] == "ok" and transfer["metric"] == "accuracy"
+    for arm in ("pretrained", "scratch"):  # each arm chose its own rate on the held-out slice of train
+        assert 0 <= transfer[arm]["median"] <= 1 and 0 <= transfer[arm]["selection_score"] <= 1
+        assert transfer[arm]["chosen"]["train.learning_rate"] in gpu_runs.SST2_SWEEP.split("=")[1].split(",")
+    assert transfer["difference"] == transfer["pretrained"]["median"] - transfer["scratch"]["median"]
+    assert 0 <= transfer["token_baseline"] <= 1
+    assert tables["transfer"][0]["difference"].endswith(" points")
     summary = results["summary"]
     assert summary["ok"] + summary["failed"] + summary["skipped"] == len(results["steps"])
-    assert "| fault | status |" in done.stdout
+    assert "| run | train.compile | batches | status |" in done.stdout

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other as top-level modules, as when run
 
 import main_job_seeds as seeds  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+from harness import BenchmarkRecord  # noqa: E402
 
 from pipeline.common.run_layout import MainJobLayout  # noqa: E402
 from pipeline.tracking.job_summary import SEED_SPREAD  # noqa: E402

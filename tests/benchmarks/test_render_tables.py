@@ -16,16 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import each other as top-level modules, as when run
 
+import harness  # noqa: E402
 import render_tables  # noqa: E402
-from result_record import BenchmarkRecord  # noqa: E402
+from harness import BenchmarkRecord, Study  # noqa: E402
 
 # modules, not benchmarks
-HELPERS = {"bench_corpus.py", "result_record.py", "render_tables.py", "hf_baselines.py", "matmul_peak.py",
-           "logged_command.py", "gpu_runs.py", "gpu_bundle.py"}
+HELPERS = {"harness.py", "render_tables.py", "hf_baselines.py", "gpu_runs.py", "gpu_bundle.py"}
+TOY = Study("toy_bench", question="Is ours faster?", metric="tokens/s", baseline="HF", arms=("ours", "HF"))
 
 
 def synthetic_result(out: Path, name: str = "toy_bench") -> dict:
-    with BenchmarkRecord(name, argv=["benchmarks/toy_bench.py", "--steps", "3"], out_dir=out) as rec:
+    with BenchmarkRecord(name, argv=["benchmarks/toy_bench.py", "--steps", "3"], out_dir=out, study=TOY) as rec:
         rec.table("toy rows", [{"method": "ours", "tokens/s": 5162}, {"method": "HF", "tokens/s": 1820}])
         rec.headline("ours vs HF", "2.84×", target="≥ 2×", met=True)
     return json.loads((out / f"{name}.json").read_text())
@@ -36,7 +37,7 @@ def page_with_region(name: str) -> str:
             f"{render_tables.END}\n\nMore prose.\n")
 
 
-def test_a_record_holds_the_command_date_machine_load_and_commit(tmp_path, monkeypatch):
+def test_a_record_holds_the_command_date_machine_load_commit_and_study(tmp_path, monkeypatch):
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -48,18 +49,26 @@ def test_a_record_holds_the_command_date_machine_load_and_commit(tmp_path, monke
     assert re.fullmatch(r"[0-9a-f]{40}", data["git_commit"]) and isinstance(data["git_dirty"], bool)
     assert data["results"]["tables"][0]["columns"] == ["method", "tokens/s"]
     assert data["results"]["headline"]["ours vs HF"] == {"value": "2.84×", "target": "≥ 2×", "met": True}
+    assert data["study"] == {"question": "Is ours faster?", "metric": "tokens/s", "baseline": "HF",
+                             "arms": ["ours", "HF"]}
+
+
+def test_a_study_names_its_arms_metric_and_baseline_and_records_under_its_name(tmp_path):
+    with pytest.raises(ValueError, match="give baseline, arms"):
+        Study("half_declared", question="?", metric="s", baseline="", arms=())
+    with TOY.record("smoke", argv=["x"], out_dir=tmp_path) as rec:
+        rec.table("t", [{"a": 1}])
+    assert json.loads((tmp_path / "toy_bench.smoke.json").read_text())["study"]["arms"] == ["ours", "HF"]
 
 
 def test_a_copy_records_the_commit_its_caller_names_and_no_dirty_state(tmp_path, monkeypatch):
-    import result_record
-
     copy = tmp_path / "copy"
     copy.mkdir()
     monkeypatch.setenv("BENCHMARK_GIT_COMMIT", "a" * 40)
-    assert result_record.git_state(copy) == {"commit": "a" * 40, "dirty": None}
-    assert result_record.git_state(ROOT) == {"commit": "a" * 40, "dirty": None}  # even beside a .git of its own
+    assert harness.git_state(copy) == {"commit": "a" * 40, "dirty": None}
+    assert harness.git_state(ROOT) == {"commit": "a" * 40, "dirty": None}  # even beside a .git of its own
     monkeypatch.delenv("BENCHMARK_GIT_COMMIT")
-    assert result_record.git_state(ROOT)["commit"] != "a" * 40
+    assert harness.git_state(ROOT)["commit"] != "a" * 40
 
 
 def test_a_step_log_stays_in_the_record_and_off_the_page(tmp_path):
@@ -93,7 +102,9 @@ def test_the_conditions_are_rendered_right_under_the_table(tmp_path, monkeypatch
     region = page.split(render_tables.START.format(name="toy_bench"))[1].split(render_tables.END)[0]
     table_end = region.index("| HF | 1820 |")
     after = region[table_end:]
-    for fact in ("ours vs HF: **2.84×** (target ≥ 2×: **met**)", "command: `python benchmarks/toy_bench.py --steps 3`",
+    for fact in ("ours vs HF: **2.84×** (target ≥ 2×: **met**)",
+                 "*Study:* arms ours, HF; metric: tokens/s; baseline: HF",
+                 "command: `python benchmarks/toy_bench.py --steps 3`",
                  f"date: {data['date']}", f"{data['machine']['cores']} cores", data["machine"]["cpu_model"],
                  "at the start", "at the end", f"git commit: `{data['git_commit'][:7]}`"):
         assert fact in after, fact
@@ -129,18 +140,6 @@ def test_a_transcribed_result_says_so_and_how_to_regenerate_it(tmp_path, monkeyp
     assert "*Transcribed* from README.md at commit `abc1234`" in text
     assert "its command regenerates it" in text and "command: `python benchmarks/toy_bench.py --steps 3`" in text
     assert "load average: about 20" in text
-
-
-def test_a_result_written_without_result_record_still_shows_every_figure():
-    """The shape other scripts write by hand: a dict of tables, loose figures, a single load number."""
-    data = {"benchmark": "by_hand", "command": "python benchmarks/by_hand.py", "date": "2026-11-23",
-            "machine": {"cores": 2, "cpu_model": "AMD EPYC"}, "load_start": 3.5, "load_end": 4.0,
-            "git_commit": "f" * 40,
-            "results": {"tables": {"speed": [{"arm": "a", "s": 1.5}]}, "peak_gflops": 92.0}}
-    text = render_tables.render_result(data)
-    assert "**speed**" in text and "| a | 1.5 |" in text
-    assert '"peak_gflops": 92.0' in text
-    assert "load average: 3.5 at the start, 4.0 at the end" in text
 
 
 def test_check_fails_on_a_stale_page_and_passes_once_rendered(tmp_path, capsys):
@@ -183,11 +182,13 @@ def test_the_committed_page_matches_the_committed_results():
     assert render_tables.main(["--check"]) == 0, "run: python benchmarks/render_tables.py"
 
 
-def test_every_benchmark_writes_its_result_through_result_record():
+def test_every_benchmark_declares_its_study_and_records_through_it():
     scripts = [p for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS]
     assert scripts
-    missing = [p.name for p in scripts if "BenchmarkRecord(" not in p.read_text()]
-    assert not missing, f"benchmarks that write no result file: {missing}"
+    for script in scripts:
+        study = runpy.run_path(str(script), run_name="declaration")["STUDY"]
+        assert isinstance(study, Study) and study.name == script.stem, script.name
+        assert "STUDY.record(" in script.read_text(), f"{script.name} writes no record through its study"
 
 
 def commands_in_page(page: Path) -> list[list[str]]:
@@ -209,7 +210,7 @@ def commands_in_page(page: Path) -> list[list[str]]:
 def commands_of_results() -> list[list[str]]:
     """The command each committed result names (its "rerun ... to regenerate")."""
     commands = []
-    for path in sorted(render_tables.RESULTS.glob("*.json")):
+    for path in sorted(render_tables.RESULTS_DIR.glob("*.json")):
         words = shlex.split(json.loads(path.read_text())["command"])
         while words and re.match(r"^[A-Z_]+=", words[0]):
             words = words[1:]
@@ -224,7 +225,7 @@ class Parsed(Exception):
 
 def test_every_command_on_the_page_and_in_the_results_parses(monkeypatch):
     commands = commands_in_page(render_tables.PAGE) + commands_of_results()
-    assert len(commands) >= 20
+    assert len(commands) >= len(list(render_tables.RESULTS_DIR.glob("*.json")))  # a command from every record
     original = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):

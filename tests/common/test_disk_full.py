@@ -20,6 +20,7 @@ from disk_full import (  # noqa: F401 (world_of_one is a fixture)
     small_filesystem,
     world_of_one,
 )
+from helpers import record_at
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
@@ -91,6 +92,12 @@ def tiny_model_and_tokenizer(tokenizer_dir: Path):
     return RobertaForSequenceClassification(config), tokenizer
 
 
+def proof(tokenizer) -> dict:
+    """`save_model`'s equivalence check: a batch of two texts, the model run in fp32."""
+    return {"check_batch": dict(tokenizer(["the river", "a model token"], padding=True, return_tensors="pt")),
+            "precision": "fp32"}
+
+
 def test_fine_tuned_model_a_full_disk_keeps_the_saved_model_and_a_rerun_saves(tmp_path, monkeypatch,
                                                                               bpe_tokenizer_dir):
     from transformers import AutoModelForSequenceClassification
@@ -99,17 +106,17 @@ def test_fine_tuned_model_a_full_disk_keeps_the_saved_model_and_a_rerun_saves(tm
 
     model, tokenizer = tiny_model_and_tokenizer(bpe_tokenizer_dir)
     folder = tmp_path / "seed_1" / "model"
-    save_model(folder, model, tokenizer, {"seed": 1, "epoch": 1})
+    save_model(folder, model, tokenizer, {"seed": 1, "epoch": 1}, **proof(tokenizer))
     before = files_under(folder)
     with monkeypatch.context() as patch:
         fill_during_safetensors(patch)
         with pytest.raises(PipelineError, match=NO_SPACE.replace("(\\d+(\\.\\d)? \\w+ needed, )?", "")) as err:
-            save_model(folder, model, tokenizer, {"seed": 1, "epoch": 2})
+            save_model(folder, model, tokenizer, {"seed": 1, "epoch": 2}, **proof(tokenizer))
     assert str(folder) in str(err.value)
     assert files_under(folder) == before  # the model saved before is whole, and still loads
     AutoModelForSequenceClassification.from_pretrained(folder)
     assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]  # no half-written folder left beside it
-    save_model(folder, model, tokenizer, {"seed": 1, "epoch": 2})
+    save_model(folder, model, tokenizer, {"seed": 1, "epoch": 2}, **proof(tokenizer))
     assert json.loads((folder / "pipeline_finetune.json").read_text())["epoch"] == 2
 
 
@@ -124,14 +131,14 @@ def test_a_real_full_file_system(tmp_path, bpe_tokenizer_dir):
         if not mounted:
             pytest.skip("cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN); covered by the simulations above")
         root = mount / "checkpoints"
-        checkpoints.save_checkpoint(FakeEngine(weights=1000), root, 4, {"step": 4}, {}, keep_last=2)
+        checkpoints.save_checkpoint(FakeEngine(weights=1000), root, record_at(4), keep_last=2)
         with pytest.raises(PipelineError, match="no space left on device") as err:
-            checkpoints.save_checkpoint(FakeEngine(weights=400_000), root, 8, {"step": 8}, {}, keep_last=2)
+            checkpoints.save_checkpoint(FakeEngine(weights=400_000), root, record_at(8), keep_last=2)
         assert str(root / "step_00000008") in str(err.value) and "left)" in str(err.value)
         assert checkpoints.newest_intact(root, pytest.fail) == root / "step_00000004"
         model, tokenizer = tiny_model_and_tokenizer(bpe_tokenizer_dir)
         with pytest.raises(PipelineError, match="no space left on device") as err:
-            save_model(mount / "model", model, tokenizer, {"seed": 1})
+            save_model(mount / "model", model, tokenizer, {"seed": 1}, **proof(tokenizer))
         assert str(mount / "model") in str(err.value)
         assert not (mount / "model").exists() and not list(mount.glob(".model.*"))
         with pytest.raises(PipelineError, match=r"needed, \d+(\.\d)? \w+ left\)"):

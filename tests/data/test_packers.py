@@ -1,11 +1,13 @@
-"""Packing modes: exact lengths, framing, nothing lost or duplicated, resumable state."""
+"""Packing modes: exact lengths, framing, nothing lost or duplicated, each row's documents, resumable state."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
 
-from pipeline.data.packers import make_packer, token_dtype
+from pipeline.data.packers import DOCUMENT_COUNTS, DOCUMENT_KEYS, PACKERS, make_packer, take_rows, token_dtype
 
 CLS, SEP, PAD = 0, 2, 1
 SEQ_LEN = 16
@@ -17,11 +19,12 @@ def random_documents(n: int, seed: int = 0, max_len: int = 40) -> list[np.ndarra
     return [rng.integers(5, 1000, rng.integers(0, max_len)).astype(np.uint32) for _ in range(n)]
 
 
-def feed(packer, docs: list[np.ndarray], batch: int = 7) -> dict[str, np.ndarray]:
+def feed(packer, docs: list[np.ndarray], batch: int = 7, keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
     outs = []
     for i in range(0, len(docs), batch):
         group = docs[i: i + batch]
-        outs.append(packer.add(np.concatenate(group), np.array([len(d) for d in group])))
+        outs.append(packer.add(np.concatenate(group), np.array([len(d) for d in group]),
+                               None if keys is None else keys[i: i + batch]))
     outs.append(packer.finish())
     return {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
 
@@ -100,7 +103,41 @@ def test_pairs_random_segment_comes_from_another_document():
         assert (b_ids == {a_id}) == (lab == 0)
 
 
-@pytest.mark.parametrize("mode", ["full", "doc", "pairs"])
+def row_documents(out: dict[str, np.ndarray]) -> list[list[int]]:
+    bounds = np.concatenate([[0], np.cumsum(out[DOCUMENT_COUNTS])])
+    return [out[DOCUMENT_KEYS][a:b].tolist() for a, b in itertools.pairwise(bounds)]
+
+
+@pytest.mark.parametrize("mode", list(PACKERS))
+def test_each_row_names_the_documents_whose_tokens_it_holds_in_the_order_they_appear(mode):
+    rng = np.random.default_rng(4)
+    # Document i is the id 10 + i repeated: a row's tokens say which documents it holds. Some are empty
+    # (in no row), some span several rows.
+    docs = [np.full(int(rng.integers(0, 40)), 10 + i, np.uint32) for i in range(120)]
+    keys = (7 << 40) + 3 * np.arange(len(docs), dtype=np.int64)  # any int64 keys pass through as given
+    out = feed(new(mode), docs, keys=keys)
+    listed = row_documents(out)
+    assert len(listed) == len(out["input_ids"])
+    for ids, documents in zip(out["input_ids"], listed, strict=True):
+        body = [int(t) for t in ids if t not in (CLS, SEP, PAD)]
+        assert documents == [int(keys[t - 10]) for t, _ in itertools.groupby(body)]
+    if mode == "full":  # rows joining documents: one row's last document is often the next row's first
+        assert any(a[-1] == b[0] for a, b in itertools.pairwise(listed))
+    if mode == "pairs":
+        assert {len(d) for d in listed} == {1, 2}
+
+
+def test_documents_default_to_their_numbers_in_the_stream_and_rows_are_cut_with_their_documents():
+    docs = random_documents(40, seed=2)
+    out = feed(new("full"), docs)
+    listed = row_documents(out)
+    assert listed[0][0] == 0 and max(max(d) for d in listed) < 40
+    head, rest = take_rows(out, 5)
+    assert row_documents(head) == listed[:5] and row_documents(rest) == listed[5:]
+    assert len(head["input_ids"]) == 5 and len(rest["input_ids"]) == len(out["input_ids"]) - 5
+
+
+@pytest.mark.parametrize("mode", list(PACKERS))
 def test_state_round_trip_gives_the_same_sequences_as_one_pass(mode):
     docs = random_documents(60, seed=3)
     whole = feed(new(mode, seed=5), docs)

@@ -33,9 +33,10 @@ def shard(corpus, tokenizer, out, **overrides) -> dict:
     return run_shard_stage(ShardOptions(**settings))
 
 
-def file_digests(folder: Path) -> dict[str, str]:
+def file_digests(folder: Path, suffix: str = ".zst") -> dict[str, str]:
+    """sha256 of every shard file (and origins file) outside parts/; `suffix` picks some of them."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*.zst")) if "parts" not in p.parts}
+            for p in sorted(folder.rglob("*.zst")) if "parts" not in p.parts and p.name.endswith(suffix)}
 
 
 def test_index_is_complete_and_reader_gives_back_the_sequences(tmp_path, corpus_jsonl, bpe_tokenizer_dir, documents):
@@ -112,8 +113,14 @@ def test_all_input_formats_give_the_same_shards(tmp_path, bpe_tokenizer_dir):
             corpus = f"hf:{hf_dir}"
         index = shard(corpus, bpe_tokenizer_dir, tmp_path / f"out-{name}", **kw)
         assert index["totals"]["documents"] == 60, name
+        assert index["origins"]["files"] == [str(corpus)]  # a dataset as hf:NAME
         digests[name] = file_digests(tmp_path / f"out-{name}")
-    assert all(d == digests["jsonl"] for d in digests.values()), {k: len(v) for k, v in digests.items()}
+    shards = {name: {k: v for k, v in d.items() if not k.endswith(".origins.zst")} for name, d in digests.items()}
+    assert all(d == shards["jsonl"] for d in shards.values()), {k: len(v) for k, v in shards.items()}
+    # Document i is line i of the jsonl and one-per-line text, row i of the parquet and record i of the dataset,
+    # but line 2i - 1 of the blank-line-separated text.
+    assert all(digests[name] == digests["jsonl"] for name in ("lines", "zst", "parquet", "hf"))
+    assert digests["txt"] == digests["gz"] != digests["jsonl"]
     # A folder and a glob read every supported file in sorted order.
     index = shard(inputs, bpe_tokenizer_dir, tmp_path / "dir")
     assert index["totals"]["documents"] == 60 * 5 + 1  # lines.txt has no blank line: one document
@@ -183,6 +190,7 @@ def test_restart_after_kill_carries_on_and_gives_identical_bytes(tmp_path, bpe_t
     rerun = run_script("data_prep/shard.py", *common[:-1], "--out", out, check=True)
     assert "resuming part00000" in rerun.stderr
     assert file_digests(out) == file_digests(tmp_path / "whole")
+    assert file_digests(out, ".origins.zst")  # the documents' origins are resumed too
     assert all(file_digests(out)[name] == digest for name, digest in partial.items())
     whole = json.loads((tmp_path / "whole" / "index.json").read_text())
     resumed = json.loads((out / "index.json").read_text())

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from pipeline.common.errors import PipelineError
-from pipeline.data import token_cache
 from pipeline.data.shard_index import load_index
 from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle, MaskedBatches, train_loader
+from pipeline.pretrain.batches import MaskedBatches, RankKeys, train_loader
 from pipeline.pretrain.masking import Masker
+from pipeline.pretrain.stream import CorpusLayout, DataStream
 
 
 @pytest.fixture
@@ -60,24 +60,23 @@ def test_a_truncated_or_missing_shard_is_named_before_the_first_step(shards, tmp
         TokenCache(shards, "train", tmp_path / "cache")
 
 
-def test_an_epoch_read_through_workers_keeps_the_cache_within_two_blocks(shards, tmp_path, monkeypatch):
-    monkeypatch.setattr(token_cache, "BLOCK_TOKENS", 1)
-    monkeypatch.setattr(token_cache, "MIN_BLOCK_SHARDS", 1)  # blocks of one shard; the fixture has four
-    cache = TokenCache(shards, "train", tmp_path / "cache")
+def test_an_epoch_read_through_workers_keeps_the_cache_within_two_blocks(shards, tmp_path):
+    cache = TokenCache(shards, "train", tmp_path / "cache", shards_per_block=1)  # the fixture has four shards
     assert cache.layout.shards_per_block == 1 and cache.capacity == 2 and len(cache.layout.sizes) == 4
     plan = BatchPlan.derive(30, 30, 1)
-    shuffle = GlobalShuffle(cache.layout, plan, seed=0)
+    steps = len(cache) // 30
+    shuffle = DataStream([CorpusLayout("x", "", 0, cache.layout.sizes, 1, cache.seq_len)], plan, seed=0)
     masker = Masker(400, 4, (0, 1, 2, 3, 4), seed=0)
     batches = MaskedBatches(cache, masker, with_segments=False)
     source = ShardedDataset(shards, "train")
     seen, most = [], 0
-    for key, batch in zip(shuffle.rank_keys(0, 0, shuffle.steps_per_epoch),
-                          train_loader(batches, shuffle, rank=0, start_step=0, end_step=shuffle.steps_per_epoch,
-                                       num_workers=1), strict=True):
+    for key, batch in zip(RankKeys(shuffle, 0, 0, steps),
+                          train_loader(batches, shuffle, rank=0, start_step=0, end_step=steps, num_workers=1),
+                          strict=True):
         labels = batch["labels"].numpy()
         want = np.stack([source[int(i)]["input_ids"] for i in key.indices])
         assert np.array_equal(labels[labels >= 0], want[labels >= 0])
         seen.append(key.indices)
         most = max(most, len(cached_files(cache)))
     assert most <= cache.capacity
-    assert len(np.unique(np.concatenate(seen))) == shuffle.steps_per_epoch * 30  # a whole epoch, no repeats
+    assert len(np.unique(np.concatenate(seen))) == steps * 30  # one epoch's draws, no repeats

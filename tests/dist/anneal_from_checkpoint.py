@@ -37,7 +37,7 @@ def main() -> None:
     from pipeline.common.config_tree import ConfigError
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
     from pipeline.pretrain.trainer import Pretrainer
 
     root = Path(args.out_root)
@@ -55,9 +55,9 @@ def main() -> None:
             return super().train_step(noted())
 
     def run(name: str, *overrides: str) -> None:
-        config = load_pretrain_config(args.config, [f"train.output_dir={root / name}", *overrides],
+        plan = prepare_run(args.config, [f"train.output_dir={root / name}", *overrides],
                                       world_size=topology.world_size, cuda=topology.cuda)
-        trainer = Recording(config, topology)
+        trainer = Recording(plan, topology)
         trainer.seen = {}
         trainer.train()
         (root / f"{name}-batches.json").write_text(json.dumps(trainer.seen))
@@ -66,8 +66,9 @@ def main() -> None:
     source = PretrainLayout(root / "stable").checkpoints / checkpoints.tag_for(args.start)
     anneal = [f"train.anneal_from={json.dumps(str(source))}", f"train.anneal_steps={args.steps}"]
     try:  # the stable run trained with AdamW: an anneal under StableAdamW is refused before it starts
-        load_pretrain_config(args.config, [f"train.output_dir={root / 'refused'}", *anneal, "optimizer.name=stableadamw"],
-                             world_size=topology.world_size, cuda=topology.cuda)
+        load_pretrain_config(args.config, [f"train.output_dir={root / 'refused'}", *anneal,
+                                           "optimizer.name=stableadamw"], world_size=topology.world_size,
+                             cuda=topology.cuda)
     except ConfigError as err:
         (root / "refused.txt").write_text(str(err))
     run("anneal", *anneal)

@@ -32,7 +32,7 @@ def main() -> None:
 
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import Pretrainer
 
     root = Path(args.out_root)
@@ -42,16 +42,16 @@ def main() -> None:
             def noted():
                 for batch in micro_batches:
                     digest = hashlib.sha256(batch["input_ids"].numpy().tobytes() + batch["labels"].numpy().tobytes())
-                    self.seen.setdefault(self.step + 1, {"global_batch_size": self.plan.global_batch_size,
+                    self.seen.setdefault(self.step + 1, {"global_batch_size": self.data.plan.global_batch_size,
                                                          "micro": []})["micro"].append(digest.hexdigest()[:16])
                     yield batch
 
             return super().train_step(noted())
 
     def run(name: str) -> None:
-        config = load_pretrain_config(args.config, [f"train.output_dir={root / name}"],
+        plan = prepare_run(args.config, [f"train.output_dir={root / name}"],
                                       world_size=topology.world_size, cuda=topology.cuda)
-        trainer = Recording(config, topology)
+        trainer = Recording(plan, topology)
         trainer.seen = {}
         trainer.train()
         (root / f"{name}-batches.json").write_text(json.dumps(trainer.seen))

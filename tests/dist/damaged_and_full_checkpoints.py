@@ -41,15 +41,15 @@ def main() -> None:
     from pipeline.common.errors import PipelineError
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import run_pretraining
 
     out = Path(args.out)
     layout = PretrainLayout(out / "run")
     report: dict = {}
 
-    def config(max_steps: int):
-        return load_pretrain_config(args.config, [f"train.max_steps={max_steps}", f"train.output_dir={layout.root}"],
+    def plan(max_steps: int):
+        return prepare_run(args.config, [f"train.max_steps={max_steps}", f"train.output_dir={layout.root}"],
                                     world_size=topology.world_size, cuda=topology.cuda)
 
     def run(max_steps: int) -> dict:
@@ -58,7 +58,7 @@ def main() -> None:
         result: dict = {}
         with contextlib.redirect_stderr(stderr):
             try:
-                result["last_step"] = run_pretraining(config(max_steps), topology).last_step
+                result["last_step"] = run_pretraining(plan(max_steps), topology).last_step
             except PipelineError as err:
                 result["error"] = str(err)
         result["seconds"] = round(time.perf_counter() - started, 2)

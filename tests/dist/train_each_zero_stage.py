@@ -24,13 +24,13 @@ def main() -> None:
     p.add_argument("--local_rank", type=int, default=None)
     args = p.parse_args()
     topology = prepare_environment()
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import run_pretraining
 
     for stage in (0, 1, 2, 3):
         overrides = [f"train.zero_stage={stage}", f"train.output_dir={args.out_root}/zero{stage}"]
-        config = load_pretrain_config(args.config, overrides, world_size=topology.world_size, cuda=topology.cuda)
-        run_pretraining(config, topology)
+        plan = prepare_run(args.config, overrides, world_size=topology.world_size, cuda=topology.cuda)
+        run_pretraining(plan, topology)
 
 
 if __name__ == "__main__":

@@ -47,22 +47,22 @@ def main() -> None:
 
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import run_pretraining
 
     for name, overrides in VARIANTS.items():
         if name == "modernbert" and args.doc_packed_shards:
             overrides = [*overrides, f"data.shards={args.doc_packed_shards}"]
         root = Path(args.out_root) / name
-        full = load_pretrain_config(args.config, [*overrides, f"train.output_dir={root / 'full'}"],
+        full = prepare_run(args.config, [*overrides, f"train.output_dir={root / 'full'}"],
                                     world_size=topology.world_size, cuda=topology.cuda)
         run_pretraining(full, topology)
-        halfway = PretrainLayout(root / "full").checkpoints / checkpoints.tag_for(full.checkpoint.every)
+        halfway = PretrainLayout(root / "full").checkpoints / checkpoints.tag_for(full.config.checkpoint.every)
         resumed_root = PretrainLayout(root / "resumed").checkpoints
         if topology.is_main:
             shutil.copytree(halfway, resumed_root / halfway.name)
         dist.barrier()
-        resumed = load_pretrain_config(args.config, [*overrides, f"train.output_dir={root / 'resumed'}"],
+        resumed = prepare_run(args.config, [*overrides, f"train.output_dir={root / 'resumed'}"],
                                        world_size=topology.world_size, cuda=topology.cuda)
         run_pretraining(resumed, topology)
 

@@ -34,13 +34,13 @@ def main() -> None:
 
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import run_pretraining
 
     root = Path(args.out_root)
 
     def load(path: str, out: Path, *extra: str):
-        return load_pretrain_config(path, [f"train.output_dir={out}", *extra], world_size=topology.world_size,
+        return prepare_run(path, [f"train.output_dir={out}", *extra], world_size=topology.world_size,
                                     cuda=topology.cuda)
 
     run_pretraining(load(args.phased_config, root / "phased" / "full"), topology)

@@ -28,14 +28,14 @@ def main() -> None:
     args = p.parse_args()
     topology = prepare_environment()
 
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import run_pretraining
 
     for recipe, overrides in json.loads(Path(args.plan).read_text()).items():
         output = Path(args.out_root) / Path(recipe).stem
-        config = load_pretrain_config(recipe, [*overrides, f"train.output_dir={output}"],
+        plan = prepare_run(recipe, [*overrides, f"train.output_dir={output}"],
                                       world_size=topology.world_size, cuda=topology.cuda)
-        run_pretraining(config, topology)
+        run_pretraining(plan, topology)
 
 
 if __name__ == "__main__":

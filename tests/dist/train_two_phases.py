@@ -35,7 +35,7 @@ def main() -> None:
 
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.preflight import load_pretrain_config
+    from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import Pretrainer, run_pretraining
 
     class RecordingHandOver(Pretrainer):
@@ -45,7 +45,7 @@ def main() -> None:
             engine = self.engine
             before = copy.deepcopy(engine.optimizer.state_dict()["state"])
             batch_before = [engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()]
-            super()._hand_over(stretch)
+            batches = super()._hand_over(stretch)
             after = engine.optimizer.state_dict()["state"]
             moments = [float((before[i][k] - after[i][k]).abs().max()) for i in before
                        for k in ("exp_avg", "exp_avg_sq")]
@@ -56,11 +56,12 @@ def main() -> None:
                       "train_batch_size_after": engine.train_batch_size()}
             if self.topology.is_main:
                 Path(args.out_root, "handover.json").write_text(json.dumps(record))
+            return batches
 
     root = Path(args.out_root)
 
     def load(name: str, *extra: str):
-        return load_pretrain_config(args.config, [f"train.output_dir={root / name}", *extra],
+        return prepare_run(args.config, [f"train.output_dir={root / name}", *extra],
                                     world_size=topology.world_size, cuda=topology.cuda)
 
     full = load("full", "tracking.enabled=true")

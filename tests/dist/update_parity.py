@@ -93,16 +93,18 @@ def main() -> None:
     topology = prepare_environment()
     import torch.distributed as dist
 
-    from pipeline.pretrain.preflight import plan_problems
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.preflight import arithmetic_problems
+    from pipeline.pretrain.schedules import lr_schedule
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for stage in (0, 2):
         config = parity_config(topology.world_size, stage)
-        problems = plan_problems(config, world_size=topology.world_size, cuda=topology.cuda)  # its own: when built
+        # its own checks ran when it was built
+        problems = arithmetic_problems(config, world_size=topology.world_size, cuda=topology.cuda)
         assert not problems, problems
         phases = resolve_phases(config)
         plan = phases[0].plan(topology.world_size)
@@ -111,7 +113,7 @@ def main() -> None:
         model = build_model(config.model, tokenizer_info(), SEQ_LEN)
         if stage == 0 and topology.is_main:
             torch.save(model.state_dict(), out / "initial.pt")
-        engine = initialize_engine(model, config, plan)
+        engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases))
         engine.train()
         losses, lrs = [], []
         for step in range(STEPS):

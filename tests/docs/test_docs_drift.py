@@ -28,7 +28,7 @@ other; a file name such as `train.tsv` is not a key. Every ```json block is a pr
 (or a fragment of one, such as `"data": {...}`) or an ablation study file, and loads through the
 config tree without a problem.
 
-Names. Every repository path in an inline code span (`pipeline/pretrain/lamb.py`, `configs/tiny.json`,
+Names. Every repository path in an inline code span (`pipeline/pretrain/engine.py`, `configs/tiny.json`,
 `tests/...`) exists, unless it holds a placeholder (`<task>`, `*`, `NNNN`); every dotted name under
 `pipeline.` (`pipeline.hub.Encoder`) imports.
 
@@ -93,7 +93,7 @@ class DocCommandError(Exception):
 def load_script(script: str):
     folder = str((ROOT / script).parent)
     if folder not in sys.path:
-        sys.path.insert(0, folder)  # the scripts' own `import _bootstrap`, `from bench_corpus import ...`
+        sys.path.insert(0, folder)  # the scripts' own `import _bootstrap`, `import harness`
     name = "docs_drift_" + re.sub(r"\W", "_", script)
     spec = importlib.util.spec_from_file_location(name, ROOT / script)
     module = importlib.util.module_from_spec(spec)

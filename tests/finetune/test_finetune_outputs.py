@@ -92,6 +92,58 @@ def test_the_saved_model_reproduces_the_dev_metrics_exactly(finetuned, small_tas
     assert list((out / "seed_1" / "model").glob("*.safetensors"))
 
 
+def test_the_saved_model_is_proven_and_carries_a_model_card_with_its_protocol(finetuned, small_task):
+    from huggingface_hub import ModelCard
+
+    model = finetuned["out"] / "seed_1" / "model"
+    provenance = json.loads((model / "pipeline_finetune.json").read_text())
+    check = provenance["equivalence"]  # the model in memory against the folder AutoModelFor… loads
+    assert check["within_tolerance"] and check["max_logit_difference"] <= 1e-5 and check["top1_agreement"] == 1.0
+    assert check["compared"] == 16 and "RobertaForSequenceClassification in memory as fine-tuned (cpu)" in \
+        check["reference"]
+    card = ModelCard.load(model / "README.md")
+    assert card.data.pipeline_tag == "text-classification" and card.data.base_model == small_task["model"]
+    (result,) = [r for r in card.data.eval_results if r.metric_type == "accuracy"]
+    assert result.metric_value == provenance["metrics"]["accuracy"] and result.dataset_split == "validation"
+    assert "- No sweep: the config's setting, the best epoch chosen on dev." in card.text
+    assert "- Recipe: learning rate 0.001, batch 16, 2 epochs, warmup 6%, weight decay 0.1, fp32, at most 32 " \
+           "tokens." in card.text
+    assert "loaded with `AutoModelForSequenceClassification` in fp32" in card.text
+
+
+def test_the_baselines_a_run_stood_beside_join_its_card(finetuned):
+    from huggingface_hub import ModelCard
+
+    from pipeline.finetune.model_card import record_baselines
+
+    record_baselines(finetuned["out"], [{"name": "from scratch", "metric": "accuracy", "value": 0.5, "note": "median"},
+                                        {"name": "token counts", "metric": "accuracy", "value": 0.95}])
+    text = ModelCard.load(finetuned["out"] / "seed_1" / "model" / "README.md").text
+    assert "| from scratch | accuracy | 0.500 | median |" in text and "| token counts | accuracy | 0.950 |  |" in text
+
+
+def test_a_saved_folder_that_computes_otherwise_is_refused_and_not_written(small_task, tmp_path, bpe_tokenizer_dir):
+    """A position table offset on the way (the config's pad id moved by one): refused, nothing written."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from pipeline.finetune.outputs import save_model
+
+    tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(small_task["model"], num_labels=2)
+    saved = model.save_pretrained
+
+    def shifted(folder, **kwargs):
+        saved(folder, **kwargs)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": config["pad_token_id"] + 1}))
+
+    model.save_pretrained = shifted
+    batch = dict(tokenizer(["the river quietly", "a model"], padding=True, return_tensors="pt"))
+    with pytest.raises(PipelineError, match="saving the fine-tuned model .* refused: .* largest logit difference"):
+        save_model(tmp_path / "model", model, tokenizer, {"seed": 1}, check_batch=batch, precision="fp32")
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_rerun_skips_finished_seeds_and_still_summarizes_them(finetuned, small_task, capsys):
     from pipeline.finetune.runner import run_finetuning
 
@@ -152,7 +204,7 @@ def test_a_model_retrained_in_place_is_not_mistaken_for_the_old_one(small_task, 
 
 
 def test_only_a_seed_finished_from_the_models_weights_pins_its_export(tmp_path):
-    from pipeline.finetune.outputs import holds_pretrained_seeds
+    from pipeline.finetune.training import holds_pretrained_seeds
 
     for seed, record in (("seed_1", '{"from_scratch": true}'), ("seed_2", "{damaged")):
         (tmp_path / seed).mkdir()
@@ -186,20 +238,25 @@ def test_precision_has_the_pipelines_one_spelling_and_the_old_key_says_the_new_o
         load(small_task, tmp_path, "train.precision=no")
 
 
-def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
+def scratch_training(config, model: str, seed: int = 3):
+    """One from-scratch training of `config`'s task on `model`'s architecture, in this process."""
+    from pipeline.finetune.accelerator import processes
     from pipeline.finetune.families import task_family
     from pipeline.finetune.model_source import ModelSource
     from pipeline.finetune.task_loading import load_task
-    from pipeline.finetune.trainer import FineTuner, build_accelerator
+    from pipeline.finetune.training import Arm, Training
+
+    data = load_task(config)
+    return Training(config, data, task_family(data), Arm(config, ModelSource(model), True, processes()), seed)
+
+
+def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
+    from pipeline.finetune.trainer import FineTuner
 
     default = load(small_task, tmp_path).train
     assert (default.adam_betas, default.adam_eps) == ((0.9, 0.98), 1e-6)  # RoBERTa's GLUE recipe
     config = load(small_task, tmp_path, "train.adam_betas=[0.9, 0.999]", "train.adam_eps=1e-8")
-    data = load_task(config)
-    plan = config.batch_plan(1)
-    accelerator = build_accelerator(config, plan)
-    tuner = FineTuner(config, data, task_family(data), ModelSource(small_task["model"]), accelerator, plan, seed=3,
-                      from_scratch=True)
+    tuner = FineTuner(scratch_training(config, small_task["model"]))
     tuner.setup()
     assert {(g["betas"], g["eps"]) for g in tuner.optimizer.param_groups} == {((0.9, 0.999), 1e-8)}
 
@@ -210,10 +267,7 @@ def test_training_batches_hold_rows_of_similar_length_and_scores_come_back_in_th
     import numpy as np
     import torch
 
-    from pipeline.finetune.families import task_family
-    from pipeline.finetune.model_source import ModelSource
-    from pipeline.finetune.task_loading import load_task
-    from pipeline.finetune.trainer import FineTuner, LengthSorted, build_accelerator
+    from pipeline.finetune.trainer import FineTuner, LengthSorted
 
     rng = random.Random(5)
     for name, n in (("train", 640), ("dev", 48)):  # 1 to 24 words, so the lengths differ
@@ -222,16 +276,15 @@ def test_training_batches_hold_rows_of_similar_length_and_scores_come_back_in_th
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = load(small_task, tmp_path, f"data.train_file={tmp_path / 'train.jsonl'}",
                   f"data.validation_file={tmp_path / 'dev.jsonl'}", "data.test_file=null")
-    data, plan = load_task(config), config.batch_plan(1)
-    tuner = FineTuner(config, data, task_family(data), ModelSource(small_task["model"]),
-                      build_accelerator(config, plan), plan, seed=3, from_scratch=True)
+    tuner = FineTuner(scratch_training(config, small_task["model"]))
     tuner.setup()
+    data = tuner.data
 
     def padding(batches) -> float:
         batches = list(batches)
         return 1 - sum(int(b["attention_mask"].sum()) for b in batches) / sum(b["input_ids"].numel() for b in batches)
 
-    train_set = tuner.inputs.encoded(tuner.family, data.train, config.data.max_seq_len)
+    train_set = tuner.arm.encoded(tuner.family, data.train, config.data.max_seq_len)
     shuffled = torch.utils.data.DataLoader(train_set, batch_size=16, shuffle=True, collate_fn=tuner.family.collator(
         tuner.tokenizer), generator=torch.Generator().manual_seed(0))
     assert padding(tuner.train_loader) < padding(shuffled) / 2

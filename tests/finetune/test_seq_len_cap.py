@@ -59,6 +59,21 @@ def test_a_longer_max_seq_len_is_capped_at_the_models_positions_and_said_once(tm
         assert json.loads((out / f"seed_{seed}" / "model" / "pipeline_finetune.json").read_text())["max_seq_len"] == 64
 
 
+def test_every_setting_of_a_sweep_is_capped_too_and_a_swept_length_says_so(tmp_path, bpe_tokenizer_dir, capsys):
+    model = save_export(bpe_tokenizer_dir, tmp_path / "export")  # positions for 64 tokens
+    config, out = write_task(tmp_path, "custom", {"train": long_rows(24, 0), "dev": long_rows(8, 1)}, max_seq_len=128)
+    finetune("--config", config, "--model", model, "--seeds", "1", "--sweep", "data.max_seq_len=32,96",
+             "--select-fraction", "0.25")
+    said = [line for line in capsys.readouterr().out.splitlines() if "takes at most" in line]
+    assert said == [f"data.max_seq_len {n}: {model} takes at most 64 tokens (its position embeddings); fine-tuning "
+                    "uses 64" for n in (128, 96)]
+    records = out.glob("selection/*/seed_1/complete.json")
+    assert {json.loads(record.read_text())["recipe"]["data.max_seq_len"] for record in records} == {32, 64}
+    chosen = int(json.loads((out / "metrics.json").read_text())["chosen_setting"]["data.max_seq_len"])
+    saved = json.loads((out / "seed_1" / "model" / "pipeline_finetune.json").read_text())
+    assert saved["max_seq_len"] == min(chosen, 64)
+
+
 def test_a_max_seq_len_the_model_holds_is_kept_and_nothing_is_said(tmp_path, bpe_tokenizer_dir, capsys):
     model = save_export(bpe_tokenizer_dir, tmp_path / "export")
     config, out = write_task(tmp_path, "custom", {"train": long_rows(8, 0), "dev": long_rows(8, 1)}, max_seq_len=48)

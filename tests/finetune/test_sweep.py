@@ -26,7 +26,7 @@ from pipeline.finetune.select_split import select_score, split_for_selection
 from pipeline.finetune.sweep import FIXED_PER_LAUNCH, SWEEPABLE_DATA, parse_sweep
 from pipeline.finetune.task_data import Split
 from pipeline.finetune.token_data import TaggedSplit
-from pipeline.finetune.trainer import RESULT_NEUTRAL_SETTINGS
+from pipeline.finetune.training import RESULT_NEUTRAL_SETTINGS
 
 # ----------------------------------------------------------------------------- the grid and the slice
 
@@ -152,11 +152,12 @@ class Spy:
         spy = self
         original_run, original_validate = trainer.FineTuner.run, trainer.FineTuner.validate
 
-        def run(tuner, trained=None):
-            spy.runs.append({"trial": tuner.trial, "dev": [s.source for s in tuner.data.dev.values()],
-                             "dev_scored": 0, "train": tuner.data.train.source, "took_over": trained is not None})
+        def run(tuner, takes_over=None):
+            trial = tuner.training.part if tuner.training.role == "trial" else None
+            spy.runs.append({"trial": trial, "dev": [s.source for s in tuner.data.dev.values()],
+                             "dev_scored": 0, "train": tuner.data.train.source, "took_over": takes_over is not None})
             tuner._spy = spy.runs[-1]
-            return original_run(tuner, trained)
+            return original_run(tuner, takes_over)
 
         def validate(tuner, loaders=None):
             if loaders is None:
@@ -206,6 +207,13 @@ def test_selection_never_reads_dev_and_a_rerun_skips_every_finished_trial(poison
     assert per_seed["select_accuracy"] >= 0.9
     assert json.loads((ft / "best_model.json").read_text())["metric"] == "select_accuracy"
     assert not list((ft / "selection").glob("trial_*/seed_1/model"))  # trials keep no weights
+    from huggingface_hub import ModelCard  # the saved model's card tells the protocol that chose it
+
+    card = ModelCard.load(ft / "seed_1" / "model" / "README.md")
+    assert card.data.base_model is None and "from-scratch" in card.data.tags
+    assert (f"- Sweep: each setting (train.learning_rate=1e-6; train.learning_rate=1e-3) trained on the training "
+            f"split minus a held-out slice ({selection['held_out']:,} examples, 10% by content hash) and scored on it "
+            f"by accuracy; dev chose nothing. Chosen: train.learning_rate=1e-3") in card.text
 
     client = MlflowClient(f"sqlite:///{poisoned_task / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("sweep-tests").experiment_id])
@@ -264,6 +272,27 @@ def test_the_selection_seed_takes_the_winning_trial_over_with_the_result_of_trai
         assert took_over == trained
     assert (tmp_path / "took-over" / "seed_1" / "model" / "model.safetensors").read_bytes() == (
         tmp_path / "trained" / "seed_1" / "model" / "model.safetensors").read_bytes()
+
+
+def test_every_training_accumulates_as_its_own_batch_plan_says(poisoned_task, tiny_model, monkeypatch, tmp_path):
+    """A swept batch size changes the accumulation from trial to trial; each training (trials, then the seeds on
+    the chosen setting) steps with its own plan's, whatever trained before it."""
+    accumulated = []
+    original_fit = trainer.FineTuner.fit
+
+    def fit(tuner):
+        accumulated.append((tuner.label, tuner.accelerator.gradient_accumulation_steps,
+                            tuner.config.train.batch_size // 8))
+        return original_fit(tuner)
+
+    monkeypatch.setattr(trainer.FineTuner, "fit", fit)
+    finetune("--config", poisoned_task / "config.json", "--model", tiny_model, "--from-scratch", "--seeds", "1,2",
+             "--sweep", "train.batch_size=8,32", "--set", "train.micro_batch_size=8", "--set", "train.epochs=1",
+             "--set", "tracking.enabled=false", "--set", f"train.output_dir={tmp_path / 'ft'}")
+    chosen = json.loads((tmp_path / "ft" / "metrics.json").read_text())["chosen_setting"]["train.batch_size"]
+    assert [label for label, _, _ in accumulated][-1] == "custom seed 2 (scratch)"  # seed 1 took its trial over
+    assert all(steps == planned for _, steps, planned in accumulated)
+    assert accumulated[-1][1] == int(chosen) // 8 and {steps for _, steps, _ in accumulated[:2]} == {1, 4}
 
 
 def test_a_sweep_of_a_token_task_chooses_on_its_slice(tmp_path, tiny_model):

@@ -12,7 +12,7 @@ from pipeline.hub import Encoder, resolve_model_source
 
 
 @pytest.fixture(scope="module")
-def pretrain_output(tmp_path_factory, bpe_tokenizer_dir):
+def pretrain_output(tmp_path_factory, bpe_tokenizer_dir, roberta_shards):
     """A pretraining output folder with one ZeRO-0 checkpoint, in the layout DeepSpeed and the trainer write."""
     import shutil
 
@@ -25,7 +25,7 @@ def pretrain_output(tmp_path_factory, bpe_tokenizer_dir):
     from pipeline.pretrain.model import SparseRobertaForMaskedLM, hf_config
 
     out = tmp_path_factory.mktemp("pretrain") / "run"
-    config = tiny_pretrain_config(out / "shards", bpe_tokenizer_dir, out)
+    config = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, out)  # its validation split checks the export
     model_config, problems = build_config(ModelConfig, config["model"])
     assert not problems
     info = describe_tokenizer(AutoTokenizer.from_pretrained(bpe_tokenizer_dir))

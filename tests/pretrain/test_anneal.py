@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -10,11 +9,10 @@ import pytest
 from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.anneal import Anneal
-from pipeline.pretrain.config import ScheduleConfig
+from pipeline.pretrain.config import OptimizerConfig, ScheduleConfig
 from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.preflight import load_pretrain_config
-from pipeline.pretrain.schedules import lr_schedule
+from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
+from pipeline.pretrain.schedules import Anneal, lr_schedule
 
 
 def anneal(decay: str, power: float = 1.0):
@@ -22,12 +20,11 @@ def anneal(decay: str, power: float = 1.0):
     from pipeline.pretrain.config import DataConfig, PretrainConfig
 
     data = DataConfig(shards="shards", tokenizer="tokenizer")
-    source = PretrainConfig(data=data, schedule=ScheduleConfig(warmup_steps=0, decay="constant"))
-    (phase,) = resolve_phases(source)
-    phases = [dataclasses.replace(phase, end=1000, warmup_steps=0, lr=0.8 * source.optimizer.lr)]
+    source = PretrainConfig(data=data, optimizer=OptimizerConfig(lr=0.8 * OptimizerConfig().lr),
+                            schedule=ScheduleConfig(warmup_steps=0, decay="constant"))
     wsd = {"kind": "wsd", "decay_fraction": 0.2} if decay == "1-sqrt" else {}  # a WSD-only shape
     config = PretrainConfig(data=data, schedule=ScheduleConfig(decay=decay, power=power, end_lr_ratio=0.1, **wsd))
-    return Anneal(checkpoint=None, start=100, steps=10, source=source, source_phases=phases), config
+    return Anneal(start=100, steps=10, source=source), config
 
 
 @pytest.mark.parametrize(("decay", "shape"), [
@@ -38,7 +35,6 @@ def anneal(decay: str, power: float = 1.0):
 ])
 def test_the_decay_runs_from_the_checkpoints_lr_towards_the_floor_in_the_schedules_shape(decay, shape):
     a, config = anneal(decay, power=2.0)
-    assert a.end == 110
     schedule = lr_schedule(config, resolve_phases(config), a)
     assert schedule.multiplier(100) == pytest.approx(0.8)  # the first annealed step keeps the checkpoint's LR
     for k in range(10):
@@ -125,17 +121,14 @@ def test_an_anneal_continues_the_stable_runs_data_decays_by_formula_and_resumes_
 def test_the_decay_starts_from_the_lr_of_the_checkpoints_own_schedule(tmp_path, roberta_shards, bpe_tokenizer_dir):
     """A stable phase at constant LR (as WSD's) anneals from its peak, whatever the anneal config's own schedule."""
     from pipeline.common.config_tree import to_dict
-    from pipeline.pretrain.anneal import resolve_anneal
 
     stable = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=100),
                                   ["schedule.decay=constant", "schedule.warmup_steps=10"])
     checkpoint = tmp_path / "stable" / "checkpoints" / "step_00000060"
     checkpoint.mkdir(parents=True)
     (checkpoint / "complete.json").write_text(json.dumps({"step": 60, "config": to_dict(stable)}))
-    config = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, anneal_from=str(checkpoint),
-                                        anneal_steps=20, global_batch_size=16),
-                                  ["schedule.end_lr_ratio=0.1"], check_files=False)
-    a = resolve_anneal(config)
-    schedule = lr_schedule(config, resolve_phases(config), a)
-    assert (a.start, a.end, schedule.multiplier(60), schedule.multiplier(80)) == (60, 80, 1.0, 0.1)
+    plan = prepare_run(write(tmp_path, roberta_shards, bpe_tokenizer_dir, anneal_from=str(checkpoint),
+                             anneal_steps=20, global_batch_size=16), ["schedule.end_lr_ratio=0.1"])
+    a, schedule = plan.anneal, plan.schedule
+    assert (a.start, plan.end_step, schedule.multiplier(60), schedule.multiplier(80)) == (60, 80, 1.0, 0.1)
     assert schedule.multiplier(70) == pytest.approx(0.55)

@@ -9,9 +9,7 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import batch_ramp
-from pipeline.pretrain.phases import resolve_phases, resolve_stretches, samples_consumed
-from pipeline.pretrain.preflight import load_pretrain_config
-from pipeline.pretrain.schedules import lr_schedule
+from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
 
 
 def batches(segments) -> list[int]:
@@ -47,21 +45,21 @@ def write(tmp_path, roberta_shards, bpe_tokenizer_dir, **train):
 
 def test_the_ramp_is_one_phase_in_stretches_of_one_batch_each_continuing_the_folders_stream(
         tmp_path, roberta_shards, bpe_tokenizer_dir):
-    config = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=20,
-                                        global_batch_size=16, batch_warmup_tokens=4000, batch_warmup_start=4))
-    plain = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=20,
-                                       global_batch_size=16))
-    (phase,) = resolve_phases(config)
+    plan = prepare_run(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=20, global_batch_size=16,
+                             batch_warmup_tokens=4000, batch_warmup_start=4))
+    plain = prepare_run(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=20, global_batch_size=16))
+    (phase,) = plan.phases
     assert (phase.start, phase.end, phase.global_batch_size) == (0, 20, 16)  # the ramp is no phase of its own
-    stretches = resolve_stretches(config, [phase], 20)
+    stretches = plan.stretches
     assert len(stretches) > 1 and stretches[0].global_batch_size == 4 and stretches[-1].global_batch_size == 16
     assert all(s.phase is phase for s in stretches)
     assert all(a.end == b.start for a, b in zip(stretches, stretches[1:], strict=False))  # each where the last ended
+    # Each stretch draws on from where the last one left the folder's stream.
+    assert all(b.first_draws == tuple(a.drawn(a.end)) for a, b in zip(stretches, stretches[1:], strict=False))
     # The LR counts steps, whatever the batch: the plain run's schedule at every step.
-    ramped, flat = lr_schedule(config, [phase]), lr_schedule(plain, resolve_phases(plain))
-    assert [ramped.multiplier(n) for n in range(21)] == [flat.multiplier(n) for n in range(21)]
+    assert [plan.schedule.multiplier(n) for n in range(21)] == [plain.schedule.multiplier(n) for n in range(21)]
     per_step = [s.global_batch_size for s in stretches for _ in range(s.start, s.end)]
-    assert [samples_consumed(stretches, n) for n in range(21)] == [sum(per_step[:n]) for n in range(21)]
+    assert [plan.sequences_seen(n) for n in range(21)] == [sum(per_step[:n]) for n in range(21)]
 
 
 @pytest.mark.parametrize(("train", "message"), [

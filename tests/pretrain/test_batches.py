@@ -1,4 +1,5 @@
-"""Data order: a seeded global shuffle, disjoint rank slices, and batches that depend on the step alone."""
+"""Batches: masked micro batches gathered from the token cache, evaluation sets, and the loader's workers
+(the order they follow is test_stream.py's)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import (
-    GlobalShuffle,
     MaskedBatches,
     eval_keys,
     ignore_stop_signals,
@@ -27,47 +27,7 @@ from pipeline.pretrain.batches import (
     train_loader,
 )
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker
-
-
-def step_sequences(shuffle: GlobalShuffle, rank: int, step: int) -> list[np.ndarray]:
-    return [k.indices for k in shuffle.rank_keys(rank, step, step + 1)]
-
-
-def test_ranks_read_disjoint_slices_that_cover_each_global_batch():
-    plan = BatchPlan.derive(16, 2, 4)
-    shuffle = GlobalShuffle(100, plan, seed=3)
-    for step in range(12):  # crosses two epoch boundaries (6 steps per epoch)
-        parts = [np.concatenate(step_sequences(shuffle, r, step)) for r in range(4)]
-        together = np.concatenate(parts)
-        assert len(set(together.tolist())) == 16
-        epoch, within = divmod(step, 6)
-        assert sorted(together) == sorted(shuffle.order(epoch).rows(np.arange(within * 16, (within + 1) * 16)))
-
-
-def test_two_ranks_times_two_micro_steps_see_the_micro_batches_of_one_rank_times_four():
-    one = GlobalShuffle(200, BatchPlan.derive(16, 4, 1), seed=0)
-    two = GlobalShuffle(200, BatchPlan.derive(16, 4, 2), seed=0)
-    for step in range(5):
-        single = {tuple(b) for b in step_sequences(one, 0, step)}
-        double = {tuple(b) for r in range(2) for b in step_sequences(two, r, step)}
-        assert single == double
-
-
-def test_each_epoch_is_a_new_permutation_and_the_seed_fixes_it():
-    shuffle = GlobalShuffle(50, BatchPlan.derive(10, 10, 1), seed=1)
-    epoch = np.arange(50)
-    first, second = shuffle.order(0).rows(epoch), shuffle.order(1).rows(epoch)
-    assert sorted(first) == list(range(50)) and not np.array_equal(first, second)
-    assert np.array_equal(GlobalShuffle(50, shuffle.plan, seed=1).order(1).rows(epoch), second)
-    assert not np.array_equal(GlobalShuffle(50, shuffle.plan, seed=2).order(0).rows(epoch), first)
-
-
-def test_resuming_at_step_k_continues_the_same_sequence_of_batches():
-    shuffle = GlobalShuffle(300, BatchPlan.derive(32, 8, 2), seed=5)
-    uninterrupted = [k.indices for k in shuffle.rank_keys(1, 0, 20)]
-    resumed = [k.indices for k in GlobalShuffle(300, shuffle.plan, seed=5).rank_keys(1, 7, 20)]
-    already_seen = 7 * shuffle.plan.accumulation
-    assert all(np.array_equal(a, b) for a, b in zip(uninterrupted[already_seen:], resumed, strict=True))
+from pipeline.pretrain.stream import DataStream
 
 
 def test_eval_batches_are_the_same_on_every_call_and_split_evenly():
@@ -134,7 +94,7 @@ def test_a_stop_signal_to_the_process_group_leaves_the_loader_workers_serving():
 
 
 def test_the_training_loader_installs_the_signal_guard_in_its_workers():
-    loader = train_loader(None, GlobalShuffle(64, BatchPlan.derive(8, 8, 1), seed=0), rank=0, start_step=0, end_step=2,
+    loader = train_loader(None, DataStream([64], BatchPlan.derive(8, 8, 1), seed=0), rank=0, start_step=0, end_step=2,
                           num_workers=1)
     assert loader.worker_init_fn is ignore_stop_signals
 

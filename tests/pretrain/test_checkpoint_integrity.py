@@ -17,9 +17,11 @@ import pytest
 import test_export_layout
 import torch
 from disk_full import NO_SPACE, FakeEngine, files_under, fill_during_safetensors
+from helpers import record_at
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain import checkpoints
+from pipeline.pretrain.checkpoint_record import RECORD_FILE, read_record
 
 run_folder = test_export_layout.run_folder  # a fixture: a run folder with one ZeRO-0 checkpoint
 world_of_one = disk_full.world_of_one  # a fixture: a gloo process group of one, in this process
@@ -41,14 +43,14 @@ def truncate(path) -> None:
 def two_checkpoints(tmp_path, world_of_one):
     root = tmp_path / "checkpoints"
     for step in (4, 8):
-        checkpoints.save_checkpoint(FakeEngine(weights=100 + step), root, step, {"step": step}, {}, keep_last=3)
+        checkpoints.save_checkpoint(FakeEngine(weights=100 + step), root, record_at(step), keep_last=3)
     return root
 
 
-def test_the_marker_records_every_files_size_and_sha256(two_checkpoints):
-    marker = checkpoints.read_marker(two_checkpoints / "step_00000008")
-    assert sorted(marker["files"]) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_optim_states.pt"]
-    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in marker["files"].values())
+def test_the_record_lists_every_files_size_and_sha256(two_checkpoints):
+    record = read_record(two_checkpoints / "step_00000008")
+    assert sorted(record.files) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_optim_states.pt"]
+    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in record.files.values())
 
 
 @pytest.mark.parametrize("damage", [flip_a_bit, truncate], ids=["bit_flip", "truncated"])
@@ -74,7 +76,7 @@ def test_every_checkpoint_damaged_means_a_fresh_start(two_checkpoints):
 
 
 def test_a_checkpoint_saved_before_checksums_loads_with_one_warning(two_checkpoints):
-    marker_path = two_checkpoints / "step_00000008" / checkpoints.COMPLETE_MARKER
+    marker_path = two_checkpoints / "step_00000008" / RECORD_FILE
     marker = json.loads(marker_path.read_text())
     del marker["files"]
     marker_path.write_text(json.dumps(marker))
@@ -85,9 +87,9 @@ def test_a_checkpoint_saved_before_checksums_loads_with_one_warning(two_checkpoi
 
 
 def add_checksums(checkpoint) -> None:
-    marker = checkpoints.read_marker(checkpoint)
+    marker = json.loads((checkpoint / RECORD_FILE).read_text())
     marker["files"] = checkpoints.file_checksums(checkpoint)
-    (checkpoint / checkpoints.COMPLETE_MARKER).write_text(json.dumps(marker))
+    (checkpoint / RECORD_FILE).write_text(json.dumps(marker))
 
 
 def test_export_refuses_a_damaged_checkpoint_with_the_message_resume_warns_with(run_folder, tmp_path):
@@ -103,7 +105,7 @@ def test_export_refuses_a_damaged_checkpoint_with_the_message_resume_warns_with(
     assert str(err.value) == expected
     assert not (tmp_path / "export").exists()
     warned: list[str] = []
-    checkpoints.newest_intact(checkpoint.parent, warned.append, set_aside=False)
+    checkpoints.newest_intact(checkpoint.parent, warned.append)
     assert warned[0].startswith(expected + ";")
 
 
@@ -137,7 +139,7 @@ def test_export_a_full_disk_keeps_the_previous_export(run_folder, tmp_path, monk
 def test_checkpoint_a_full_disk_keeps_the_previous_checkpoint_and_a_rerun_saves(tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
     engine = FakeEngine()
-    checkpoints.save_checkpoint(engine, root, 4, {"step": 4}, {}, keep_last=2)
+    checkpoints.save_checkpoint(engine, root, record_at(4), keep_last=2)
     before = files_under(root / "step_00000004")
     real_save = torch.save
 
@@ -150,12 +152,12 @@ def test_checkpoint_a_full_disk_keeps_the_previous_checkpoint_and_a_rerun_saves(
     with monkeypatch.context() as patch:
         patch.setattr(torch, "save", full_partway)
         with pytest.raises(PipelineError, match=NOT_SIZE) as err:
-            checkpoints.save_checkpoint(engine, root, 8, {"step": 8}, {}, keep_last=2)
+            checkpoints.save_checkpoint(engine, root, record_at(8), keep_last=2)
     assert str(root / "step_00000008") in str(err.value)
     assert checkpoints.newest_intact(root, pytest.fail) == root / "step_00000004"  # verifies, no warning
     assert files_under(root / "step_00000004") == before
     # After space is freed the rerun saves the same step again, over the half-written folder.
-    checkpoints.save_checkpoint(engine, root, 8, {"step": 8}, {}, keep_last=2)
+    checkpoints.save_checkpoint(engine, root, record_at(8), keep_last=2)
     assert checkpoints.newest_intact(root, pytest.fail) == root / "step_00000008"
 
 

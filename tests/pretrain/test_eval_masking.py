@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 from helpers import tiny_pretrain_config
 from test_phases import load
+from test_pretrain_distributed import write_config
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, eval_probability
-from pipeline.pretrain.mixture import PretrainData
 from pipeline.pretrain.plateau import at_mask_rate
+from pipeline.pretrain.preflight import prepare_run
 
 
 def masked_fraction(batches, keys, special_ids) -> float:
@@ -26,16 +28,18 @@ def masked_fraction(batches, keys, special_ids) -> float:
 
 
 def test_validation_batches_are_masked_at_eval_probability(tmp_path, roberta_shards, bpe_tokenizer_dir):
-    config = load(tmp_path, tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
-                                                 masking={"probability": 0.3, "eval_probability": 0.15}))
+    plan = prepare_run(write_config(tmp_path / "config.json", tiny_pretrain_config(
+        roberta_shards, bpe_tokenizer_dir, tmp_path / "out", masking={"probability": 0.3, "eval_probability": 0.15})))
+    config = plan.config
     tokenizer = load_tokenizer(str(bpe_tokenizer_dir))
     info = describe_tokenizer(tokenizer, str(bpe_tokenizer_dir))
     maskers = [build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, 0, evaluation=e)
                for e in (False, True)]
-    data = PretrainData(config.data, BatchPlan.derive(16, 4, 1), maskers[0], seed=0, cache_dir=tmp_path / "cache",
-                        tokenizer_fingerprint=info.fingerprint, with_segments=False, eval_masker=maskers[1])
+    data = PretrainData(plan.stretches[0], BatchPlan.derive(16, 4, 1), maskers[0], seed=0,
+                        cache_dir=tmp_path / "cache", tokenizer_fingerprint=info.fingerprint, with_segments=False,
+                        eval_masker=maskers[1])
     (val_keys,) = data.eval_sets(64, 4, 0, 1)
-    train_keys = [data.order.micro_batch(step, i) for step in range(4) for i in range(4)]
+    train_keys = [data.stream.micro_batch(step, i) for step in range(4) for i in range(4)]
     specials = tokenizer.all_special_ids
     assert masked_fraction(data.val_batches, val_keys, specials) == pytest.approx(0.15, abs=0.02)
     assert masked_fraction(data.train_batches, train_keys, specials) == pytest.approx(0.3, abs=0.02)

@@ -14,8 +14,9 @@ TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "in
 
 
 @pytest.fixture
-def run_folder(tmp_path, bpe_tokenizer_dir):
-    """A pretraining run folder with one ZeRO-0 checkpoint, as the trainer lays it out.
+def run_folder(tmp_path, bpe_tokenizer_dir, roberta_shards):
+    """A pretraining run folder with one ZeRO-0 checkpoint, as the trainer lays it out, written before markers
+    held the model's transformers config.
 
     The config names a tokenizer folder that no longer exists: the run's own copy is the one to use.
     """
@@ -37,7 +38,7 @@ def run_folder(tmp_path, bpe_tokenizer_dir):
     torch.save({"module": model.state_dict()}, checkpoint / "mp_rank_00_model_states.pt")
     (checkpoint / "complete.json").write_text(json.dumps({
         "step": 4, "architecture": "roberta", "seq_len": 64, "zero_stage": 0,
-        "config": {"model": TINY, "data": {"tokenizer": str(tmp_path / "moved-away")}}}))
+        "config": {"model": TINY, "data": {"shards": str(roberta_shards), "tokenizer": str(tmp_path / "moved-away")}}}))
     layout.tracking.write_text(json.dumps({"uri": "sqlite:///mlflow.db", "run_id": "abc123"}))
     return {"layout": layout, "checkpoint": checkpoint, "weights": model.state_dict()}
 

@@ -1,26 +1,27 @@
 """The LR at every sampled step of every shipped config and recipe, of the phase, batch-warmup and anneal test
-configs, and the data plan (each stretch's batch and stream start) of those in phases or under a batch warmup, are
-the ones the pipeline gave before the schedule became one closed form.
+configs, and the steps and batch of each stretch of those in phases or under a batch warmup, are the ones the
+pipeline gave before the schedule became one closed form.
 
 lr_table.json was recorded with the code before the rewrite (it names the commit): the LR as a multiple of
 optimizer.lr at the first 100 steps, about 300 more spread over the run, and every step within 2 of a
-phase's start, warmup end, decay start and end.
+phase's start, warmup end, decay start and end. Recipes added since were recorded with the code of their
+day, the commit its "about" names.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.common.config_tree import build_config
-from pipeline.pretrain.anneal import resolve_anneal
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.engine import lr_scheduler
-from pipeline.pretrain.phases import resolve_phases, resolve_stretches, samples_consumed, stream_start
-from pipeline.pretrain.schedules import lr_schedule
+from pipeline.pretrain.phases import resolve_phases
+from pipeline.pretrain.schedules import Anneal, lr_schedule
 
 TABLE = json.loads((Path(__file__).parent / "lr_table.json").read_text())["cases"]
 
@@ -32,16 +33,16 @@ def build(data: dict) -> PretrainConfig:
 
 
 def case_schedule(case: dict, tmp_path: Path):
-    """The case's config and its schedule, an anneal's from a checkpoint marker like the one a run writes."""
+    """The case's config and its schedule, an anneal's from its source checkpoint's step and recorded config."""
     data = json.loads(json.dumps(case["config"]))
     if "source_step" in case:
-        checkpoint = tmp_path / "source" / "checkpoints" / f"step_{case['source_step']:08d}"
-        checkpoint.mkdir(parents=True)
-        marker = {"step": case["source_step"], **({"config": case["source_config"]} if case["source_config"] else {})}
-        (checkpoint / "complete.json").write_text(json.dumps(marker))
-        data["train"]["anneal_from"] = str(checkpoint)
+        data["train"]["anneal_from"] = "source"
     config = build(data)
-    return config, lr_schedule(config, resolve_phases(config), resolve_anneal(config))
+    anneal = None
+    if "source_step" in case:
+        source = build(case["source_config"]) if case["source_config"] else config
+        anneal = Anneal(case["source_step"], int(config.train.anneal_steps), source)
+    return config, lr_schedule(config, resolve_phases(config), anneal)
 
 
 @pytest.mark.parametrize("case", TABLE, ids=[c["name"] for c in TABLE])
@@ -68,17 +69,20 @@ def test_the_engines_scheduler_steps_through_the_recorded_lrs(case, tmp_path):
 
 
 @pytest.mark.parametrize("case", [c for c in TABLE if "stretches" in c], ids=lambda c: c["name"])
-def test_each_stretch_keeps_its_recorded_batch_and_stream_start(case, monkeypatch):
-    import pipeline.data.shard_index as shard_index
+def test_each_stretch_keeps_its_recorded_steps_and_batch_and_draws_on_where_its_folder_stopped(case):
+    from helpers import plan_of
 
-    # A batch warmup reads its sequence length from the shard index; the table recorded the one it ran with.
-    monkeypatch.setattr(shard_index, "load_index", lambda folder: {"seq_len": case["seq_len"]})
     config = build(case["config"])
-    stretches = resolve_stretches(config, resolve_phases(config), config.train.max_steps)
-    many, few = case["num_sequences"]
-    assert [[s.start, s.end, s.global_batch_size, stream_start(stretches, k, many), stream_start(stretches, k, few)]
-            for k, s in enumerate(stretches)] == case["stretches"]
-    assert {str(n): samples_consumed(stretches, n) for n in case["steps"]} == case["samples_consumed"]
+    folders = {s.path for p in resolve_phases(config) for s in p.data.corpora()}
+    # A batch warmup's ramp counts tokens in the sequence length the table recorded it with.
+    plan = plan_of(config, dict.fromkeys(folders, case["num_sequences"][0]), seq_len=case["seq_len"] or 64)
+    assert [[s.start, s.end, s.global_batch_size] for s in plan.stretches] == [row[:3] for row in case["stretches"]]
+    assert {str(n): plan.sequences_seen(n) for n in case["steps"]} == case["samples_consumed"]
+    for k, stretch in enumerate(plan.stretches):  # each folder's stream goes on exactly where it stopped
+        earlier = Counter()
+        for s in plan.stretches[:k]:
+            earlier.update({c.path: int(n) for c, n in zip(s.corpora, s.drawn(s.end) - s.first_draws, strict=True)})
+        assert stretch.first_draws == tuple(earlier[c.path] for c in stretch.corpora)
 
 
 def test_the_table_covers_every_shipped_config_and_recipe():

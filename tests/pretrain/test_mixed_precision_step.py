@@ -46,6 +46,7 @@ def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[i
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.schedules import lr_schedule
 
     config = parity.parity_config(1, stage)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
@@ -53,7 +54,7 @@ def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[i
     torch.manual_seed(0)
     model = build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN)
     before = {name: p.detach().float().clone() for name, p in model.named_parameters()}
-    engine = initialize_engine(model, config, phases[0].plan(1))
+    engine = initialize_engine(model, config, phases[0].plan(1), schedule=lr_schedule(config, phases))
     engine.train()
     for index in range(parity.ACCUMULATION):
         engine.backward(engine(**parity.micro_batch(0, index))["loss"])

@@ -8,21 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT, tiny_pretrain_config
+from helpers import ROOT, plan_of, tiny_pretrain_config
 from test_pretrain_distributed import launch, step_losses, write_config
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import GlobalShuffle
-from pipeline.pretrain.phases import (
-    Phase,
-    phase_ends,
-    resolve_phases,
-    resolve_stretches,
-    samples_consumed,
-    stream_start,
-)
+from pipeline.pretrain.checkpoint_record import read_record
+from pipeline.pretrain.phases import Phase, phase_ends, resolve_phases
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import Schedule, lr_schedule, segments
 
@@ -76,7 +69,7 @@ def test_a_config_without_phases_is_one_phase_of_the_whole_run(tmp_path):
 
 def test_a_phase_is_built_from_keywords_only():
     with pytest.raises(TypeError):
-        Phase(0, "", 0, 8, None, 16, 4, 1e-3, 2)
+        Phase(0, "", 0, 8, None, 16, 4, 1e-3, 2, 0.15)
 
 
 def test_each_phase_warms_up_to_its_own_peak_and_decays_to_its_own_end(tmp_path):
@@ -89,25 +82,26 @@ def test_each_phase_warms_up_to_its_own_peak_and_decays_to_its_own_end(tmp_path)
     # Phase 2 re-warms up from its own start (1/2 of its 1e-3 peak), then decays over its last step.
     expected = [2e-3 / 3, 4e-3 / 3, 2e-3, 1.5e-3, 1e-3, 0.5e-3, 0.5e-3, 1e-3]
     assert lrs == pytest.approx(expected)
-    assert samples_consumed(resolve_stretches(config, phases, 8), 7) == 6 * 16 + 8
+    assert plan_of(config, {"a": 200, "b": 200}).sequences_seen(7) == 6 * 16 + 8
 
 
 def test_a_later_phase_on_the_same_folder_continues_its_data_stream(tmp_path):
     config = load(tmp_path, phased_config(tmp_path, Path("same"), Path("same"), Path("tok")), check_files=False)
     # 6 steps of 16, then batches of 8 from the same 200 sequences
-    phases = resolve_stretches(config, resolve_phases(config), 8)
-    assert stream_start(phases, 1, 200) == 12  # phase 2's step 12 of batch 8 is sample 96, where phase 1 stopped
-    one = GlobalShuffle(200, BatchPlan.derive(16, 4, 1), seed=0)
-    two = GlobalShuffle(200, BatchPlan.derive(8, 2, 1), seed=0)
-    drawn = np.concatenate([one.micro_batch(s, k).indices for s in range(6) for k in range(4)])
-    first_of_two = np.concatenate([two.micro_batch(12, k).indices for k in range(4)])
+    one, two = plan_of(config, {"same": 200}).stretches
+    assert (one.first_draws, two.first_draws, two.start) == ((0,), (96,), 6)  # where phase 1 stopped, exactly
+    drawn = np.concatenate([one.stream(0).step_sequences(s)[1] for s in range(6)])
+    first_of_two = two.stream(0).step_sequences(6)[1]
     assert len(set(drawn)) == 96 and not set(first_of_two) & set(drawn)
-    assert (first_of_two == one.order(0).rows(np.arange(96, 104))).all()  # the next sequences of the same permutation
-    # Across an epoch: 6 steps of 16 from 40 sequences (2 per epoch) end at epoch 3, position 0.
-    assert stream_start(phases, 1, 40) == 3 * 5
+    # the next sequences of the same permutation
+    assert sorted(first_of_two) == sorted(one.stream(0).order(0, 0).rows(np.arange(96, 104)))
+    # Across an epoch: 6 steps of 16 from 40 sequences end at epoch 2, position 16: nothing skipped there.
+    first, short = plan_of(config, {"same": 40}).stretches
+    rows, epochs = short.stream(0).step_sequences(6)[1:]
+    assert set(epochs.tolist()) == {2} and sorted(rows) == sorted(first.stream(0).order(0, 2).rows(np.arange(16, 24)))
     # Another folder starts its own stream at its beginning.
     other = load(tmp_path, phased_config(tmp_path, Path("a"), Path("b"), Path("tok")), check_files=False)
-    assert stream_start(resolve_stretches(other, resolve_phases(other), 8), 1, 200) == 0
+    assert plan_of(other, {"a": 200, "b": 200}).stretches[1].first_draws == (0,)
 
 
 def test_bad_phases_are_all_reported_up_front_naming_their_keys(tmp_path):
@@ -143,6 +137,24 @@ def test_a_shard_folder_whose_seq_len_differs_from_the_phase_is_a_clear_error(tm
         load(tmp_path, data)
     assert (f"phases[0].seq_len is 64, but phases[0].shards {short_shards} holds sequences of 32 tokens"
             in str(err.value)) and "phases[1].seq_len is 128" in str(err.value)
+
+
+def test_a_single_folder_smaller_than_one_global_batch_is_refused_with_or_without_phases(
+        tmp_path, roberta_shards, short_shards, bpe_tokenizer_dir):
+    from pipeline.data.shard_index import load_index
+
+    train = load_index(roberta_shards)["splits"]["train"]["sequences"]
+    batch = 4 * (train // 4 + 1)  # one step more than the folder holds
+    plain = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out",
+                                 train={"global_batch_size": batch})
+    with pytest.raises(ConfigError, match=rf"data.shards: the train split of {roberta_shards} holds {train} "
+                                          rf"sequences, fewer than one global batch \({batch}\)"):
+        load(tmp_path, plain)
+    phased = phased_config(tmp_path, short_shards, roberta_shards, bpe_tokenizer_dir)
+    phased["phases"][1].update(global_batch_size=batch, micro_batch_size=4)
+    with pytest.raises(ConfigError, match=rf"phases\[1\].shards: the train split of {roberta_shards} holds {train} "
+                                          rf"sequences, fewer than one global batch \({batch}\)"):
+        load(tmp_path, phased)
 
 
 def test_the_shipped_two_phase_config_follows_the_published_recipe_scaled_to_base():
@@ -191,10 +203,12 @@ def test_a_run_resumed_at_or_after_the_boundary_repeats_the_uninterrupted_one(tw
     positions = states["full"]["roberta.embeddings.position_embeddings.weight"].shape[0]
     assert positions == 64 + 2 and positions == states["at_6"]["roberta.embeddings.position_embeddings.weight"].shape[0]
     saved = PretrainLayout(root / "full").checkpoints
-    markers = {s: json.loads((saved / f"step_{s:08d}" / "complete.json").read_text()) for s in (6, 7)}
-    assert (markers[6]["phase"], markers[6]["batch_plan"]["global_batch_size"]) == ("seq32", 16)
-    assert (markers[7]["phase"], markers[7]["batch_plan"]["global_batch_size"]) == ("seq64", 8)
-    assert markers[7]["train_state"]["samples_consumed"] == 6 * 16 + 8
+    records = {s: read_record(saved / f"step_{s:08d}") for s in (6, 7)}
+    assert (records[6].phase, records[6].batch_plan.global_batch_size) == ("seq32", 16)
+    assert (records[7].phase, records[7].batch_plan.global_batch_size) == ("seq64", 8)
+    assert records[7].sequences_seen == 6 * 16 + 8
+    assert [(s.start, s.end, s.global_batch_size, s.phase) for s in records[7].stretches] == [
+        (0, 6, 16, "seq32"), (6, 7, 8, "seq64")]
 
 
 @pytest.mark.slow
@@ -220,3 +234,51 @@ def test_one_mlflow_run_holds_both_phases_as_a_metric_and_a_tag(two_phase_runs):
     history = sorted(client.get_metric_history(run.info.run_id, "train/phase"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(s, 1.0) for s in range(1, 7)] + [(7, 2.0), (8, 2.0)]
     assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_a_phase_may_set_its_own_mix_temperature_and_masking_rate(tmp_path):
+    data = phased_config(tmp_path, Path("a"), Path("b"), Path("tok"))
+    data["phases"][0].update(masking_probability=0.3)
+    data["phases"][1].update(shards=[{"path": "b"}, {"path": "c"}], mix_temperature=0.5, masking_probability=0.05)
+    config = load(tmp_path, data, check_files=False)
+    one, two = resolve_phases(config)
+    assert (one.masking_probability, two.masking_probability) == (0.3, 0.05)
+    # p_c ∝ N_c^τ over the corpora's training sequences: 100 and 400 sequences at τ 0.5 give 1:2.
+    plan = plan_of(config, {"a": 200, "b": 100, "c": 400})
+    assert [str(s) for s in plan.stretches[1].shares] == ["1/3", "2/3"]
+    assert plan.stretches[1].first_draws == (0, 0)  # b and c: no earlier phase drew from them
+
+
+def test_bad_phase_mixes_and_rates_are_reported_naming_their_keys(tmp_path):
+    data = phased_config(tmp_path, Path("a"), Path("b"), Path("tok"))
+    data["phases"][0].update(masking_probability=1.5, mix_temperature=0.7)  # a single folder: no mix to sample
+    data["phases"][1].update(shards=[{"path": "b", "weight": 2}, {"path": "c"}], mix_temperature=-1)
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, data, check_files=False)
+    problems = err.value.problems
+    assert any(p.startswith("phases[0].masking_probability: must be in (0, 1)") for p in problems)
+    assert any(p.startswith("phases[0].mix_temperature: applies to a mix of corpora") for p in problems)
+    assert any(p.startswith("phases[1].mix_temperature: must be a positive number") for p in problems)
+
+
+def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    from test_eval_masking import masked_fraction
+
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.batches import PretrainData
+    from pipeline.pretrain.preflight import prepare_run
+
+    data = phased_config(tmp_path, roberta_shards, roberta_shards, bpe_tokenizer_dir,
+                         data={"cache_dir": str(tmp_path / "cache")})
+    for phase, rate in zip(data["phases"], (0.3, 0.05), strict=True):
+        phase.update(seq_len=None, masking_probability=rate)
+    plan = prepare_run(write_config(tmp_path / "config.json", data))
+    tokenizer = load_tokenizer(str(bpe_tokenizer_dir))
+    info = describe_tokenizer(tokenizer, str(bpe_tokenizer_dir))
+    for stretch, rate in zip(plan.stretches, (0.3, 0.05), strict=True):
+        feed = PretrainData.for_stretch(stretch, plan, tokenizer, info)
+        keys = [feed.stream.micro_batch(step, k) for step in range(stretch.start, stretch.end)
+                for k in range(feed.plan.accumulation)]
+        assert masked_fraction(feed.train_batches, keys, tokenizer.all_special_ids) == pytest.approx(rate, abs=0.03)
+        (val,) = feed.eval_sets(32, 4, 0, 1)  # validation keeps the run's one rate, so losses compare
+        assert masked_fraction(feed.val_batches, val, tokenizer.all_special_ids) == pytest.approx(0.15, abs=0.04)

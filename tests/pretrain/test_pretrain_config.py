@@ -12,8 +12,7 @@ from pipeline.common.config_tree import ConfigError, apply_overrides, parse_over
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import ScheduleConfig
-from pipeline.pretrain.engine import client_optimizer, deepspeed_config, optimizer_groups
-from pipeline.pretrain.lamb import Lamb
+from pipeline.pretrain.engine import Lamb, client_optimizer, deepspeed_config, optimizer_groups
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.schedules import Schedule, segments
 
@@ -289,3 +288,14 @@ def test_each_section_checks_its_own_keys_when_built_and_the_top_level_the_rules
     assert err.value.problems == ["train.anneal_from with phases: annealing runs one decay on one data stream; give "
                                   "the config of the phase to anneal (its shards, batch and LR) without phases"]
     assert PretrainConfig(data=DataConfig(shards="shards", tokenizer="tok")).model.architecture == "roberta"
+
+
+def test_skip_steps_are_ranges_of_steps_as_the_logs_number_them_and_do_not_overlap():
+    from pipeline.common.config_tree import SectionProblems
+    from pipeline.pretrain.config import TrainConfig
+
+    assert TrainConfig(skip_steps=[" 11:12", "3 : 5"]).skipped() == (range(2, 5), range(10, 12))
+    with pytest.raises(SectionProblems, match=r"train.skip_steps: '5:3' is not a range A:B of steps with 1 ≤ A ≤ B"):
+        TrainConfig(skip_steps=["5:3"])
+    with pytest.raises(SectionProblems, match=r"train.skip_steps: 3:5 and 5:8 overlap; give them as one range"):
+        TrainConfig(skip_steps=["5:8", "3:5"])

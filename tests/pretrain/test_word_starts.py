@@ -11,9 +11,8 @@ from helpers import make_documents, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.pretrain.masking import Masker, MaskingConfig
+from pipeline.pretrain.masking import Masker, MaskingConfig, word_rule, word_start_table
 from pipeline.pretrain.preflight import load_pretrain_config
-from pipeline.pretrain.word_starts import word_rule, word_start_table
 
 
 def starts_from_table_and_from_tokenizer(tokenizer_dir, texts):

@@ -225,3 +225,27 @@ def test_the_summary_names_the_runs_seed_and_the_recipes_spread_from_the_seed_be
         SEED_SPREAD: {"value": sentence}}}}))
     assert f"{sentence} (measured on another configs/main-job.json)" in render_summary(run_folder)
     assert len(render_summary(run_folder).splitlines()) <= 42
+
+
+def test_each_arms_model_card_sets_its_figures_beside_the_other_arm_and_the_token_counts(run_folder):
+    from huggingface_hub import ModelCard
+
+    from pipeline.commands.run_default import record_arm_baselines
+    from pipeline.common.run_layout import MainJobLayout
+
+    layout = MainJobLayout(run_folder)
+    for (task, arm), _ in ARMS.items():
+        model = layout.finetune(task, arm).seed(1).model
+        model.mkdir(parents=True)
+        (model / "config.json").write_text(json.dumps({"architectures": ["ModernBertForSequenceClassification"]}))
+        (model / "pipeline_finetune.json").write_text(json.dumps({
+            "task": "custom", "task_type": "classification", "labels": ["a", "b"], "seed": 1,
+            "metrics": {"accuracy": 0.9}, "best_epoch": 2, "from_scratch": arm == "from-scratch",
+            "source_model": str(run_folder / "pretrain" / "export")}))
+    record_arm_baselines(layout)
+    card = ModelCard.load(layout.finetune("word-order", "pretrained").seed(1).model / "README.md")
+    assert "| from scratch | accuracy | 0.410 | median of 3 seeds, the same protocol |" in card.text
+    assert "| token counts | accuracy | 0.490 | bag of words + logistic regression on the same split |" in card.text
+    assert "| median of 3 seeds | accuracy | 0.620 [0.610–0.640] |  |" in card.text
+    scratch = ModelCard.load(layout.finetune("word-order", "from-scratch").seed(1).model / "README.md")
+    assert "| pretrained | accuracy | 0.620 |" in scratch.text and scratch.data.base_model is None

@@ -75,3 +75,5 @@ def test_mlflow_gets_every_step_and_a_resume_reopens_the_same_run(tmp_path):
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss")) == [1, 2, 3, 4]
     assert run.data.params == {"train.max_steps": "4"} and run.data.tags["world_size"] == "2"
     assert run.info.status == "FINISHED"
+    # Artifacts beside the sqlite store, not in the working directory's mlruns/.
+    assert run.info.artifact_uri.startswith((tmp_path / "mlruns").as_uri())

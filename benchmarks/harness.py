@@ -1,0 +1,335 @@
+"""The benchmarks' one harness: a study's declaration and record, its launches, and the data fixtures.
+
+A benchmark declares what it compares and measures inside its study's record:
+
+    STUDY = Study("packing", question="How much faster does doc-packed train than padded rows?",
+                  metric="real tokens/s", baseline="doc (padded rows)", arms=("doc", "doc-packed", "full"))
+
+    with STUDY.record() as rec:                         # STUDY.record("VARIANT"): NAME.VARIANT.json beside it
+        rec.table("title", rows)                        # rows: [{column: value, ...}, ...], printed too
+        rec.headline("doc-packed ÷ doc", "1.76", target="≥ 1.4", met=True)
+
+The record notes the command, the date, the machine (cores, CPU model), the load at the start and the
+end, the git commit and the study, and on a clean exit writes `benchmarks/results/NAME.json` atomically
+(`BENCHMARK_RESULTS_DIR` redirects it); a run that raises writes nothing; `render_tables.py` renders the
+docs from these files. `launch` runs a command from the repository root: printed, timed (wall and child
+CPU seconds, the load around it), logged, capped. Work goes to `work_dir(NAME)`, never the checkout's runs/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python benchmarks/x.py`, the repository is not on the path yet
+    sys.path.insert(0, str(ROOT))
+from pipeline.common.atomic_files import write_text_atomic  # noqa: E402
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+SHARED = Path(os.environ.get("PIPELINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+"""The real data for benchmarks (../shared/data beside the checkout; PIPELINE_SHARED_DATA points elsewhere)."""
+IMDB = SHARED / "corpus" / "imdb-reviews.jsonl.zst"
+COMMAND_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+"""Settings from the environment that change what a benchmark measures, shown in front of its command."""
+BUILD_OP = ("import time; from deepspeed.accelerator import get_accelerator; "
+            "builder = get_accelerator().create_op_builder('ShareMemCommBuilder'); "
+            "t = time.monotonic(); builder.load(); print(time.monotonic() - t)")
+"""Builds (or loads) DeepSpeed's CPU comm op and prints the seconds it took."""
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def cpu_model() -> str:
+    """The `model name` line of /proc/cpuinfo, or platform.processor() where there is none."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown"
+
+
+def load_average() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages, rounded to 0.01."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def git_state(root: Path = ROOT) -> dict[str, Any]:
+    """The checkout's commit and whether tracked files had changes (the results and the docs aside)."""
+    if os.environ.get("BENCHMARK_GIT_COMMIT"):
+        # A copy of a checkout made elsewhere (a lent GPU machine's copy carried a stale .git whose HEAD was not
+        # the files'): the caller names the commit it copied; whether the copy had changes is then unknown.
+        return {"commit": os.environ["BENCHMARK_GIT_COMMIT"], "dirty": None}
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results", ":!docs")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+
+
+def command_line(argv: list[str]) -> str:
+    """argv as a shell line, the script path relative to the repository where it can be, after the settings
+    from the environment that change what a benchmark measures."""
+    parts = list(argv)
+    if parts and Path(parts[0]).resolve().is_relative_to(ROOT):
+        parts[0] = str(Path(parts[0]).resolve().relative_to(ROOT))
+    return " ".join([*(f"{k}={shlex.quote(os.environ[k])}" for k in COMMAND_ENV if k in os.environ), "python",
+                     shlex.join(parts)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """What a benchmark compares: its arms, the metric each is measured by, and the baseline they are read against."""
+
+    name: str
+    question: str
+    metric: str
+    baseline: str
+    arms: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        empty = [f.name for f in dataclasses.fields(self) if not getattr(self, f.name)]
+        if empty or not _NAME.match(self.name):
+            raise ValueError(f"study {self.name!r}: give {', '.join(empty) or 'a name of letters, digits and _'}")
+
+    def record(self, variant: str | None = None, argv: list[str] | None = None,
+               out_dir: str | os.PathLike | None = None) -> BenchmarkRecord:
+        """The record of one run: `NAME.json`, or `NAME.VARIANT.json` for a run whose tables stand beside it."""
+        return BenchmarkRecord(f"{self.name}.{variant}" if variant else self.name, argv, out_dir=out_dir, study=self)
+
+
+class BenchmarkRecord:
+    """A benchmark run's result: fill `results` (or use `table` and `headline`) inside the `with` block."""
+
+    def __init__(self, name: str, argv: list[str] | None = None, *, out_dir: str | os.PathLike | None = None,
+                 study: Study | None = None) -> None:
+        if not _NAME.match(name):
+            raise ValueError(f"benchmark name {name!r}: use letters, digits, '_', '-' and '.' (a variant after a dot)")
+        self.name, self.study, self.argv = name, study, list(sys.argv if argv is None else argv)
+        self.path = Path(out_dir or os.environ.get("BENCHMARK_RESULTS_DIR") or RESULTS_DIR) / f"{name}.json"
+        self.results: dict[str, Any] = {}
+        self.data: dict[str, Any] = {}
+
+    def __enter__(self) -> BenchmarkRecord:
+        git, cores = git_state(), os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
+        machine = {"cores": len(cores), "cores_total": os.cpu_count(), "cpu_model": cpu_model(),
+                   "platform": platform.platform(), "python": platform.python_version()}
+        self.data = {"benchmark": self.name, "provenance": "measured", "command": command_line(self.argv),
+                     "argv": self.argv, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                     "machine": machine, "load_start": load_average(), "git_commit": git["commit"],
+                     "git_dirty": git["dirty"]}
+        if self.study:
+            self.data["study"] = {k: v for k, v in dataclasses.asdict(self.study).items() if k != "name"}
+        print(f"{self.name}: {machine['cpu_model']}, {machine['cores']} cores, load {self.data['load_start']}",
+              file=sys.stderr, flush=True)
+        return self
+
+    def table(self, title: str, rows: list[dict[str, Any]], *, note: str | None = None) -> None:
+        """A table as rows of named columns, in the order given; printed as the docs will show it."""
+        from render_tables import render_table  # which imports this module
+
+        entry: dict[str, Any] = {"title": title, "columns": list(dict.fromkeys(k for r in rows for k in r)),
+                                 "rows": [dict(r) for r in rows], **({"note": note} if note else {})}
+        self.results.setdefault("tables", []).append(entry)
+        print("\n".join(["", *render_table(entry)]), flush=True)
+
+    def headline(self, name: str, value: Any, *, target: str | None = None, met: bool | None = None,
+                 unit: str | None = None) -> None:
+        """A named headline figure; with a target, whether it was met."""
+        entry = {"value": value, **({"unit": unit} if unit else {}),
+                 **({"target": target, "met": met} if target is not None else {})}
+        self.results.setdefault("headline", {})[name] = entry
+        print(f"{name}: {value}" + (f" (target {target}: {met})" if target is not None else ""), flush=True)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.write()
+        return False
+
+    def write(self) -> Path:
+        """Note the end load and write the result file atomically; returns its path."""
+        self.data.update(load_end=load_average(), results=self.results,
+                         date_end=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Not write_json_atomic: its sorted keys would reorder a table's columns and the headline.
+        write_text_atomic(self.path, json.dumps(self.data, indent=2, ensure_ascii=False, default=str) + "\n")
+        print(f"result written to {self.path}", file=sys.stderr, flush=True)
+        return self.path
+
+
+class Launch(NamedTuple):
+    """One command's run: wall and child CPU seconds, the load around it, and what it printed when captured."""
+
+    seconds: float
+    cpu_seconds: float
+    load_before: list[float] | None
+    load_after: list[float] | None
+    output: str = ""
+
+
+def cpu_env(threads: int | None = None) -> dict[str, str]:
+    """The environment of a launch: CPU DeepSpeed, this repository importable, this venv's tools first.
+
+    The venv's `ninja` must come first on PATH, and its own extensions folder be used: a system ninja and
+    the venv's keep different build logs and take turns rebuilding DeepSpeed's comm op (1-2 min) inside
+    whichever run's clock is running.
+    """
+    from pipeline.common.topology import use_environment_extensions_dir
+
+    use_environment_extensions_dir()
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    return env if threads is None else {**env, "OMP_NUM_THREADS": str(threads)}
+
+
+def launch(cmd: list, *, env: dict | None = None, log: Path | None = None, append: bool = False,
+           cap_minutes: float | None = None, capture: bool = False, quiet: bool = False) -> Launch:
+    """Run `cmd` (items made strings) from the repository root; raise with its last words unless it ends well.
+
+    Output goes to `log` (a new file, or `append`ed), is captured (`capture`: `Launch.output`), dropped
+    (`quiet`) or shown. With `cap_minutes` the command gets SIGTERM when they pass (it stops after the
+    step), SIGKILL for its session two minutes later; what it wrote by then is the result. The signal
+    goes to the launched process only: torchrun passes it on to its ranks, which shut their loader
+    workers down themselves (signalling those too would crash a rank).
+    """
+    cmd = [str(c) for c in cmd]
+    print("$", shlex.join(cmd), f"> {log}" if log else "", flush=True)
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(log, "a" if append else "w") if log else None  # noqa: SIM115 (closed below)
+    before, load_before, started = resource.getrusage(resource.RUSAGE_CHILDREN), load_average(), time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, start_new_session=cap_minutes is not None,
+                            stdout=sink or (subprocess.PIPE if capture else subprocess.DEVNULL if quiet else None),
+                            stderr=subprocess.STDOUT if sink else subprocess.PIPE if capture or quiet else None)
+    stopped = False
+    try:
+        try:
+            out, err = proc.communicate(timeout=None if cap_minutes is None else 60 * cap_minutes)
+        except subprocess.TimeoutExpired:
+            stopped = True
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+    except BaseException:  # Ctrl-C: a capped run sits in its own session, out of the terminal's reach
+        if cap_minutes is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        if sink:
+            sink.close()
+    seconds, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0 and not stopped:
+        words = log.read_text(errors="replace") if log else err or ""
+        raise RuntimeError(f"{shlex.join(cmd[:4])}… exited {proc.returncode}: {words.strip()[-2000:]}")
+    return Launch(seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), load_before,
+                  load_average(), out or "")
+
+
+def build_comm_op() -> None:
+    """Build (or load) DeepSpeed's CPU comm op once, before any run's clock starts."""
+    launch([sys.executable, "-c", BUILD_OP], env=cpu_env(), quiet=True)
+
+
+def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> list[str]:
+    """`launchers/pretrain.py --config CONFIG --set ...` on `ranks` CPU ranks (torchrun for more than one)."""
+    launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
+    return [sys.executable, *launcher, "launchers/pretrain.py", "--config", str(config),
+            *(x for s in sets for x in ("--set", s))]
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl records; a line still being written (or cut short by a kill) is left out."""
+    path, records = run_dir / "metrics.jsonl", []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def peak_flops(threads: int | None = None, n: int = 4096, repeats: int = 5, dtype: str = "fp32",
+               device: str = "cpu") -> float:
+    """FLOP/s of the best of `repeats` n × n products (`threads` on CPU, restored after): the MFU denominator."""
+    import torch
+
+    before, sync = torch.get_num_threads(), torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.set_num_threads(threads or before)
+    a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, {"bf16": "bfloat16", "fp16": "float16",
+                                                                    "fp32": "float32"}[dtype])) for _ in range(2))
+    best = float("inf")
+    for i in range(repeats + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = best if i == 0 else min(best, time.perf_counter() - start)
+    torch.set_num_threads(before)
+    return 2 * n**3 / best
+
+
+def work_dir(name: str, given: Path | None = None) -> Path:
+    """`given`, else `$BENCHMARK_WORK_DIR/NAME` (default: under the system's temporary folder), created."""
+    folder = (given or Path(os.environ.get("BENCHMARK_WORK_DIR", Path(tempfile.gettempdir()) / "benchmarks")) / name)
+    folder.resolve().mkdir(parents=True, exist_ok=True)
+    return folder.resolve()
+
+
+def sample_corpus(source: str | Path | None, documents: int, folder: Path) -> tuple[str, list[str], Path]:
+    """(source used, texts, `folder/corpus.jsonl`): the first `documents` texts of `source` (the embedded default
+    corpus, Python's documentation, when None)."""
+    from itertools import islice
+
+    from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
+    from pipeline.data.default_corpus import write_embedded_corpus
+
+    if source is None:
+        source = folder / "embedded.jsonl"
+        write_embedded_corpus(source)
+    texts = list(islice(iter_texts(resolve_inputs([str(source)]), CorpusOptions()), documents))
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return str(source), texts, corpus
+
+
+def make_shards(corpus: Path, tokenizer: Path, folder: Path, seq_len: int, **options: Any) -> Path:
+    """Shards written in process by the shard stage (`options`: ShardOptions' other fields)."""
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
+
+    run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=seq_len, out=str(folder),
+                                 quiet=True, **options))
+    return folder
+
+
+def cli_data(out: Path, inputs: list[Path], *, val_fraction: float, env: dict) -> tuple[Path, Path]:
+    """(tokenizer, shards) in `out`, made once by the user-facing commands (the shard stage skips a complete folder):
+    a 16k byte-level BPE and 128-token shards."""
+    tokenizer, shards = out / "tokenizer", out / "shards"
+    if not (tokenizer / "tokenizer.json").exists():
+        launch([sys.executable, "data_prep/train_tokenizer.py", "--input", *inputs, "--type", "bpe", "--vocab-size",
+                16000, "--model-max-length", 128, "--out", tokenizer], env=env)
+    launch([sys.executable, "data_prep/shard.py", "--input", *inputs, "--tokenizer", tokenizer, "--seq-len", 128,
+            "--val-fraction", val_fraction, "--out", shards, "--quiet"], env=env)
+    return tokenizer, shards

@@ -1,0 +1,130 @@
+"""An export's model card: what the model is, what trained it, what it scores, the proof it loads right, how to load it.
+
+The card is rendered from the folder alone: `config.json` and the record in `pipeline_export.json` (what the
+export wrote: the training facts and the equivalence check; `record_scores` adds the cloze and minimal-pair
+figures when they are measured later, and renders the card again).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.config_tree import to_dict
+from pipeline.common.model_card import equivalence_text, figure, table, write_card
+from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE
+from pipeline.pretrain.checkpoint_facts import CheckpointFacts
+
+
+def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[str, Any]:
+    """What the card says of the training, kept in `pipeline_export.json` so the card can be rendered again."""
+    c = facts.config
+    run_name = c.tracking.run_name or (facts.run.root.resolve().name if facts.run else facts.folder.name)
+    return {
+        "name": run_name, "architecture": facts.architecture, "parameters": parameters,
+        "init_from": c.model.init_from or None, "attn_implementation": c.model.attn_implementation,
+        "data": [{"name": s.name, "path": str(s.path), "weight": s.weight} for s in c.data.corpora()],
+        "phases": [{"name": p.name, "shards": str(p.shards), "steps_fraction": p.steps_fraction} for p in c.phases],
+        "tokenizer": {"kind": type(tokenizer.backend_tokenizer.model).__name__, "vocab_size": len(tokenizer),
+                      "mask_token": tokenizer.mask_token},
+        "step": facts.step, "max_steps": c.train.max_steps, "samples_consumed": facts.samples_consumed,
+        "tokens_seen": facts.tokens_seen, "seq_len": facts.seq_len,
+        "global_batch_size": c.train.global_batch_size, "micro_batch_size": c.train.micro_batch_size,
+        "precision": facts.precision, "zero_stage": facts.zero_stage, "optimizer": to_dict(c.optimizer),
+        "schedule": to_dict(c.schedule), "masking": {"probability": c.masking.probability, "unit": c.masking.unit},
+        "validation": facts.validation,
+    }
+
+
+def record_scores(folder: str | Path, *, cloze: dict | None = None, minimal_pairs: dict | None = None) -> None:
+    """Add measured figures to an export's record (the cloze command's `--json`, minimal_pairs' `--out`) and
+    render its card again."""
+    folder = Path(folder)
+    record = json.loads((folder / EXPORT_PROVENANCE_FILE).read_text())
+    scores = record.setdefault("scores", {})
+    if cloze is not None:
+        scores["cloze"] = {k: cloze[k] for k in ("accuracy", "constant_accuracy", "masked", "texts", "mask_rate")}
+    if minimal_pairs is not None:
+        scores["minimal_pairs"] = {"model": minimal_pairs["model_scores"],
+                                   "unigram": minimal_pairs.get("unigram_scores"), "group_by": minimal_pairs.get(
+                                       "group_by"), "pairs_file": minimal_pairs.get("pairs_file")}
+    write_json_atomic(folder / EXPORT_PROVENANCE_FILE, record)
+    if "training" in record:  # an export written before exports held their training record has no card
+        write_export_card(folder, record)
+
+
+def write_export_card(folder: Path, record: dict[str, Any], shown_as: Path | None = None) -> Path:
+    """Render the card of the export in `folder` from its record; `shown_as`: the path the card's loading code
+    names (the folder's final place, when it is written in a staging folder); default `folder`."""
+    config = json.loads((folder / "config.json").read_text())
+    t = record["training"]
+    metadata = {"library_name": "transformers", "pipeline_tag": "fill-mask", "base_model": t["init_from"],
+                "datasets": [d["name"] for d in t["data"]], "tags": [t["architecture"], "masked-lm",
+                                                                      "roberta-pipeline"]}
+    continued = f", continued from `{t['init_from']}`" if t["init_from"] else ""
+    intro = (f"A {t['architecture']} encoder pretrained by masked language modelling with roberta-pipeline"
+             f"{continued}: step {t['step']:,} of {t['max_steps']:,}, from checkpoint `{record['checkpoint']}`.")
+    return write_card(folder, metadata, t["name"], [
+        ("About", intro), ("Model", _model_section(config, t)), ("Training", _training_section(t)),
+        ("Figures", _figures_section(t, record.get("scores", {}))),
+        ("Equivalence check", equivalence_text(record["equivalence"], "AutoModelForMaskedLM")),
+        ("How to load", _loading_section(shown_as or folder, t["tokenizer"]["mask_token"]))])
+
+
+def _model_section(config: dict, t: dict) -> str:
+    rows = [("class", (config.get("architectures") or ["?"])[0]), ("layers", config["num_hidden_layers"]),
+            ("hidden size", config["hidden_size"]), ("attention heads", config["num_attention_heads"]),
+            ("intermediate size", config["intermediate_size"]), ("parameters", f"{t['parameters']:,}"),
+            ("sequence length trained", t["seq_len"]), ("attention (training)", t["attn_implementation"]),
+            ("tokenizer", f"{t['tokenizer']['kind']}, vocabulary {t['tokenizer']['vocab_size']:,}")]
+    return table(("", ""), rows)
+
+
+def _training_section(t: dict) -> str:
+    weights = len(t["data"]) > 1
+    data = ", ".join(f"`{d['name']}` ({d['path']}" + (f", weight {d['weight']:g})" if weights else ")")
+                     for d in t["data"])
+    tokens = "not recorded" if t["tokens_seen"] is None else f"{t['tokens_seen']:,}"
+    o, s, m = t["optimizer"], t["schedule"], t["masking"]
+    rows = [("data", data), ("tokens seen", f"{tokens} (sequence positions, padding included)"),
+            ("sequences seen", f"{t['samples_consumed']:,}"), ("steps", f"{t['step']:,} of {t['max_steps']:,}"),
+            ("global batch", f"{t['global_batch_size']} sequences ({t['micro_batch_size']} per micro batch)"),
+            ("optimizer", f"{o['name']}, peak LR {o['lr']:g}, betas {tuple(o['betas'])}, weight decay "
+                          f"{o['weight_decay']:g}"),
+            ("schedule", f"{s['kind']}: warmup {s['warmup_steps']} steps, {s['decay']} decay"),
+            ("masking", f"{m['probability']:.0%} of {m['unit']}s"),
+            ("precision", f"{t['precision']}, DeepSpeed ZeRO {t['zero_stage']}")]
+    if t["phases"]:
+        rows.append(("phases", ", ".join(f"{p['name']} ({p['steps_fraction']:g} of the steps, {p['shards']})"
+                                         for p in t["phases"])))
+    return table(("", ""), rows)
+
+
+def _figures_section(t: dict, scores: dict) -> str:
+    from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau
+
+    v = t["validation"]
+    rows = [(f"validation MLM loss{at_mask_rate(v)} (step {v['step']:,})", metrics_beside_plateau(v)) if v
+            else ("validation MLM loss", "not evaluated")]
+    if cloze := scores.get("cloze"):
+        rows.append(("cloze top-1 accuracy", f"{cloze['accuracy']:.3f} (always the most frequent token: "
+                                             f"{cloze['constant_accuracy']:.3f}; {cloze['masked']:,} blanks)"))
+    if pairs := scores.get("minimal_pairs"):
+        unigram = pairs.get("unigram")
+        rows.append(("minimal pairs", f"{pairs['model']['overall']['accuracy']:.3f} (unigram model: "
+                                      f"{figure(unigram and unigram['overall']['accuracy'])}; "
+                                      f"{pairs['model']['overall']['pairs']:,} pairs)"))
+    note = ("A loss at the unigram entropy is what predicting word frequencies alone gives; the margin below it "
+            "is what the model learned from context.")
+    return table(("figure", "this model (its baseline)"), rows) + "\n\n" + note
+
+
+def _loading_section(folder: Path, mask: str) -> str:
+    return (f"```python\nfrom transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline\n\n"
+            f"fill = pipeline(\"fill-mask\", model=\"{folder}\")\nfill(\"Return the {mask} of the list.\")\n"
+            f"model = AutoModelForMaskedLM.from_pretrained(\"{folder}\")\n"
+            f"tokenizer = AutoTokenizer.from_pretrained(\"{folder}\")\n```\n\n"
+            f"It fine-tunes with `roberta-finetune --model {folder}`, and loads in the hub interface with "
+            f"`pipeline.hub.Encoder.from_pretrained(\"{folder}\")`.")

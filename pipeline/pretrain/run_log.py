@@ -1,0 +1,194 @@
+"""What a pretraining run reports: messages and a progress bar on screen, events and metrics in metrics.jsonl and
+MLflow, and the throughput, MFU and data-wait share behind them.
+
+The loop (trainer.py) says what happened; this says it. Rank 0 reports; the other ranks hold a sink that
+drops everything (tracking/metrics.py), so the loop never asks which rank it is on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from pipeline.common.atomic_files import staged_folder, write_json_atomic
+from pipeline.common.config_tree import flatten, to_dict
+from pipeline.common.run_kernel import run_tags
+from pipeline.common.topology import Topology
+from pipeline.pretrain.batches import PretrainData
+from pipeline.pretrain.cadence import CheckedLosses
+from pipeline.pretrain.flops import mfu, model_flops_per_token
+from pipeline.pretrain.masking import eval_probability
+from pipeline.pretrain.plan import RunPlan
+from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
+from pipeline.tracking.metrics import MetricsSink
+from pipeline.tracking.sinks import open_metrics
+
+
+class RunLog:
+    """The run's reports on this rank, about the stretch it trains (`use`)."""
+
+    def __init__(self, plan: RunPlan, topology: Topology):
+        self.plan, self.config, self.is_main = plan, plan.config, topology.is_main
+        self.metrics = MetricsSink()
+        self.progress: tqdm | None = None
+        self._entropies: dict[str, float] = {}
+        """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
+
+    def open(self, tokenizer, step: int, parameters: int) -> None:
+        """Rank 0: the config and a tokenizer copy in the run folder; metrics.jsonl and MLflow opened."""
+        c, layout = self.config, self.config.layout
+        self.tokenizer = tokenizer
+        if not self.is_main:
+            return
+        layout.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(layout.config, to_dict(c))
+        if not layout.tokenizer.exists():
+            with staged_folder(layout.tokenizer) as tmp:
+                tokenizer.save_pretrained(tmp)
+        tags = run_tags("pretrain", self.plan.world_size, gradient_accumulation=self.data.plan.accumulation,
+                        parameters=parameters, output_dir=layout.root.resolve())
+        if c.phases:
+            tags["phase"] = self.data.stretch.phase.name
+        self.metrics = open_metrics(True, jsonl=layout.metrics, resume_step=step, tracking=c.tracking,
+                                    run_name=c.tracking.run_name or layout.root.resolve().name,
+                                    state_file=layout.tracking, tags=tags, params=flatten(to_dict(c)))
+        self.metrics.log_artifact(layout.config)
+
+    def say(self, message: str) -> None:
+        if self.is_main:
+            tqdm.write(message)
+
+    def report(self, step: int, event: dict[str, Any], message: str) -> None:
+        """An event in the metrics, and its message on screen."""
+        self.metrics.event(event, step)
+        self.say(message)
+
+    def use(self, data: PretrainData, hf_config, *, handed_over_at: int | None = None) -> None:
+        """Report on `data`'s stretch from now on (its MFU from `hf_config`); announce it when a hand-over starts it."""
+        self.data, phase = data, data.stretch.phase
+        self.flops_per_token = model_flops_per_token(hf_config, data.seq_len, phase.masking_probability)
+        if handed_over_at is None:
+            return
+        shares = {c.name: round(float(p), 4) for c, p in zip(data.corpora, data.stretch.shares, strict=True)}
+        event = {"global_batch_size": data.plan.global_batch_size, "accumulation": data.plan.accumulation,
+                 "seq_len": data.seq_len, "masking_probability": phase.masking_probability,
+                 **({"phase": phase.name} if phase.name else {}), **({"mix": shares} if data.mixed else {})}
+        if phase.name:
+            self.metrics.set_tags({"phase": phase.name})
+        what = f"phase {phase.name} ({phase.steps} steps, " if phase.name else "("
+        self.report(handed_over_at, event, f"step {handed_over_at}: {what}seq_len {data.seq_len}, global batch "
+                    f"{data.plan.global_batch_size}, masking {phase.masking_probability:g}"
+                    + (f", mix {shares})" if data.mixed else ")"))
+
+    def start(self, step: int) -> None:
+        """The loop begins at `step`: the progress bar starts, and the throughput since the last log (`window`) and
+        over this session (`session`)."""
+        self.window, self.session = ThroughputWindow(), ThroughputWindow()
+        if self.is_main:
+            self.progress = tqdm(total=self.plan.end_step, initial=step, desc="pretrain", unit="step",
+                                 dynamic_ncols=True, mininterval=1.0)
+
+    def stepped(self, stepping: float, waited: float) -> None:
+        """A step took `stepping` seconds, `waited` of them for the loader."""
+        for window in (self.window, self.session):  # a hand-over may change the batch
+            window.add(samples=self.data.plan.global_batch_size, stepping=stepping, waited=waited)
+
+    def losses(self, checked: CheckedLosses, step: int, lr: float, engine, log: bool) -> None:
+        """The losses brought to the host after `step` steps; logged (with the window's rates) when `log`."""
+        for window in (self.window, self.session):
+            window.add(tokens=checked.tokens)
+        if not log:
+            return
+        tokens_per_s, samples_per_s, wait_share = self.window.rates()
+        grad_norm = engine.get_global_grad_norm()
+        scale = getattr(engine.optimizer, "cur_scale", None) if self.config.train.precision == "fp16" else 1.0
+        self.metrics.log({
+            "train/loss": checked.loss, **{f"train/{k}": v for k, v in checked.extras.items()},
+            "train/lr": lr,
+            "train/grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "train/loss_scale": float(scale) if scale is not None else None,
+            "train/tokens_per_s": tokens_per_s, "train/samples_per_s": samples_per_s,
+            "train/data_wait_share": wait_share, "train/mfu": self._mfu(tokens_per_s),
+            "train/phase": self.data.stretch.phase.index + 1 if self.config.phases else None,  # NVIDIA's numbers
+            **self.data.progress(step),
+        }, step)
+        self._advance(step)
+        if self.progress is not None:
+            self.progress.set_postfix(loss=f"{checked.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
+                                      data_wait=f"{wait_share:.0%}", refresh=False)
+
+    def skipped(self, skipped: range, step: int) -> None:
+        """The loop passed over `skipped` (0-based step indices) and goes on at `step`."""
+        label = f"{skipped.start + 1}:{skipped.stop}"
+        self.report(step, {"skipped_steps": label}, f"steps {label} skipped (train.skip_steps): their batches are "
+                    f"left out; step {step + 1} trains on its own batch")
+        self._advance(step)
+
+    def _advance(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress.update(step - self.progress.n)
+
+    def evaluation(self, totals, step: int) -> None:
+        """The validation losses of every rank (`PretrainData.evaluate`), beside each corpus's unigram plateau."""
+        levels = None
+        if self.is_main:  # each corpus's unigram plateau: a loss means little without it (plateau.py says why)
+            for source in self.data.corpora:
+                if source.path not in self._entropies:  # once per folder: a bincount over its validation shards
+                    self._entropies[source.path] = plateau_level(source.path, self.tokenizer)
+            levels = [self._entropies[source.path] for source in self.data.corpora]
+        metrics = {**self.data.eval_metrics(totals, levels), "eval/mask_rate": eval_probability(self.config.masking)}
+        self.metrics.log(metrics, step)
+        self.metrics.flush()
+        per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
+                             for s in self.data.corpora if self.data.mixed)
+        self.say(f"step {step}: eval MLM loss{at_mask_rate(metrics)} {metrics_beside_plateau(metrics)}"
+                 f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
+
+    def summary(self, step: int) -> None:
+        """The session's throughput, MFU and share of time spent waiting for data."""
+        tokens_per_s, _, wait_share = self.session.rates()
+        run_mfu = self._mfu(tokens_per_s)
+        self.report(step, {"summary/tokens_per_s": round(tokens_per_s, 1), "summary/data_wait_share":
+                           round(wait_share, 4), "summary/mfu": run_mfu},
+                    f"this session trained to step {step}: {tokens_per_s:,.0f} tokens/s"
+                    + (f", MFU {run_mfu:.1%}" if run_mfu is not None else "")
+                    + f", waiting for data {wait_share:.1%} of the time")
+
+    def _mfu(self, tokens_per_s: float) -> float | None:
+        return mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.data.plan.world_size)
+
+    def close(self, status: str) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+        self.metrics.close(status)
+
+
+class ThroughputWindow:
+    """Tokens and samples trained since the last log, the seconds they took, and of the steps' own seconds those
+    spent waiting for the next batch: a share near 0 means the loader keeps up, one that grows means the steps
+    wait on it. The times are the host's: on a GPU a wait overlapped by queued kernels costs nothing."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.started, self.tokens, self.samples = time.perf_counter(), 0.0, 0
+        self.stepping = self.waited = 0.0
+
+    def add(self, *, samples: int = 0, tokens: float = 0.0, stepping: float = 0.0, waited: float = 0.0) -> None:
+        """`stepping`: seconds inside steps; `waited`: the part of them spent waiting for the loader."""
+        self.samples += samples
+        self.tokens += tokens
+        self.stepping += stepping
+        self.waited += waited
+
+    def rates(self) -> tuple[float, float, float]:
+        """(tokens/s, samples/s, share of the steps' time spent waiting for data) over the window; starts the
+        next one."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        rates = self.tokens / elapsed, self.samples / elapsed, self.waited / max(self.stepping, 1e-9)
+        self.reset()
+        return rates
