@@ -1,6 +1,6 @@
 """The main job on the embedded default corpus: every stage of the pipeline, end to end.
 
-    python launchers/run_default.py [--out runs/default] [--fresh]     (or: roberta-main-job)
+    python launchers/run_default.py [--out runs/default] [--fresh] [--seed N]     (or: roberta-main-job)
 
 Runs each stage as its own command (`python -m pipeline.commands.<stage>`, the module behind the
 script named here), exactly as a user would type it:
@@ -9,7 +9,8 @@ script named here), exactly as a user would type it:
   3. data_prep/shard.py                 packed zstd shards, 10% of the documents held out → shards/
   4. data_prep/verify_shards.py         every checksum and count
   5. launchers/pretrain.py              configs/main-job.json on 2 ranks (`deepspeed --num_gpus 2`,
-                                        DeepSpeed ZeRO-2 on CPU/gloo), checkpoints, MLflow, export/
+                                        DeepSpeed ZeRO-2 on CPU/gloo), checkpoints, MLflow, export/;
+                                        --seed N sets its train.seed (initial weights, data order, masks)
   6. launchers/cloze.py                 the export fills blanks in the validation text → cloze.json
   7. two tasks from the same corpus, each with its token-count baseline (launchers/token_baseline.py):
      data_prep/make_embedded_task.py    keywords: which standard-library package a docstring comes
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shlex
 import shutil
@@ -48,7 +50,9 @@ from pathlib import Path
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.console import run_logged
+from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLayout
+from pipeline.common.shipped_configs import find_config
 from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.common.topology import free_port, use_environment_extensions_dir
 from pipeline.finetune.model_card import record_baselines
@@ -62,8 +66,12 @@ VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (docs/
 HELD_OUT_FRACTION = 0.1
 """Documents the shard stage holds out: the validation loss, the word-order task's dev split and the
 minimal pairs all come from them, so the encoder never trained on that text."""
+CONFIG = "main-job"
+"""The pretraining recipe: configs/main-job.json."""
 SEEDS = "1,2,3"
 LABELS_PER_CLASS = "8,32"
+FULL_OUTPUT = ["--verbose"]
+"""The stages always log in full: the log files keep all of it, the screen filters it."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fresh", action="store_true", help="delete --out first and redo every stage")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="the pretraining seed (train.seed: initial weights, data order and masks; default: "
+                             f"configs/{CONFIG}.json's)")
     parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
                         help="stop after this step (default: run all ten)")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
@@ -165,18 +176,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@exit_on_pipeline_error
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     out = args.out.resolve()
     if args.fresh and out.exists():
         shutil.rmtree(out)
+    layout = MainJobLayout(out)
+    check_seed(layout, args.seed)  # before any work: a rerun resumes the pretraining already in `out`
     out.mkdir(parents=True, exist_ok=True)
     job = MainJob(out, args.verbose)
     use_environment_extensions_dir()  # inherited by every stage: DeepSpeed's comm op is built once per environment
-    # The stages always log in full (--verbose): the log files keep all of it, the screen filters it.
-    full = ["--verbose"]
 
-    layout = MainJobLayout(out)
+    make_data(job, layout, args.workers)
+    if args.stop_after == "verify":
+        print(f"\nmain job stopped after the data stage in {job.elapsed():.0f} s; outputs in {out}")
+        return
+    # One thread per process: two on two cores otherwise fight over them (measured 2× slower).
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    pretrain(job, layout, env, ranks=args.ranks, seed=args.seed)
+    job.run("6/10 cloze check", "cloze", "cloze", "--model", layout.pretrain.export, "--shards", layout.shards,
+            "--json", layout.cloze, env=env)
+    record_scores(layout.pretrain.export, cloze=read_json(layout.cloze))  # into the export's card
+    if args.stop_after == "pretrain":
+        print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
+        return
+    make_tasks(job, layout)
+    finetune_every_arm(job, layout, args.sweep, env)
+    record_arm_baselines(layout)
+    score_minimal_pairs(job, layout, env)
+    job.run("10/10 compare", "compare", "compare", "--uri", layout.tracking_uri, "--out", layout.compare,
+            *FULL_OUTPUT)
+    from pipeline.tracking.label_curve_plot import plot_label_curves
+
+    plot_label_curves(layout)
+    print("\n" + render_summary(out, job.elapsed()))
+
+
+def shipped_seed() -> int:
+    """configs/main-job.json's train.seed (the trainer's default where the file leaves it out)."""
+    from pipeline.pretrain.config import TrainConfig
+
+    train = json.loads(find_config(CONFIG, "pretrain").read_text(encoding="utf-8")).get("train", {})
+    return int(train.get("seed", TrainConfig.seed))
+
+
+def check_seed(layout: MainJobLayout, seed: int | None) -> None:
+    """Refuse a seed other than the one the pretraining already in `layout` was started with: it would resume
+    that run (or keep its finished export) under the wrong seed."""
+    try:
+        started = json.loads(layout.pretrain.config.read_text(encoding="utf-8"))["train"]["seed"]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return  # no pretraining there yet
+    wanted = shipped_seed() if seed is None else seed
+    if started != wanted:
+        given = f"--seed {seed}" if seed is not None else f"no --seed (configs/{CONFIG}.json's seed {wanted})"
+        raise PipelineError(f"{given}: the pretraining in {layout.pretrain.root} was started with seed {started} "
+                            f"({layout.pretrain.config}), and a rerun continues it; add --fresh to start over, or "
+                            f"give another --out")
+
+
+def make_data(job: MainJob, layout: MainJobLayout, workers: int) -> None:
+    """Steps 1–4: the embedded corpus, the tokenizer, the shards (10% of the documents held out), verified."""
     corpus, tokenizer, shards = layout.corpus, layout.tokenizer, layout.shards
     if not corpus.exists():
         job.run("1/10 embedded corpus", "corpus", "make_default_corpus", "--out", corpus)
@@ -185,39 +246,25 @@ def main(argv: list[str] | None = None) -> None:
                 "--vocab-size", VOCAB_SIZE, "--model-max-length", SEQ_LEN, "--out", tokenizer)
     job.run("3/10 shards", "shards", "shard", "--input", corpus, "--tokenizer", tokenizer,
             "--seq-len", SEQ_LEN, "--val-fraction", HELD_OUT_FRACTION, "--shard-size", "1024",
-            "--workers", args.workers, "--out", shards)
+            "--workers", workers, "--out", shards)
     job.run("4/10 verify", "verify", "verify_shards", shards)
-    if args.stop_after == "verify":
-        print(f"\nmain job stopped after the data stage in {job.elapsed():.0f} s; outputs in {out}")
-        return
-    pretrain = layout.pretrain
+
+
+def pretrain(job: MainJob, layout: MainJobLayout, env: dict, *, ranks: int, seed: int | None = None,
+             overrides: list[str] | None = None) -> None:
+    """Step 5: configs/main-job.json on `ranks` DeepSpeed ranks into `pretrain/`, exported; `seed` sets
+    train.seed, `overrides` are further `--set KEY=VALUE`s (a benchmark's recipe arm)."""
     deepspeed = Path(sys.executable).parent / "deepspeed"
-    # One thread per process: two on two cores otherwise fight over them (measured 2× slower).
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")).expanduser()
     if not any(extensions.glob("**/deepspeed_shm_comm*.so")):
         print(f"\n(first pretraining in this environment: on CPU, DeepSpeed compiles its shared-memory comm op "
               f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
-    job.run("5/10 pretrain (2 ranks)", "pretrain", "pretrain", "--config", "main-job",
-            "--set", f"data.shards={shards}", "--set", f"data.tokenizer={tokenizer}",
-            "--set", f"train.output_dir={pretrain.root}", "--set", f"tracking.uri={layout.tracking_uri}",
-            *full, launcher=[str(deepspeed), "--num_gpus", str(args.ranks), "--master_port", str(free_port())],
-            env=env)
-    job.run("6/10 cloze check", "cloze", "cloze", "--model", pretrain.export, "--shards", shards,
-            "--json", layout.cloze, env=env)
-    record_scores(pretrain.export, cloze=read_json(layout.cloze))  # into the export's card
-    if args.stop_after == "pretrain":
-        print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
-        return
-    make_tasks(job, layout)
-    finetune_every_arm(job, layout, args.sweep, env, full)
-    record_arm_baselines(layout)
-    score_minimal_pairs(job, layout, env)
-    job.run("10/10 compare", "compare", "compare", "--uri", layout.tracking_uri, "--out", layout.compare, *full)
-    from pipeline.tracking.label_curve_plot import plot_label_curves
-
-    plot_label_curves(layout)
-    print("\n" + render_summary(out, job.elapsed()))
+    sets = [f"data.shards={layout.shards}", f"data.tokenizer={layout.tokenizer}",
+            f"train.output_dir={layout.pretrain.root}", f"tracking.uri={layout.tracking_uri}",
+            *([] if seed is None else [f"train.seed={seed}"]), *(overrides or [])]
+    job.run(f"5/10 pretrain ({ranks} rank{'s' if ranks > 1 else ''})", "pretrain", "pretrain", "--config", CONFIG,
+            *(arg for s in sets for arg in ("--set", s)), *FULL_OUTPUT,
+            launcher=[str(deepspeed), "--num_gpus", str(ranks), "--master_port", str(free_port())], env=env)
 
 
 def make_tasks(job: MainJob, layout: MainJobLayout) -> None:
@@ -241,18 +288,25 @@ def task_files(layout: MainJobLayout, task: str) -> list[str]:
             "--set", f"data.validation_file={folder / 'dev.jsonl'}"]
 
 
-def finetune_every_arm(job: MainJob, layout: MainJobLayout, sweep: list[str], env: dict, full: list[str]) -> None:
+def finetune_every_arm(job: MainJob, layout: MainJobLayout, sweep: list[str], env: dict) -> None:
     """Every task × arm through the fair protocol with a label-efficiency curve, two runs at a time."""
-    runs = []
-    for task, plan in TASK_PLANS.items():
-        grid = [arg for spec in (sweep or [plan.sweep]) for arg in ("--sweep", spec)]
-        for arm in MAIN_JOB_ARMS:
-            runs.append((f"finetune-{task}-{arm}", "finetune", [
-                "--config", plan.config, "--model", layout.pretrain.export, "--seeds", SEEDS,
-                *(["--from-scratch"] if arm == "from-scratch" else []), *grid, "--labels-per-class", LABELS_PER_CLASS,
-                *task_files(layout, task), "--set", f"train.output_dir={layout.finetune(task, arm).root}",
-                "--set", f"tracking.uri={layout.tracking_uri}", *full]))
+    runs = [finetune_run(layout, task, arm, layout.pretrain.export, sweep, LABELS_PER_CLASS)
+            for task in TASK_PLANS for arm in MAIN_JOB_ARMS]
     job.run_together("8/10 fine-tune both tasks, pretrained and from scratch", runs, env)
+
+
+def finetune_run(layout: MainJobLayout, task: str, arm: str, model: Path, sweep: list[str],
+                 labels_per_class: str | None) -> tuple[str, str, list]:
+    """One task × arm (`pretrained`, or `from-scratch`: `model`'s architecture, random weights) through the fair
+    protocol into `layout`, as `MainJob.run_together` takes it; `labels_per_class` None: all labels only."""
+    plan = TASK_PLANS[task]
+    grid = [arg for spec in (sweep or [plan.sweep]) for arg in ("--sweep", spec)]
+    curve = [] if labels_per_class is None else ["--labels-per-class", labels_per_class]
+    return (f"finetune-{task}-{arm}", "finetune", [
+        "--config", plan.config, "--model", model, "--seeds", SEEDS,
+        *(["--from-scratch"] if arm == "from-scratch" else []), *grid, *curve, *task_files(layout, task),
+        "--set", f"train.output_dir={layout.finetune(task, arm).root}", "--set", f"tracking.uri={layout.tracking_uri}",
+        *FULL_OUTPUT])
 
 
 def score_minimal_pairs(job: MainJob, layout: MainJobLayout, env: dict) -> None:

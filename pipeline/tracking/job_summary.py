@@ -6,13 +6,20 @@ or half-finished run folder can be summarised; a figure whose file is missing sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from pathlib import Path
 
 from pipeline.common.run_layout import MainJobLayout
+from pipeline.common.shipped_configs import find_config
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.task_report import minimal_pairs_line, task_arms, task_findings, task_rows
+
+SEED_RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "main_job_seeds.json"
+"""The seed benchmark's record (benchmarks/main_job_seeds.py), in a checkout; an installed package has none."""
+SEED_SPREAD = "the main job's recipe over pretraining seeds"
+"""Its headline sentence: the recipe's spread over seeds, which the summary and the README quote."""
 
 # A docstring-like sentence for the predict example: the main job's task asks which package a docstring comes from.
 PREDICT_EXAMPLE = "Return the canonical path of the specified filename, eliminating any symbolic links."
@@ -31,6 +38,25 @@ def last_eval(metrics_jsonl: Path) -> dict | None:
         if "eval/mlm_loss" in record:
             last = record
     return last
+
+
+def seed_spread() -> str | None:
+    """The recipe's spread over pretraining seeds as `SEED_RECORD` says it (its one owner), or None without one;
+    a record measured on another configs/main-job.json says so."""
+    data = read_json(SEED_RECORD) or {}
+    entry = (data.get("results") or {}).get("headline", {}).get(SEED_SPREAD)
+    if not isinstance(entry, dict):
+        return None
+    shipped = hashlib.sha256(find_config("main-job", "pretrain").read_bytes()).hexdigest()
+    stale = "" if data.get("recipe_sha256") == shipped else " (measured on another configs/main-job.json)"
+    return f"{entry['value']}{stale}"
+
+
+def _seed(config_json: Path) -> int | None:
+    try:
+        return json.loads(config_json.read_text(encoding="utf-8"))["train"]["seed"]
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        return None
 
 
 def _shards_line(index_json: Path) -> str | None:
@@ -95,6 +121,10 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
                                                f"{'below' if margin >= 0 else 'ABOVE'} it"))
     else:
         figures.append(("validation MLM loss", f"not found in {layout.pretrain.metrics}"))
+    if (seed := _seed(layout.pretrain.config)) is not None:
+        figures.append(("pretraining seed", f"{seed} (--seed N picks another)"))
+    if (spread := seed_spread()) is not None:
+        figures.append(("the recipe's spread", f"{spread} (benchmarks/main_job_seeds.py)"))
     cloze = read_json(layout.cloze)
     if cloze:
         figures.append(("cloze accuracy", f"{cloze['accuracy']:.3f} top-1 at {cloze['masked']:,} masked validation "

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
+from pipeline.common.shipped_configs import find_config
+from pipeline.tracking import job_summary
 from pipeline.tracking.finetune_report import finetune_result
-from pipeline.tracking.job_summary import last_eval, render_summary
+from pipeline.tracking.job_summary import SEED_SPREAD, last_eval, render_summary
 
 
 def _point(per_class, examples, values):
@@ -33,6 +36,15 @@ ARMS = {
     ("word-order", "pretrained"): {8: [0.50, 0.52, 0.51], 32: [0.55, 0.56, 0.54], "all": [0.61, 0.64, 0.62]},
     ("word-order", "from-scratch"): {8: [0.49, 0.50, 0.51], 32: [0.50, 0.51, 0.49], "all": [0.40, 0.45, 0.41]},
 }
+
+
+@pytest.fixture(autouse=True)
+def seed_record(tmp_path, monkeypatch) -> Path:
+    """Where the summary looks for the seed benchmark's record: none there unless a test writes it (the
+    checkout's own record is not what these tests read)."""
+    record = tmp_path / "main_job_seeds.json"
+    monkeypatch.setattr(job_summary, "SEED_RECORD", record)
+    return record
 
 
 @pytest.fixture
@@ -196,6 +208,23 @@ def test_an_arm_without_a_label_curve_is_one_row_of_all_its_labels(run_folder):
     table = render_summary(run_folder).split("tasks (dev accuracy")[1].splitlines()
     word_order = [line.split() for line in table if line.split()[:1] == ["word-order"]]
     assert word_order == [["word-order", "all", "0.620", "[0.61–0.64]", "0.410", "[0.40–0.45]", "+0.210", "0.490"]]
+
+
+def test_the_summary_names_the_runs_seed_and_the_recipes_spread_from_the_seed_benchmarks_record(run_folder,
+                                                                                                seed_record):
+    assert "pretraining seed" not in render_summary(run_folder)  # a folder from before the seed was recorded
+    (run_folder / "pretrain" / "config.json").write_text(json.dumps({"train": {"seed": 3, "max_steps": 800}}))
+    text = render_summary(run_folder)
+    assert "pretraining seed     3 (--seed N picks another)" in text and "recipe's spread" not in text  # no record
+    sentence = "5 pretraining seeds: word order +9.0 [+2.0 – +14.0] points over scratch"
+    shipped = hashlib.sha256(find_config("main-job", "pretrain").read_bytes()).hexdigest()
+    seed_record.write_text(json.dumps({"recipe_sha256": shipped, "results": {"headline": {
+        SEED_SPREAD: {"value": sentence}, "word-order gain, worst seed": {"value": "+2.0 points"}}}}))
+    assert f"the recipe's spread  {sentence} (benchmarks/main_job_seeds.py)" in render_summary(run_folder)
+    seed_record.write_text(json.dumps({"recipe_sha256": "0" * 64, "results": {"headline": {
+        SEED_SPREAD: {"value": sentence}}}}))
+    assert f"{sentence} (measured on another configs/main-job.json)" in render_summary(run_folder)
+    assert len(render_summary(run_folder).splitlines()) <= 42
 
 
 def test_each_arms_model_card_sets_its_figures_beside_the_other_arm_and_the_token_counts(run_folder):
