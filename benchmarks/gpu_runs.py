@@ -214,13 +214,6 @@ def last_words(run_dir: Path) -> str:
     return log.read_text(errors="replace").strip()[-1500:] if log.exists() else "(no log)"
 
 
-def run(config: dict[str, Any], run_dir: Path, env: dict[str, str], timeout: float | None,
-        in_memory: bool = False) -> None:
-    """A fresh run to its end (a folder left by an earlier check would make it resume)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return finish(start_run(config, run_dir, env, in_memory), run_dir, timeout)
-
-
 def run_in_memory(config_path: str) -> None:
     """The pretrain command with the loader off: its first micro batches, already on the device, replayed.
 
@@ -272,7 +265,8 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
                                     "precision": "bf16", "zero_stage": 0})
     run_dir = folder / f"{name}-{'compiled' if compiled else 'eager'}-{'loader' if loader else 'in-memory'}"
     try:
-        run(config, run_dir, clean_env(scale), timeout, in_memory=not loader)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a folder left by an earlier check would make the run resume
+        finish(start_run(config, run_dir, clean_env(scale), in_memory=not loader), run_dir, timeout)
         records = [r for r in metrics(run_dir) if "train/loss" in r]
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)  # a large model's checkpoint is gigabytes
@@ -293,10 +287,9 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
     nominal = (peaks or {}).get("nominal_tflops")
     return {"tokens_per_s": tokens_per_s, "real_tokens_per_s": real / seconds, "model_tflops": achieved,
             "mfu_measured_peak": achieved / measured if measured else None,
-            "mfu_nominal_peak": achieved / nominal if nominal else None, "attention": model.get("attn_implementation",
-                                                                                                 "sdpa"),
-            "seq_len": seq_len, "micro_batch": batch, "steps_counted": counted,
-            "loader_workers": config["data"]["num_workers"] if loader else None}
+            "mfu_nominal_peak": achieved / nominal if nominal else None,
+            "attention": model.get("attn_implementation", "sdpa"), "seq_len": seq_len, "micro_batch": batch,
+            "steps_counted": counted, "loader_workers": config["data"]["num_workers"] if loader else None}
 
 
 # ---------------------------------------------------------------- the run to the end
