@@ -487,15 +487,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", default=None,
                    help="a folder laid out as /work/shared/data (corpus/imdb-reviews.jsonl.zst, glue/SST-2); "
                         "default: shared/data in the checkout, else ../shared/data beside it")
-    p.add_argument("--work-dir", default=None,
-                   help="where the tokenizer, shards and runs go (default: a temporary folder); a rerun with the "
-                        "same folder reuses the tokenizer and shards")
+    p.add_argument("--work-dir", default=None, help="the tokenizer, shards and runs, reused by a rerun (default: a "
+                   "temporary folder)")
     p.add_argument("--budget-minutes", type=float, default=None,
-                   help="skip the steps that would start later than this (a lent machine's lease); the record is "
-                        "also written after each part, so a check stopped from outside keeps the parts it finished")
+                   help="skip the steps that would start later than this (a lent machine's lease)")
     p.add_argument("--started-at", type=float, default=None, metavar="UNIX_TIME",
-                   help="count --budget-minutes from this time (`date +%%s` when the lease's command started, so "
-                        "that the install before the check counts), not from the check's own start")
+                   help="count --budget-minutes from this time (`date +%%s` when the lease's command started)")
     a = p.parse_args(argv)
     a.models = tuple(m.strip() for m in a.models.split(",") if m.strip())
     if unknown := [m for m in a.models if m not in SHAPES]:
