@@ -153,8 +153,7 @@ from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
-from pipeline.pretrain.batches import PretrainData
-from pipeline.pretrain.batches import shut_down_workers
+from pipeline.pretrain.batches import PretrainData, shut_down_workers
 run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
                                       "train.output_dir={run_dir / 'probe'}"], world_size=1)
 c = run.config
@@ -361,8 +360,6 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
             real.append(measure_folder(f"slurm-{args.files}-files", Path(slurm["shards"]), tokenizer, work))
     if args.index_tokens:
         probes = [index_at_scale(t, tokenizer, work) for t in args.index_tokens]
-        for row in probes:
-            print(json.dumps(row), flush=True)
         rec.table("what grows with the corpus before step 1, measured with sparse placeholder shards: reading "
                   "index.json, a stat per shard, the epoch order at 90% of the epoch (fresh process)",
                   [{"tokens": f"{r['tokens']:,}", "shards": f"{r['shards']:,}", "seconds": f"{r['start_s']:.2f}",
