@@ -4,14 +4,10 @@
         [--baseline-seeds 1] [--max-minutes 7] [--margins 1.0,1.5]
         [--budget-config configs/budget-modernbert.json] [--set budget:KEY=VALUE ...] [--out DIR]
 
-Each recipe and seed runs in its own process on a 16k BPE and 128-token IMDB shards made once in `--out`
-until its schedule ends or `--max-minutes` pass: the
-budget recipe on 2 ranks × 1 thread, `hf-same` (HF `Trainer` on the same model and recipe,
-hf_baselines.same_recipe) and `hf-run_mlm` (run_mlm.py's defaults) in one process each. All evaluate the
-same validation sequences with the same hashed masks every `--eval-every-sequences` sequences. Time is
-wall time from launch less evaluation (pipeline/tracking/loss_curve.py), a crossing interpolated between
-evaluations; a run that misses a target is bounded by its last evaluation, so a ratio may be "≥ X×" or
-"≤ X×". `results.json` in `--out` keeps every curve and each run's load.
+Each recipe and seed runs in its own process, until its schedule ends or `--max-minutes` pass, on a 16k BPE and
+128-token IMDB shards made once in `--out`: the budget recipe on 2 ranks × 1 thread, `hf-same` and `hf-run_mlm`
+(hf_baselines.py) in one process each. All evaluate the same validation sequences with the same hashed masks; time
+is wall time from launch less evaluation. `results.json` in `--out` keeps every curve and each run's load.
 """
 
 from __future__ import annotations

@@ -3,26 +3,13 @@
     python benchmarks/data_at_scale.py --work /big/disk/das [--synthetic-tokens 1e7 1e8 1e9]
         [--real-copies 5] [--imdb-copies 1 4] [--files 1000 --files-copies 5 --slurm-parts 4] [--corpus C.jsonl.zst]
 
-Cases (each can be left out by giving it nothing: `--synthetic-tokens`, `--real-copies 0`, `--imdb-copies`,
-`--files 0`):
-- **synthetic**: random token ids written by the shard writer (no tokenizer), one folder per size
-  (by default 10M, 100M and 1B tokens, a factor of 10 apart);
-- **real**: the corpus (IMDB reviews by default) repeated `--real-copies` times through `shard.py` with
-  two tokenizer workers (≥ 100M tokens at 5 copies);
-- **imdb ×k**: the corpus repeated k times, for the one-copy-against-four comparison;
-- **many files**: the corpus repeated `--files-copies` times (≥ 100M tokens at 5) and cut into `--files` files,
-  sharded by the SLURM array path
-  (`launchers/submit.py shard --parts N`: an array job, then the combine job that writes the index
-  and verifies every shard) on a one-node cluster stood up here (`tests/slurm/setup.sh`; needs root).
-
-For each shard folder, a 3-step run of `configs/tiny.json` on 1 rank (`launchers/pretrain.py`, one
-loader worker): time to its first step and to its end, the largest process's peak memory
-(`/usr/bin/time`'s maximum RSS, which covers the loader worker), and the bytes written to the
-shard cache; then, in a fresh process, the data side of a resume at a late step (90% through the
-first epoch): the seconds from building the run's data to its first batch. Each figure is
-extrapolated to 100B tokens along the line through the two largest synthetic sizes.
-
-The synthetic folders are deleted after they are measured unless `--keep`.
+Cases, each left out by giving it nothing (`--synthetic-tokens`, `--real-copies 0`, `--imdb-copies`, `--files 0`):
+synthetic (random ids written by the shard writer, one folder per size, deleted once measured); the corpus
+repeated k times through `shard.py` (`--imdb-copies`, `--real-copies`); many files (the corpus cut into `--files`
+files and sharded by the SLURM array path on a one-node cluster stood up here with tests/slurm/setup.sh; needs
+root). Each shard folder gets a 3-step run of `configs/tiny.json` and a resume probe at 90% of the first epoch;
+each figure is extrapolated to 100B tokens along the line through the two largest synthetic sizes.
+docs/data.md ("At scale") describes what is measured and how to read it.
 """
 
 from __future__ import annotations
@@ -37,7 +24,7 @@ import time
 from itertools import islice
 from pathlib import Path
 
-from harness import ROOT, BenchmarkRecord, Study
+from harness import IMDB, ROOT, BenchmarkRecord, Study, launch, pretrain_command
 
 STUDY = Study(
     "data_at_scale", question="What does a run cost before and at its first step as the corpus grows?",
@@ -45,7 +32,6 @@ STUDY = Study(
     baseline="the same measures at each smaller size, extrapolated to 100B tokens; the corpus ×1 against ×4",
     arms=("synthetic sizes", "the real corpus ×k", "many files through SLURM", "index at scale"))
 PYTHON = sys.executable
-DEFAULT_CORPUS = Path("/work/shared/data/corpus/imdb-reviews.jsonl.zst")
 EXTRAPOLATE_TO = 100e9
 SEQ_LEN = 128
 
@@ -55,16 +41,11 @@ def disk_bytes(folder: Path) -> int:
 
 
 def read_jsonl(path: Path):
+    """The corpus's lines as written (a .zst file decompressed)."""
     import zstandard
 
-    if path.suffix == ".zst":
-        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as reader:
-            import io
-
-            yield from io.TextIOWrapper(reader, encoding="utf-8")
-    else:
-        with open(path, encoding="utf-8") as f:
-            yield from f
+    with zstandard.open(path, "rt", encoding="utf-8") if path.suffix == ".zst" else open(path, encoding="utf-8") as f:
+        yield from f
 
 
 def make_tokenizer(corpus: Path, out: Path) -> Path:
@@ -126,17 +107,15 @@ def shard_real(corpus: Path, copies: int, out: Path, tokenizer: Path, work: Path
         for _ in range(copies):
             for line in read_jsonl(corpus):
                 f.write(line)
-    started = time.monotonic()
-    subprocess.run([PYTHON, "data_prep/shard.py", "--input", str(source), "--tokenizer", str(tokenizer),
-                    "--seq-len", str(SEQ_LEN), "--out", str(out), "--workers", "2", "--quiet"], cwd=ROOT, check=True)
-    seconds = time.monotonic() - started
+    seconds = launch([PYTHON, "data_prep/shard.py", "--input", source, "--tokenizer", tokenizer, "--seq-len", SEQ_LEN,
+                      "--out", out, "--workers", 2, "--quiet"]).seconds
     source.unlink()
     return {"seconds": seconds, "tokens": json.loads((out / "index.json").read_text())["splits"]["train"]["tokens"]}
 
 
 def pretrain_run(shards: Path, tokenizer: Path, run_dir: Path, steps: int = 3) -> dict:
-    """A `steps`-step run of configs/tiny.json on 1 rank: seconds to the first step and to the end, peak memory,
-    bytes written to the shard cache."""
+    """A `steps`-step run of configs/tiny.json on 1 rank: seconds to the first step and to the end, peak memory
+    (`/usr/bin/time`'s maximum RSS, which covers the loader worker), bytes written to the shard cache."""
     shutil.rmtree(run_dir, ignore_errors=True)
     cache = run_dir / "token_cache"
     overrides = [f"data.shards={shards}", f"data.tokenizer={tokenizer}", f"data.cache_dir={cache}",
@@ -144,8 +123,7 @@ def pretrain_run(shards: Path, tokenizer: Path, run_dir: Path, steps: int = 3) -
                  "train.export=false", "tracking.enabled=false", "checkpoint.every=1000",
                  "schedule.warmup_steps=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    command = ["/usr/bin/time", "-f", "maxrss_kb=%M", PYTHON, "launchers/pretrain.py", "--config", "configs/tiny.json"]
-    command += [arg for o in overrides for arg in ("--set", o)]
+    command = ["/usr/bin/time", "-f", "maxrss_kb=%M", *pretrain_command("configs/tiny.json", overrides)]
     metrics = run_dir / "out" / "metrics.jsonl"
     started = time.monotonic()
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -175,8 +153,7 @@ from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
-from pipeline.pretrain.batches import PretrainData
-from pipeline.pretrain.batches import shut_down_workers
+from pipeline.pretrain.batches import PretrainData, shut_down_workers
 run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
                                       "train.output_dir={run_dir / 'probe'}"], world_size=1)
 c = run.config
@@ -337,7 +314,7 @@ def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Pat
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", type=Path, required=True, help="scratch folder (room for the largest synthetic size)")
-    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="real text: JSON lines with a text field")
+    p.add_argument("--corpus", type=Path, default=IMDB, help="real text: JSON lines with a text field")
     p.add_argument("--synthetic-tokens", type=float, nargs="*", default=[1e7, 1e8, 1e9])
     p.add_argument("--real-copies", type=int, default=5)
     p.add_argument("--imdb-copies", type=int, nargs="*", default=[1, 4])
@@ -346,7 +323,6 @@ def main() -> None:
     p.add_argument("--slurm-parts", type=int, default=4)
     p.add_argument("--index-tokens", type=float, nargs="*", default=[1e9, 1e10, 1e11],
                    help="sizes whose index and shard stats are measured with sparse placeholder shards")
-    p.add_argument("--keep", action="store_true", help="keep the synthetic shard folders")
     p.add_argument("--variant", default=None, help="record as data_at_scale.VARIANT (a partial run)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -364,8 +340,7 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
         preparation.append({"case": folder.name, "how": "shard writer, random ids", "tokens": f"{made['tokens']:,}",
                             "seconds": f"{made['seconds']:.1f}", "shard MB": f"{disk_bytes(folder) / 1e6:,.0f}"})
         synthetic.append(measure_folder(folder.name, folder, tokenizer, work))
-        if not args.keep:
-            shutil.rmtree(folder)
+        shutil.rmtree(folder)
     for copies in [c for c in args.imdb_copies if c] + ([args.real_copies] if args.real_copies else []):
         folder = work / f"real-x{copies}"
         made = shard_real(args.corpus, copies, folder, tokenizer, work)
@@ -385,8 +360,6 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
             real.append(measure_folder(f"slurm-{args.files}-files", Path(slurm["shards"]), tokenizer, work))
     if args.index_tokens:
         probes = [index_at_scale(t, tokenizer, work) for t in args.index_tokens]
-        for row in probes:
-            print(json.dumps(row), flush=True)
         rec.table("what grows with the corpus before step 1, measured with sparse placeholder shards: reading "
                   "index.json, a stat per shard, the epoch order at 90% of the epoch (fresh process)",
                   [{"tokens": f"{r['tokens']:,}", "shards": f"{r['shards']:,}", "seconds": f"{r['start_s']:.2f}",

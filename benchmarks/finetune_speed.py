@@ -3,11 +3,9 @@
     python benchmarks/finetune_speed.py [--model NAME=DIR ...] [--train 400] [--dev 200] [--epochs 2]
         [--seeds 1,2] [--max-seq-len 64] [--batch 16] [--threads 1] [--no-tracking] [--out DIR]
 
-Each model (default: the `[reference]` extra's MiniLM; name the main job's export `--model 2-layer=DIR`)
-fine-tunes on the first `--train` / `--dev` SST-2 sentences as a custom task, one side after the other:
-the pipeline in one launch of `python -m pipeline.commands.finetune --seeds …` as a user types it
-(tracking as shipped; `--no-tracking`: its own record), HF in one launch of `--hf-side`, every seed in
-one process (the fastest a run_glue user gets).
+Each model (default: the `[reference]` extra's MiniLM) fine-tunes on the first `--train` / `--dev` SST-2
+sentences as a custom task: the pipeline in one launch of `python -m pipeline.commands.finetune --seeds …` as a
+user types it, then HF in one launch of `--hf-side`, every seed in one process (the fastest a run_glue user gets).
 """
 
 from __future__ import annotations

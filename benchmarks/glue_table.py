@@ -5,11 +5,10 @@
         [--tasks cola,sst2,mrpc,stsb,rte] [--seeds 1,2,3] [--train-examples 2000] [--epochs 3]
         [--sweep KEY=V1,V2 ...] [--minilm-sweep KEY=V1,V2 ...] [--out DIR]
 
-Every cell is one `launchers/finetune.py` run through the fair protocol (MiniLM with its own, smaller
-`--minilm-sweep`) on `--train-examples` of each training file spread evenly over it (GLUE's files are
-ordered: STS-B's first 2,000 rows are all image captions), beside the token-count baseline fitted on the
-same examples. It runs in parts: a finished cell in `--out` is kept, every run rewrites the record from all
-the cells there, and `--out` refuses a run made with other settings or another export, naming what differs.
+Every cell is one `launchers/finetune.py` run through the fair protocol on `--train-examples` of each training
+file spread evenly over it (GLUE's files are ordered: STS-B's first 2,000 rows are all image captions), beside the
+token-count baseline. It runs in parts: a finished cell in `--out` is kept, every run records all the cells there,
+and `--out` refuses a run made with other settings or another export, naming what differs.
 """
 
 from __future__ import annotations

@@ -2,14 +2,10 @@
 
     python benchmarks/gpu_bundle.py [--data /work/shared/data] [--reviews 20000] [--out .gpu-bundle]
 
-Run it online, in the checkout the device tool sends (the session's own), before the lease:
-- `OUT/wheels`: launchers/wheelhouse.sh's wheelhouse for the node's Python 3.12, without MLflow (the check
-  runs with tracking off) and without the wheels the node's image already has (`LEAVE_OUT`);
-- `OUT/data`: the data folder's layout, cut to what the check reads: the first `--reviews` IMDB reviews
-  (recompressed) and SST-2's train and dev files;
-- `OUT/commit`: the commit the copy is made from (the node's `.git` may be stale): bundle again after a commit
-  (the wheels are kept while they hold the pinned versions).
-The tool carries at most 64 MiB with the tree; the bundle's size is checked against that.
+Run it online, before the lease, in the checkout the device tool sends: `OUT/wheels` (the wheelhouse for the
+node's Python, without MLflow and the wheels its image has; kept while they hold the pinned versions), `OUT/data`
+(the first `--reviews` IMDB reviews and SST-2), `OUT/commit` (the node's `.git` may be stale: bundle again after a
+commit). docs/gpu-nodes.md, "Running it inside a lease", has the steps; the size is checked against the carry limit.
 """
 
 from __future__ import annotations

@@ -201,14 +201,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     """(loss before, loss on the same batch after one optimizer step) of the pipeline's engine."""
     import torch
 
-    from pipeline.pretrain.config import (
-        DataConfig,
-        ModelConfig,
-        OptimizerConfig,
-        PretrainConfig,
-        ScheduleConfig,
-        TrainConfig,
-    )
+    from pipeline.pretrain import config as c
     from pipeline.pretrain.engine import initialize_engine
     from pipeline.pretrain.model import build_model
     from pipeline.pretrain.phases import resolve_phases
@@ -220,12 +213,12 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     model_keys = small_model(architecture)
     if architecture == "bert":
         model_keys["next_sentence_loss"] = False
-    config = PretrainConfig(model=ModelConfig(**model_keys), data=DataConfig(shards="unused", tokenizer="unused"),
-                            optimizer=OptimizerConfig(lr=1e-3, fused=device == "cuda"),
-                            schedule=ScheduleConfig(warmup_steps=0, decay="constant"),
-                            train=TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
-                                              precision=precision, zero_stage=stage),
-                            deepspeed=ds)
+    config = c.PretrainConfig(model=c.ModelConfig(**model_keys), data=c.DataConfig(shards="unused", tokenizer="unused"),
+                              optimizer=c.OptimizerConfig(lr=1e-3, fused=device == "cuda"),
+                              schedule=c.ScheduleConfig(warmup_steps=0, decay="constant"),
+                              train=c.TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
+                                                  precision=precision, zero_stage=stage),
+                              deepspeed=ds)
     phases = resolve_phases(config)
     plan = phases[0].plan(1)
     torch.manual_seed(0)
@@ -291,14 +284,8 @@ def _row(outcome: dict[str, Any], **keys: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------- packed documents against the padded path
 
 def packed_paths(device: str) -> list[str]:
-    paths = ["sdpa", "eager", "flex_attention"]
-    if device == "cuda":
-        try:
-            importlib.metadata.version("flash-attn")
-            paths.append("flash_attention_2")
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return paths
+    flash = device == "cuda" and installed_version("flash-attn") is not None
+    return ["sdpa", "eager", "flex_attention", *(["flash_attention_2"] if flash else [])]
 
 
 def packed_difference(architecture: str, attention: str, device: str) -> dict[str, Any]:
@@ -500,15 +487,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", default=None,
                    help="a folder laid out as /work/shared/data (corpus/imdb-reviews.jsonl.zst, glue/SST-2); "
                         "default: shared/data in the checkout, else ../shared/data beside it")
-    p.add_argument("--work-dir", default=None,
-                   help="where the tokenizer, shards and runs go (default: a temporary folder); a rerun with the "
-                        "same folder reuses the tokenizer and shards")
+    p.add_argument("--work-dir", default=None, help="the tokenizer, shards and runs, reused by a rerun (default: a "
+                   "temporary folder)")
     p.add_argument("--budget-minutes", type=float, default=None,
-                   help="skip the steps that would start later than this (a lent machine's lease); the record is "
-                        "also written after each part, so a check stopped from outside keeps the parts it finished")
+                   help="skip the steps that would start later than this (a lent machine's lease)")
     p.add_argument("--started-at", type=float, default=None, metavar="UNIX_TIME",
-                   help="count --budget-minutes from this time (`date +%%s` when the lease's command started, so "
-                        "that the install before the check counts), not from the check's own start")
+                   help="count --budget-minutes from this time (`date +%%s` when the lease's command started)")
     a = p.parse_args(argv)
     a.models = tuple(m.strip() for m in a.models.split(",") if m.strip())
     if unknown := [m for m in a.models if m not in SHAPES]:

@@ -34,11 +34,7 @@ SHAPES = {
 }
 TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
 # The run to the end: ModernBERT-small, base's proportions (GeGLU feed-forward 1.5 × hidden, 64 per head, a global
-# layer every third) at 8 layers × 512, 44M parameters with the 50,265-token vocabulary. Its size and steps are
-# an estimate (docs/gpu-nodes.md): 176 MFLOP per token (pipeline/pretrain/flops.py, seq 1,024, 30% masked) at half
-# ModernBERT-base's published MFU on an H100 (300k tokens/s × 789 MFLOP ≈ 24%), for a narrower model on SDPA's
-# dense document mask: ~600k tokens/s, ~9 steps/s of 64 × 1,024, so 1,600 steps (105M tokens, ~17 passes over the
-# 20,000 reviews) take ~3 min of training, ~4 with the two starts, the checkpoints and the runs beside it.
+# layer every third) at 8 layers × 512; its size and steps are an estimate, given in docs/gpu-nodes.md.
 E2E_MODEL = dict(architecture="modernbert", num_hidden_layers=8, hidden_size=512, num_attention_heads=8,
                  intermediate_size=768, local_attention=128, global_attn_every_n_layers=3,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -53,9 +49,8 @@ class CheckFailed(AssertionError):
 
 
 class RunSizes(NamedTuple):
-    """The run to the end's sizes. The run saves a checkpoint every `checkpoint_every` steps and is killed once it
-    has logged a step past `kill_after`; the uninterrupted reference beside it is stopped past `compare_to`, and
-    the resumed run must repeat its losses up to there. Each SST-2 fine-tuning reads `sst2_examples` sentences."""
+    """The run to the end's sizes: a checkpoint every `checkpoint_every` steps, the kill past step `kill_after`, the
+    uninterrupted reference stopped past `compare_to`; each SST-2 fine-tuning reads `sst2_examples` sentences."""
 
     steps: int
     batch: int
@@ -214,20 +209,10 @@ def last_words(run_dir: Path) -> str:
     return log.read_text(errors="replace").strip()[-1500:] if log.exists() else "(no log)"
 
 
-def run(config: dict[str, Any], run_dir: Path, env: dict[str, str], timeout: float | None,
-        in_memory: bool = False) -> None:
-    """A fresh run to its end (a folder left by an earlier check would make it resume)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return finish(start_run(config, run_dir, env, in_memory), run_dir, timeout)
-
-
 def run_in_memory(config_path: str) -> None:
-    """The pretrain command with the loader off: its first micro batches, already on the device, replayed.
-
-    The run is the command's own (engine, compile, step, logging, evaluation, checkpoint); only the training
-    loader is swapped, at the one seam the trainer reads batches through (`PretrainData.loader`), for a cycle
-    over `IN_MEMORY_BATCHES` micro batches that the real loader made once, in process.
-    """
+    """The pretrain command with the loader off: the command's own run, its training loader swapped at the one seam
+    the trainer reads batches through (`PretrainData.loader`) for `IN_MEMORY_BATCHES` micro batches that the real
+    loader made once, already on the device, replayed."""
     import torch
 
     from pipeline.commands.pretrain import main
@@ -272,7 +257,8 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
                                     "precision": "bf16", "zero_stage": 0})
     run_dir = folder / f"{name}-{'compiled' if compiled else 'eager'}-{'loader' if loader else 'in-memory'}"
     try:
-        run(config, run_dir, clean_env(scale), timeout, in_memory=not loader)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a folder left by an earlier check would make the run resume
+        finish(start_run(config, run_dir, clean_env(scale), in_memory=not loader), run_dir, timeout)
         records = [r for r in metrics(run_dir) if "train/loss" in r]
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)  # a large model's checkpoint is gigabytes
@@ -293,10 +279,9 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
     nominal = (peaks or {}).get("nominal_tflops")
     return {"tokens_per_s": tokens_per_s, "real_tokens_per_s": real / seconds, "model_tflops": achieved,
             "mfu_measured_peak": achieved / measured if measured else None,
-            "mfu_nominal_peak": achieved / nominal if nominal else None, "attention": model.get("attn_implementation",
-                                                                                                 "sdpa"),
-            "seq_len": seq_len, "micro_batch": batch, "steps_counted": counted,
-            "loader_workers": config["data"]["num_workers"] if loader else None}
+            "mfu_nominal_peak": achieved / nominal if nominal else None,
+            "attention": model.get("attn_implementation", "sdpa"), "seq_len": seq_len, "micro_batch": batch,
+            "steps_counted": counted, "loader_workers": config["data"]["num_workers"] if loader else None}
 
 
 # ---------------------------------------------------------------- the run to the end
@@ -307,13 +292,10 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 class RunToTheEnd:
-    """ModernBERT-small pretrained on the IMDB shards, killed -9 mid-run, resumed, compared with an uninterrupted
-    run, exported; then SST-2 through the fair protocol from the export and from scratch, beside the token-count
-    baseline. Two steps of the check: `pretrain`, then `transfer`; `close` stops whatever is still running.
-
-    The GPU is shared where no speed is measured: the reference runs beside the run until it is stopped, then the
-    from-scratch arm (which needs only the architecture and tokenizer, from the reference's checkpoint) and the
-    baseline (CPU) run beside the rest of the pretraining; the export's arm follows it.
+    """The run to the end (docs/gpu-nodes.md): two steps of the check, `pretrain` then `transfer`; `close` stops
+    whatever is still running. No speed is measured, so the GPU is shared: the reference runs beside the run until
+    it is stopped, then the from-scratch arm (the architecture and tokenizer from the reference's checkpoint) and
+    the baseline (CPU) beside the rest of the pretraining; the export's arm follows it.
     """
 
     def __init__(self, folder: Path, made: dict[str, Any], scale: Scale, data: Path | None) -> None:

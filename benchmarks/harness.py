@@ -296,9 +296,9 @@ def work_dir(name: str, given: Path | None = None) -> Path:
     return folder.resolve()
 
 
-def sample_corpus(source: str | Path | None, documents: int, folder: Path) -> tuple[str, list[str], Path]:
-    """(source used, texts, `folder/corpus.jsonl`): the first `documents` texts of `source` (the embedded default
-    corpus, Python's documentation, when None)."""
+def sample_corpus(source: str | Path | None, documents: int | None, folder: Path) -> tuple[str, list[str], Path]:
+    """(source used, texts, `folder/corpus.jsonl`): the first `documents` texts (None: all) of `source` (the embedded
+    default corpus, Python's documentation, when None)."""
     from itertools import islice
 
     from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs

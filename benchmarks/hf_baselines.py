@@ -85,12 +85,7 @@ def same_recipe(config: PretrainConfig, ranks: int) -> tuple[dict, list[str]]:
 
 def masked_lm_class(architecture: str):
     """transformers' own masked-LM class for a `model.architecture` (what an export loads as)."""
-    from transformers import (
-        BertForMaskedLM,
-        ModernBertForMaskedLM,
-        RobertaForMaskedLM,
-        RobertaPreLayerNormForMaskedLM,
-    )
+    from transformers import BertForMaskedLM, ModernBertForMaskedLM, RobertaForMaskedLM, RobertaPreLayerNormForMaskedLM
 
     return {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": RobertaPreLayerNormForMaskedLM,
             "modernbert": ModernBertForMaskedLM, "bert": BertForMaskedLM}[architecture]

@@ -2,20 +2,12 @@
 
     python benchmarks/main_job_time.py [--out /tmp/main-job-time] [--cold-build] [--install]
 
-Prints the machine (cores, CPU model from /proc/cpuinfo, load average), then runs
-`launchers/run_default.py --fresh` and `launchers/run_default.py` again, exactly as a user
-would, and tabulates each stage's time from the job's own `logs/timings.json`. DeepSpeed's CPU
-comm op is checked before and after each run: a run that rebuilt it changed its `.so`.
-One-off costs, measured on request:
-  --cold-build  build DeepSpeed's CPU comm op into an empty extensions folder first (the cost of a
-                new environment's first pretraining), and run the job against that folder;
-  --install     create a new virtual environment with launchers/setup_env.sh (pip's cache helps,
-                so a machine that never downloaded the packages pays more).
-What the fresh run shows is recorded beside its time: both tasks' table (each arm through the
-protocol, every label count, the token-count baseline), the word-order gain against its +10-point
-target, any point where the pretrained arm is below scratch by more than the seeds' spread, and
-the minimal-pair accuracy against the unigram model's. The figures and the machine are written to
-`<out>/main_job_time.json`.
+Runs `launchers/run_default.py --fresh` and then `launchers/run_default.py` again, exactly as a user would, and
+tabulates each stage's time from the job's own `logs/timings.json`; a run that rebuilt DeepSpeed's CPU comm op
+changed its `.so`. One-off costs, on request: `--cold-build` builds that op into an empty extensions folder first
+(a new environment's first pretraining) and runs the job against it; `--install` times a new virtual environment
+made by launchers/setup_env.sh (pip's cache helps). The fresh run's downstream results go into the record too:
+both tasks through the protocol at every label count, the word-order gain, points below scratch, minimal pairs.
 """
 
 from __future__ import annotations
@@ -23,16 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from harness import BUILD_OP, ROOT, BenchmarkRecord, Study, cpu_model
+from harness import BUILD_OP, BenchmarkRecord, Study, cpu_model, launch
 
-from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.topology import environment_extensions_dir
 
 STUDY = Study(
@@ -40,13 +28,6 @@ STUDY = Study(
     metric="wall seconds of the job and of each stage (its logs/timings.json); dev accuracy of both tasks",
     baseline="targets: 300 s on an AMD EPYC draw, 600 s on an Intel Xeon one; from scratch and token counts",
     arms=("fresh run", "second run"))
-
-
-def machine() -> dict:
-    """The machine as printed at the start and kept in `<out>/main_job_time.json`."""
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-            "load_average_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def target_seconds(cpu: str) -> int:
@@ -58,13 +39,6 @@ def target_seconds(cpu: str) -> int:
 def built_ops(extensions: Path) -> dict[str, float]:
     """Every compiled op under the extensions folder, with its modification time."""
     return {str(p.relative_to(extensions)): p.stat().st_mtime for p in extensions.glob("**/*.so")}
-
-
-def timed(cmd: list[str], env: dict) -> float:
-    print(f"\n$ {' '.join(map(str, cmd))}", flush=True)
-    started = time.monotonic()
-    subprocess.run(list(map(str, cmd)), cwd=ROOT, env=env, check=True)
-    return time.monotonic() - started
 
 
 def main() -> None:
@@ -80,65 +54,42 @@ def main() -> None:
 def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"machine": machine(), "one_off_s": {}}
-    print(json.dumps(result["machine"], indent=2), flush=True)
-    env = dict(os.environ)
-
+    env, one_off = dict(os.environ), {}
     if a.install:
         venv = out / "venv"
         shutil.rmtree(venv, ignore_errors=True)
-        result["one_off_s"]["install"] = round(timed(["bash", "-c", "source launchers/setup_env.sh"],
-                                                     {**env, "VENV": str(venv)}), 1)
+        one_off["install"] = launch(["bash", "-c", "source launchers/setup_env.sh"],
+                                    env={**env, "VENV": str(venv)}).seconds
     if a.cold_build:
         extensions = out / "torch_extensions"
         shutil.rmtree(extensions, ignore_errors=True)
         env["TORCH_EXTENSIONS_DIR"] = str(extensions)
-        seconds = subprocess.run([sys.executable, "-c", BUILD_OP], env={**env, "DS_ACCELERATOR": "cpu"}, check=True,
-                                 capture_output=True, text=True).stdout.split()[-1]
-        result["one_off_s"]["deepspeed_comm_op_build"] = round(float(seconds), 1)
-        print(f"DeepSpeed comm op built into an empty {extensions} in {float(seconds):.1f} s", flush=True)
+        built = launch([sys.executable, "-c", BUILD_OP], env={**env, "DS_ACCELERATOR": "cpu"}, capture=True)
+        one_off["deepspeed_comm_op_build"] = float(built.output.split()[-1])  # the build alone, not the start-up
     default = environment_extensions_dir() or Path.home() / ".cache" / "torch_extensions"
     extensions = Path(env.get("TORCH_EXTENSIONS_DIR", default))
 
-    run_dir = out / "run"
+    run_dir, runs = out / "run", {}
     for name, extra in (("fresh", ["--fresh"]), ("second", [])):
         before = built_ops(extensions)
-        seconds = timed([sys.executable, "launchers/run_default.py", "--out", run_dir, *extra], env)
-        after = built_ops(extensions)
+        seconds = launch([sys.executable, "launchers/run_default.py", "--out", run_dir, *extra], env=env).seconds
         timings = json.loads((run_dir / "logs" / "timings.json").read_text())
-        result[name] = {"total_s": round(seconds, 1), "stages_s": timings["stages_s"], "order": timings["order"],
-                        "ops_built": sorted(k for k, v in after.items() if before.get(k) != v)}
-    result["extensions_dir"] = str(extensions)
-
-    stages = list(dict.fromkeys([*result["fresh"]["order"], *result["second"]["order"]]))  # in run order
-    print(f"\nmain job on {result['machine']['cores']} cores ({result['machine']['cpu']}), "
-          f"load average {result['machine']['load_average_1m']} at the start")
-    print(f"{'stage':<24}{'fresh s':>10}{'second s':>10}")
-    for stage in stages:
-        cells = [result[r]["stages_s"].get(stage) for r in ("fresh", "second")]
-        print(f"{stage:<24}" + "".join(f"{c:>10.1f}" if c is not None else f"{'skipped':>10}" for c in cells))
-    print(f"{'total (wall)':<24}{result['fresh']['total_s']:>10.1f}{result['second']['total_s']:>10.1f}")
-    for r in ("fresh", "second"):
-        print(f"ops built during the {r} run: {', '.join(result[r]['ops_built']) or 'none'}")
-    for what, seconds in result["one_off_s"].items():
-        print(f"one-off {what}: {seconds:.1f} s")
+        runs[name] = {"total_s": seconds, "stages_s": timings["stages_s"], "order": timings["order"],
+                      "ops_built": sorted(k for k, v in built_ops(extensions).items() if before.get(k) != v)}
+    stages = list(dict.fromkeys([*runs["fresh"]["order"], *runs["second"]["order"]]))  # in run order
     rec.table("stage times from the job's logs/timings.json",
-              [{"stage": stage, **{f"{r} run, s": (f"{result[r]['stages_s'][stage]:.1f}"
-                                                   if stage in result[r]["stages_s"] else "skipped")
-                                   for r in ("fresh", "second")}} for stage in stages]
-              + [{"stage": "**whole job (wall)**", "fresh run, s": f"**{result['fresh']['total_s']:.0f}**",
-                  "second run, s": f"**{result['second']['total_s']:.0f}**"}])
-    for r in ("fresh", "second"):
-        rec.headline(f"compiled ops built during the {r} run", ", ".join(result[r]["ops_built"]) or "none")
-    if result["one_off_s"]:
-        rec.table("one-off costs", [{"one-off": what, "s": f"{seconds:.1f}"}
-                                    for what, seconds in result["one_off_s"].items()])
-    target = target_seconds(result["machine"]["cpu"])
-    rec.headline("fresh run, wall", f"{result['fresh']['total_s']:.0f} s", target=f"≤ {target} s on 2 cores",
-                 met=result["fresh"]["total_s"] <= target)
+              [{"stage": stage, **{f"{r} run, s": f"{run['stages_s'][stage]:.1f}" if stage in run["stages_s"]
+                                   else "skipped" for r, run in runs.items()}} for stage in stages]
+              + [{"stage": "**whole job (wall)**", **{f"{r} run, s": f"**{run['total_s']:.0f}**"
+                                                      for r, run in runs.items()}}])
+    for r, run in runs.items():
+        rec.headline(f"compiled ops built during the {r} run", ", ".join(run["ops_built"]) or "none")
+    if one_off:
+        rec.table("one-off costs", [{"one-off": what, "s": f"{seconds:.1f}"} for what, seconds in one_off.items()])
+    target = target_seconds(cpu_model())
+    rec.headline("fresh run, wall", f"{runs['fresh']['total_s']:.0f} s", target=f"≤ {target} s on 2 cores",
+                 met=runs["fresh"]["total_s"] <= target)
     record_downstream(rec, run_dir)
-    write_json_atomic(out / "main_job_time.json", result)
-    print(f"written {out / 'main_job_time.json'}")
 
 
 def record_downstream(rec: BenchmarkRecord, run_dir: Path) -> None:

@@ -2,12 +2,11 @@
 
     python benchmarks/order_quality.py [--tokens 1e11] [--seq-len 512] [--shard-size 8192]
 
-A folder sharded from several corpora one after another is sorted by source. Training reads an epoch one
-shuffle block of shards at a time (pipeline/data/epoch_order.py), so a global batch draws from one block.
-For each block size and global batch, batches sampled across an epoch: how far each batch's source shares
-stray from the corpus's (total variation, ½ Σ |batch share − corpus share|), and the token cache a node
-keeps (two blocks, uint16 ids). MosaicML streaming's py1e block of 262,144 samples is the anchor. The
-orders are the pipeline's own (`EpochOrder`), evaluated for the positions a batch needs: no data is read.
+A corpus sharded source after source is sorted by source, and a global batch draws from one shuffle block
+(pipeline/data/epoch_order.py). For each block size and global batch: how far sampled batches' source shares stray
+from the corpus's (total variation, ½ Σ |batch share − corpus share|), and the token cache a node keeps (two
+blocks, uint16 ids); MosaicML streaming's py1e block is the anchor. The orders are the pipeline's own
+(`EpochOrder`), evaluated for the positions a batch needs: no data is read.
 """
 
 from __future__ import annotations

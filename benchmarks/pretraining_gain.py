@@ -4,12 +4,10 @@
         [--ranks 2] [--set KEY=VALUE ...] [--corpus FILE ...] [--tasks sst2,rte] [--minimal-pairs] [--seeds 1,2,3]
         [--train-examples 10000] [--epochs 3] [--sweep KEY=V1,V2 ...] [--variant NAME] [--out DIR]
 
-Through the user-facing commands: a 16k BPE and 128-token shards of IMDB or of every `--corpus`;
-pretraining on `--ranks` CPU ranks for `--steps`, at most `--minutes` (then SIGTERM: the run checkpoints,
-and its newest checkpoint is fine-tuned); each task fine-tuned from it and from scratch through the fair
-protocol (each arm's setting chosen from `--sweep` on held-out train, never dev), the arms side by side;
-with `--minimal-pairs`, pairs made from the corpus's held-out documents, the export against a unigram
-model of the corpus. The record is pretraining_gain.VARIANT (default: the config's name).
+Through the user-facing commands: a 16k BPE and 128-token shards of IMDB or of every `--corpus`; pretraining for
+`--steps`, at most `--minutes` (then SIGTERM: the run checkpoints, and that checkpoint is fine-tuned); each task
+from it and from scratch through the fair protocol, the arms side by side; with `--minimal-pairs`, pairs from the
+corpus's held-out documents against a unigram model. The record is pretraining_gain.VARIANT (default: the config).
 """
 
 from __future__ import annotations

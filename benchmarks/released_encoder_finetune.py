@@ -4,12 +4,10 @@
     python benchmarks/released_encoder_finetune.py [--model DIR] [--seeds 1,2,3] [--rte-seeds 1] [--max-train 2000]
         [--no-scratch] [--tasks sst2,rte] [--no-parity] [--max-eval N] [--out DIR]
 
-SST-2 (the first --max-train examples) and RTE (all) from ../shared/data/glue, fine-tuned by
-`launchers/finetune.py` (one launch per seed) and by HF `Trainer` the run_glue way (hf_baselines.finetune),
-with the same recipe and seed; both evaluate dev every epoch, and the pipeline's best epoch is read beside
-HF's best. A row adds the pipeline from scratch. `--tasks rte` or `--no-parity` (the scratch rows only) is
-a part with its own record. Each finished seed keeps its result with what made it (the model's content,
-task, seed, recipe, data caps): a rerun into the same --out reuses it and refuses one made otherwise.
+SST-2 (the first --max-train examples) and RTE (all), fine-tuned by `launchers/finetune.py` (one launch per seed)
+and by HF `Trainer` the run_glue way (hf_baselines.finetune), same recipe and seed, best dev epoch on both sides;
+a row adds the pipeline from scratch. A part (`--tasks rte`, `--no-parity`) has its own record. A finished seed
+is kept with what made it: a rerun into the same --out reuses it, and refuses one made otherwise.
 """
 
 from __future__ import annotations
@@ -91,9 +89,7 @@ def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out
     wall = harness.launch([sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json",
                            "--model", model, "--seeds", seed, *(["--from-scratch"] if scratch else []),
                            *[x for key, value in sets.items() for x in ("--set", f"{key}={value}")]]).seconds
-    history = json.loads((folder / f"seed_{seed}" / "history.json").read_text())
-    accuracies = [epoch["accuracy"] for epoch in (history.get("history", history) if isinstance(history, dict)
-                                                  else history)]
+    accuracies = [epoch["accuracy"] for epoch in json.loads((folder / f"seed_{seed}" / "history.json").read_text())]
     stamps = epoch_times(f"sqlite:///{folder / 'mlflow.db'}")
     # Between the first and last epoch's evaluations: each epoch's training and evaluation, no start-up.
     per_epoch = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else wall / recipe["epochs"]

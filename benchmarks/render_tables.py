@@ -1,29 +1,19 @@
-"""Render docs/benchmarks.md's tables from benchmarks/results/*.json, so a figure and its conditions cannot part.
+"""Render the docs' benchmark tables from benchmarks/results/*.json, so a figure and its conditions cannot part.
 
     python benchmarks/render_tables.py            # rewrite the generated regions in place
-    python benchmarks/render_tables.py --check    # exit 1 if the page differs from the results
+    python benchmarks/render_tables.py --check    # exit 1 if a page differs from the results
 
-The page's prose is written by hand. Each result is shown in a region between two markers,
+The prose is written by hand; each result is shown in a region between two markers,
 
     <!-- generated from benchmarks/results/NAME.json: do not edit -->
     ...
     <!-- end generated -->
 
-whose content is the result's tables (each titled and annotated right above it), then one list: its
-headline (each target and whether it was met), its notes, the study it ran (arms, metric, baseline),
-and last its conditions on one line: command, date, load average at the start and the end, git
-commit, and the machine where it differs from the page's. The page's machine (the one most measured
-results ran on) is named once, between
-
-    <!-- generated machine from benchmarks/results: do not edit -->
-    ...
-    <!-- end generated -->
-
-A region may also sit on another docs page, beside the subject it measures (the data stage's scale
-table in docs/data.md, the GPU check in docs/gpu-nodes.md); `--check` covers every page. A result
-transcribed from an older README says so, and its command regenerates it. A result with no region
-on any page is appended to docs/benchmarks.md under "Other results", so a new benchmark's figure
-shows up (and `--check` fails) until someone places it.
+on docs/benchmarks.md or another docs page beside the subject it measures (`--check` covers every page).
+docs/benchmarks.md names once, in its `<!-- generated machine ... -->` region, the machine most measured results
+ran on; a result names its own only where it differs. A result with no region on any page is appended to
+docs/benchmarks.md under "Other results", so a new benchmark's figure shows up (and `--check` fails) until
+someone places it.
 """
 
 from __future__ import annotations

@@ -115,34 +115,22 @@ def main() -> None:
                         help="sequence length of the origins share measured for every packing mode")
     parser.add_argument("--baseline", help="another checkout whose shard.py is timed beside this one's")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each shard.py for --baseline")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--args", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.method:  # child process
         print(json.dumps({"bare": method_bare, "run_mlm": method_run_mlm}[a.method](*json.loads(a.args))))
         return
-    with STUDY.record() as rec:
-        work = Path(tempfile.mkdtemp(prefix="shard-bench-"))
-        try:
-            measure(a, rec, work)
-        finally:
-            if not a.keep:
-                shutil.rmtree(work, ignore_errors=True)
+    with STUDY.record() as rec, tempfile.TemporaryDirectory(prefix="shard-bench-") as work:
+        measure(a, rec, Path(work))
 
 
 def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord, work: Path) -> None:
-    from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
-
     py = sys.executable
-    corpus = a.corpus or (str(harness.IMDB) if harness.IMDB.exists() else None)
-    if corpus is None:
-        corpus = str(work / "embedded.jsonl")
-        harness.launch([py, "data_prep/make_default_corpus.py", "--out", corpus])
     # Plain jsonl for the datasets recipe and the 10% slice (untimed preparation).
-    texts = list(iter_texts(resolve_inputs([corpus]), CorpusOptions()))
-    plain, tenth = work / "corpus.jsonl", work / "tenth.jsonl"
-    plain.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    corpus, texts, plain = harness.sample_corpus(a.corpus or (harness.IMDB if harness.IMDB.exists() else None), None,
+                                                 work)
+    tenth = work / "tenth.jsonl"
     tenth.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[: len(texts) // 10]))
     tokenizer = a.tokenizer or str(work / "tokenizer")
     if a.tokenizer is None:

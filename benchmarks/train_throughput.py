@@ -32,6 +32,8 @@ STUDY = harness.Study(
     "train_throughput", question="Is the pretraining step fast?", metric="tokens/s and MFU over the counted steps",
     baseline="HF Trainer + RobertaForMaskedLM + DataCollatorForLanguageModeling, same model, batch, data and threads",
     arms=("ours", "HF Trainer"))
+
+
 def hf_worker(shards: str, tokenizer_dir: str, steps: int, batch: int) -> None:
     """Train with HF Trainer; print the wall-clock time at the end of every step as JSON."""
     import torch
@@ -107,7 +109,6 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--no-hf", action="store_true", help="skip the HF Trainer run")
     p.add_argument("--hf-worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.hf_worker:
@@ -123,7 +124,7 @@ def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
     from pipeline.data.tokenizer import train_tokenizer
     from pipeline.pretrain.flops import training_flops_per_token
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "DS_ACCELERATOR": "cpu"}
+    env = harness.cpu_env(a.threads)
     peaks, seconds = [], {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,13 +137,12 @@ def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
         vocab = json.loads((shards / "index.json").read_text())["tokenizer"]["vocab_size"]
         peaks.append(harness.peak_flops(a.threads))
         seconds["ours"] = ours(shards, tok, a, tmp / "ours", env)
-        if not a.no_hf:
-            peaks.append(harness.peak_flops(a.threads))
-            hf = harness.launch([sys.executable, __file__, "--hf-worker", shards, tok, a.steps, a.batch], env=env,
-                                capture=True)
-            stamps = json.loads(hf.output.strip().splitlines()[-1])["stamps"]
-            counted = [b - a_ for a_, b in zip(stamps, stamps[1:], strict=False)][a.skip - 1:]
-            seconds["hf"] = sum(counted) / len(counted)
+        peaks.append(harness.peak_flops(a.threads))
+        hf = harness.launch([sys.executable, __file__, "--hf-worker", shards, tok, a.steps, a.batch], env=env,
+                            capture=True)
+        stamps = json.loads(hf.output.strip().splitlines()[-1])["stamps"]
+        counted = [b - a_ for a_, b in zip(stamps, stamps[1:], strict=False)][a.skip - 1:]
+        seconds["hf"] = sum(counted) / len(counted)
         peaks.append(harness.peak_flops(a.threads))
 
     peak, tokens = max(peaks), a.batch * a.seq_len
@@ -157,13 +157,12 @@ def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord) -> None:
                      if name == "hf" else "ours", "ms per step": f"{1e3 * step:,.0f}",
                      "tokens/s": f"{tokens / step:,.0f}", "model GFLOP/s": f"{flops / 1e9:.1f}",
                      "MFU": f"{flops / peak:.0%}", "dense-equivalent / peak": f"{tokens * dense / step / peak:.0%}",
-                     "vs HF": f"{seconds['hf'] / step:.2f}" if "hf" in seconds else "–"})
+                     "vs HF": f"{seconds['hf'] / step:.2f}"})
     rec.table(f"4 layers, hidden 256, vocabulary {vocab:,}, seq {a.seq_len}, batch {a.batch}, fp32, {a.threads} "
               f"threads, {a.steps} steps ({a.skip} warm-up not counted); peak {peak / 1e9:.1f} GFLOP/s "
               f"(4096² fp32 torch.mm, best of 5, before every run: {', '.join(f'{x / 1e9:.0f}' for x in peaks)})",
               rows)
-    if "hf" in seconds:
-        rec.headline("ours vs HF Trainer", f"{seconds['hf'] / seconds['ours']:.2f}×")
+    rec.headline("ours vs HF Trainer", f"{seconds['hf'] / seconds['ours']:.2f}×")
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 
