@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @exit_on_pipeline_error
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, seed_record: Path | None = None) -> None:
+    """The job; `seed_record`, the seed benchmark's record in a checkout, gives the summary the recipe's spread."""
     args = build_parser().parse_args(argv)
     out = args.out.resolve()
     if args.fresh and out.exists():
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.tracking.label_curve_plot import plot_label_curves
 
     plot_label_curves(layout)
-    print("\n" + render_summary(out, job.elapsed()))
+    print("\n" + render_summary(out, job.elapsed(), seed_record=seed_record))
 
 
 def shipped_seed() -> int:

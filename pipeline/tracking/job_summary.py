@@ -16,8 +16,6 @@ from pipeline.common.shipped_configs import find_config
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.task_report import minimal_pairs_line, task_arms, task_findings, task_rows
 
-SEED_RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "main_job_seeds.json"
-"""The seed benchmark's record (benchmarks/main_job_seeds.py), in a checkout; an installed package has none."""
 SEED_SPREAD = "the main job's recipe over pretraining seeds"
 """Its headline sentence: the recipe's spread over seeds, which the summary and the README quote."""
 
@@ -40,10 +38,10 @@ def last_eval(metrics_jsonl: Path) -> dict | None:
     return last
 
 
-def seed_spread() -> str | None:
-    """The recipe's spread over pretraining seeds as `SEED_RECORD` says it (its one owner), or None without one;
-    a record measured on another configs/main-job.json says so."""
-    data = read_json(SEED_RECORD) or {}
+def seed_spread(record: Path | None) -> str | None:
+    """The recipe's spread over pretraining seeds as the seed benchmark's `record` says it (its one owner), or None
+    without one; a record measured on another configs/main-job.json says so."""
+    data = (read_json(record) if record else None) or {}
     entry = (data.get("results") or {}).get("headline", {}).get(SEED_SPREAD)
     if not isinstance(entry, dict):
         return None
@@ -83,10 +81,12 @@ def _around_mask(text: str, width: int = 60) -> str:
     return ("…" if start > 0 else "") + text[start:end] + ("…" if end < len(text) else "")
 
 
-def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True) -> str:
+def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = True,
+                   seed_record: Path | None = None) -> str:
     """The closing screen for the main job's run folder `out`.
 
-    `predict_cli` False adds a note that `launchers/predict.py` is not in this checkout yet.
+    `predict_cli` False adds a note that `launchers/predict.py` is not in this checkout yet. `seed_record`: the seed
+    benchmark's record (benchmarks/main_job_seeds.py), which a checkout's launcher names; without it, no spread.
     """
     out = Path(out)
     layout = MainJobLayout(out)
@@ -123,7 +123,7 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
         figures.append(("validation MLM loss", f"not found in {layout.pretrain.metrics}"))
     if (seed := _seed(layout.pretrain.config)) is not None:
         figures.append(("pretraining seed", f"{seed} (--seed N picks another)"))
-    if (spread := seed_spread()) is not None:
+    if (spread := seed_spread(seed_record)) is not None:
         figures.append(("the recipe's spread", f"{spread} (benchmarks/main_job_seeds.py)"))
     cloze = read_json(layout.cloze)
     if cloze:

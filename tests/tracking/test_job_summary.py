@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from pipeline.common.shipped_configs import find_config
-from pipeline.tracking import job_summary
 from pipeline.tracking.finetune_report import finetune_result
 from pipeline.tracking.job_summary import SEED_SPREAD, last_eval, render_summary
 
@@ -39,12 +38,10 @@ ARMS = {
 
 
 @pytest.fixture(autouse=True)
-def seed_record(tmp_path, monkeypatch) -> Path:
-    """Where the summary looks for the seed benchmark's record: none there unless a test writes it (the
-    checkout's own record is not what these tests read)."""
-    record = tmp_path / "main_job_seeds.json"
-    monkeypatch.setattr(job_summary, "SEED_RECORD", record)
-    return record
+def seed_record(tmp_path) -> Path:
+    """A path for the seed benchmark's record: none there unless a test writes it (the checkout's own record is
+    not what these tests read)."""
+    return tmp_path / "main_job_seeds.json"
 
 
 @pytest.fixture
@@ -212,19 +209,22 @@ def test_an_arm_without_a_label_curve_is_one_row_of_all_its_labels(run_folder):
 
 def test_the_summary_names_the_runs_seed_and_the_recipes_spread_from_the_seed_benchmarks_record(run_folder,
                                                                                                 seed_record):
-    assert "pretraining seed" not in render_summary(run_folder)  # a folder from before the seed was recorded
+    def summary() -> str:
+        return render_summary(run_folder, seed_record=seed_record)
+
+    assert "pretraining seed" not in summary()  # a folder from before the seed was recorded
     (run_folder / "pretrain" / "config.json").write_text(json.dumps({"train": {"seed": 3, "max_steps": 800}}))
-    text = render_summary(run_folder)
-    assert "pretraining seed     3 (--seed N picks another)" in text and "recipe's spread" not in text  # no record
+    assert "pretraining seed     3 (--seed N picks another)" in summary() and "recipe's spread" not in summary()
     sentence = "5 pretraining seeds: word order +9.0 [+2.0 – +14.0] points over scratch"
     shipped = hashlib.sha256(find_config("main-job", "pretrain").read_bytes()).hexdigest()
     seed_record.write_text(json.dumps({"recipe_sha256": shipped, "results": {"headline": {
         SEED_SPREAD: {"value": sentence}, "word-order gain, worst seed": {"value": "+2.0 points"}}}}))
-    assert f"the recipe's spread  {sentence} (benchmarks/main_job_seeds.py)" in render_summary(run_folder)
+    assert f"the recipe's spread  {sentence} (benchmarks/main_job_seeds.py)" in summary()
+    assert "recipe's spread" not in render_summary(run_folder)  # no record named (an installed package's job)
     seed_record.write_text(json.dumps({"recipe_sha256": "0" * 64, "results": {"headline": {
         SEED_SPREAD: {"value": sentence}}}}))
-    assert f"{sentence} (measured on another configs/main-job.json)" in render_summary(run_folder)
-    assert len(render_summary(run_folder).splitlines()) <= 42
+    assert f"{sentence} (measured on another configs/main-job.json)" in summary()
+    assert len(summary().splitlines()) <= 42
 
 
 def test_each_arms_model_card_sets_its_figures_beside_the_other_arm_and_the_token_counts(run_folder):
