@@ -346,7 +346,8 @@ class RunToTheEnd:
             (self.folder / "e2e-before-kill").mkdir(exist_ok=True)
             shutil.copy(self.run_dir / "metrics.jsonl", self.folder / "e2e-before-kill" / "metrics.jsonl")
             self.processes["run"] = start_run(config, self.run_dir, self.env)  # the same command resumes it
-            signal_after(self.processes["reference"], self.reference_dir, sizes.compare_to, left(), signal.SIGTERM)
+            signal_after(self.processes["reference"], self.reference_dir, sizes.compare_to, left(), signal.SIGTERM,
+                         last_step=sizes.steps)
             self.start_beside()
             completed = wait_or_stop(self.processes["run"], self.run_dir, left())
             export = self.run_dir / "export"
@@ -445,24 +446,29 @@ class RunToTheEnd:
             kill(process)
 
 
-def signal_after(process: subprocess.Popen, run_dir: Path, after: int, timeout: float, sig: signal.Signals) -> int:
+def signal_after(process: subprocess.Popen, run_dir: Path, after: int, timeout: float, sig: signal.Signals,
+                 last_step: int | None = None) -> int:
     """Once the run has logged a step past `after`: SIGKILL it and its loader workers (after a checkpoint is saved:
-    the resume needs one), or SIGTERM it, which finishes the step, checkpoints and exits (waited for). Returns the
+    the resume needs one), or SIGTERM it, which finishes the step, checkpoints and exits (waited for). A run that
+    has logged its `last_step` gets no SIGTERM: past its training the signal would only kill its exit. Returns the
     last step logged before the signal."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{run_dir.name} ended before step {after} (exit {process.returncode}): "
-                               f"{last_words(run_dir)}")
+        ended = process.poll() is not None
         records = metrics(run_dir)
         saved = any("checkpoint" in r for r in records) or sig != signal.SIGKILL
         logged = [r["step"] for r in records if "train/loss" in r]
-        if saved and logged and logged[-1] > after:
+        past = bool(logged) and logged[-1] > after
+        if ended and not (past and sig == signal.SIGTERM):
+            raise RuntimeError(f"{run_dir.name} ended before step {after} (exit {process.returncode}): "
+                               f"{last_words(run_dir)}")
+        if saved and past:
             if sig == signal.SIGKILL:
                 kill(process)
-            else:
+                return logged[-1]
+            if not ended and logged[-1] != last_step:
                 process.send_signal(sig)  # the rank: its loader workers ignore SIGTERM, and it stops them
-                finish(process, run_dir, 120)
+            finish(process, run_dir, 120)
             return logged[-1]
         time.sleep(0.05)
     kill(process)

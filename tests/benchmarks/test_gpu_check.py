@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -159,6 +160,19 @@ def test_a_run_still_going_at_its_cap_is_stopped_by_sigterm_and_one_that_ends_is
                               dict(os.environ))
     with pytest.raises(RuntimeError, match="failing exited 1: no checkpoint"):
         gpu_runs.wait_or_stop(failing, tmp_path / "failing", 60)
+
+
+def test_the_reference_past_its_last_step_is_left_to_exit_not_sent_sigterm(tmp_path):
+    """A reference that trained to its end before being stopped: past its training SIGTERM has no handler and would
+    kill its exit (-15), so it is waited for; its losses are all logged."""
+    run_dir = tmp_path / "reference"
+    run_dir.mkdir()
+    stand_in = (f"import json, time\nwith open({str(run_dir / 'metrics.jsonl')!r}, 'a') as f:\n"
+                "    for step in (1, 2, 3):\n        f.write(json.dumps({'step': step, 'train/loss': 1.0}) + '\\n')\n"
+                "time.sleep(1)  # the export and the exit, with no SIGTERM handler\n")
+    ending = gpu_runs.launch([PYTHON, "-c", stand_in], run_dir, dict(os.environ))
+    assert gpu_runs.signal_after(ending, run_dir, 2, 60, signal.SIGTERM, last_step=3) == 3
+    assert ending.returncode == 0
 
 
 def test_a_version_other_than_the_pinned_one_fails_the_versions_step(monkeypatch):
