@@ -448,17 +448,19 @@ class RunToTheEnd:
 
 def signal_after(process: subprocess.Popen, run_dir: Path, after: int, timeout: float, sig: signal.Signals,
                  last_step: int | None = None) -> int:
-    """Once the run has logged a step past `after`: SIGKILL it and its loader workers (after a checkpoint is saved:
-    the resume needs one), or SIGTERM it, which finishes the step, checkpoints and exits (waited for). A run that
+    """Once the run has logged a step past `after`: SIGKILL it and its loader workers (once it has logged a step past
+    its newest checkpoint: the resume needs one, and steps to redo), or SIGTERM it, which finishes the step,
+    checkpoints and exits (waited for). A run that
     has logged its `last_step` gets no SIGTERM: past its training the signal would only kill its exit. Returns the
     last step logged before the signal."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ended = process.poll() is not None
         records = metrics(run_dir)
-        saved = any("checkpoint" in r for r in records) or sig != signal.SIGKILL
         logged = [r["step"] for r in records if "train/loss" in r]
         past = bool(logged) and logged[-1] > after
+        checkpoints = [r["step"] for r in records if "checkpoint" in r]
+        saved = sig != signal.SIGKILL or (bool(checkpoints) and past and logged[-1] > max(checkpoints))
         if ended and not (past and sig == signal.SIGTERM):
             raise RuntimeError(f"{run_dir.name} ended before step {after} (exit {process.returncode}): "
                                f"{last_words(run_dir)}")
