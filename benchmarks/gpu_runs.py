@@ -302,6 +302,8 @@ class RunToTheEnd:
         self.folder, self.made, self.scale, self.data = folder, made, scale, data
         self.sizes, self.env = scale.run, clean_env(scale)
         self.reference_dir, self.run_dir = folder / "e2e-uninterrupted", folder / "e2e-killed"
+        self.before_kill_dir = folder / "e2e-before-kill"
+        """What the run logged before the kill: the resume cuts its log back to the checkpoint."""
         self.sst2 = folder / "sst2"
         self.processes: dict[str, subprocess.Popen] = {}
         self.source: Path | None = None
@@ -329,8 +331,7 @@ class RunToTheEnd:
         if self.data is None or not (self.data / SST2 / "train.tsv").is_file():
             raise FileNotFoundError(f"no SST-2 under {self.data}: give --data, a folder laid out as /work/shared/data "
                                     "(corpus/imdb-reviews.jsonl.zst, glue/SST-2/train.tsv and dev.tsv)")
-        stale_folders = (self.reference_dir, self.run_dir, self.folder / "e2e-before-kill", self.sst2)
-        for stale in stale_folders:  # from an earlier check in the same folder
+        for stale in (self.reference_dir, self.run_dir, self.before_kill_dir, self.sst2):  # from an earlier check
             shutil.rmtree(stale, ignore_errors=True)
         sizes, config, started = self.sizes, self.config(), time.monotonic()
         ends = started + (600 if seconds is None else seconds - (0 if self.scale.tiny else TRANSFER_SECONDS))
@@ -342,9 +343,8 @@ class RunToTheEnd:
             self.processes["reference"] = start_run(config, self.reference_dir, self.env)
             kill_step = signal_after(start_run(config, self.run_dir, self.env), self.run_dir, sizes.kill_after,
                                      left(), signal.SIGKILL)
-            # the resume cuts the log back to its checkpoint: what the run logged before the kill is kept here
-            (self.folder / "e2e-before-kill").mkdir(exist_ok=True)
-            shutil.copy(self.run_dir / "metrics.jsonl", self.folder / "e2e-before-kill" / "metrics.jsonl")
+            self.before_kill_dir.mkdir()
+            shutil.copy(self.run_dir / "metrics.jsonl", self.before_kill_dir / "metrics.jsonl")
             self.processes["run"] = start_run(config, self.run_dir, self.env)  # the same command resumes it
             signal_after(self.processes["reference"], self.reference_dir, sizes.compare_to, left(), signal.SIGTERM,
                          last_step=sizes.steps)
@@ -370,7 +370,7 @@ class RunToTheEnd:
         # The resume is judged against the run's own steps logged before the kill, which began from the state the
         # checkpoint saved: on CUDA they differ only by the atomics of the steps since (at most `kill_after` −
         # `checkpoint_every`), where the uninterrupted run has drifted for every step from the first.
-        before_kill = losses(self.folder / "e2e-before-kill")
+        before_kill = losses(self.before_kill_dir)
         redone = sorted(set(before_kill) & {s for s in b if resumes and s > resumes[-1]["step"]})
         figures = {"steps": sizes.steps, "steps_done": done, "completed": completed, "killed_at_step": kill_step,
                    "resumed_at_step": resumes[-1]["step"] if resumes else None, "compared_steps": len(a),

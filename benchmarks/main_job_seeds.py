@@ -19,7 +19,6 @@ stage) is the one the main job's summary and the README quote (pipeline/tracking
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -31,9 +30,8 @@ from harness import BenchmarkRecord, Study, work_dir
 
 from pipeline.commands import run_default as job
 from pipeline.common.run_layout import MainJobLayout
-from pipeline.common.shipped_configs import find_config
 from pipeline.common.topology import use_environment_extensions_dir
-from pipeline.tracking.job_summary import SEED_SPREAD
+from pipeline.tracking.job_summary import SEED_SPREAD, recipe_fingerprint
 
 STUDY = Study(
     "main_job_seeds", question="How much does the main job's result hang on its pretraining seed?",
@@ -161,7 +159,7 @@ def main() -> None:
     overrides = {arm: [s.split(":", 1)[1] for s in a.set if s.split(":", 1)[0] == arm] for arm in arms}
     out = work_dir("main-job-seeds", a.out)
     with STUDY.record(a.variant) as rec:
-        rec.data["recipe_sha256"] = hashlib.sha256(find_config(job.CONFIG, "pretrain").read_bytes()).hexdigest()
+        rec.data["recipe_sha256"] = recipe_fingerprint()
         measure(rec, out, arms, seeds, overrides, a.ranks, a.screen)
 
 

@@ -51,14 +51,14 @@ from pathlib import Path
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.console import run_logged
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
-from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLayout
+from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_CONFIG, MAIN_JOB_TASKS, MainJobLayout
 from pipeline.common.shipped_configs import find_config
 from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.common.topology import free_port, use_environment_extensions_dir
 from pipeline.finetune.model_card import record_baselines
 from pipeline.pretrain.export_card import record_scores
 from pipeline.tracking.finetune_report import read_json
-from pipeline.tracking.job_summary import render_summary
+from pipeline.tracking.job_summary import render_summary, started_seed
 from pipeline.tracking.task_report import ARM_NAMES, task_arms, token_baseline
 
 SEQ_LEN = 128
@@ -66,8 +66,6 @@ VOCAB_SIZE = 2000  # a small vocabulary leaves the unigram plateau sooner (docs/
 HELD_OUT_FRACTION = 0.1
 """Documents the shard stage holds out: the validation loss, the word-order task's dev split and the
 minimal pairs all come from them, so the encoder never trained on that text."""
-CONFIG = "main-job"
-"""The pretraining recipe: configs/main-job.json."""
 SEEDS = "1,2,3"
 LABELS_PER_CLASS = "8,32"
 FULL_OUTPUT = ["--verbose"]
@@ -165,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ranks", type=int, default=2, help="pretraining processes (default 2)")
     parser.add_argument("--seed", type=int, default=None, metavar="N",
                         help="the pretraining seed (train.seed: initial weights, data order and masks; default: "
-                             f"configs/{CONFIG}.json's)")
+                             f"configs/{MAIN_JOB_CONFIG}.json's)")
     parser.add_argument("--stop-after", choices=("verify", "pretrain", "compare"), default="compare",
                         help="stop after this step (default: run all ten)")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
@@ -218,20 +216,18 @@ def shipped_seed() -> int:
     """configs/main-job.json's train.seed (the trainer's default where the file leaves it out)."""
     from pipeline.pretrain.config import TrainConfig
 
-    train = json.loads(find_config(CONFIG, "pretrain").read_text(encoding="utf-8")).get("train", {})
+    train = json.loads(find_config(MAIN_JOB_CONFIG, "pretrain").read_text(encoding="utf-8")).get("train", {})
     return int(train.get("seed", TrainConfig.seed))
 
 
 def check_seed(layout: MainJobLayout, seed: int | None) -> None:
     """Refuse a seed other than the one the pretraining already in `layout` was started with: it would resume
     that run (or keep its finished export) under the wrong seed."""
-    try:
-        started = json.loads(layout.pretrain.config.read_text(encoding="utf-8"))["train"]["seed"]
-    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+    if (started := started_seed(layout.pretrain.config)) is None:
         return  # no pretraining there yet
     wanted = shipped_seed() if seed is None else seed
     if started != wanted:
-        given = f"--seed {seed}" if seed is not None else f"no --seed (configs/{CONFIG}.json's seed {wanted})"
+        given = f"--seed {seed}" if seed is not None else f"no --seed (configs/{MAIN_JOB_CONFIG}.json's seed {wanted})"
         raise PipelineError(f"{given}: the pretraining in {layout.pretrain.root} was started with seed {started} "
                             f"({layout.pretrain.config}), and a rerun continues it; add --fresh to start over, or "
                             f"give another --out")
@@ -263,8 +259,8 @@ def pretrain(job: MainJob, layout: MainJobLayout, env: dict, *, ranks: int, seed
     sets = [f"data.shards={layout.shards}", f"data.tokenizer={layout.tokenizer}",
             f"train.output_dir={layout.pretrain.root}", f"tracking.uri={layout.tracking_uri}",
             *([] if seed is None else [f"train.seed={seed}"]), *(overrides or [])]
-    job.run(f"5/10 pretrain ({ranks} rank{'s' if ranks > 1 else ''})", "pretrain", "pretrain", "--config", CONFIG,
-            *(arg for s in sets for arg in ("--set", s)), *FULL_OUTPUT,
+    job.run(f"5/10 pretrain ({ranks} rank{'s' if ranks > 1 else ''})", "pretrain", "pretrain",
+            "--config", MAIN_JOB_CONFIG, *(arg for s in sets for arg in ("--set", s)), *FULL_OUTPUT,
             launcher=[str(deepspeed), "--num_gpus", str(ranks), "--master_port", str(free_port())], env=env)
 
 

@@ -185,6 +185,9 @@ bigram shift (were two adjacent words swapped? token counts sit at chance)."""
 
 MAIN_JOB_ARMS = ("pretrained", "from-scratch")
 
+MAIN_JOB_CONFIG = "main-job"
+"""The main job's pretraining recipe: configs/main-job.json."""
+
 
 @dataclass(frozen=True)
 class MainJobLayout:

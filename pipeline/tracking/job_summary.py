@@ -11,7 +11,7 @@ import json
 import shlex
 from pathlib import Path
 
-from pipeline.common.run_layout import MainJobLayout
+from pipeline.common.run_layout import MAIN_JOB_CONFIG, MainJobLayout
 from pipeline.common.shipped_configs import find_config
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.task_report import minimal_pairs_line, task_arms, task_findings, task_rows
@@ -38,6 +38,11 @@ def last_eval(metrics_jsonl: Path) -> dict | None:
     return last
 
 
+def recipe_fingerprint() -> str:
+    """sha256 of the shipped configs/main-job.json: a seed record measured on another recipe is told apart."""
+    return hashlib.sha256(find_config(MAIN_JOB_CONFIG, "pretrain").read_bytes()).hexdigest()
+
+
 def seed_spread(record: Path | None) -> str | None:
     """The recipe's spread over pretraining seeds as the seed benchmark's `record` says it (its one owner), or None
     without one; a record measured on another configs/main-job.json says so."""
@@ -45,12 +50,12 @@ def seed_spread(record: Path | None) -> str | None:
     entry = (data.get("results") or {}).get("headline", {}).get(SEED_SPREAD)
     if not isinstance(entry, dict):
         return None
-    shipped = hashlib.sha256(find_config("main-job", "pretrain").read_bytes()).hexdigest()
-    stale = "" if data.get("recipe_sha256") == shipped else " (measured on another configs/main-job.json)"
+    stale = "" if data.get("recipe_sha256") == recipe_fingerprint() else " (measured on another configs/main-job.json)"
     return f"{entry['value']}{stale}"
 
 
-def _seed(config_json: Path) -> int | None:
+def started_seed(config_json: Path) -> int | None:
+    """The train.seed a pretraining was started with (its run folder's config.json), None before it started."""
     try:
         return json.loads(config_json.read_text(encoding="utf-8"))["train"]["seed"]
     except (OSError, KeyError, TypeError, json.JSONDecodeError):
@@ -121,7 +126,7 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
                                                f"{'below' if margin >= 0 else 'ABOVE'} it"))
     else:
         figures.append(("validation MLM loss", f"not found in {layout.pretrain.metrics}"))
-    if (seed := _seed(layout.pretrain.config)) is not None:
+    if (seed := started_seed(layout.pretrain.config)) is not None:
         figures.append(("pretraining seed", f"{seed} (--seed N picks another)"))
     if (spread := seed_spread(seed_record)) is not None:
         figures.append(("the recipe's spread", f"{spread} (benchmarks/main_job_seeds.py)"))
