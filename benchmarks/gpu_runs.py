@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import ROOT, make_shards, metrics, sample_corpus
+from plain_loop import PROFILED_STEPS
 
 MASKED = 0.15  # masking.probability: the FLOP model's masked fraction, as the trainer's MFU uses
 IMDB = Path("corpus") / "imdb-reviews.jsonl.zst"
@@ -26,7 +27,7 @@ SST2 = Path("glue") / "SST-2"
 # name: (model keys, seq_len, micro batch, doc-packed); the published shapes, measured in this order of value.
 SHAPES = {
     "RoBERTa-large": (dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096),
-                      512, 16, False),
+                      512, 32, False),
     "ModernBERT-base": (dict(architecture="modernbert", num_hidden_layers=22, hidden_size=768, num_attention_heads=12,
                              intermediate_size=1152, local_attention=128), 1024, 32, True),
     "RoBERTa-base": (dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
@@ -69,7 +70,8 @@ TINY_RUN = RunSizes(steps=30, batch=8, checkpoint_every=10, kill_after=15, compa
 # Each arm's grid, chosen on the held-out slice of train: a small encoder fine-tunes best at 1e-4–3e-4 pretrained
 # and higher from scratch (the CPU recipe's arms chose within 1e-4–3e-3).
 SST2_SWEEP, SST2_SEEDS = "train.learning_rate=1e-4,3e-4,1e-3", "1,2,3"
-TRANSFER_SECONDS = 120  # kept from the pretraining for the export's fine-tuning (5 short trainings; 71 s was too few)
+TRANSFER_SECONDS = 180  # kept from the pretraining for the export's fine-tuning: 5 trainings of ~18 s and their starts
+# (on an H100, 120 s ran out in the fourth)
 WORLD_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 IN_MEMORY_BATCHES = 4  # distinct micro batches replayed by a loader-off run
 
@@ -99,6 +101,14 @@ class Scale(NamedTuple):
     @property
     def run(self) -> RunSizes:
         return TINY_RUN if self.tiny else FULL_RUN
+
+
+def shape(name: str, scale: Scale) -> tuple[dict[str, Any], int, int, bool]:
+    """SHAPES[name] at the scale: (model keys, seq_len, micro batch, doc-packed); the toy shape on a tiny run."""
+    keys, seq_len, batch, packed = SHAPES[name]
+    if scale.tiny:
+        return {**TINY_SHAPE, **({"architecture": "modernbert"} if packed else {})}, 64, 4, packed
+    return keys, seq_len, batch, packed
 
 
 def find_data(given: str | None) -> Path | None:
@@ -166,12 +176,15 @@ def pretrain_config(folder: Path, made: dict[str, Any], *, model: dict, packed: 
     return config
 
 
-def start_run(config: dict[str, Any], run_dir: Path, env: dict[str, str], in_memory: bool = False) -> subprocess.Popen:
-    """Start the pretrain command on `config` (written beside `run_dir`); its output goes to `run_dir`.log."""
+def start_run(config: dict[str, Any], run_dir: Path, env: dict[str, str], in_memory: bool = False,
+              profile_from: int | None = None) -> subprocess.Popen:
+    """Start the pretrain command on `config` (written beside `run_dir`); its output goes to `run_dir`.log. Loader
+    off (`in_memory`), `profile_from` profiles the steps after that one (`run_in_memory`)."""
     config = {**config, "train": {**config["train"], "output_dir": str(run_dir)}}
     path = run_dir.parent / f"{run_dir.name}.json"
     path.write_text(json.dumps(config, indent=1))
-    return launch([sys.executable, __file__, "in-memory", str(path)] if in_memory
+    profiled = [] if profile_from is None else ["--profile-from", str(profile_from)]
+    return launch([sys.executable, __file__, "in-memory", str(path), *profiled] if in_memory
                   else [sys.executable, "launchers/pretrain.py", "--config", str(path)], run_dir, env)
 
 
@@ -209,24 +222,39 @@ def last_words(run_dir: Path) -> str:
     return log.read_text(errors="replace").strip()[-1500:] if log.exists() else "(no log)"
 
 
-def run_in_memory(config_path: str) -> None:
+def run_in_memory(config_path: str, profile_from: int | None = None) -> None:
     """The pretrain command with the loader off: the command's own run, its training loader swapped at the one seam
     the trainer reads batches through (`PretrainData.loader`) for `IN_MEMORY_BATCHES` micro batches that the real
-    loader made once, already on the device, replayed."""
+    loader made once, already on the device, replayed. With `profile_from`, the steps after it (`PROFILED_STEPS`, one
+    micro batch each) run under the profiler, whose summary goes beside the config (`<config>.profile.json`)."""
     import torch
+    from plain_loop import PROFILED_STEPS, profiler, summary
 
     from pipeline.commands.pretrain import main
     from pipeline.pretrain.batches import PretrainData
 
     real_loader, ready = PretrainData.loader, []
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    prof = profiler(device)
 
     def replay(self, **kwargs):
         if not ready:
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
             self.num_workers = 0
             made = real_loader(self, **kwargs)
-            ready.extend({k: v.to(device) for k, v in b.items()} for b in islice(made, IN_MEMORY_BATCHES))
-        return cycle(ready)
+            where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else "cpu"
+            ready.extend({k: v.to(where) for k, v in b.items()} for b in islice(made, IN_MEMORY_BATCHES))
+        for served, batch in enumerate(cycle(ready)):
+            # the trainer asks for a step's batch once the step before is queued: the window is whole steps
+            if profile_from is not None and served in (profile_from, profile_from + PROFILED_STEPS):
+                sync()
+                if served == profile_from:
+                    prof.start()
+                else:
+                    prof.stop()
+                    Path(config_path).with_suffix(".profile.json").write_text(
+                        json.dumps(summary(prof, PROFILED_STEPS, device)))
+            yield batch
 
     PretrainData.loader = replay
     main(["--config", config_path])
@@ -236,30 +264,29 @@ def run_in_memory(config_path: str) -> None:
 
 def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, compiled: bool, loader: bool,
                    peaks: dict[str, Any] | None, timeout: float | None) -> dict[str, Any]:
-    """One row: the model `name` trained for a few dozen steps; tokens/s and MFU over the steps after warmup."""
-    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.flops import model_flops_per_token
-    from pipeline.pretrain.model import hf_config
-
-    keys, seq_len, batch, packed = SHAPES[name]
-    if scale.tiny:
-        keys, seq_len, batch = {**TINY_SHAPE, **({"architecture": "modernbert"} if packed else {})}, 64, 4
+    """One row: the model `name` trained by the pretrain command for a few dozen steps; tokens/s and MFU over the
+    steps after warmup. Loader off, the steps after those are profiled."""
+    keys, seq_len, batch, packed = shape(name, scale)
     # ModernBERT's own attention dropout is 0 (FlexAttention has none)
     model = {**keys, **({"attn_implementation": scale.packed_attention, "attention_probs_dropout_prob": 0.0}
                         if packed else {})}
     steps, skip, every = (6, 2, 2) if scale.tiny else (40, 10, 5)
+    profiled = None if loader else steps
     config = pretrain_config(folder, made, model=model, packed=packed,
                              data={"num_workers": (1 if scale.tiny else 2) if loader else 0},
                              optimizer={"fused": scale.cuda},
-                             train={"max_steps": steps, "global_batch_size": batch, "micro_batch_size": batch,
+                             train={"max_steps": steps + (0 if loader else PROFILED_STEPS + 1),
+                                    "global_batch_size": batch, "micro_batch_size": batch,
                                     "eval_sequences": batch, "log_every": every, "compile": compiled,
                                     "precision": "bf16", "zero_stage": 0})
     run_dir = folder / f"{name}-{'compiled' if compiled else 'eager'}-{'loader' if loader else 'in-memory'}"
+    profile = run_dir.parent / f"{run_dir.name}.profile.json"
     try:
         shutil.rmtree(run_dir, ignore_errors=True)  # a folder left by an earlier check would make the run resume
-        finish(start_run(config, run_dir, clean_env(scale), in_memory=not loader), run_dir, timeout)
-        records = [r for r in metrics(run_dir) if "train/loss" in r]
+        profile.unlink(missing_ok=True)
+        finish(start_run(config, run_dir, clean_env(scale), in_memory=not loader, profile_from=profiled), run_dir,
+               timeout)
+        records = [r for r in metrics(run_dir) if "train/loss" in r and r["step"] <= steps]
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)  # a large model's checkpoint is gigabytes
     seconds, counted, real, previous = 0.0, 0, 0.0, 0
@@ -271,17 +298,52 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
         previous = r["step"]
     if not counted:
         raise RuntimeError(f"no step after the {skip} warm-up steps was logged")
-    info = describe_tokenizer(load_tokenizer(made["tokenizer"]))
-    per_token = model_flops_per_token(hf_config(ModelConfig(**keys), info, seq_len), seq_len, MASKED)
-    tokens_per_s = counted * batch * seq_len / seconds  # positions, padding included: what the FLOPs count
-    achieved = tokens_per_s * per_token / 1e12
-    measured = (peaks or {}).get("peak_tflops", {}).get("bf16")
-    nominal = (peaks or {}).get("nominal_tflops")
-    return {"tokens_per_s": tokens_per_s, "real_tokens_per_s": real / seconds, "model_tflops": achieved,
-            "mfu_measured_peak": achieved / measured if measured else None,
-            "mfu_nominal_peak": achieved / nominal if nominal else None,
+    rates = {"tokens_per_s": counted * batch * seq_len / seconds,  # positions, padding included
+             "real_tokens_per_s": real / seconds}
+    return {**rates, **utilisation(rates, keys, seq_len, made, peaks, masked=MASKED),
             "attention": model.get("attn_implementation", "sdpa"), "seq_len": seq_len, "micro_batch": batch,
-            "steps_counted": counted, "loader_workers": config["data"]["num_workers"] if loader else None}
+            "steps_counted": counted, "loader_workers": config["data"]["num_workers"] if loader else None,
+            "profile": json.loads(profile.read_text()) if profile.is_file() else None}
+
+
+def plain_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, compiled: bool,
+              peaks: dict[str, Any] | None, timeout: float | None) -> dict[str, Any]:
+    """One row: the same model in the plain PyTorch loop (plain_loop.py), run as a process of its own."""
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+
+    keys, seq_len, batch, _ = shape(name, scale)
+    vocab = describe_tokenizer(load_tokenizer(made["tokenizer"])).vocab_size
+    out = folder / f"{name}-plain-{'compiled' if compiled else 'eager'}"
+    result = out.parent / f"{out.name}.result.json"
+    result.unlink(missing_ok=True)
+    steps, warmup = (4, 2) if scale.tiny else (30, 10)
+    finish(launch([sys.executable, "benchmarks/plain_loop.py", json.dumps([keys, seq_len, batch]), "--vocab",
+                   str(vocab), "--json", str(result), "--device", scale.device, "--steps", str(steps),
+                   "--warmup", str(warmup), *(["--compile"] if compiled else [])], out, clean_env(scale)),
+           out, timeout)
+    row = json.loads(result.read_text())
+    # the plain loop trains the full head on every position: as trained is the anchors' convention
+    return {**row, **utilisation(row, keys, seq_len, made, peaks, masked=None)}
+
+
+def utilisation(rates: dict[str, float], keys: dict[str, Any], seq_len: int, made: dict[str, Any],
+                peaks: dict[str, Any] | None, masked: float | None) -> dict[str, Any]:
+    """MFU two ways, of the nominal peak (and as trained of the measured one too): as trained (the head on the
+    `masked` share of the real tokens; None: a full head) and by the anchors' convention (a full head on every
+    position, padding included)."""
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.flops import model_flops_per_token
+    from pipeline.pretrain.model import hf_config
+
+    config = hf_config(ModelConfig(**keys), describe_tokenizer(load_tokenizer(made["tokenizer"])), seq_len)
+    as_trained = rates["real_tokens_per_s"] * model_flops_per_token(config, seq_len, masked) / 1e12
+    full_head = rates["tokens_per_s"] * model_flops_per_token(config, seq_len, None) / 1e12
+    measured, nominal = (peaks or {}).get("peak_tflops", {}).get("bf16"), (peaks or {}).get("nominal_tflops")
+    return {"model_tflops": as_trained, "model_tflops_full_head": full_head,
+            "mfu_nominal_peak": as_trained / nominal if nominal else None,
+            "mfu_full_head_nominal_peak": full_head / nominal if nominal else None,
+            "mfu_measured_peak": as_trained / measured if measured else None}
 
 
 # ---------------------------------------------------------------- the run to the end
@@ -493,8 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="The GPU check's loader-off run (gpu_check.py starts it).")
     p.add_argument("mode", choices=["in-memory"])
     p.add_argument("config", help="a pretrain config file")
+    p.add_argument("--profile-from", type=int, default=None, help="profile the steps after this one")
     return p
 
 
 if __name__ == "__main__":
-    run_in_memory(build_parser().parse_args().config)
+    args = build_parser().parse_args()
+    run_in_memory(args.config, args.profile_from)

@@ -312,8 +312,8 @@ class TrainConfig:
     export: bool = True
     """Export an HF model folder to `<output_dir>/export` at the end."""
     compile: bool = False
-    """torch.compile the model through DeepSpeed's `engine.compile()` (inductor): a one-off compile at the
-    first steps, then faster steps; needs a C++ compiler on CPU and Triton on GPU."""
+    """torch.compile each transformer block (inductor; compile_blocks.py): a one-off compile at the first steps,
+    then faster steps; needs a C++ compiler on CPU and Triton on GPU."""
     batch_warmup_tokens: int = 0
     """Tokens (sequences × seq_len) over which the global batch rises from `batch_warmup_start` to
     `global_batch_size`, linearly, in multiples of the start (0: the full batch from the first step)."""

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.compile_blocks import compile_blocks
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_section import offloads_optimizer
 from pipeline.pretrain.model import parameter_groups
@@ -199,10 +200,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
     )
     undo_state_initialisation_step(engine)
     if t.compile:  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
-        # nn.Module.compile() compiles in place: the state-dict keys stay the model's own (no `_orig_mod.`), so
-        # checkpoints, resume and export are the same. The sparse head's gather has a data-dependent size, so
-        # inductor recompiles that graph once with a dynamic size, then reuses it.
-        engine.compile()
+        compile_blocks(engine.module)
     return engine
 
 

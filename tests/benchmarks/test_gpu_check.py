@@ -186,7 +186,7 @@ def test_a_version_other_than_the_pinned_one_fails_the_versions_step(monkeypatch
 
 @pytest.mark.slow
 def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and_the_check_ends(tmp_path):
-    record, done = run_check(tmp_path, "--device", "cuda", "--skip", "throughput,e2e,compiled")
+    record, done = run_check(tmp_path, "--device", "cuda", "--skip", "targets,e2e,eager,others")
     results = record["results"]
     outcome = {o["step"]: o for o in results["steps"]}
     assert outcome["environment"]["status"] == "failed" and results["environment"] == {}
@@ -203,20 +203,21 @@ def test_asked_for_cuda_where_there_is_none_every_step_fails_into_the_record_and
 
 @pytest.mark.slow
 def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
-    """`--device cpu --tiny`: the GPU check's own code at toy size, every part but `compiled`. Each eager throughput
-    row (loader on, with a worker that must stop at exit, and off) trains and is measured; the run to the end is
+    """`--device cpu --tiny`: the GPU check's own code at toy size, every part but the compiled ones. Each eager
+    throughput row (loader on, with a worker that must stop at exit, and off, profiled; the plain loop, profiled)
+    trains and is measured; the run to the end is
     killed with SIGKILL mid-run, resumes with the same losses as the uninterrupted run (stopped by SIGTERM, which
     checkpoints) and exports; SST-2 is fine-tuned from the export and from scratch, each arm's rate chosen on the
     held-out slice of train, beside the token-count baseline."""
     data = data_folder(tmp_path / "data")
     out = tmp_path / "record"
     out.mkdir()
-    # Skipped: `compiled` is the `throughput` part's own function and command with train.compile set, so here it
-    # only adds inductor compiling ModernBERT twice (a quarter of this test on an AMD EPYC with inductor's cache
-    # warm, more when cold). train.compile itself is run end to end (trains, matches the plain run, saves,
+    # Skipped: `targets` and `others` are the `eager` part's own functions and commands with train.compile set, so
+    # here they would only add inductor compiling ModernBERT (a quarter of this test on an AMD EPYC with inductor's
+    # cache warm, more when cold). train.compile itself is run end to end (trains, matches the plain run, saves,
     # resumes, exports) by tests/pretrain/test_step_speed.py, and the check on a GPU runs every part.
     record, done = run_check(out, "--device", "cpu", "--tiny", "--data", str(data), "--models", "ModernBERT-base",
-                             "--skip", "compiled")
+                             "--skip", "targets,others")
     assert record["benchmark"] == "gpu_check.cpu-tiny" and record["provenance"] == "measured"
     results = record["results"]
     assert results["environment"]["torch"] and set(results["environment"]["peak_tflops"]) == {"bf16", "fp32"}
@@ -238,15 +239,21 @@ def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
             packed = outcome[f"packed/{arch}/{attention}"]
             assert packed["status"] == "ok" and packed["max_abs_difference"] <= 1e-4
     tables = {t["title"].split(":")[0]: t["rows"] for t in results["tables"]}
-    assert list(tables) == ["throughput, eager, the targets' models", "the run to the end", "transfer", "correctness",
+    assert list(tables) == ["the run to the end", "transfer", "correctness", "throughput, eager, the targets' models",
                             "packed documents"]  # in order of value; no other model was asked for
 
     assert not [step for step in outcome if "/compile/" in step]  # skipped as asked
-    for batches in ("loader", "in-memory"):
-        row = outcome[f"throughput/ModernBERT-base/eager/{batches}"]
+    for arm, batches in (("ours", "loader"), ("ours", "in-memory"), ("plain", "in-memory")):
+        row = outcome[f"throughput/ModernBERT-base/{arm}/eager/{batches}"]
         assert row["tokens_per_s"] > 0 and row["mfu_measured_peak"] > 0 and row["mfu_nominal_peak"] is None
-        assert row["attention"] == "sdpa" and row["seq_len"] == 64  # no FlexAttention backward on CPU
-        assert row["loader_workers"] == (1 if batches == "loader" else None)
+        assert row["seq_len"] == 64 and row["micro_batch"] == 4
+        # loader off, the steps after the measured ones are profiled: no device reads, its top operators named
+        profile = row["profile"]
+        assert (profile is None) == (batches == "loader")
+        if profile:
+            assert profile["steps"] == 3 and profile["syncs_per_step"] == 0 and profile["top"][0]["ms_per_step"] > 0
+    ours = outcome["throughput/ModernBERT-base/ours/eager/loader"]
+    assert ours["attention"] == "sdpa" and ours["loader_workers"] == 1  # no FlexAttention backward on CPU
     e2e = outcome["e2e/pretrain-kill-resume-export"]
     assert e2e["status"] == "ok" and e2e["identical_losses"] and e2e["max_abs_loss_difference"] == 0.0
     assert e2e["resumed_at_step"] < e2e["killed_at_step"] < e2e["steps"] == e2e["steps_done"]  # killed mid-run
@@ -264,4 +271,4 @@ def test_the_cpu_rehearsal_runs_every_part_of_the_gpu_check(tmp_path):
     assert tables["transfer"][0]["difference"].endswith(" points")
     summary = results["summary"]
     assert summary["ok"] + summary["failed"] + summary["skipped"] == len(results["steps"])
-    assert "| run | train.compile | batches | status |" in done.stdout
+    assert "| run | step | compiled | batches | status |" in done.stdout

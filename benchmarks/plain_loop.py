@@ -1,0 +1,151 @@
+"""The plain PyTorch loop that the pipeline's step is measured against, and the short step profile both get.
+
+    python benchmarks/plain_loop.py SHAPE_JSON --vocab 50265 --json out.json [--device cuda] [--compile]
+
+(SHAPE_JSON: `[model keys, seq_len, micro batch]`, as gpu_runs.shape gives them.)
+
+The loop is what a careful user writes by hand for the same model: transformers' own masked-LM class (its full
+vocabulary head and loss), torch's fused AdamW (foreach on CPU), clipping to 1.0, bf16 autocast on CUDA, and
+`train.compile`'s per-block compile; micro batches of random tokens, 15% labelled, already on the device and replayed.
+No DeepSpeed, no loader, no logging: the floor for the model. docs/gpu-nodes.md reads its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import harness  # noqa: F401 (puts the repository on the path: `pipeline` imports below)
+
+PROFILED_STEPS = 3
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+
+
+def profiler(device: str):
+    """A torch profiler of the host's operators, and of the GPU's kernels on CUDA (start it, then stop it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device == "cuda" else [])])
+
+
+def step_profile(step: Callable[[], Any], steps: int, device: str) -> dict[str, Any]:
+    """`steps` calls of `step` under the profiler, summarised (`summary`)."""
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    with profiler(device) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    return summary(prof, steps, device)
+
+
+def summary(prof, steps: int, device: str) -> dict[str, Any]:
+    """A stopped profiler's window: the GPU's idle share (the union of its kernels against the window's span), device
+    reads per step (synchronize calls, device-to-host copies), and the top kernels (CPU operators on a CPU run)."""
+    from torch.autograd import DeviceType
+
+    cuda = device == "cuda"
+    events = prof.events()
+    on_device = [e for e in events if e.device_type == DeviceType.CUDA] if cuda else []
+    span = (max(e.time_range.end for e in events) - min(e.time_range.start for e in events)) if events else 0
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted((e.time_range.start, e.time_range.end) for e in on_device):
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in on_device or [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]:
+        totals[e.name][0] += e.time_range.end - e.time_range.start
+        totals[e.name][1] += 1
+    top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:6]
+    whole = sum(t for t, _ in totals.values()) or 1.0
+    return {"steps": steps, "window_ms": round(span / 1e3, 2),
+            "gpu_idle_share": round(1 - busy / span, 3) if cuda and span else None,
+            "syncs_per_step": sum(e.name in SYNC_CALLS for e in events) / steps,
+            "device_to_host_copies_per_step": sum(e.name.startswith("Memcpy DtoH") for e in on_device) / steps,
+            "top": [{"name": name[:90], "ms_per_step": round(t / 1e3 / steps, 3), "share": round(t / whole, 3),
+                     "calls_per_step": n / steps} for name, (t, n) in top]}
+
+
+def random_batches(vocab: int, rows: int, seq_len: int, count: int, device: str) -> list[dict[str, Any]]:
+    """`count` micro batches of uniform token ids, 15% of positions labelled (the rest -100)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(count):
+        ids = torch.randint(5, vocab, (rows, seq_len), generator=g)
+        labels = torch.where(torch.rand(rows, seq_len, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+        batches.append({k: v.to(device) for k, v in
+                        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}.items()})
+    return batches
+
+
+def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device: str, compiled: bool, steps: int,
+               warmup: int, profiled: int = PROFILED_STEPS) -> dict[str, Any]:
+    """Train the model of `keys` for `warmup` + `steps` steps; tokens/s over the timed steps, then a profile."""
+    import torch
+    from transformers import AutoModelForMaskedLM
+
+    from pipeline.data.tokenizer import TokenizerInfo
+    from pipeline.pretrain.compile_blocks import compile_blocks
+    from pipeline.pretrain.config import ModelConfig
+    from pipeline.pretrain.model import hf_config
+
+    info = TokenizerInfo("plain-loop", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(hf_config(ModelConfig(**keys), info, seq_len)).to(device).train()
+    if compiled:
+        compile_blocks(model)
+    cuda = device == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, foreach=not cuda)
+    batches = random_batches(vocab, rows, seq_len, 4, device)
+    turn = iter(range(10**9))
+
+    def step() -> None:
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cuda):
+            loss = model(**batches[next(turn) % len(batches)]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    started = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    warm_s, began = time.perf_counter() - started, time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    seconds = time.perf_counter() - began
+    return {"tokens_per_s": steps * rows * seq_len / seconds, "real_tokens_per_s": steps * rows * seq_len / seconds,
+            "step_ms": 1e3 * seconds / steps, "warmup_s": round(warm_s, 1), "seq_len": seq_len, "micro_batch": rows,
+            "steps_counted": steps, "attention": model.config._attn_implementation,
+            "profile": step_profile(step, profiled, device) if profiled else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("shape", help="[model keys, seq_len, micro batch] as JSON")
+    p.add_argument("--vocab", type=int, required=True, help="the vocabulary size (the check's tokenizer's)")
+    p.add_argument("--json", required=True, help="where the row is written")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    a = p.parse_args()
+    keys, seq_len, rows = json.loads(a.shape)
+    row = plain_loop(keys, seq_len, rows, a.vocab, a.device, a.compile, a.steps, a.warmup)
+    Path(a.json).write_text(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
