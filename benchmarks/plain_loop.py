@@ -48,7 +48,8 @@ def step_profile(step: Callable[[], Any], steps: int, device: str) -> dict[str, 
 
 def summary(prof, steps: int, device: str) -> dict[str, Any]:
     """A stopped profiler's window: the GPU's idle share (the union of its kernels against the window's span), device
-    reads per step (synchronize calls, device-to-host copies), and the top kernels (CPU operators on a CPU run)."""
+    reads per step (synchronize calls, device-to-host copies), the top kernels (CPU operators on a CPU run), and the
+    most GPU memory the process has held (what sizes a micro batch to a card)."""
     from torch.autograd import DeviceType
 
     cuda = device == "cuda"
@@ -65,7 +66,10 @@ def summary(prof, steps: int, device: str) -> dict[str, Any]:
         totals[e.name][1] += 1
     top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:6]
     whole = sum(t for t, _ in totals.values()) or 1.0
+    import torch
+
     return {"steps": steps, "window_ms": round(span / 1e3, 2),
+            "max_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "gpu_idle_share": round(1 - busy / span, 3) if cuda and span else None,
             "syncs_per_step": sum(e.name in SYNC_CALLS for e in events) / steps,
             "device_to_host_copies_per_step": sum(e.name.startswith("Memcpy DtoH") for e in on_device) / steps,

@@ -10,7 +10,20 @@ compiles in about one layer's time; ModernBERT's first, local and global layers 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from pipeline.pretrain.config import TrainConfig
+
+
+def compiles(train: TrainConfig, cuda: bool) -> bool:
+    """`train.compile` on this machine: true or false as written; auto compiles on a GPU that inductor can use
+    (Triton installed), outside ZeRO-3."""
+    if train.compile != "auto":
+        return train.compile
+    return cuda and train.zero_stage != 3 and inductor_problem("train.compile", "", cuda=True) is None
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -27,3 +40,22 @@ def compile_blocks(model: torch.nn.Module) -> int:
     for block in blocks:
         block.compile()
     return len(blocks)
+
+
+def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
+    """Why inductor cannot compile here (no Triton on GPU, no C++ compiler on CPU) as a problem of `key`, or None."""
+    if cuda:
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return f"{key}: torch.compile on GPU needs Triton, which is not installed; install triton or set {fix}"
+        return None
+    from torch._inductor import exc
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        return (f"{key}: torch.compile on CPU needs a C++ compiler (g++ or clang++ on PATH, or $CXX); install one "
+                f"or set {fix}")
+    return None

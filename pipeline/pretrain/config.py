@@ -311,9 +311,10 @@ class TrainConfig:
     """Peak TFLOP/s of one device in the run's precision, for the MFU estimate (None: no MFU)."""
     export: bool = True
     """Export an HF model folder to `<output_dir>/export` at the end."""
-    compile: bool = False
+    compile: bool | Literal["auto"] = "auto"
     """torch.compile each transformer block (inductor; compile_blocks.py): a one-off compile at the first steps,
-    then faster steps; needs a C++ compiler on CPU and Triton on GPU."""
+    then faster steps; needs a C++ compiler on CPU and Triton on GPU. auto: on a GPU (not under ZeRO-3), off on
+    CPU, where the compile costs more than a short run saves; false turns it off everywhere."""
     batch_warmup_tokens: int = 0
     """Tokens (sequences × seq_len) over which the global batch rises from `batch_warmup_start` to
     `global_batch_size`, linearly, in multiples of the start (0: the full batch from the first step)."""
@@ -351,7 +352,7 @@ class TrainConfig:
             add(f"train.collective_timeout_s: must be > 0 seconds, got {self.collective_timeout_s}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             add(f"train.peak_tflops: must be > 0 or null, got {self.peak_tflops}")
-        if self.compile and self.zero_stage == 3:
+        if self.compile is True and self.zero_stage == 3:
             # ZeRO-3 gathers each parameter in forward hooks; plain torch.compile does not trace those
             # (DeepSpeed's own answer is DeepCompile), and this pipeline has not tested the pairing.
             add("train.compile with train.zero_stage 3: not supported by this pipeline (ZeRO-3 gathers parameters "

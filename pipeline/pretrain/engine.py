@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.compile_blocks import compile_blocks
+from pipeline.pretrain.compile_blocks import compile_blocks, compiles
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_section import offloads_optimizer
 from pipeline.pretrain.model import parameter_groups
@@ -199,7 +199,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
     undo_state_initialisation_step(engine)
-    if t.compile:  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
+    if compiles(t, cuda):  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
         compile_blocks(engine.module)
     return engine
 

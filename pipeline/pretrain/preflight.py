@@ -23,6 +23,7 @@ from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_toke
 from pipeline.pretrain import checkpoints
 from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
 from pipeline.pretrain.checkpoint_record import read_record
+from pipeline.pretrain.compile_blocks import inductor_problem
 from pipeline.pretrain.config import PretrainConfig, named_corpora
 from pipeline.pretrain.phases import resolve_phases
 from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan
@@ -140,32 +141,14 @@ def machine_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
     """What this machine lacks for the config: a compiler for `train.compile`, Triton for FlexAttention on GPU
     (transformers runs it through torch.compile)."""
     problems = []
-    if config.train.compile and (problem := inductor_problem("train.compile", "train.compile=false", cuda=cuda)):
+    if config.train.compile is True and (problem := inductor_problem("train.compile", "train.compile=false",
+                                                                     cuda=cuda)):
         problems.append(problem)
     if config.model.attn_implementation == "flex_attention" and cuda:
         if problem := inductor_problem("model.attn_implementation flex_attention", "model.attn_implementation=sdpa",
                                        cuda=cuda):
             problems.append(problem)
     return problems
-
-
-def inductor_problem(key: str, fix: str, *, cuda: bool) -> str | None:
-    """Why inductor cannot compile here (no Triton on GPU, no C++ compiler on CPU) as a problem of `key`, or None."""
-    if cuda:
-        from torch.utils._triton import has_triton
-
-        if not has_triton():
-            return f"{key}: torch.compile on GPU needs Triton, which is not installed; install triton or set {fix}"
-        return None
-    from torch._inductor import exc
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    try:
-        get_cpp_compiler()
-    except exc.InvalidCxxCompiler:
-        return (f"{key}: torch.compile on CPU needs a C++ compiler (g++ or clang++ on PATH, or $CXX); install one "
-                f"or set {fix}")
-    return None
 
 
 def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = True) -> tuple[

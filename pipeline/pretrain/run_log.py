@@ -68,7 +68,10 @@ class RunLog:
     def use(self, data: PretrainData, hf_config, *, handed_over_at: int | None = None) -> None:
         """Report on `data`'s stretch from now on (its MFU from `hf_config`); announce it when a hand-over starts it."""
         self.data, phase = data, data.stretch.phase
+        # MFU two ways: as trained (the head at the masked share, real tokens) and by the anchors' convention (a full
+        # head on every position, padding included), which published MFU figures use
         self.flops_per_token = model_flops_per_token(hf_config, data.seq_len, phase.masking_probability)
+        self.flops_per_position_full_head = model_flops_per_token(hf_config, data.seq_len, None)
         if handed_over_at is None:
             return
         shares = {c.name: round(float(p), 4) for c, p in zip(data.corpora, data.stretch.shares, strict=True)}
@@ -111,6 +114,7 @@ class RunLog:
             "train/loss_scale": float(scale) if scale is not None else None,
             "train/tokens_per_s": tokens_per_s, "train/samples_per_s": samples_per_s,
             "train/data_wait_share": wait_share, "train/mfu": self._mfu(tokens_per_s),
+            "train/mfu_full_head": self._mfu_full_head(samples_per_s),
             "train/phase": self.data.stretch.phase.index + 1 if self.config.phases else None,  # NVIDIA's numbers
             **self.data.progress(step),
         }, step)
@@ -148,16 +152,23 @@ class RunLog:
 
     def summary(self, step: int) -> None:
         """The session's throughput, MFU and share of time spent waiting for data."""
-        tokens_per_s, _, wait_share = self.session.rates()
-        run_mfu = self._mfu(tokens_per_s)
+        tokens_per_s, samples_per_s, wait_share = self.session.rates()
+        run_mfu, full_head = self._mfu(tokens_per_s), self._mfu_full_head(samples_per_s)
         self.report(step, {"summary/tokens_per_s": round(tokens_per_s, 1), "summary/data_wait_share":
-                           round(wait_share, 4), "summary/mfu": run_mfu},
+                           round(wait_share, 4), "summary/mfu": run_mfu, "summary/mfu_full_head": full_head},
                     f"this session trained to step {step}: {tokens_per_s:,.0f} tokens/s"
-                    + (f", MFU {run_mfu:.1%}" if run_mfu is not None else "")
+                    + (f", MFU {run_mfu:.1%} as trained, {full_head:.1%} with a full head" if run_mfu is not None
+                       else "")
                     + f", waiting for data {wait_share:.1%} of the time")
 
     def _mfu(self, tokens_per_s: float) -> float | None:
+        """As trained: the real tokens' FLOPs, the head at the masked share."""
         return mfu(tokens_per_s, self.flops_per_token, self.config.train.peak_tflops, self.data.plan.world_size)
+
+    def _mfu_full_head(self, samples_per_s: float) -> float | None:
+        """By the anchors' convention: every position's FLOPs with a full head."""
+        return mfu(samples_per_s * self.data.seq_len, self.flops_per_position_full_head, self.config.train.peak_tflops,
+                   self.data.plan.world_size)
 
     def close(self, status: str) -> None:
         if self.progress is not None:

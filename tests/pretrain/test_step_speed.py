@@ -38,6 +38,40 @@ def test_compile_and_fused_are_checked_up_front(tmp_path, monkeypatch):
     assert "optimizer.fused: only for optimizer.name adamw, got lamb" in message
 
 
+def test_compile_is_on_by_default_where_a_gpu_can_compile_and_off_on_cpu(monkeypatch):
+    from pipeline.pretrain.compile_blocks import compiles
+    from pipeline.pretrain.config import TrainConfig
+
+    monkeypatch.setattr("torch.utils._triton.has_triton", lambda: True)
+    assert TrainConfig().compile == "auto"
+    assert compiles(TrainConfig(), cuda=True) and not compiles(TrainConfig(), cuda=False)
+    assert not compiles(TrainConfig(zero_stage=3), cuda=True)  # ZeRO-3's hooks are not traced
+    assert not compiles(TrainConfig(compile=False), cuda=True) and compiles(TrainConfig(compile=True), cuda=False)
+    monkeypatch.setattr("torch.utils._triton.has_triton", lambda: False)
+    assert not compiles(TrainConfig(), cuda=True)  # a GPU without Triton trains eager rather than failing
+
+
+def test_compile_compiles_each_block_and_identical_blocks_share_one_graph():
+    import torch
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForMaskedLM, RobertaConfig
+
+    from pipeline.pretrain.compile_blocks import compile_blocks, repeated_blocks
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = AutoModelForMaskedLM.from_config(RobertaConfig(
+        vocab_size=100, num_hidden_layers=4, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=40))
+    assert repeated_blocks(model) == list(model.roberta.encoder.layer)
+    assert compile_blocks(model) == 4
+    keys = set(model.state_dict())
+    ids = torch.randint(5, 100, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1  # four layers, one compiled graph
+    assert set(model.state_dict()) == keys and not any("_orig_mod" in k for k in keys)
+
+
 def test_fused_adamw_reaches_torch_through_deepspeeds_optimizer_params(tmp_path, roberta_shards, bpe_tokenizer_dir):
     data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", optimizer={"fused": True})
     config = load_pretrain_config(write(tmp_path / "c.json", data))
