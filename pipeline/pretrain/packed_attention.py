@@ -26,6 +26,8 @@ all-False row makes SDPA return NaN).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -84,12 +86,23 @@ def document_mask_mod(document_ids: torch.Tensor, half_window: int | None = None
 
 
 def document_block_mask(document_ids: torch.Tensor, half_window: int | None = None):
-    """A FlexAttention `BlockMask` for doc-packed rows (one for all heads): `document_mask_mod` over (B, T, T)."""
+    """A FlexAttention `BlockMask` for doc-packed rows (one for all heads): `document_mask_mod` over (B, T, T).
+
+    On a GPU it is built compiled (torch.compile of `create_block_mask`, as FlexAttention's docs advise): eager, it
+    is a few hundred small kernels per mask, two masks per micro batch for ModernBERT, all queued by the host."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     rows, length = document_ids.shape
-    return create_block_mask(document_mask_mod(document_ids, half_window), rows, None, length, length,
-                             device=document_ids.device)
+    build = _compiled_create_block_mask() if document_ids.is_cuda else create_block_mask
+    return build(document_mask_mod(document_ids, half_window), rows, None, length, length, device=document_ids.device)
+
+
+@functools.cache
+def _compiled_create_block_mask():
+    """`create_block_mask`, compiled once per process."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
 
 
 def check_flex_mask(mask, where: str = "attention_mask") -> None:
