@@ -102,6 +102,11 @@ def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.M
 def encoder_kwargs(config, input_ids, attention_mask=None, document_ids=None, position_ids=None) -> dict:
     """An HF encoder's forward arguments; with `document_ids` (doc-packed rows) attention, and ModernBERT's local
     window, stay inside each document. On the flex path a dense mask is refused (flex would add it to the scores)."""
+    if document_ids is None and attention_mask is not None and config._attn_implementation in ("sdpa", "eager"):
+        # Padded rows as one document each, their padding another: the same attention for every real token, but
+        # a mask built here. Given a 2-D mask, transformers reads it on the host to see whether it may drop it
+        # (`padding_mask.all()`): a device→host sync every forward.
+        document_ids = attention_mask.long() - 1
     if document_ids is None:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     else:
