@@ -206,10 +206,10 @@ def training_model(architecture: str) -> torch.nn.Module:
     return build_model(ModelConfig(**keys), TOKENIZER, seq_len=32).train()
 
 
-def rows_of(kind: str, architecture: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+def rows_of(kind: str, architecture: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """(input ids, per-position labels, the encoder's other inputs) for full, padded or doc-packed rows, with
     BERT's segment pairs and next-sentence labels."""
-    ids, labels = masked_batch(probability=0.3)
+    ids, labels = masked_batch(seed=seed, probability=0.3)
     inputs: dict[str, torch.Tensor] = {}
     lengths = np.array([32, 20, 25, 9])
     if kind == "padded":
@@ -331,3 +331,28 @@ def test_a_training_forward_and_backward_reads_nothing_back_from_the_device(arch
     assert device_reads(lambda: model(**batch)["loss"].backward()) == []
     # The boolean-indexed head it replaced reads the mask back (on transformers' own padding mask, that too).
     assert device_reads(lambda: boolean_indexed_mlm_loss(model, ids, labels, inputs).backward())
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_compiled_training_step_is_one_graph_for_every_micro_batch_of_a_shape(architecture):
+    """Whole-graph capture (no break at the head) and no recompile across masks; the next bucket is one more graph."""
+    from torch._dynamo.utils import counters
+
+    model = training_model(architecture)
+    bound = 64  # half the positions: slot_bound of so small a batch is every position, which leaves no next bucket
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # graph capture only: no C++ compiler
+    try:
+        masked = set()
+        for seed in (0, 1):
+            ids, labels, inputs = rows_of("padded", architecture, seed)
+            masked.add(int((labels != IGNORE_INDEX).sum()))
+            compiled(input_ids=ids, **masked_slots(labels, bound), **inputs)["loss"].backward()
+        assert len(masked) == 2 and counters["stats"]["unique_graphs"] == 1
+        everything = torch.where(ids != TOKENIZER.pad_id, ids, IGNORE_INDEX)  # more than the bound: the next bucket
+        assert len(masked_slots(everything, bound)["masked_positions"]) == 2 * bound
+        compiled(input_ids=ids, **masked_slots(everything, bound), **inputs)["loss"].backward()
+        assert counters["stats"]["unique_graphs"] == 2
+    finally:
+        torch._dynamo.reset()
