@@ -1,11 +1,11 @@
 """The export's proof: one validation batch through the training-time model and through the exported folder.
 
-The training path is what the run optimised: the training class's `masked_logits` (the MLM head at masked
-positions only), on the batch as `MaskedBatches` made it (doc-packed rows with positions restarting per
-document and attention kept inside each; padded rows with their mask; BERT's segment pairs), in the run's
-precision. The exported path is what a user gets: `AutoModelForMaskedLM.from_pretrained(folder)` in fp32, fed
-each document as a row of its own, padded, with the positions transformers computes itself. The logits of
-the masked positions are compared (`pipeline/common/output_agreement.py`).
+The training path is what the run optimised: the training class's `masked_logits` (the MLM head at the batch's
+masked slots, the real ones kept), on the batch as `MaskedBatches` made it (doc-packed rows with positions
+restarting per document and attention kept inside each; padded rows with their mask; BERT's segment pairs), in
+the run's precision. The exported path is what a user gets: `AutoModelForMaskedLM.from_pretrained(folder)` in
+fp32, fed each document as a row of its own, padded, with the positions transformers computes itself. The logits
+of the masked positions are compared (`pipeline/common/output_agreement.py`).
 
 The check runs on the CPU. A run that trained with FlashAttention-2 or FlexAttention is replayed with SDPA
 and the same document mask (the kernels compute the same attention); the record names the kernel used.
@@ -21,6 +21,7 @@ import torch
 from pipeline.common.errors import PipelineError
 from pipeline.common.output_agreement import DTYPES, Agreement, compare_logits
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts
+from pipeline.pretrain.masked_slots import dense_labels
 from pipeline.pretrain.masking import EVAL_STREAM, IGNORE_INDEX
 
 CHECK_ROWS = 8
@@ -96,22 +97,23 @@ def training_path_logits(facts: CheckpointFacts, hf_config: dict, state: dict[st
 def user_rows(batch: dict[str, torch.Tensor], pad_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The batch as a user feeds it to the exported model (each document a row of its own, padded, positions left to
     transformers), and its labels laid out the same way."""
+    labels = dense_labels(batch)
     if "document_ids" not in batch:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-        return inputs, batch["labels"]
+        return inputs, labels
     pieces = []
     for row, documents in enumerate(batch["document_ids"]):
         for document in documents.unique():
             if document >= 0:  # -1 is padding
                 where = documents == document
-                pieces.append((batch["input_ids"][row][where], batch["labels"][row][where]))
+                pieces.append((batch["input_ids"][row][where], labels[row][where]))
     longest = max(len(ids) for ids, _ in pieces)
     ids = torch.full((len(pieces), longest), pad_id, dtype=torch.long)
-    labels = torch.full((len(pieces), longest), IGNORE_INDEX, dtype=torch.long)
+    user_labels = torch.full((len(pieces), longest), IGNORE_INDEX, dtype=torch.long)
     mask = torch.zeros((len(pieces), longest), dtype=torch.long)
     for i, (piece, label) in enumerate(pieces):
-        ids[i, : len(piece)], labels[i, : len(piece)], mask[i, : len(piece)] = piece, label, 1
-    return {"input_ids": ids, "attention_mask": mask}, labels
+        ids[i, : len(piece)], user_labels[i, : len(piece)], mask[i, : len(piece)] = piece, label, 1
+    return {"input_ids": ids, "attention_mask": mask}, user_labels
 
 
 def exported_logits(folder: Path, batch: dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:

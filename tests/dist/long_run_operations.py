@@ -28,9 +28,11 @@ from pipeline.common.topology import prepare_environment  # noqa: E402
 
 def sequence_digests(batch) -> list[str]:
     """Each row's original tokens: the labels where the masker chose a position, the input elsewhere."""
-    ids = batch["input_ids"].clone()
-    chosen = batch["labels"] != -100
-    ids[chosen] = batch["labels"][chosen]
+    from pipeline.pretrain.masked_slots import dense_labels
+
+    ids, labels = batch["input_ids"].clone(), dense_labels(batch)
+    chosen = labels != -100
+    ids[chosen] = labels[chosen]
     return [hashlib.sha256(row.numpy().tobytes()).hexdigest()[:16] for row in ids]
 
 

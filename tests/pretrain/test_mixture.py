@@ -15,6 +15,7 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import PretrainData
+from pipeline.pretrain.masked_slots import dense_labels
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
 
@@ -107,7 +108,7 @@ def test_mixed_batches_eval_sets_and_progress_come_from_each_corpus(tmp_path, tm
     for row, index in enumerate(key.indices):
         corpus = int(index >= offsets[1])
         source = caches[corpus].fields["input_ids"][index - offsets[corpus]]
-        labels = batch["labels"][row].numpy()
+        labels = dense_labels(batch)[row].numpy()
         assert np.array_equal(labels[labels != IGNORE_INDEX], source[labels != IGNORE_INDEX])
         assert batch["attention_mask"][row].sum() == caches[corpus].fields["length"][index - offsets[corpus]]
 
