@@ -8,9 +8,10 @@ and each corpus's layout, which fixes its order (stream.py).
 
 A run that starts from a checkpoint keeps the stream the checkpoint records: the stretches before the
 start are the record's, and the config's stretches take over from the start step, each corpus at the
-draws the record reached. A config stretch that matches the recorded one it continues (same first
-step, batch and shares) simply goes on, so an unchanged resume sees exactly the uninterrupted batches;
-an edited mix or batch starts a new stretch at the resume step, and nothing is repeated or skipped. A
+draws the record reached. Where the config's stretch across the start has the batch, shares and corpora
+of the recorded stretch the start ends in, that one simply goes on (whatever step it began at: an earlier
+resume into an edited mix, say), so an unchanged resume sees exactly the uninterrupted batches; an edited
+mix or batch starts a new stretch at the resume step, and nothing is repeated or skipped. A
 corpus's recorded layout wins over today's default, so a release that changes the block size leaves a
 running job's order alone. A version-1 record kept no stream: the config's own stretches stand in.
 """
@@ -275,8 +276,11 @@ def _join(history: list[Stretch], spans: list[Stretch], cut: int) -> list[Stretc
         if span.end <= cut:
             continue
         last = stretches[-1] if stretches else None
-        if last is not None and span.start < cut and (last.start, last.global_batch_size, last.shares) == (
-                span.start, span.global_batch_size, span.shares) and last.keys == span.keys:
+        # The stretch the start's record ends in goes on whenever the config's stretch across the start has its
+        # batch, shares and corpora, whatever step either began at: a new stretch would round each corpus's
+        # count afresh from the start step, and a plain resume would not see the uninterrupted batches.
+        if last is not None and span.start < cut == last.end and (last.global_batch_size, last.shares, last.keys) == (
+                span.global_batch_size, span.shares, span.keys):
             stretch = stretches[-1] = dataclasses.replace(last, end=span.end, phase=span.phase)  # it goes on
         else:
             stretch = dataclasses.replace(span, index=len(stretches), start=max(span.start, cut),
