@@ -5,6 +5,8 @@
 1. `full`: CONFIG as written, a checkpoint every 2 steps.
 2. `rolled`: a copy of `full`, rerun with `train.skip_steps` ["6:7"]: it rolls back to step 4's
    checkpoint, trains step 5, leaves out 6 and 7, trains on to the end.
+   `rolled-twice`: a copy of `rolled`, rerun with `train.skip_steps` ["3:3"] alone: it rolls back to step
+   2's checkpoint, from before the first skip, which the run's ledger still leaves out.
 3. `mixed`: MIX_CONFIG (two corpora, 1:1) for 6 steps under other block-size defaults (3 shards a
    block, as an earlier release might have had), then the same folder resumed under today's defaults,
    a 1:3 mix and half the peak LR, to the end.
@@ -73,6 +75,10 @@ def main() -> None:
 
     dist.barrier()
     run(args.config, "rolled", 'train.skip_steps=["6:7"]')
+    if topology.is_main:
+        shutil.copytree(root / "rolled", root / "rolled-twice", ignore=shutil.ignore_patterns("token_cache"))
+    dist.barrier()
+    run(args.config, "rolled-twice", 'train.skip_steps=["3:3"]')
     from pipeline.data import epoch_order
 
     defaults = epoch_order.BLOCK_TOKENS, epoch_order.MIN_BLOCK_SHARDS
