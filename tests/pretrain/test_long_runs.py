@@ -106,6 +106,17 @@ def test_a_second_rollback_past_the_first_skip_still_leaves_its_steps_out(operat
 
 
 @pytest.mark.slow
+def test_the_wait_share_is_the_slowest_ranks(operations):
+    """In `rolled-twice` rank 1's loader takes 0.3 s a micro batch and rank 0's keeps ahead: rank 0 spends that time
+    in the gradients' all-reduce, which its own clock counts as compute."""
+    metrics = PretrainLayout(operations / "rolled-twice").metrics
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    shares = [r["train/data_wait_share"] for r in records if "train/data_wait_share" in r and r["step"] > 2]
+    assert len(shares) == 7 and min(shares) > 0.5, shares
+    assert next(r["summary/data_wait_share"] for r in records if "summary/data_wait_share" in r) > 0.5
+
+
+@pytest.mark.slow
 def test_the_trace_of_a_step_is_what_the_loader_gave_both_ranks(operations):
     for name in ("full", "mixed"):
         loaders, _ = seen(operations, name)
