@@ -69,8 +69,20 @@ def write_export_card(folder: Path, record: dict[str, Any], shown_as: Path | Non
     return write_card(folder, metadata, t["name"], [
         ("About", intro), ("Model", _model_section(config, t)), ("Training", _training_section(t)),
         ("Figures", _figures_section(t, record.get("scores", {}))),
-        ("Equivalence check", equivalence_text(record["equivalence"], "AutoModelForMaskedLM")),
+        ("Equivalence check", equivalence_text(record["equivalence"], "AutoModelForMaskedLM")
+         + _loss_and_tokenizer_text(record["equivalence"])),
         ("How to load", _loading_section(shown_as or folder, t["tokenizer"]["mask_token"]))])
+
+
+def _loss_and_tokenizer_text(equivalence: dict) -> str:
+    """The export check's loss and tokenizer figures (exports made before it checked them have none)."""
+    loss = equivalence.get("mlm_loss")
+    if loss is None:
+        return ""
+    return (f" The MLM loss on that batch is the same through the training class and this folder "
+            f"({loss['reference']:.6g} and {loss['exported']:.6g}, tolerance {loss['tolerance']:.3g}), and its "
+            f"tokenizer has the fingerprint of the tokenizer the shards were made with "
+            f"(`{equivalence['tokenizer_fingerprint']}`).")
 
 
 def _model_section(config: dict, t: dict) -> str:
