@@ -196,6 +196,27 @@ def test_the_card_is_a_model_card_with_the_runs_facts_and_figures(request, tmp_p
     assert "| minimal pairs | 0.700 (unigram model: 0.600; 300 pairs) |" in text
 
 
+def test_the_card_of_a_run_in_phases_names_the_phases_corpora(tmp_path, doc_packed_shards, bpe_tokenizer_dir):
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    books = shutil.copytree(doc_packed_shards, tmp_path / "books")
+    run = save_pretraining_run(tmp_path / "run", doc_packed_shards, bpe_tokenizer_dir)
+    record = run / "checkpoints" / "step_00000004" / "complete.json"
+    marker = json.loads(record.read_text())
+    marker["config"]["data"]["shards"] = ""
+    marker["config"]["phases"] = [
+        {"name": "short", "steps_fraction": 0.5, "shards": str(doc_packed_shards)},
+        {"name": "mixed", "steps_fraction": 0.5, "shards": [{"path": str(doc_packed_shards), "weight": 1},
+                                                              {"path": str(books), "weight": 1}]}]
+    record.write_text(json.dumps(marker))
+    card = ModelCard.load(export_checkpoint(run, tmp_path / "export") / "README.md")
+    assert card.data.datasets == [doc_packed_shards.name, "books"]
+    assert f"| phases | short (0.5 of the steps, {doc_packed_shards.name}), mixed (0.5 of the steps, " \
+           f"{doc_packed_shards.name}, books) |" in card.text
+
+
 def test_the_card_of_a_continued_run_names_its_base_model(tmp_path, bpe_tokenizer_dir, roberta_shards):
     from huggingface_hub import ModelCard
 
