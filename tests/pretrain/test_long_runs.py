@@ -231,6 +231,11 @@ def test_a_skip_that_no_kept_checkpoint_precedes_is_refused_unless_a_restart_is_
     assert restart.start is None and restart.skipped == (range(6500, 6550),)
     assert sorted(p.name for p in restart.rolled_back) == ["step_00007000", "step_00008000"]
 
+    from pipeline.commands import pretrain as launcher
+
+    assert launcher.overrides(launcher.parse_args(["--config", "c.json", "--restart-from-scratch"])) == [
+        "train.restart_from_scratch=true"]
+
 
 def test_the_ledgers_skips_hold_at_every_resume_so_a_second_rollback_keeps_the_first(
         tmp_path, roberta_shards, bpe_tokenizer_dir):
@@ -288,6 +293,9 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
     assert events == (SkipEvent(9, 9, 8, events[0].time), SetAsideEvent("rolled-back-step_00000010", "rolled-back",
                       8, events[1].time), SetAsideEvent("rolled-back-step_00000012", "rolled-back", 8, events[2].time))
 
+    from pipeline.common.config_tree import SectionProblems
     from pipeline.pretrain.config import CheckpointConfig
 
     assert CheckpointConfig().keep_set_aside == 2
+    with pytest.raises(SectionProblems, match=r"checkpoint.keep_set_aside: must be ≥ 0, got -1"):
+        CheckpointConfig(keep_set_aside=-1)
