@@ -5,11 +5,12 @@ run's config (`build_model`, the phase's RoPE bases; a `model.init_from` run fro
 the folder's), holding the checkpoint's weights, its `masked_logits` (the MLM head at the batch's masked
 slots, the real ones kept) and its loss as the engine computes it in evaluation, on the batch as
 `MaskedBatches` made it (doc-packed rows with positions restarting per document and attention kept inside
-each; padded rows with their mask; BERT's segment pairs). It runs in fp32 whatever the run trained in: its weights are the fp32 master weights, and a
-bf16 forward's rounding would hide a wrong weight (a LayerNorm reset on the way out moved a test model's
-logits by 0.013-0.016, inside the 0.06 that bf16's rounding needs). The exported path is what a user gets:
-`AutoModelForMaskedLM.from_pretrained(folder)` in fp32, fed each document as a row of its own, padded, with the
-positions transformers computes itself, and the folder's own tokenizer.
+each; padded rows with their mask; BERT's segment pairs). It runs in fp32 whatever the run trained in: its
+weights are the fp32 master weights, and a bf16 forward's rounding would hide a wrong weight (a LayerNorm
+reset on the way out moved a test model's logits by 0.013-0.016, inside the 0.06 that bf16's rounding needs).
+The exported path is what a user gets: `AutoModelForMaskedLM.from_pretrained(folder)` in fp32, fed each
+document as a row of its own, padded, with the positions transformers computes itself, and the folder's own
+tokenizer.
 
 Three things must agree: the masked positions' logits (`pipeline/common/output_agreement.py`, fp32's
 tolerance), the MLM loss on the batch (to the same share of its size), and the exported tokenizer's
