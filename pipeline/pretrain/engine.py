@@ -58,34 +58,42 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad.float()
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                if group["bias_correction"]:
-                    correction1, correction2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
-                else:
-                    correction1 = correction2 = 1.0
-                update = (exp_avg / correction1) / (exp_avg_sq / correction2).sqrt().add_(group["eps"])
-                weight = p.float()
-                if group["weight_decay"]:
-                    update.add_(weight, alpha=group["weight_decay"])
-                    w_norm, u_norm = weight.norm(), update.norm()
-                    # A zero norm (fresh zero-initialised tensor, or no update) leaves the step unscaled.
-                    trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                    update.mul_(trust.clamp(group["min_trust"], group["max_trust"]))
-                p.add_(update.to(p.dtype), alpha=-group["lr"])
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
         return loss
+
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        """One group's update in multi-tensor (`torch._foreach_*`) operations: a few kernels for the whole group
+        instead of a dozen per tensor, and no value read back to the host (the step count is a host int)."""
+        if any(p.dtype != torch.float32 for p in params):  # the engine's masters are fp32 at every precision
+            raise TypeError("Lamb steps fp32 parameters (master weights); got " +
+                            ", ".join(sorted({str(p.dtype) for p in params})))
+        beta1, beta2 = group["betas"]
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states, strict=True):
+            if not state:
+                state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            state["step"] += 1
+        grads = [p.grad.float() for p in params]
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m ← β₁m + (1-β₁)g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        step = states[0]["step"]  # the group's tensors step together
+        correction1, correction2 = (1 - beta1 ** step, 1 - beta2 ** step) if group["bias_correction"] else (1.0, 1.0)
+        denominators = torch._foreach_div(exp_avg_sqs, correction2)
+        torch._foreach_sqrt_(denominators)
+        torch._foreach_add_(denominators, group["eps"])
+        updates = torch._foreach_div(exp_avgs, correction1)
+        torch._foreach_div_(updates, denominators)
+        if group["weight_decay"]:
+            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
+            w_norms, u_norms = torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates))
+            # A zero norm (fresh zero-initialised tensor, or no update) leaves the step unscaled.
+            trust = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, torch.ones_like(w_norms))
+            torch._foreach_mul_(updates, list(trust.clamp(group["min_trust"], group["max_trust"]).unbind()))
+        torch._foreach_add_(params, updates, alpha=-group["lr"])
 
 
 FLAT_PARTITIONS_CAVEAT = (
