@@ -228,8 +228,9 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-6
     weight_decay: float = 0.01
-    fused: bool = False
-    """adamw: torch's fused AdamW kernel (one pass per parameter, CPU and CUDA) instead of its per-tensor loop."""
+    fused: bool | None = None
+    """adamw: torch's fused AdamW kernel (null: on, CPU and CUDA), or false for its unfused one; only the fused
+    kernel skips an fp16 overflow step on the device (unfused, the loss scaler reads the host each step)."""
     decouple_lr: bool = False
     """stableadamw: fully decoupled weight decay, each step shrinking weights by weight_decay × LR / optimizer.lr
     (ModernBERT's `decoupled_stableadamw`, weight_decay 1e-5) instead of AdamW's weight_decay × LR."""
@@ -241,7 +242,7 @@ class OptimizerConfig:
             add(f"optimizer.lr: must be > 0, got {self.lr}")
         if not all(0 <= b < 1 for b in self.betas):
             add(f"optimizer.betas: each must be in [0, 1), got {list(self.betas)}")
-        if self.fused and self.name != "adamw":
+        if self.fused is not None and self.name != "adamw":
             add(f"optimizer.fused: only for optimizer.name adamw, got {self.name}")
         if self.decouple_lr and self.name != "stableadamw":
             add(f"optimizer.decouple_lr: only for optimizer.name stableadamw, got {self.name}")

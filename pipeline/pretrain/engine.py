@@ -125,7 +125,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     if o.name == "adamw":
         # torch's AdamW needs no compiled extension; offloaded states need DeepSpeed's CPU Adam.
         # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included.
-        fused = {"fused": True} if o.fused and not offload else {}
+        fused = {"fused": True} if o.fused is not False and not offload else {}
         ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload, **fused}}
     elif o.name == "lamb" and cuda:
         ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,

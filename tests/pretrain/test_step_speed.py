@@ -1,4 +1,5 @@
-"""The faster step's options: train.compile, optimizer.fused, and losses kept on the device between checks."""
+"""The faster step's options: train.compile, optimizer.fused (on by default), and losses kept on the device between
+checks."""
 
 from __future__ import annotations
 
@@ -38,12 +39,16 @@ def test_compile_and_fused_are_checked_up_front(tmp_path, monkeypatch):
     assert "optimizer.fused: only for optimizer.name adamw, got lamb" in message
 
 
-def test_fused_adamw_reaches_torch_through_deepspeeds_optimizer_params(tmp_path, roberta_shards, bpe_tokenizer_dir):
-    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", optimizer={"fused": True})
+def test_adamw_is_torchs_fused_kernel_unless_turned_off_or_offloaded(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out")
     config = load_pretrain_config(write(tmp_path / "c.json", data))
     params = deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
-    assert params["fused"] is True and params["torch_adam"] is True
+    assert params["fused"] is True and params["torch_adam"] is True  # DeepSpeed passes `fused` to torch's AdamW
+    data["optimizer"]["fused"] = False
+    config = load_pretrain_config(write(tmp_path / "c.json", data))
+    assert "fused" not in deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
     # Offloaded optimizer states use DeepSpeed's CPU Adam, which takes no `fused`.
+    data["optimizer"].pop("fused")
     data["train"]["zero_stage"] = 2
     data["deepspeed"] = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
     config = load_pretrain_config(write(tmp_path / "c.json", data))
