@@ -38,6 +38,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import Topology
 from pipeline.pretrain.checkpoint_record import RECORD_FILE, CheckpointRecord, read_record, write_record
+from pipeline.pretrain.device_step import extra_state, load_extra_state
 from pipeline.pretrain.plan import RunPlan, StartPoint
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int
     # DeepSpeed writes with torch.save; a full disk surfaces as OSError or RuntimeError. The folder
     # then has no record, so it is never resumed from, and the previous checkpoint stays the newest.
     with reporting_disk_full(folder):
-        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False, client_state=extra_state(engine))
     dist.barrier()
     if dist.get_rank() == 0:
         # Checksums of every rank's files, read back once by rank 0 after the barrier: a file damaged
@@ -236,9 +237,10 @@ class Checkpointer:
                 convert_to_universal(start.checkpoint)
             dist.barrier()
             load_root = start.checkpoint / UNIVERSAL_DIR
-        loaded, _ = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
+        loaded, client_state = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
         if loaded is None:
             raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
+        load_extra_state(engine, client_state)
         for group, own in zip(engine.optimizer.param_groups, settings, strict=True):
             group.update(own)
         engine.lr_scheduler.base_lrs = peaks

@@ -19,7 +19,12 @@ from pipeline.common.config_tree import refuse
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, offloads_optimizer, owned_key_problems
+from pipeline.pretrain.deepspeed_section import (
+    deepspeed_key_problems,
+    grad_scaler_problems,
+    offloads_optimizer,
+    owned_key_problems,
+)
 from pipeline.pretrain.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
@@ -532,6 +537,7 @@ class PretrainConfig:
         if name in why and offloads_optimizer(ds):
             problems.append(f"optimizer.name {name} with deepspeed.zero_optimization.offload_optimizer: {why[name]}; "
                             "drop the offload or use optimizer.name adamw")
+        problems += grad_scaler_problems(ds, self.train.precision, self.train.zero_stage)
         return problems + deepspeed_key_problems(ds)
 
     @property

@@ -3,8 +3,9 @@
 LAMB is DeepSpeed's fused `Lamb` on GPU and ours (`Lamb`) on CPU, which DeepSpeed has no build of;
 StableAdamW is torch-optimi's (the one ModernBERT trained with) on both. Where DeepSpeed builds none,
 the optimizer is passed as a client optimizer, with `zero_allow_untested_optimizer` under ZeRO. Under
-ZeRO 1–3 (and bf16, for StableAdamW) they are given flat partitions, so LAMB's trust ratio and
-StableAdamW's update clipping are computed per partition, not per tensor; the pipeline warns so.
+ZeRO 1–3 they are given flat partitions, so LAMB's trust ratio and StableAdamW's update clipping are
+computed per partition, not per tensor; the pipeline warns so. Which of DeepSpeed's precision paths each
+precision takes, and why, is `precision_sections`'s; device_step.py keeps the rest of the step on the device.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_section import offloads_optimizer
+from pipeline.pretrain.device_step import keep_step_on_device
 from pipeline.pretrain.model import parameter_groups
 from pipeline.pretrain.schedules import Schedule
 
@@ -103,15 +105,14 @@ FLAT_PARTITIONS_CAVEAT = (
 
 def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
                      cuda: bool = False) -> dict[str, Any]:
-    """The user's `deepspeed` section plus what the pipeline derives: batch sizes, optimizer, clipping.
+    """The user's `deepspeed` section plus what the pipeline derives: batch sizes, precision, optimizer, clipping.
 
     Without an `optimizer` entry (LAMB on CPU, StableAdamW) DeepSpeed takes the client optimizer instead.
     """
     o, t = config.optimizer, config.train
     ds = copy.deepcopy(config.deepspeed)
     ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": t.zero_stage}
-    for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
-        ds[name] = {**ds.get(name, {}), "enabled": t.precision == name}
+    precision_sections(ds, t.precision, t.zero_stage)
     if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
@@ -132,11 +133,39 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
     if o.name in ("lamb", "stableadamw") and t.zero_stage > 0:
         ds.setdefault("zero_allow_untested_optimizer", True)
-    if t.precision == "fp16":
-        ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
+    # Its throughput timer synchronises the device at every forward and every step; the pipeline times steps itself.
+    ds.setdefault("timers", {"throughput": {"enabled": False}})
     ds.setdefault("steps_per_print", 10**9)  # the pipeline logs itself
     ds.setdefault("wall_clock_breakdown", False)
     return ds
+
+
+AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def precision_sections(ds: dict[str, Any], precision: str, zero_stage: int) -> None:
+    """DeepSpeed's `bf16`, `fp16` and `torch_autocast` sections for `precision`, chosen so that a step reads
+    nothing back to the host (device_step.py keeps the rest of the step on the device).
+
+    At ZeRO 0 DeepSpeed's own bf16/fp16 wraps a torch optimizer in `FP16_UnfusedOptimizer`: per-tensor fp32
+    copies, norms and a `bool()` overflow check per tensor (394 device reads a step for RoBERTa-large's
+    tensors, and ~14x the optimizer's operator calls of a plain loop). So DeepSpeed is told fp32 and the
+    forward runs under `torch.autocast` (its `torch_autocast` section): the module's weights are the fp32
+    masters, torch's fused AdamW steps them, and fp16 scales the loss with torch's GradScaler, whose skip of
+    an overflowing step happens inside the fused kernel (`found_inf`). ZeRO 1-3 keep flat fp32 master
+    partitions themselves; their bf16 runs without DeepSpeed's host-side overflow check, as fp32 does
+    (a non-finite loss stops the run at the next check, cadence.py), and fp16 keeps DeepSpeed's
+    dynamic loss scaling (its overflow check reads the host: fp16 at ZeRO 1-3 is no shipped config).
+    """
+    autocast = zero_stage == 0 and precision in AUTOCAST_DTYPES
+    for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
+        ds[name] = {**ds.get(name, {}), "enabled": precision == name and not autocast}
+    if autocast:
+        ds["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[precision]}
+    elif precision == "bf16":
+        ds["bf16"].setdefault("check_grad_overflow", False)
+    elif precision == "fp16":
+        ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule) -> torch.optim.lr_scheduler.LambdaLR:
@@ -190,13 +219,13 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 
     cuda = get_accelerator().device_name() == "cuda"
     optimizer, t = config.optimizer.name, config.train
-    how = f"ZeRO stage {t.zero_stage}" if t.zero_stage > 0 else t.precision
+    how = f"ZeRO stage {t.zero_stage}"
     if optimizer == "lamb" and t.zero_stage > 0:
         warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="trust ratio", unit="layer",
                                                     fix="ZeRO stage 0"), stacklevel=2)
-    if optimizer == "stableadamw" and (t.zero_stage > 0 or t.precision != "fp32"):
+    if optimizer == "stableadamw" and t.zero_stage > 0:
         warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="update clipping", unit="tensor",
-                                                    fix="fp32 and ZeRO stage 0"), stacklevel=2)
+                                                    fix="ZeRO stage 0"), stacklevel=2)
     groups = optimizer_groups(model, config, cuda)
     engine, *_ = deepspeed.initialize(
         model=model,
@@ -205,35 +234,13 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
-    undo_state_initialisation_step(engine)
+    keep_step_on_device(engine, config)
     if t.compile:  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
         # nn.Module.compile() compiles in place: the state-dict keys stay the model's own (no `_orig_mod.`), so
         # checkpoints, resume and export are the same. The sparse head's gather has a data-dependent size, so
         # inductor recompiles that graph once with a dynamic size, then reuses it.
         engine.compile()
     return engine
-
-
-def undo_state_initialisation_step(engine) -> None:
-    """Undo the zero-gradient optimizer step DeepSpeed takes when it wraps a torch optimizer at ZeRO 0 in bf16/fp16.
-
-    `FP16_UnfusedOptimizer.initialize_optimizer_states` steps once with zero gradients. That leaves AdamW's step
-    counter at 1, so the first real step bias-corrects as step 2 (its update ~0.74× fp32's at β2 0.98), and
-    applies the decoupled weight decay to the fp32 master copies once. The GPU check saw it as one step ~1e-2
-    away from fp32 at ZeRO 0 against ~5e-4 at ZeRO 2 (bf16, on an H200 and on CPU). The optimizers here create
-    their states on the first step, so clearing them and re-copying the masters from the model gives the step
-    fp32 takes.
-    """
-    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
-
-    wrapper = engine.optimizer
-    if not isinstance(wrapper, FP16_UnfusedOptimizer):
-        return
-    wrapper.optimizer.state.clear()
-    with torch.no_grad():
-        for masters, halves in zip(wrapper.fp32_groups, wrapper.fp16_groups, strict=True):
-            for master, half in zip(masters, halves, strict=True):
-                master.copy_(half)
 
 
 def set_batch_plan(engine, plan: BatchPlan) -> None:

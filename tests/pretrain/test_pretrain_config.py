@@ -168,7 +168,7 @@ def test_deepspeed_receives_the_derived_sizes_and_the_users_own_keys(tmp_path, r
     sizes = ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
     assert sizes == (16, 4, 2)
     assert ds["zero_optimization"] == {"overlap_comm": True, "stage": 3}
-    assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
+    assert ds["bf16"]["enabled"] is True and ds["fp16"] == {"enabled": False}
     assert ds["optimizer"]["params"]["betas"] == [0.9, 0.98]
 
 
