@@ -234,8 +234,9 @@ class OptimizerConfig:
     eps: float = 1e-6
     weight_decay: float = 0.01
     fused: bool | None = None
-    """adamw: torch's fused AdamW kernel (null: on, CPU and CUDA), or false for its unfused one; only the fused
-    kernel skips an fp16 overflow step on the device (unfused, the loss scaler reads the host each step)."""
+    """adamw: torch's fused AdamW kernel (true), or its unfused one (false); null: fused, except under DeepSpeed's
+    own fp16 at ZeRO 1-3 (engine.py says why). Only the fused kernel skips an fp16 overflow step at ZeRO 0 on the
+    device (unfused, the loss scaler reads the host each step)."""
     decouple_lr: bool = False
     """stableadamw: fully decoupled weight decay, each step shrinking weights by weight_decay × LR / optimizer.lr
     (ModernBERT's `decoupled_stableadamw`, weight_decay 1e-5) instead of AdamW's weight_decay × LR."""

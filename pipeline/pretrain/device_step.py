@@ -13,12 +13,14 @@ still does on the host in a step, and what is done here instead:
   `fp16` section says, and saves it in no checkpoint: built from the section here, and its state goes into
   the checkpoint (`extra_state`);
 - ZeRO 1/2 ask the host whether the gradient norm is finite before clipping each parameter group
-  (`unscale_and_clip_grads`): the same arithmetic, with the check on the device.
+  (`unscale_and_clip_grads`): the same arithmetic, with the check on the device (fp32 and bf16; DeepSpeed's
+  own fp16 is left as it is).
 
 What still reads: ZeRO 1/2 in fp32 ask once a step whether the norm is finite, to skip a non-finite step
-(in `step()` itself, whose other work is not replaceable piecemeal), ZeRO 3 likewise, and fp16 with an
-optimizer other than fused AdamW (GradScaler asks whether it found an overflow: torch's own behaviour for
-optimizers without `found_inf` support). tests/pretrain/test_device_reads.py counts them.
+(in `step()` itself, whose other work is not replaceable piecemeal), ZeRO 3 likewise, DeepSpeed's own fp16
+(ZeRO 1-3) checks for overflow, and fp16 at ZeRO 0 with an optimizer other than fused AdamW (GradScaler asks
+whether it found an overflow: torch's behaviour for optimizers without `found_inf` support).
+tests/pretrain/test_device_reads.py counts them on CPU.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def keep_step_on_device(engine, config: PretrainConfig) -> None:
             engine.enable_backward_allreduce = False
         if t.precision == "fp16":
             engine.torch_autocast_z0_gradscaler = grad_scaler(config.deepspeed.get("fp16", {}))
-    elif t.zero_stage in (1, 2):
+    elif t.zero_stage in (1, 2) and t.precision != "fp16":  # DeepSpeed's fp16 reads its overflow check anyway
         engine.optimizer.unscale_and_clip_grads = types.MethodType(unscale_and_clip_grads, engine.optimizer)
 
 

@@ -47,8 +47,13 @@ def test_adamw_is_torchs_fused_kernel_unless_turned_off_or_offloaded(tmp_path, r
     data["optimizer"]["fused"] = False
     config = load_pretrain_config(write(tmp_path / "c.json", data))
     assert "fused" not in deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
-    # Offloaded optimizer states use DeepSpeed's CPU Adam, which takes no `fused`.
+    # DeepSpeed's own fp16 (ZeRO 1-3) keeps the unfused kernel unless asked (engine.py says why).
     data["optimizer"].pop("fused")
+    data["train"].update(precision="fp16", zero_stage=1)
+    config = load_pretrain_config(write(tmp_path / "c.json", data), cuda=True)
+    assert "fused" not in deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
+    data["train"]["precision"] = "fp32"
+    # Offloaded optimizer states use DeepSpeed's CPU Adam, which takes no `fused`.
     data["train"]["zero_stage"] = 2
     data["deepspeed"] = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
     config = load_pretrain_config(write(tmp_path / "c.json", data))
