@@ -97,3 +97,48 @@ def test_zero_0_trains_fp32_masters_under_autocast_and_zero_1_to_3_keep_deepspee
     ds = {}
     precision_sections(ds, "fp32", 0)
     assert ds == {"bf16": {"enabled": False}, "fp16": {"enabled": False}}
+
+
+def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_masters_and_moments(process_group,
+                                                                                                  tmp_path):
+    import deepspeed
+
+    from pipeline.pretrain.checkpoints import load_unfused_optimizer_state
+    from pipeline.pretrain.engine import deepspeed_config, initialize_engine, lr_scheduler, optimizer_groups
+    from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.schedules import lr_schedule
+
+    config = parity.parity_config(1, 0)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16"))
+    phases = resolve_phases(config)
+    plan, schedule = phases[0].plan(1), lr_schedule(config, phases)
+    # The earlier release: DeepSpeed's own bf16 at ZeRO 0, which wraps torch's AdamW in FP16_UnfusedOptimizer.
+    ds = deepspeed_config(config, plan)
+    ds.pop("torch_autocast")
+    ds["bf16"]["enabled"] = True
+    ds["optimizer"]["params"].pop("fused")
+    torch.manual_seed(0)
+    model = build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN)
+    earlier, *_ = deepspeed.initialize(model=model, model_parameters=optimizer_groups(model, config, cuda=False),
+                                       lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule), config=ds)
+    assert type(earlier.optimizer).__name__ == "FP16_UnfusedOptimizer"
+    earlier.optimizer.optimizer.state.clear()  # as that release did: DeepSpeed's zero-gradient first step undone
+    for index in range(2 * parity.ACCUMULATION):
+        earlier.backward(earlier(**parity.micro_batch(index // 2, index % 2))["loss"])
+        earlier.step()
+    earlier.save_checkpoint(str(tmp_path), tag="step_00000002", save_latest=False)
+    masters = [m.clone() for group in earlier.optimizer.fp32_groups for m in group]
+    moments = [s["exp_avg"].clone() for s in earlier.optimizer.optimizer.state.values()]
+
+    torch.manual_seed(1)
+    engine = initialize_engine(build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN), config, plan,
+                               schedule=schedule)
+    engine.load_checkpoint(str(tmp_path), tag="step_00000002", load_optimizer_states=False)
+    load_unfused_optimizer_state(engine, tmp_path / "step_00000002")
+    params = [p for group in engine.optimizer.param_groups for p in group["params"]]
+    assert all(torch.equal(p, m) for p, m in zip(params, masters, strict=True))  # not their bf16 copies
+    assert all(p.dtype == torch.float32 for p in params)
+    restored = [engine.optimizer.state[p]["exp_avg"] for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(restored, moments, strict=True))
+    assert {int(engine.optimizer.state[p]["step"]) for p in params} == {2}
