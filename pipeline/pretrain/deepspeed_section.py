@@ -23,6 +23,7 @@ DERIVED_DEEPSPEED_KEYS = {
     "optimizer": "the optimizer section",
     "scheduler": "the schedule section",
     "gradient_clipping": "train.gradient_clipping",
+    "torch_autocast": "train.precision (at ZeRO 0, bf16 and fp16 train under autocast: pipeline/pretrain/engine.py)",
 }
 
 # Modules whose upper-case string constants name DeepSpeed's config keys (those a version lacks are skipped).
