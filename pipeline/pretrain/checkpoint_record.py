@@ -6,7 +6,9 @@ stream.py) and the step ranges skipped. A resume follows the recorded stream eve
 or defaults differ (plan.py), and an export or a fine-tuning source reads the model's facts from it.
 
 Version 1 (no `version` key) is the untyped marker of earlier releases: it still reads, without a stream
-history. A record newer than `RECORD_VERSION` is refused by name rather than half-read.
+history. Version 3 marks bf16/fp16 checkpoints at ZeRO 0 holding fp32 weights and a plain torch optimizer; those
+of versions 1-2 hold DeepSpeed's `FP16_UnfusedOptimizer` state, which checkpoints.py converts on load. A record
+newer than `RECORD_VERSION` is refused by name rather than half-read.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.stream import CorpusLayout
 
 RECORD_FILE = "complete.json"
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def read_record(folder: Path) -> CheckpointRecord:
         raise PipelineError(f"checkpoint {folder}: its {RECORD_FILE} is record version {version}, newer than the "
                             f"{RECORD_VERSION} this roberta-pipeline reads; upgrade roberta-pipeline to use it")
     try:
-        return _from_json(data) if version == RECORD_VERSION else _from_version_1(data)
+        return _from_json(data) if version >= 2 else _from_version_1(data)
     except (KeyError, TypeError, ValueError) as err:
         raise PipelineError(f"checkpoint {folder}: {RECORD_FILE} is damaged (missing or malformed {err})") from None
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
 from pipeline.common.atomic_files import publish_folder, reporting_disk_full, sha256_file
@@ -41,6 +42,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import Topology
 from pipeline.pretrain.checkpoint_record import RECORD_FILE, CheckpointRecord, read_record, write_record
+from pipeline.pretrain.device_step import extra_state, load_extra_state, loss_scaler
 from pipeline.pretrain.plan import RunPlan, StartPoint
 from pipeline.pretrain.run_ledger import SetAsideEvent, SkipEvent
 
@@ -184,7 +186,7 @@ def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int
     # DeepSpeed writes with torch.save; a full disk surfaces as OSError or RuntimeError. The folder
     # then has no record, so it is never resumed from, and the previous checkpoint stays the newest.
     with reporting_disk_full(folder):
-        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False, client_state=extra_state(engine))
     dist.barrier()
     if dist.get_rank() == 0:
         # Checksums of every rank's files, read back once by rank 0 after the barrier: a file damaged
@@ -278,9 +280,14 @@ class Checkpointer:
                 convert_to_universal(start.checkpoint)
             dist.barrier()
             load_root = start.checkpoint / UNIVERSAL_DIR
-        loaded, _ = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name)
+        earlier = start.record.version < 3 and start.record.zero_stage == 0 and start.record.precision != "fp32"
+        loaded, client_state = engine.load_checkpoint(str(load_root), tag=start.checkpoint.name,
+                                                      load_optimizer_states=not earlier)
         if loaded is None:
             raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
+        load_extra_state(engine, client_state)
+        if earlier:
+            load_unfused_optimizer_state(engine, start.checkpoint)
         for group, own in zip(engine.optimizer.param_groups, settings, strict=True):
             group.update(own)
         engine.lr_scheduler.base_lrs = peaks
@@ -329,6 +336,21 @@ class Checkpointer:
     def _warn(self, message: str) -> None:
         if self.topology.is_main:
             print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def load_unfused_optimizer_state(engine, checkpoint: Path) -> None:
+    """An earlier release's bf16/fp16 checkpoint at ZeRO 0 (DeepSpeed's `FP16_UnfusedOptimizer`) into today's engine:
+    its fp32 master weights into the module (DeepSpeed loaded their bf16/fp16 copies), its wrapped optimizer's
+    state into the optimizer, and fp16's loss scale into the GradScaler, so the run goes on from the same state."""
+    # DeepSpeed has just unpickled this file the same way (weights_only=False) to load the module.
+    saved = torch.load(checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["optimizer"]
+    params = [p for group in engine.optimizer.param_groups for p in group["params"]]
+    with torch.no_grad():
+        for param, master in zip(params, [m for group in saved["fp32_groups"] for m in group], strict=True):
+            param.copy_(master)
+    engine.optimizer.load_state_dict(saved["optimizer_state_dict"])
+    if (scaler := loss_scaler(engine)) is not None:
+        scaler.load_state_dict({**scaler.state_dict(), "scale": float(saved["cur_scale"])})
 
 
 def convert_to_universal(checkpoint: Path) -> None:

@@ -19,7 +19,12 @@ from pipeline.common.config_tree import refuse
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.deepspeed_section import deepspeed_key_problems, offloads_optimizer, owned_key_problems
+from pipeline.pretrain.deepspeed_section import (
+    deepspeed_key_problems,
+    grad_scaler_problems,
+    offloads_optimizer,
+    owned_key_problems,
+)
 from pipeline.pretrain.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
@@ -228,8 +233,10 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-6
     weight_decay: float = 0.01
-    fused: bool = False
-    """adamw: torch's fused AdamW kernel (one pass per parameter, CPU and CUDA) instead of its per-tensor loop."""
+    fused: bool | None = None
+    """adamw: torch's fused AdamW kernel (true), or its unfused one (false); null: fused, except under DeepSpeed's
+    own fp16 at ZeRO 1-3 (engine.py says why). Only the fused kernel skips an fp16 overflow step at ZeRO 0 on the
+    device (unfused, the loss scaler reads the host each step)."""
     decouple_lr: bool = False
     """stableadamw: fully decoupled weight decay, each step shrinking weights by weight_decay × LR / optimizer.lr
     (ModernBERT's `decoupled_stableadamw`, weight_decay 1e-5) instead of AdamW's weight_decay × LR."""
@@ -241,7 +248,7 @@ class OptimizerConfig:
             add(f"optimizer.lr: must be > 0, got {self.lr}")
         if not all(0 <= b < 1 for b in self.betas):
             add(f"optimizer.betas: each must be in [0, 1), got {list(self.betas)}")
-        if self.fused and self.name != "adamw":
+        if self.fused is not None and self.name != "adamw":
             add(f"optimizer.fused: only for optimizer.name adamw, got {self.name}")
         if self.decouple_lr and self.name != "stableadamw":
             add(f"optimizer.decouple_lr: only for optimizer.name stableadamw, got {self.name}")
@@ -539,6 +546,7 @@ class PretrainConfig:
         if name in why and offloads_optimizer(ds):
             problems.append(f"optimizer.name {name} with deepspeed.zero_optimization.offload_optimizer: {why[name]}; "
                             "drop the offload or use optimizer.name adamw")
+        problems += grad_scaler_problems(ds, self.train.precision, self.train.zero_stage)
         return problems + deepspeed_key_problems(ds)
 
     @property

@@ -23,6 +23,7 @@ DERIVED_DEEPSPEED_KEYS = {
     "optimizer": "the optimizer section",
     "scheduler": "the schedule section",
     "gradient_clipping": "train.gradient_clipping",
+    "torch_autocast": "train.precision (at ZeRO 0, bf16 and fp16 train under autocast: pipeline/pretrain/engine.py)",
 }
 
 # Modules whose upper-case string constants name DeepSpeed's config keys (those a version lacks are skipped).
@@ -64,6 +65,21 @@ def owned_key_problems(ds: dict[str, Any]) -> list[str]:
                         f"train.zero_stage: {zero['stage']!r} and leave deepspeed.zero_optimization for "
                         "DeepSpeed's further ZeRO keys")
     return problems
+
+
+GRAD_SCALER_KEYS = ("initial_scale_power", "loss_scale_window")
+"""The `fp16` keys torch's GradScaler takes at ZeRO 0 (pipeline/pretrain/device_step.py builds it from them)."""
+
+
+def grad_scaler_problems(ds: dict[str, Any], precision: str, zero_stage: int) -> list[str]:
+    """fp16 keys that nothing would apply: at ZeRO 0 fp16 scales the loss with torch's GradScaler, not DeepSpeed's."""
+    section = ds.get("fp16")
+    if precision != "fp16" or zero_stage != 0 or not isinstance(section, dict):
+        return []
+    return [f"deepspeed.fp16.{key}: not applied at ZeRO 0, where fp16 scales the loss with torch's GradScaler, which "
+            f"takes {' and '.join(GRAD_SCALER_KEYS)}; leave it out, or use train.zero_stage ≥ 1 for DeepSpeed's own "
+            "loss scaling" for key, value in section.items()
+            if key not in (*GRAD_SCALER_KEYS, "enabled") and not (key == "loss_scale" and value == 0)]
 
 
 def offloads_optimizer(ds: dict[str, Any]) -> bool:

@@ -3,8 +3,9 @@
 LAMB is DeepSpeed's fused `Lamb` on GPU and ours (`Lamb`) on CPU, which DeepSpeed has no build of;
 StableAdamW is torch-optimi's (the one ModernBERT trained with) on both. Where DeepSpeed builds none,
 the optimizer is passed as a client optimizer, with `zero_allow_untested_optimizer` under ZeRO. Under
-ZeRO 1–3 (and bf16, for StableAdamW) they are given flat partitions, so LAMB's trust ratio and
-StableAdamW's update clipping are computed per partition, not per tensor; the pipeline warns so.
+ZeRO 1–3 they are given flat partitions, so LAMB's trust ratio and StableAdamW's update clipping are
+computed per partition, not per tensor; the pipeline warns so. Which of DeepSpeed's precision paths each
+precision takes, and why, is `precision_sections`'s; device_step.py keeps the rest of the step on the device.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.compile_blocks import compile_blocks, compiles
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_section import offloads_optimizer
+from pipeline.pretrain.device_step import keep_step_on_device
 from pipeline.pretrain.model import parameter_groups
 from pipeline.pretrain.schedules import Schedule
 
@@ -59,34 +61,42 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad.float()
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                if group["bias_correction"]:
-                    correction1, correction2 = 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
-                else:
-                    correction1 = correction2 = 1.0
-                update = (exp_avg / correction1) / (exp_avg_sq / correction2).sqrt().add_(group["eps"])
-                weight = p.float()
-                if group["weight_decay"]:
-                    update.add_(weight, alpha=group["weight_decay"])
-                    w_norm, u_norm = weight.norm(), update.norm()
-                    # A zero norm (fresh zero-initialised tensor, or no update) leaves the step unscaled.
-                    trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                    update.mul_(trust.clamp(group["min_trust"], group["max_trust"]))
-                p.add_(update.to(p.dtype), alpha=-group["lr"])
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
         return loss
+
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        """One group's update in multi-tensor (`torch._foreach_*`) operations: a few kernels for the whole group
+        instead of a dozen per tensor, and no value read back to the host (the step count is a host int)."""
+        if any(p.dtype != torch.float32 for p in params):  # the engine's masters are fp32 at every precision
+            raise TypeError("Lamb steps fp32 parameters (master weights); got " +
+                            ", ".join(sorted({str(p.dtype) for p in params})))
+        beta1, beta2 = group["betas"]
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states, strict=True):
+            if not state:
+                state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            state["step"] += 1
+        grads = [p.grad.float() for p in params]
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m ← β₁m + (1-β₁)g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        step = states[0]["step"]  # the group's tensors step together
+        correction1, correction2 = (1 - beta1 ** step, 1 - beta2 ** step) if group["bias_correction"] else (1.0, 1.0)
+        denominators = torch._foreach_div(exp_avg_sqs, correction2)
+        torch._foreach_sqrt_(denominators)
+        torch._foreach_add_(denominators, group["eps"])
+        updates = torch._foreach_div(exp_avgs, correction1)
+        torch._foreach_div_(updates, denominators)
+        if group["weight_decay"]:
+            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
+            w_norms, u_norms = torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates))
+            # A zero norm (fresh zero-initialised tensor, or no update) leaves the step unscaled.
+            trust = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, torch.ones_like(w_norms))
+            torch._foreach_mul_(updates, list(trust.clamp(group["min_trust"], group["max_trust"]).unbind()))
+        torch._foreach_add_(params, updates, alpha=-group["lr"])
 
 
 FLAT_PARTITIONS_CAVEAT = (
@@ -96,15 +106,14 @@ FLAT_PARTITIONS_CAVEAT = (
 
 def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
                      cuda: bool = False) -> dict[str, Any]:
-    """The user's `deepspeed` section plus what the pipeline derives: batch sizes, optimizer, clipping.
+    """The user's `deepspeed` section plus what the pipeline derives: batch sizes, precision, optimizer, clipping.
 
     Without an `optimizer` entry (LAMB on CPU, StableAdamW) DeepSpeed takes the client optimizer instead.
     """
     o, t = config.optimizer, config.train
     ds = copy.deepcopy(config.deepspeed)
     ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": t.zero_stage}
-    for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
-        ds[name] = {**ds.get(name, {}), "enabled": t.precision == name}
+    precision_sections(ds, t.precision, t.zero_stage)
     if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
@@ -117,19 +126,54 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     common = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
     if o.name == "adamw":
         # torch's AdamW needs no compiled extension; offloaded states need DeepSpeed's CPU Adam.
-        # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included.
-        fused = {"fused": True} if o.fused and not offload else {}
+        # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included. Under DeepSpeed's own fp16
+        # (ZeRO 1-3) the fused kernel is used only when asked for: one step of it there on an H100 (ZeRO 2, with
+        # device_step.py's clipping guard, which matches DeepSpeed's bitwise on CPU) ended at a loss of 5.298
+        # where fp32's and the unfused step's ended at 5.105. Not traced; no shipped config trains so.
+        native_fp16 = t.precision == "fp16" and t.zero_stage > 0
+        fused = {"fused": True} if (o.fused if o.fused is not None else not native_fp16) and not offload else {}
         ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload, **fused}}
     elif o.name == "lamb" and cuda:
         ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
                                                       "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
     if o.name in ("lamb", "stableadamw") and t.zero_stage > 0:
         ds.setdefault("zero_allow_untested_optimizer", True)
-    if t.precision == "fp16":
-        ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
+    # Its throughput timer synchronises the device at every forward and every step; the pipeline times steps itself.
+    ds.setdefault("timers", {"throughput": {"enabled": False}})
     ds.setdefault("steps_per_print", 10**9)  # the pipeline logs itself
     ds.setdefault("wall_clock_breakdown", False)
     return ds
+
+
+AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def precision_sections(ds: dict[str, Any], precision: str, zero_stage: int) -> None:
+    """DeepSpeed's `bf16`, `fp16` and `torch_autocast` sections for `precision`, chosen so that a step reads
+    nothing back to the host (device_step.py keeps the rest of the step on the device).
+
+    Chosen by measurement (CPU, a 24-layer, 32-wide RoBERTa with RoBERTa-large's 394 tensors; per bf16 step):
+    - ZeRO 0: DeepSpeed's own bf16/fp16 wraps a torch optimizer in `FP16_UnfusedOptimizer` (fp32 copies, norms
+      and a `bool()` overflow check per tensor): 22,118 operator calls and a device read per tensor, where a
+      plain loop takes 8,256 and none. So DeepSpeed is told fp32 and the forward runs under `torch.autocast`
+      (its `torch_autocast` section): the module's weights are the fp32 masters, torch's fused AdamW steps them,
+      and fp16 scales the loss with torch's GradScaler, whose skip of an overflowing step happens inside the
+      fused kernel (`found_inf`): 8,254 calls, no read.
+    - ZeRO 1-3 keep flat fp32 master partitions themselves. DeepSpeed's bf16 there took 15,357 calls and no
+      read once its host-side overflow check is off (as fp32 has none: a non-finite loss stops the run at the
+      next check, cadence.py); autocast took 17,027 and a read (DeepSpeed's finite-norm check on fp32 weights);
+      `data_types.grad_accum_dtype: fp32` (ZeRO 1 only) 12,157 and two reads it has no switch for. fp16 keeps
+      DeepSpeed's dynamic loss scaling (its overflow check reads the host: fp16 at ZeRO 1-3 is no shipped config).
+    """
+    autocast = zero_stage == 0 and precision in AUTOCAST_DTYPES
+    for name in ("bf16", "fp16"):  # train.precision owns `enabled`; the section keeps DeepSpeed's further keys
+        ds[name] = {**ds.get(name, {}), "enabled": precision == name and not autocast}
+    if autocast:
+        ds["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[precision]}
+    elif precision == "bf16":
+        ds["bf16"].setdefault("check_grad_overflow", False)
+    elif precision == "fp16":
+        ds["fp16"].setdefault("loss_scale", 0)  # 0 = dynamic loss scaling
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule) -> torch.optim.lr_scheduler.LambdaLR:
@@ -183,13 +227,13 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 
     cuda = get_accelerator().device_name() == "cuda"
     optimizer, t = config.optimizer.name, config.train
-    how = f"ZeRO stage {t.zero_stage}" if t.zero_stage > 0 else t.precision
+    how = f"ZeRO stage {t.zero_stage}"
     if optimizer == "lamb" and t.zero_stage > 0:
         warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="trust ratio", unit="layer",
                                                     fix="ZeRO stage 0"), stacklevel=2)
-    if optimizer == "stableadamw" and (t.zero_stage > 0 or t.precision != "fp32"):
+    if optimizer == "stableadamw" and t.zero_stage > 0:
         warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="update clipping", unit="tensor",
-                                                    fix="fp32 and ZeRO stage 0"), stacklevel=2)
+                                                    fix="ZeRO stage 0"), stacklevel=2)
     groups = optimizer_groups(model, config, cuda)
     engine, *_ = deepspeed.initialize(
         model=model,
@@ -198,32 +242,10 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
-    undo_state_initialisation_step(engine)
+    keep_step_on_device(engine, config)
     if compiles(t, cuda):  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
         compile_blocks(engine.module)
     return engine
-
-
-def undo_state_initialisation_step(engine) -> None:
-    """Undo the zero-gradient optimizer step DeepSpeed takes when it wraps a torch optimizer at ZeRO 0 in bf16/fp16.
-
-    `FP16_UnfusedOptimizer.initialize_optimizer_states` steps once with zero gradients. That leaves AdamW's step
-    counter at 1, so the first real step bias-corrects as step 2 (its update ~0.74× fp32's at β2 0.98), and
-    applies the decoupled weight decay to the fp32 master copies once. The GPU check saw it as one step ~1e-2
-    away from fp32 at ZeRO 0 against ~5e-4 at ZeRO 2 (bf16, on an H200 and on CPU). The optimizers here create
-    their states on the first step, so clearing them and re-copying the masters from the model gives the step
-    fp32 takes.
-    """
-    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
-
-    wrapper = engine.optimizer
-    if not isinstance(wrapper, FP16_UnfusedOptimizer):
-        return
-    wrapper.optimizer.state.clear()
-    with torch.no_grad():
-        for masters, halves in zip(wrapper.fp32_groups, wrapper.fp16_groups, strict=True):
-            for master, half in zip(masters, halves, strict=True):
-                master.copy_(half)
 
 
 def set_batch_plan(engine, plan: BatchPlan) -> None:

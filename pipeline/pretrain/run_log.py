@@ -18,6 +18,7 @@ from pipeline.common.run_kernel import run_tags
 from pipeline.common.topology import Topology
 from pipeline.pretrain.batches import PretrainData
 from pipeline.pretrain.cadence import CheckedLosses
+from pipeline.pretrain.device_step import loss_scale
 from pipeline.pretrain.flops import mfu, model_flops_per_token
 from pipeline.pretrain.masking import eval_probability
 from pipeline.pretrain.plan import RunPlan
@@ -119,7 +120,7 @@ class RunLog:
         if checked.ranks:
             wait_share = max(r[0] for r in checked.ranks)
         grad_norm = engine.get_global_grad_norm()
-        scale = getattr(engine.optimizer, "cur_scale", None) if self.config.train.precision == "fp16" else 1.0
+        scale = loss_scale(engine) if self.config.train.precision == "fp16" else 1.0
         self.metrics.log({
             "train/loss": checked.loss, **{f"train/{k}": v for k, v in checked.extras.items()},
             "train/lr": lr,

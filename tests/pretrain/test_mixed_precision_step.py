@@ -1,9 +1,10 @@
-"""bf16 at ZeRO 0 takes the step fp32 takes.
+"""bf16 and fp16 take the step fp32 takes, on the precision path each ZeRO stage uses (engine.precision_sections).
 
-DeepSpeed wraps a torch optimizer at ZeRO 0 in bf16/fp16 (`FP16_UnfusedOptimizer`) and "initialises" its
-states with one zero-gradient step, which left AdamW's step counter at 1: the first real update came out
-~0.74× fp32's (seen on an H200 as one step ~1e-2 away from fp32, against ~5e-4 at ZeRO 2). The engine
-undoes that step; ZeRO 2 never took it.
+At ZeRO 0 DeepSpeed is told fp32 and the forward runs under torch.autocast: the module's weights are the fp32
+masters and the optimizer steps them once per step (DeepSpeed's own bf16 at ZeRO 0 had wrapped it in
+`FP16_UnfusedOptimizer`, which stepped once with zero gradients at the start: the first real update came out
+~0.74x fp32's). At ZeRO 2 DeepSpeed's bf16 keeps flat fp32 master partitions. fp16 at ZeRO 0 (autocast and
+torch's GradScaler) runs on CPU too; DeepSpeed's own fp16, which ZeRO 1-3 use, does not.
 """
 
 from __future__ import annotations
@@ -63,13 +64,81 @@ def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[i
     return {name: p.detach().float() - before[name] for name, p in engine.module.named_parameters()}, counts
 
 
-def test_bf16_at_zero_0_and_2_takes_the_step_fp32_takes(process_group):
+def test_bf16_at_zero_0_and_2_and_fp16_at_zero_0_take_the_step_fp32_takes(process_group):
     reference, counts = one_step("fp32", 0)
     assert counts == {1}
-    for stage in (0, 2):
-        update, counts = one_step("bf16", stage)
-        assert counts == {1}, f"ZeRO {stage}: the optimizer has stepped {counts} times after one step"
+    for precision, stage in (("bf16", 0), ("bf16", 2), ("fp16", 0)):
+        update, counts = one_step(precision, stage)
+        # fp16: a first step skipped for overflow would leave the fused kernel's count at 0
+        assert counts == {1}, f"{precision} ZeRO {stage}: the optimizer has stepped {counts} times after one step"
         ratios = torch.tensor([(update[n].norm() / reference[n].norm()).item()
                                for n in reference if reference[n].norm() > 0])
-        # bf16 rounds each weight (8 bits), which moves single tensors; the median update is fp32's
-        assert ratios.median().item() == pytest.approx(1.0, abs=0.02), f"ZeRO {stage}"
+        # bf16 rounds each weight (8 bits) at ZeRO 2, which moves single tensors; the median update is fp32's
+        assert ratios.median().item() == pytest.approx(1.0, abs=0.02), f"{precision} ZeRO {stage}"
+
+
+def test_zero_0_trains_fp32_masters_under_autocast_and_zero_1_to_3_keep_deepspeeds_bf16():
+    from pipeline.pretrain.engine import precision_sections
+
+    for precision, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):
+        ds = {precision: {"initial_scale_power": 8}} if precision == "fp16" else {}
+        precision_sections(ds, precision, 0)
+        assert ds["torch_autocast"] == {"enabled": True, "dtype": dtype}
+        assert not ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
+        assert ds.get("fp16", {}).get("initial_scale_power", 8) == 8  # the section's further keys stay
+    for stage in (1, 2, 3):
+        ds = {}
+        precision_sections(ds, "bf16", stage)
+        # no host-side overflow check: a non-finite loss stops the run at the next check, as in fp32
+        assert ds["bf16"] == {"enabled": True, "check_grad_overflow": False} and "torch_autocast" not in ds
+        ds = {}
+        precision_sections(ds, "fp16", stage)
+        assert ds["fp16"] == {"enabled": True, "loss_scale": 0}
+    ds = {}
+    precision_sections(ds, "fp32", 0)
+    assert ds == {"bf16": {"enabled": False}, "fp16": {"enabled": False}}
+
+
+def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_masters_and_moments(process_group,
+                                                                                                  tmp_path):
+    import deepspeed
+
+    from pipeline.pretrain.checkpoints import load_unfused_optimizer_state
+    from pipeline.pretrain.engine import deepspeed_config, initialize_engine, lr_scheduler, optimizer_groups
+    from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.schedules import lr_schedule
+
+    config = parity.parity_config(1, 0)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16"))
+    phases = resolve_phases(config)
+    plan, schedule = phases[0].plan(1), lr_schedule(config, phases)
+    # The earlier release: DeepSpeed's own bf16 at ZeRO 0, which wraps torch's AdamW in FP16_UnfusedOptimizer.
+    ds = deepspeed_config(config, plan)
+    ds.pop("torch_autocast")
+    ds["bf16"]["enabled"] = True
+    ds["optimizer"]["params"].pop("fused")
+    torch.manual_seed(0)
+    model = build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN)
+    earlier, *_ = deepspeed.initialize(model=model, model_parameters=optimizer_groups(model, config, cuda=False),
+                                       lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule), config=ds)
+    assert type(earlier.optimizer).__name__ == "FP16_UnfusedOptimizer"
+    earlier.optimizer.optimizer.state.clear()  # as that release did: DeepSpeed's zero-gradient first step undone
+    for index in range(2 * parity.ACCUMULATION):
+        earlier.backward(earlier(**parity.micro_batch(index // 2, index % 2))["loss"])
+        earlier.step()
+    earlier.save_checkpoint(str(tmp_path), tag="step_00000002", save_latest=False)
+    masters = [m.clone() for group in earlier.optimizer.fp32_groups for m in group]
+    moments = [s["exp_avg"].clone() for s in earlier.optimizer.optimizer.state.values()]
+
+    torch.manual_seed(1)
+    engine = initialize_engine(build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN), config, plan,
+                               schedule=schedule)
+    engine.load_checkpoint(str(tmp_path), tag="step_00000002", load_optimizer_states=False)
+    load_unfused_optimizer_state(engine, tmp_path / "step_00000002")
+    params = [p for group in engine.optimizer.param_groups for p in group["params"]]
+    assert all(torch.equal(p, m) for p, m in zip(params, masters, strict=True))  # not their bf16 copies
+    assert all(p.dtype == torch.float32 for p in params)
+    restored = [engine.optimizer.state[p]["exp_avg"] for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(restored, moments, strict=True))
+    assert {int(engine.optimizer.state[p]["step"]) for p in params} == {2}

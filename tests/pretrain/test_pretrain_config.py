@@ -84,6 +84,25 @@ def test_unknown_keys_wrong_types_and_cross_field_problems_come_in_one_error(tmp
     assert len(problems) >= 6
 
 
+def test_fp16_at_zero_0_takes_the_grad_scalers_keys_and_autocast_is_the_pipelines(tmp_path):
+    data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
+                                train={"precision": "fp16"},
+                                deepspeed={"fp16": {"initial_scale_power": 8, "loss_scale_window": 500,
+                                                    "hysteresis": 4},
+                                           "torch_autocast": {"enabled": True}})
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(write(tmp_path, data), check_files=False, cuda=True)
+    problems = err.value.problems
+    assert [p for p in problems if p.startswith("deepspeed.fp16.")] == [
+        "deepspeed.fp16.hysteresis: not applied at ZeRO 0, where fp16 scales the loss with torch's GradScaler, which "
+        "takes initial_scale_power and loss_scale_window; leave it out, or use train.zero_stage ≥ 1 for DeepSpeed's "
+        "own loss scaling"]
+    assert any(p.startswith("deepspeed.torch_autocast: derived by the pipeline; set train.precision") for p in problems)
+    data["train"]["zero_stage"] = 1  # DeepSpeed's own fp16 takes every key of its section
+    del data["deepspeed"]["torch_autocast"]
+    load_pretrain_config(write(tmp_path, data), check_files=False, cuda=True)
+
+
 def test_precision_and_zero_stage_are_typed_keys_and_old_spellings_say_the_new_ones(tmp_path):
     data = tiny_pretrain_config(tmp_path / "missing-shards", tmp_path / "tok", tmp_path / "out",
                                 deepspeed={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
@@ -168,7 +187,7 @@ def test_deepspeed_receives_the_derived_sizes_and_the_users_own_keys(tmp_path, r
     sizes = ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
     assert sizes == (16, 4, 2)
     assert ds["zero_optimization"] == {"overlap_comm": True, "stage": 3}
-    assert ds["bf16"] == {"enabled": True} and ds["fp16"] == {"enabled": False}
+    assert ds["bf16"]["enabled"] is True and ds["fp16"] == {"enabled": False}
     assert ds["optimizer"]["params"]["betas"] == [0.9, 0.98]
 
 

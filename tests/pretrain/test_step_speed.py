@@ -1,4 +1,5 @@
-"""The faster step's options: train.compile, optimizer.fused, and losses kept on the device between checks."""
+"""The faster step's options: train.compile, optimizer.fused (on by default), and losses kept on the device between
+checks."""
 
 from __future__ import annotations
 
@@ -72,11 +73,20 @@ def test_compile_compiles_each_block_and_identical_blocks_share_one_graph():
     assert set(model.state_dict()) == keys and not any("_orig_mod" in k for k in keys)
 
 
-def test_fused_adamw_reaches_torch_through_deepspeeds_optimizer_params(tmp_path, roberta_shards, bpe_tokenizer_dir):
-    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", optimizer={"fused": True})
+def test_adamw_is_torchs_fused_kernel_unless_turned_off_or_offloaded(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out")
     config = load_pretrain_config(write(tmp_path / "c.json", data))
     params = deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
-    assert params["fused"] is True and params["torch_adam"] is True
+    assert params["fused"] is True and params["torch_adam"] is True  # DeepSpeed passes `fused` to torch's AdamW
+    data["optimizer"]["fused"] = False
+    config = load_pretrain_config(write(tmp_path / "c.json", data))
+    assert "fused" not in deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
+    # DeepSpeed's own fp16 (ZeRO 1-3) keeps the unfused kernel unless asked (engine.py says why).
+    data["optimizer"].pop("fused")
+    data["train"].update(precision="fp16", zero_stage=1)
+    config = load_pretrain_config(write(tmp_path / "c.json", data), cuda=True)
+    assert "fused" not in deepspeed_config(config, BatchPlan.derive(16, 4, 1))["optimizer"]["params"]
+    data["train"]["precision"] = "fp32"
     # Offloaded optimizer states use DeepSpeed's CPU Adam, which takes no `fused`.
     data["train"]["zero_stage"] = 2
     data["deepspeed"] = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}

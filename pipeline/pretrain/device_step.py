@@ -1,0 +1,116 @@
+"""What keeps DeepSpeed's optimizer step on the device: between logging steps nothing is read back to the host.
+
+A read (`.item()`, `bool()` of a tensor, a synchronize) makes the host wait until the device has run every
+queued kernel, so the next step's kernels are not queued meanwhile. The engine's config (engine.py) already
+avoids DeepSpeed's per-tensor bf16/fp16 wrapper at ZeRO 0 and its throughput timer; what DeepSpeed 0.19.8
+still does on the host in a step, and what is done here instead:
+- ZeRO 0 clips with one norm and one multiply per tensor (~800 operator calls for RoBERTa-large's 394
+  tensors; no read): torch's `clip_grad_norm_(foreach=True)` does it in a few multi-tensor kernels, and the
+  norm stays a device tensor for the run log (`engine.get_global_grad_norm()`, which DeepSpeed leaves None at
+  ZeRO 0 in fp32);
+- ZeRO 0 on one rank flattens every gradient, "averages" it over that one rank and copies it back: off;
+- ZeRO 0 in fp16 scales the loss with torch's GradScaler built with DeepSpeed's defaults, whatever the
+  `fp16` section says, and saves it in no checkpoint: built from the section here, and its state goes into
+  the checkpoint (`extra_state`);
+- ZeRO 1/2 ask the host whether the gradient norm is finite before clipping each parameter group
+  (`unscale_and_clip_grads`): the same arithmetic, with the check on the device (fp32 and bf16; DeepSpeed's
+  own fp16 is left as it is).
+
+What still reads: ZeRO 1/2 in fp32 ask once a step whether the norm is finite, to skip a non-finite step
+(in `step()` itself, whose other work is not replaceable piecemeal), ZeRO 3 likewise, DeepSpeed's own fp16
+(ZeRO 1-3) checks for overflow, and fp16 at ZeRO 0 with an optimizer other than fused AdamW (GradScaler asks
+whether it found an overflow: torch's behaviour for optimizers without `found_inf` support).
+tests/pretrain/test_device_reads.py counts them on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.pretrain.config import PretrainConfig
+
+DEFAULT_SCALER_KEYS = {"initial_scale_power": 16, "loss_scale_window": 1000}
+"""DeepSpeed's fp16 defaults: a first loss scale of 2^16, doubled after 1,000 steps without an overflow."""
+
+
+def keep_step_on_device(engine, config: PretrainConfig) -> None:
+    """Replace, on this engine, DeepSpeed's host-side parts of the step (the module docstring lists them)."""
+    t = config.train
+    if t.zero_stage == 0:
+        engine.clip_fp32_gradients = types.MethodType(clip_gradients, engine)
+        if dist.get_world_size() == 1:
+            engine.enable_backward_allreduce = False
+        if t.precision == "fp16":
+            engine.torch_autocast_z0_gradscaler = grad_scaler(config.deepspeed.get("fp16", {}))
+    elif t.zero_stage in (1, 2) and t.precision != "fp16":  # DeepSpeed's fp16 reads its overflow check anyway
+        engine.optimizer.unscale_and_clip_grads = types.MethodType(unscale_and_clip_grads, engine.optimizer)
+
+
+def clip_gradients(engine) -> None:
+    """ZeRO 0's clipping: torch's multi-tensor clip to `gradient_clipping`; the norm is kept on the device.
+
+    Every rank holds the whole averaged gradient at ZeRO 0, so its norm is the global one without a collective.
+    """
+    engine._global_grad_norm = torch.nn.utils.clip_grad_norm_(engine.module.parameters(), engine.gradient_clipping(),
+                                                              foreach=True)
+
+
+def unscale_and_clip_grads(self, grad_groups_flat: list, total_norm) -> None:
+    """DeepSpeed 0.19.8's `DeepSpeedZeroOptimizer.unscale_and_clip_grads`, its one host read done on the device.
+
+    DeepSpeed reads `is_invalid_grad_norm(total_norm)` (a non-finite norm, or its -1 sentinel for one) to treat
+    the norm as infinite, which scales the gradients to 0; `torch.where` gives the same scale without the read.
+    """
+    if self.clip_grad == 0.0 and self.loss_scale == 1.0:
+        return
+    combined_scale = self.loss_scale
+    if self.clip_grad > 0.0:
+        total_norm = torch.as_tensor(total_norm, dtype=torch.float, device=self.device)
+        valid = torch.isfinite(total_norm) & (total_norm >= 0)
+        clip_norm = torch.where(valid, total_norm, torch.full_like(total_norm, math.inf))
+        clip = torch.clamp(((clip_norm / self.loss_scale) + 1e-6) / self.clip_grad, min=1.0)
+        combined_scale = clip * self.loss_scale
+    for grad in grad_groups_flat:
+        for part in grad if isinstance(grad, list) else [grad]:
+            part.data.mul_(1.0 / combined_scale)
+
+
+def grad_scaler(fp16: dict[str, Any]) -> torch.amp.GradScaler:
+    """ZeRO 0's fp16 loss scaler, from the `deepspeed.fp16` section's keys it has a counterpart for (DeepSpeed's
+    defaults where absent; config.py refuses the others): the first scale 2^initial_scale_power, halved at an
+    overflow, doubled after loss_scale_window steps without one."""
+    from deepspeed.accelerator import get_accelerator
+
+    keys = {**DEFAULT_SCALER_KEYS, **{k: v for k, v in fp16.items() if k in DEFAULT_SCALER_KEYS}}
+    return torch.amp.GradScaler(get_accelerator().device_name(), init_scale=2.0 ** keys["initial_scale_power"],
+                                growth_interval=keys["loss_scale_window"])
+
+
+def loss_scaler(engine) -> torch.amp.GradScaler | None:
+    """The GradScaler of an fp16 engine at ZeRO 0; None otherwise."""
+    return getattr(engine, "torch_autocast_z0_gradscaler", None)
+
+
+def loss_scale(engine) -> float | None:
+    """The current fp16 loss scale (a device read: for logging steps), None without loss scaling."""
+    if (scaler := loss_scaler(engine)) is not None:
+        return scaler.get_scale()
+    return getattr(engine.optimizer, "cur_scale", None)
+
+
+def extra_state(engine) -> dict[str, Any]:
+    """What a checkpoint holds beyond DeepSpeed's engine state (its `client_state`): ZeRO 0 fp16's loss scaler."""
+    scaler = loss_scaler(engine)
+    return {} if scaler is None else {"grad_scaler": scaler.state_dict()}
+
+
+def load_extra_state(engine, client_state: dict[str, Any] | None) -> None:
+    """Put `extra_state` back (a checkpoint without it keeps the fresh scaler)."""
+    scaler = loss_scaler(engine)
+    if scaler is not None and client_state and "grad_scaler" in client_state:
+        scaler.load_state_dict(client_state["grad_scaler"])
