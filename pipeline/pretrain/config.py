@@ -248,7 +248,7 @@ class OptimizerConfig:
             add(f"optimizer.lr: must be > 0, got {self.lr}")
         if not all(0 <= b < 1 for b in self.betas):
             add(f"optimizer.betas: each must be in [0, 1), got {list(self.betas)}")
-        if self.fused is not None and self.name != "adamw":
+        if self.fused and self.name != "adamw":  # false: what other optimizers are anyway
             add(f"optimizer.fused: only for optimizer.name adamw, got {self.name}")
         if self.decouple_lr and self.name != "stableadamw":
             add(f"optimizer.decouple_lr: only for optimizer.name stableadamw, got {self.name}")

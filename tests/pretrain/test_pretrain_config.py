@@ -32,7 +32,11 @@ def test_shipped_presets_have_the_published_recipes():
     large = load_pretrain_config(ROOT / "configs/large.json", world_size=8, cuda=True, check_files=False)
     assert (large.model.num_hidden_layers, large.model.hidden_size, large.train.global_batch_size) == (24, 1024, 8192)
     assert (large.optimizer.lr, large.schedule.warmup_steps, large.train.max_steps) == (4e-4, 30_000, 500_000)
-    assert large.train.precision == "bf16" and large.train.zero_stage == 2
+    assert large.train.precision == "bf16"
+    # fast on a GPU: ZeRO 0 (no DeepSpeed wrapper; fp32 masters and moments of 355M parameters are 5.7 GB a GPU),
+    # compiled, a micro batch sized to an 80 GB card, the losses brought to the host every 100 steps
+    t = large.train
+    assert (t.zero_stage, t.compile, t.micro_batch_size, t.log_every) == (0, "auto", 64, 100)
     bert = load_pretrain_config(ROOT / "configs/bert-base.json", world_size=8, cuda=True, check_files=False)
     assert bert.model.architecture == "bert"
     # NVIDIA's BERT-large phase 1: 64k sequences of 128 per step, LAMB at 6e-3, 7,038 steps, 28.43% warmup,

@@ -27,11 +27,13 @@ def write(path: Path, data: dict) -> Path:
     return path
 
 
-def test_compile_and_fused_are_checked_up_front(tmp_path, monkeypatch):
+def test_compile_and_fused_are_checked_up_front(tmp_path):
+    import torch._inductor.config
+
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",
                                 train={"compile": True, "zero_stage": 3}, optimizer={"name": "lamb", "fused": True})
-    monkeypatch.setattr("torch._inductor.config.cpp.cxx", ("no-such-c++-compiler",))
-    with pytest.raises(ConfigError) as err:
+    # inductor's own patch: a monkeypatched config attribute is not put back as inductor keeps it
+    with torch._inductor.config.patch({"cpp.cxx": ("no-such-c++-compiler",)}), pytest.raises(ConfigError) as err:
         load_pretrain_config(write(tmp_path / "c.json", data), cuda=False)
     message = str(err.value)
     assert "train.compile with train.zero_stage 3: not supported" in message
