@@ -45,8 +45,8 @@ def test_a_short_run_measures_both_arms_and_records_the_targets(tmp_path, monkey
     corpus.write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
     monkeypatch.setenv("BENCHMARK_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.setenv("BENCHMARK_WORK_DIR", str(tmp_path / "work"))
-    monkeypatch.setattr(sys, "argv", ["benchmarks/step_overhead.py", "--steps", "4", "--repeats", "1", "--precisions", "fp32",
-                                      "--data", str(tmp_path / "data")])
+    monkeypatch.setattr(sys, "argv", ["benchmarks/step_overhead.py", "--steps", "4", "--repeats", "1",
+                                      "--precisions", "fp32", "--data", str(tmp_path / "data")])
     step_overhead.main()
     results = json.loads((tmp_path / "results" / "step_overhead.json").read_text())["results"]
     rows = results["tables"][0]["rows"]
