@@ -1,19 +1,6 @@
-"""The benchmarks' one harness: a study's declaration and record, its launches, and the data fixtures.
+"""The benchmarks' one harness: a study's declaration and record, a table's markdown, launches, and the data fixtures.
 
-A benchmark declares what it compares and measures inside its study's record:
-
-    STUDY = Study("packing", question="How much faster does doc-packed train than padded rows?",
-                  metric="real tokens/s", baseline="doc (padded rows)", arms=("doc", "doc-packed", "full"))
-
-    with STUDY.record() as rec:                         # STUDY.record("VARIANT"): NAME.VARIANT.json beside it
-        rec.table("title", rows)                        # rows: [{column: value, ...}, ...], printed too
-        rec.headline("doc-packed ÷ doc", "1.76", target="≥ 1.4", met=True)
-
-The record notes the command, the date, the machine (cores, CPU model), the load at the start and the
-end, the git commit and the study, and on a clean exit writes `benchmarks/results/NAME.json` atomically
-(`BENCHMARK_RESULTS_DIR` redirects it); a run that raises writes nothing; `render_tables.py` renders the
-docs from these files. `launch` runs a command from the repository root: printed, timed (wall and child
-CPU seconds, the load around it), logged, capped. Work goes to `work_dir(NAME)`, never the checkout's runs/.
+docs/benchmarks.md ("How a benchmark is written") says how a benchmark declares its study and what its record holds.
 """
 
 from __future__ import annotations
@@ -145,8 +132,6 @@ class BenchmarkRecord:
 
     def table(self, title: str, rows: list[dict[str, Any]], *, note: str | None = None) -> None:
         """A table as rows of named columns, in the order given; printed as the docs will show it."""
-        from render_tables import render_table  # which imports this module
-
         entry: dict[str, Any] = {"title": title, "columns": list(dict.fromkeys(k for r in rows for k in r)),
                                  "rows": [dict(r) for r in rows], **({"note": note} if note else {})}
         self.results.setdefault("tables", []).append(entry)
@@ -174,6 +159,26 @@ class BenchmarkRecord:
         write_text_atomic(self.path, json.dumps(self.data, indent=2, ensure_ascii=False, default=str) + "\n")
         print(f"result written to {self.path}", file=sys.stderr, flush=True)
         return self.path
+
+
+def cell(value: Any) -> str:
+    """One table cell: text as written, numbers compactly, a '|' escaped so it cannot split the row."""
+    text = ("—" if value is None else ("yes" if value else "no") if isinstance(value, bool)
+            else format(value, ".6g") if isinstance(value, float) else str(value))
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(table: dict[str, Any]) -> list[str]:
+    columns = table.get("columns") or list(dict.fromkeys(k for row in table["rows"] for k in row))
+    # Title and note go above the table as one paragraph (a backslash breaks the line): GFM starts a
+    # table right under a paragraph, where a line below it would need a blank line either side.
+    above = ([f"**{table['title']}**"] if table.get("title") else []) + ([table["note"]] if table.get("note") else [])
+    lines = [line + "\\" for line in above[:-1]] + above[-1:]
+    lines.append("| " + " | ".join(cell(c) for c in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for row in table["rows"]:
+        lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
+    return lines + [""]
 
 
 class Launch(NamedTuple):
