@@ -185,6 +185,8 @@ def fixed_batch(device: str, vocab: int, rows: int = 4, seq_len: int = 32) -> di
     """One padded, 15%-masked batch of Zipf-distributed tokens, the same for every cell."""
     import torch
 
+    from pipeline.pretrain.masked_slots import masked_slots
+
     g = torch.Generator().manual_seed(0)
     zipf = 1.0 / torch.arange(1, vocab - 4, dtype=torch.float64)
     ids = 5 + torch.multinomial(zipf, rows * seq_len, replacement=True, generator=g).reshape(rows, seq_len)
@@ -194,7 +196,7 @@ def fixed_batch(device: str, vocab: int, rows: int = 4, seq_len: int = 32) -> di
     chosen = (torch.rand(ids.shape, generator=g) < 0.15) & (attention == 1)
     chosen[:, 1] = True
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
-    batch = {"input_ids": torch.where(chosen, torch.full_like(ids, 4), ids), "labels": labels,
+    batch = {"input_ids": torch.where(chosen, torch.full_like(ids, 4), ids), **masked_slots(labels),
              "attention_mask": attention}
     return {k: v.to(device) for k, v in batch.items()}
 

@@ -124,6 +124,7 @@ def worker(spec: dict) -> None:
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
     from pipeline.pretrain.batches import MaskedBatches, eval_keys
+    from pipeline.pretrain.masked_slots import dense_labels
     from pipeline.pretrain.masking import build_masker
     from pipeline.pretrain.model import first_position_id
     from pipeline.pretrain.preflight import load_pretrain_config
@@ -153,7 +154,9 @@ def worker(spec: dict) -> None:
     masker = build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, seed, evaluation=True)
     val_batches = MaskedBatches(val, masker, with_segments=False,
                                 position_offset=first_position_id(config.model.architecture, info.pad_id))
-    fixed = [val_batches[k] for k in eval_keys(len(val), spec["eval_sequences"], 32, 0, 1)]
+    # HF's models take the labels per position, not the pipeline's masked slots.
+    fixed = [{k: v for k, v in b.items() if not k.startswith("masked_")} | {"labels": dense_labels(b)}
+             for b in (val_batches[k] for k in eval_keys(len(val), spec["eval_sequences"], 32, 0, 1))]
     set_seed(seed)
     model = masked_lm_class(config.model.architecture)(hf_model_config(recipe, config, info, train.seq_len))
     if recipe == "hf-same":

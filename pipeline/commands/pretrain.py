@@ -12,7 +12,9 @@ The run resumes by itself from the newest complete checkpoint in train.output_di
 SIGUSR1 makes it finish the step, checkpoint and exit 0. `--anneal-from CHECKPOINT --anneal-steps N`
 runs only the schedule's decay from a stable-phase checkpoint, into train.output_dir. `--skip-steps A:B`
 rolls back past a loss spike: it resumes from the last checkpoint before step A and leaves out the
-batches of steps A to B (docs/long-runs.md). `--print-config` prints the run's plan.
+batches of steps A to B, now and at every later resume (the run's ledger keeps the range); with no kept
+checkpoint before A it is refused unless `--restart-from-scratch` (docs/long-runs.md). `--print-config`
+prints the run's plan.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-steps", action="append", default=[], metavar="A:B",
                    help="leave out the batches of steps A to B (1-based, inclusive, as the logs number them), resuming "
                         "from the last checkpoint before A: adds to train.skip_steps (repeatable)")
+    p.add_argument("--restart-from-scratch", action="store_true",
+                   help="let a --skip-steps range that no kept checkpoint precedes restart the run from step 0, "
+                        "setting every checkpoint aside (refused without it): sets train.restart_from_scratch")
     p.add_argument("--print-config", action="store_true",
                    help="validate, print the run's plan (config, stretches, batches, start, skips) and exit")
     p.add_argument("--verbose", action="store_true",
@@ -58,6 +63,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
         written = read_json_config(find_config(args.config, "pretrain")).get("train", {}).get("skip_steps", [])
         out.append(f"train.skip_steps={json.dumps([*written, *args.skip_steps])}")
+    if args.restart_from_scratch:
+        out.append("train.restart_from_scratch=true")
     if args.anneal_from is not None:
         out.append(f"train.anneal_from={json.dumps(args.anneal_from)}")
     if args.anneal_steps is not None:

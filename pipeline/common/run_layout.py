@@ -6,7 +6,7 @@ one place, and a checkpoint finds its run folder (tokenizer, MLflow state) the s
     <pretraining output_dir>/                     <fine-tuning output_dir>/
       config.json   tokenizer/   metrics.jsonl      metrics.json        (medians over seeds)
       tracking.json token_cache/ export/            best_model.json     (pointer to the best seed)
-      checkpoints/step_NNNNNNNN/                    source_model/       (export of a checkpoint --model)
+      ledger.jsonl  checkpoints/step_NNNNNNNN/      source_model/       (export of a checkpoint --model)
                                                     seed_N/model/  seed_N/complete.json  …
                                                     baselines.json      (figures the cards set beside)
 """
@@ -44,6 +44,11 @@ class PretrainLayout:
     def tracking(self) -> Path:
         """The MLflow run id, so a resumed run logs to the same run."""
         return self.root / "tracking.json"
+
+    @property
+    def ledger(self) -> Path:
+        """The run's events that outlive its checkpoints: skipped ranges, checkpoints set aside (run_ledger.py)."""
+        return self.root / "ledger.jsonl"
 
     @property
     def token_cache(self) -> Path:

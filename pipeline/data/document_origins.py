@@ -24,6 +24,7 @@ lines from its range's first line; the index's `line_offsets[part]` holds the li
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ class DocumentOrigin:
     """Where one document came from."""
 
     file: str
-    """The input file as index.json names it (`hf:NAME` for a datasets dataset)."""
+    """The input file as index.json names it: its absolute path (`hf:NAME` for a datasets dataset)."""
     line: int
     """1-based: the line of a txt/jsonl file, the row of a parquet file, the record of a dataset."""
 
@@ -58,8 +59,9 @@ def origin_keys(file: int, lines: np.ndarray) -> np.ndarray:
 
 
 def origin_name(path: str, fmt: str) -> str:
-    """How index.json names an input: its path, or `hf:NAME` for a datasets dataset."""
-    return f"hf:{path}" if fmt == "hf" else path
+    """How index.json names an input: its absolute path (a relative `--input` is taken from the shard stage's
+    folder, and a trace runs from anywhere), or `hf:NAME` for a datasets dataset."""
+    return f"hf:{path}" if fmt == "hf" else os.path.abspath(path)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:

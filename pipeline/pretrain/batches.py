@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masking import EVAL_STREAM, IGNORE_INDEX, Masker, build_masker
+from pipeline.pretrain.masked_slots import masked_count, masked_slots, slot_bound
+from pipeline.pretrain.masking import EVAL_STREAM, Masker, build_masker
 from pipeline.pretrain.model import first_position_id
 from pipeline.pretrain.packed_attention import document_layout
 from pipeline.pretrain.plan import RunPlan, Stretch
@@ -34,7 +35,7 @@ from pipeline.pretrain.stream import DataStream, MicroBatchKey
 
 
 class MaskedBatches(torch.utils.data.Dataset):
-    """`dataset[MicroBatchKey]` → a model-ready batch of tensors (masked input, labels, …)."""
+    """`dataset[MicroBatchKey]` → a model-ready batch of tensors (masked input, the masked slots, …)."""
 
     def __init__(self, cache: TokenCache | ConcatenatedCaches, masker: Masker, *, with_segments: bool,
                  position_offset: int = 0):
@@ -53,7 +54,8 @@ class MaskedBatches(torch.utils.data.Dataset):
         fields = {name: np.asarray(values[rows])[restore] for name, values in self.cache.fields.items()}
         ids = fields["input_ids"]
         corrupted, labels = self.masker(ids, key.epoch, key.indices, key.stream)
-        batch = {"input_ids": torch.from_numpy(corrupted), "labels": torch.from_numpy(labels)}
+        bound = slot_bound(ids.size, self.masker.probability, self.masker.masking)
+        batch = {"input_ids": torch.from_numpy(corrupted), **masked_slots(labels, bound)}
         if "doc_starts" in fields:  # doc-packed rows: documents side by side, each attending to itself only
             documents, position_ids = document_layout(fields["doc_starts"], fields["length"].astype(np.int64),
                                                       ids.shape[1], self.position_offset)
@@ -218,7 +220,7 @@ class PretrainData:
             for key in keys:
                 batch = {k: v.to(engine.device) for k, v in self.val_batches[key].items()}
                 out = engine(**batch)
-                masked = (batch["labels"] != IGNORE_INDEX).sum()
+                masked = masked_count(batch)
                 totals[corpus, 0] += out.get("mlm_loss", out["loss"]).detach().double() * masked
                 totals[corpus, 1] += masked
         engine.train()

@@ -11,16 +11,18 @@ compilation).
 request: a host value, so it goes through a gloo group (the default group on CPU, a gloo subgroup
 beside NCCL on GPU) and never waits on the device. The losses stay on the device, summed over the
 steps since the last check, and come to the host in one all-reduce only when the loop needs them: to
-log, before an evaluation or a checkpoint, and at the end. A non-finite loss is still caught before
-anything is saved, because the window's sum is non-finite if any of its steps was.
+log, before an evaluation or a checkpoint, and at the end. The same all-reduce gathers a few host
+figures from every rank (the loader's wait share), so no rank's is lost and no collective is added. A
+non-finite loss is still caught before anything is saved, because the window's sum is non-finite if any
+of its steps was.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -96,6 +98,8 @@ class CheckedLosses:
     window_loss: float
     first_step: int
     tokens: float
+    ranks: list[list[float]] = field(default_factory=list)
+    """Each rank's host values given to the check (`StepSync.check`), by rank."""
 
     def nonfinite_error(self, step: int, newest: Path | None) -> PipelineError:
         """What stops a run whose loss became non-finite by `step`, naming its last good checkpoint `newest`."""
@@ -140,15 +144,20 @@ class StepSync:
         dist.all_reduce(flag, group=self._vote_group)
         return flag.item() > 0
 
-    def check(self) -> CheckedLosses:
-        """One all-reduce and one device→host copy of the losses since the last check; starts a new window."""
+    def check(self, host: Sequence[float] = ()) -> CheckedLosses:
+        """One all-reduce and one device→host copy of the losses since the last check, which also gathers each
+        rank's `host` values (every rank fills only its own slots of the sum); starts a new window."""
         loss = self._loss
-        values = torch.stack([loss, *self._extras.values(), self._window,
+        own = torch.zeros(self.world_size, len(host))
+        own[dist.get_rank()] = torch.tensor(host, dtype=own.dtype)
+        summed = torch.stack([loss, *self._extras.values(), self._window,
                               torch.tensor(float(self._tokens), device=loss.device)])
+        values = torch.cat([summed, own.flatten().to(loss.device)])
         dist.all_reduce(values)
         values = values.cpu().tolist()
-        n = self.world_size
-        checked = CheckedLosses(values[0] / n, {k: values[1 + i] / n for i, k in enumerate(self._extras)},
-                                values[-2] / n, self._first_step, values[-1])
+        n, m, k = self.world_size, len(summed), len(host)
+        ranks = [values[m + r * k: m + (r + 1) * k] for r in range(n)] if k else []
+        checked = CheckedLosses(values[0] / n, {key: values[1 + i] / n for i, key in enumerate(self._extras)},
+                                values[m - 2] / n, self._first_step, values[m - 1], ranks)
         self._reset()
         return checked

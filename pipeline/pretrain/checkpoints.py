@@ -8,19 +8,22 @@ truncated or flipped a bit in is found before it is loaded: resume falls back to
 checkpoint (moving the damaged one aside), and export refuses it, both with the same message naming
 the file. Checkpoints saved before checksums were recorded still load, with a warning.
 
-The preflight plans the start (plan.py). Once the process group exists, the `Checkpointer` sets aside
-the checkpoints a skipped range rolls back and makes sure of the start's checksums, re-planning from an
-earlier one past a damaged one; it loads the start at the top of `Pretrainer.train`, as torchtitan's
-trainer does. A ZeRO checkpoint holds each rank's partition of the optimizer state, so it loads only
-on the world size that wrote it; on another, rank 0 converts it once with DeepSpeed's `ds_to_universal`
-into `<checkpoint>/universal/`, which the engine loads with `checkpoint.load_universal`. The data order
-does not depend on the world size.
+The preflight plans the start (plan.py). Once the process group exists, the `Checkpointer` writes the
+plan's new skipped ranges into the run's ledger (run_ledger.py), sets aside the checkpoints they roll
+back and makes sure of the start's checksums, re-planning from an earlier one past a damaged one
+(set-aside checkpoints beyond `checkpoint.keep_set_aside` are deleted, the first set aside first); it
+loads the start at the top of `Pretrainer.train`, as torchtitan's trainer does. A ZeRO checkpoint holds
+each rank's partition of the optimizer state, so it loads only on the world size that wrote it; on
+another, rank 0 converts it once with DeepSpeed's `ds_to_universal` into `<checkpoint>/universal/`,
+which the engine loads with `checkpoint.load_universal`. The data order does not depend on the world
+size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -39,6 +42,7 @@ from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import Topology
 from pipeline.pretrain.checkpoint_record import RECORD_FILE, CheckpointRecord, read_record, write_record
 from pipeline.pretrain.plan import RunPlan, StartPoint
+from pipeline.pretrain.run_ledger import SetAsideEvent, SkipEvent
 
 if TYPE_CHECKING:
     from pipeline.pretrain.run_log import RunLog
@@ -104,9 +108,9 @@ def check_intact(folder: Path) -> None:
         warnings.warn(f"checkpoint {folder} was saved without checksums and cannot be verified", stacklevel=2)
 
 
-def newest_intact(root: Path, warn: Callable[[str], None]) -> Path | None:
+def newest_intact(root: Path, warn: Callable[[str], None], moved: list[Path] | None = None) -> Path | None:
     """The newest complete checkpoint whose files match their checksums; each damaged one is set aside, with a
-    warning."""
+    warning (and added to `moved`)."""
     done = complete_checkpoints(root)
     for i in range(len(done) - 1, -1, -1):
         folder = done[i]
@@ -116,16 +120,42 @@ def newest_intact(root: Path, warn: Callable[[str], None]) -> Path | None:
                 warn(f"checkpoint {folder} was saved without checksums and cannot be verified; resuming from it")
             return folder
         previous = f"the previous complete checkpoint {done[i - 1].name}" if i else "a fresh start (none earlier)"
-        warn(f"{problem}; falling back to {previous} (the damaged one is kept as {set_aside(folder, 'damaged')})")
+        aside = set_aside(folder, "damaged")
+        if moved is not None:
+            moved.append(aside)
+        warn(f"{problem}; falling back to {previous} (the damaged one is kept as {aside})")
     return None
 
 
+_SET_ASIDE = re.compile(r"^(rolled-back|damaged)-step_(\d{8,})$")
+
+
 def set_aside(folder: Path, why: str) -> Path:
-    """Rename a checkpoint `<why>-step_…`: kept for inspection, never resumed from, never written into again."""
+    """Rename a checkpoint `<why>-step_…`: kept for inspection, never resumed from, never written into again. Its
+    modification time becomes the moment it was set aside, which `prune_set_aside` orders by."""
     aside = folder.with_name(f"{why}-{folder.name}")
     shutil.rmtree(aside, ignore_errors=True)
     folder.rename(aside)
+    os.utime(aside)
     return aside
+
+
+def set_aside_folders(root: Path) -> list[Path]:
+    """The checkpoints set aside under `root`, the first set aside first (ties: the lower step first)."""
+    if not root.is_dir():
+        return []
+    found = [(p.stat().st_mtime_ns, int(m.group(2)), p) for p in root.iterdir() if (m := _SET_ASIDE.match(p.name))]
+    return [p for *_, p in sorted(found)]
+
+
+def prune_set_aside(root: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` checkpoints set aside last; returns those deleted. Only set-aside folders are
+    touched: never a `step_…` checkpoint, so never the one the run resumes from."""
+    aside = set_aside_folders(root)
+    stale = aside[: max(len(aside) - keep, 0)]
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -194,16 +224,28 @@ class Checkpointer:
 
     def confirm_start(self, plan: RunPlan) -> RunPlan:
         """The plan, or the plan from an earlier start when its own start checkpoint is damaged (rank 0 checks
-        once, for every rank); the checkpoints a skipped range rolls back are set aside first."""
+        once, for every rank). Rank 0 first adds the plan's new skipped ranges to the run's ledger, then sets
+        aside the checkpoints they roll back (a kill in between still rolls them back at the next start), and
+        deletes the oldest set-aside checkpoints past `checkpoint.keep_set_aside`."""
         started = time.perf_counter()
         found = [plan.start.checkpoint.name if plan.start else None]
         if self.topology.is_main:
-            for folder in plan.rolled_back:
+            ledger = plan.ledger.append([SkipEvent(r.start + 1, r.stop, plan.start_step)
+                                         for r in plan.unrecorded_skips])
+            moved = []
+            for folder in sorted(plan.rolled_back):  # the oldest first, so the newest is the last to go
+                moved.append(set_aside(folder, "rolled-back"))
                 self._warn(f"checkpoint {folder.name} trained on a skipped range (train.skip_steps); set aside as "
-                           f"{set_aside(folder, 'rolled-back').name}")
+                           f"{moved[-1].name}")
             if plan.start and not plan.start.anneal:  # the plan's start is the newest left: check it, or fall back
-                newest = newest_intact(self.root, self._warn)
+                newest = newest_intact(self.root, self._warn, moved)
                 found = [newest.name if newest else None]
+            ledger.append([SetAsideEvent(p.name, "damaged" if p.name.startswith("damaged-") else "rolled-back",
+                                         plan.start_step) for p in moved])
+            keep = plan.config.checkpoint.keep_set_aside
+            for folder in prune_set_aside(self.root, keep):
+                self._warn(f"deleted {folder.name}, set aside earlier (checkpoint.keep_set_aside {keep} keeps the "
+                           "last ones set aside)")
         if self.topology.world_size > 1:
             dist.broadcast_object_list(found, src=0)
         self.verify_seconds = time.perf_counter() - started

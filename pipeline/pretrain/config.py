@@ -329,7 +329,10 @@ class TrainConfig:
     skip_steps: list[str] = field(default_factory=list)
     """Step ranges "A:B" (1-based and inclusive, as the logs number steps) whose batches are left out: the run
     resumes from its last checkpoint before A, and the step count, LR and later batches go on as if A…B had
-    trained (`--skip-steps`; docs/long-runs.md)."""
+    trained (`--skip-steps`; docs/long-runs.md). The run's ledger keeps them for every later resume."""
+    restart_from_scratch: bool = False
+    """Let a skipped range that no kept checkpoint precedes restart the run from step 0 (every checkpoint set
+    aside); without it such a skip is refused before any work (`--restart-from-scratch`)."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""
@@ -384,11 +387,15 @@ class TrainConfig:
 class CheckpointConfig:
     every: int = 1000
     keep_last: int = 2
+    keep_set_aside: int = 2
+    """Set-aside checkpoints (`rolled-back-step_…`, `damaged-step_…`) kept for a look; past this many the ones set
+    aside first are deleted (0: none kept)."""
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the newest complete checkpoint in `<output_dir>/checkpoints`."""
 
     def __post_init__(self):
-        refuse(self, too_small("checkpoint", self, 1, "every", "keep_last"))
+        refuse(self, too_small("checkpoint", self, 1, "every", "keep_last")
+               + too_small("checkpoint", self, 0, "keep_set_aside"))
 
 
 @dataclass

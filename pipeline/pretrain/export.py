@@ -20,7 +20,6 @@ import torch
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.common.output_agreement import refuse_unless_within
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts, checkpoint_facts
 from pipeline.pretrain.checkpoint_record import RECORD_FILE
@@ -106,11 +105,13 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     """Write the HF model folder for checkpoint (or output folder) `path` to `out`, proven; return `out`.
 
     The folder is written beside `out`, checked (`export_check.py`: one validation batch through the
-    training-time model and through the folder loaded by `AutoModelForMaskedLM`), and only then renamed into
-    place with the figures in `pipeline_export.json` and a model card; beyond the tolerance it is refused.
+    training-time model, rebuilt from the run's config, in fp32, and through the folder loaded by
+    `AutoModelForMaskedLM`: their logits and MLM losses, and the folder's tokenizer against the shards'), and only
+    then renamed into place with the figures in `pipeline_export.json` and a model card; beyond the tolerance it
+    is refused.
     """
     from pipeline.pretrain.export_card import training_record, write_export_card
-    from pipeline.pretrain.export_check import check_export
+    from pipeline.pretrain.export_check import check_export, tokenizer_problem
     from pipeline.pretrain.model import EXPORT_CLASSES, load_trained_weights
 
     checkpoint = resolve_checkpoint(path).resolve()  # absolute: its name is the tag DeepSpeed loads by
@@ -120,15 +121,17 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
         raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
     facts = checkpoint_facts(checkpoint)
     tokenizer = run_tokenizer(facts)
+    if problem := tokenizer_problem(tokenizer, facts, f"the run's tokenizer ({tokenizer.name_or_path})"):
+        raise PipelineError(f"the export of {checkpoint} refused: {problem}")  # before the weights are read
     hf = trained_hf_config(facts, tokenizer)
     state = consolidated_state_dict(checkpoint, facts.zero_stage)
     cls = EXPORT_CLASSES[facts.architecture]
     model = load_trained_weights(cls(cls.config_class.from_dict(hf)), state, checkpoint)
     with staged_folder(out) as tmp:
         write_hf_folder(model, tokenizer, tmp)
-        agreement = check_export(facts, hf, state, tmp, tokenizer)
-        refuse_unless_within(agreement, f"the export of {checkpoint}")
-        record = {**provenance(facts), "equivalence": agreement.record(),
+        check = check_export(facts, hf, state, tmp, tokenizer)
+        check.refuse_unless_passed(f"the export of {checkpoint}")
+        record = {**provenance(facts), "equivalence": check.record(),
                   "training": training_record(facts, tokenizer, sum(p.numel() for p in model.parameters()))}
         write_json_atomic(tmp / PROVENANCE_FILE, record)
         write_export_card(tmp, record, shown_as=out.resolve())

@@ -16,6 +16,7 @@ from pipeline.common.config_tree import to_dict
 from pipeline.common.model_card import equivalence_text, figure, table, write_card
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts
+from pipeline.pretrain.config import named_corpora
 
 
 def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[str, Any]:
@@ -25,8 +26,9 @@ def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[
     return {
         "name": run_name, "architecture": facts.architecture, "parameters": parameters,
         "init_from": c.model.init_from or None, "attn_implementation": c.model.attn_implementation,
-        "data": [{"name": s.name, "path": str(s.path), "weight": s.weight} for s in c.data.corpora()],
-        "phases": [{"name": p.name, "shards": str(p.shards), "steps_fraction": p.steps_fraction} for p in c.phases],
+        "data": trained_corpora(facts),
+        "phases": [{"name": p.name, "shards": ", ".join(s.name for s in named_corpora(p.shards)),
+                    "steps_fraction": p.steps_fraction} for p in c.phases],
         "tokenizer": {"kind": type(tokenizer.backend_tokenizer.model).__name__, "vocab_size": len(tokenizer),
                       "mask_token": tokenizer.mask_token},
         "step": facts.step, "max_steps": c.train.max_steps, "samples_consumed": facts.samples_consumed,
@@ -36,6 +38,16 @@ def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[
         "schedule": to_dict(c.schedule), "masking": {"probability": c.masking.probability, "unit": c.masking.unit},
         "validation": facts.validation,
     }
+
+
+def trained_corpora(facts: CheckpointFacts) -> list[dict[str, Any]]:
+    """Each corpus the run trained on, once: `data`'s with their weights, or every phase's (whose weights are the
+    phase's own, so none is given for the run)."""
+    c = facts.config
+    if not c.phases:
+        return [{"name": s.name, "path": str(s.path), "weight": s.weight} for s in c.data.corpora()]
+    corpora = {s.path: s for p in c.phases for s in named_corpora(p.shards)}
+    return [{"name": s.name, "path": str(s.path), "weight": None} for s in corpora.values()]
 
 
 def record_scores(folder: str | Path, *, cloze: dict | None = None, minimal_pairs: dict | None = None) -> None:
@@ -69,8 +81,20 @@ def write_export_card(folder: Path, record: dict[str, Any], shown_as: Path | Non
     return write_card(folder, metadata, t["name"], [
         ("About", intro), ("Model", _model_section(config, t)), ("Training", _training_section(t)),
         ("Figures", _figures_section(t, record.get("scores", {}))),
-        ("Equivalence check", equivalence_text(record["equivalence"], "AutoModelForMaskedLM")),
+        ("Equivalence check", equivalence_text(record["equivalence"], "AutoModelForMaskedLM")
+         + _loss_and_tokenizer_text(record["equivalence"])),
         ("How to load", _loading_section(shown_as or folder, t["tokenizer"]["mask_token"]))])
+
+
+def _loss_and_tokenizer_text(equivalence: dict) -> str:
+    """The export check's loss and tokenizer figures (exports made before it checked them have none)."""
+    loss = equivalence.get("mlm_loss")
+    if loss is None:
+        return ""
+    return (f" The MLM loss on that batch is the same through the training class and this folder "
+            f"({loss['reference']:.6g} and {loss['exported']:.6g}, tolerance {loss['tolerance']:.3g}), and its "
+            f"tokenizer has the fingerprint of the tokenizer the shards were made with "
+            f"(`{equivalence['tokenizer_fingerprint']}`).")
 
 
 def _model_section(config: dict, t: dict) -> str:
@@ -83,7 +107,7 @@ def _model_section(config: dict, t: dict) -> str:
 
 
 def _training_section(t: dict) -> str:
-    weights = len(t["data"]) > 1
+    weights = len(t["data"]) > 1 and all(d["weight"] is not None for d in t["data"])
     data = ", ".join(f"`{d['name']}` ({d['path']}" + (f", weight {d['weight']:g})" if weights else ")")
                      for d in t["data"])
     tokens = "not recorded" if t["tokens_seen"] is None else f"{t['tokens_seen']:,}"

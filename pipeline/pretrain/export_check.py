@@ -1,11 +1,22 @@
 """The export's proof: one validation batch through the training-time model and through the exported folder.
 
-The training path is what the run optimised: the training class's `masked_logits` (the MLM head at masked
-positions only), on the batch as `MaskedBatches` made it (doc-packed rows with positions restarting per
-document and attention kept inside each; padded rows with their mask; BERT's segment pairs), in the run's
-precision. The exported path is what a user gets: `AutoModelForMaskedLM.from_pretrained(folder)` in fp32, fed
-each document as a row of its own, padded, with the positions transformers computes itself. The logits of
-the masked positions are compared (`pipeline/common/output_agreement.py`).
+The training path is what the run optimised, rebuilt as the trainer built it: the training class from the
+run's config (`build_model`, the phase's RoPE bases; a `model.init_from` run from the shape its record keeps,
+the folder's), holding the checkpoint's weights, its `masked_logits` (the MLM head at the batch's masked
+slots, the real ones kept) and its loss as the engine computes it in evaluation, on the batch as
+`MaskedBatches` made it (doc-packed rows with positions restarting per document and attention kept inside
+each; padded rows with their mask; BERT's segment pairs). It runs in fp32 whatever the run trained in: its
+weights are the fp32 master weights, and a bf16 forward's rounding would hide a wrong weight (a LayerNorm
+reset on the way out moved a test model's logits by 0.013-0.016, inside the 0.06 that bf16's rounding needs).
+The exported path is what a user gets: `AutoModelForMaskedLM.from_pretrained(folder)` in fp32, fed each
+document as a row of its own, padded, with the positions transformers computes itself, and the folder's own
+tokenizer.
+
+Three things must agree: the masked positions' logits (`pipeline/common/output_agreement.py`, fp32's
+tolerance), the MLM loss on the batch (to the same share of its size), and the exported tokenizer's
+fingerprint with the one the run's shards were made with. Since the reference comes from the config and the
+exported folder from the checkpoint's recorded transformers config, a recorded config that lost or changed a
+field is refused too.
 
 The check runs on the CPU. A run that trained with FlashAttention-2 or FlexAttention is replayed with SDPA
 and the same document mask (the kernels compute the same attention); the record names the kernel used.
@@ -13,14 +24,18 @@ and the same document mask (the kernels compute the same attention); the record 
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.output_agreement import DTYPES, Agreement, compare_logits
+from pipeline.common.output_agreement import RELATIVE_TOLERANCE, Agreement, compare_logits, refuse_unless_within
 from pipeline.pretrain.checkpoint_facts import CheckpointFacts
+from pipeline.pretrain.masked_slots import dense_labels
 from pipeline.pretrain.masking import EVAL_STREAM, IGNORE_INDEX
 
 CHECK_ROWS = 8
@@ -58,12 +73,9 @@ def validation_batch(facts: CheckpointFacts, tokenizer) -> dict[str, torch.Tenso
     from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
     from pipeline.pretrain.masking import build_masker
     from pipeline.pretrain.model import first_position_id
-    from pipeline.pretrain.phases import resolve_phases
 
     c = facts.config
-    phases = resolve_phases(c)
-    phase = next((p for p in phases if p.start < facts.step <= p.end), phases[-1])  # past the end: an anneal
-    rows = _FirstRows(phase.data.corpora()[0].path, CHECK_ROWS)
+    rows = _FirstRows(check_phase(facts).data.corpora()[0].path, CHECK_ROWS)
     info = describe_tokenizer(tokenizer)
     masker = build_masker(c.masking, tokenizer, info.vocab_size, info.mask_id, c.train.seed, evaluation=True)
     batches = MaskedBatches(rows, masker, with_segments=facts.architecture == "bert",
@@ -71,51 +83,96 @@ def validation_batch(facts: CheckpointFacts, tokenizer) -> dict[str, torch.Tenso
     return batches[MicroBatchKey(0, np.arange(len(rows)), EVAL_STREAM)]
 
 
-def training_path_logits(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor],
-                         batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, str]:
-    """The masked positions' logits from the training class (built from `hf_config`, the trained model's
-    transformers config) on the run's path; and that path in words."""
-    from pipeline.pretrain.model import SPARSE_CLASSES, load_trained_weights
+def check_phase(facts: CheckpointFacts):
+    """The phase that trained the checkpoint's last step (past the end: an anneal's, the last)."""
+    from pipeline.pretrain.phases import resolve_phases
 
-    cls = SPARSE_CLASSES[facts.architecture]
+    phases = resolve_phases(facts.config)
+    return next((p for p in phases if p.start < facts.step <= p.end), phases[-1])
+
+
+def trained_seq_len(facts: CheckpointFacts) -> int:
+    """The sequence length the trainer sized positions for: the longest of the shard folders the config names
+    (those still readable), at least the checkpoint's own."""
+    from pipeline.data.shard_index import load_index
+    from pipeline.pretrain.phases import resolve_phases
+
+    lengths = [facts.seq_len]
+    for source in {s.path for p in resolve_phases(facts.config) for s in p.data.corpora()}:
+        try:
+            lengths.append(int(load_index(source)["seq_len"]))
+        except PipelineError:
+            continue  # a folder no longer here: the validation batch's own is needed, and named, later
+    return max(lengths)
+
+
+def training_model(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], tokenizer):
+    """The training class as the trainer built it, holding `state`, in fp32 and eval mode; and its kernel."""
+    from pipeline.data.tokenizer import describe_tokenizer
+    from pipeline.pretrain.model import SPARSE_CLASSES, build_model, load_trained_weights, use_phase_rope
+
     trained_with = facts.config.model.attn_implementation
     attention = trained_with if trained_with in CPU_ATTENTION else "sdpa"
-    config = cls.config_class.from_dict({**hf_config, "attn_implementation": attention})
-    model = load_trained_weights(cls(config), state, facts.folder)
-    model.to(DTYPES[facts.precision]).eval()
+    if facts.config.model.init_from:  # its shape is the folder's, which may be a hub name: the record's
+        cls = SPARSE_CLASSES[facts.architecture]
+        model = cls(cls.config_class.from_dict({**hf_config, "attn_implementation": attention}))
+    else:
+        config = dataclasses.replace(facts.config.model, attn_implementation=attention)
+        model = build_model(config, describe_tokenizer(tokenizer), trained_seq_len(facts))
+        use_phase_rope(model, check_phase(facts), lambda _: None)
+    try:
+        model = load_trained_weights(model, state, facts.folder)
+    except RuntimeError as err:  # a tensor of another shape than the config's model has
+        raise PipelineError(f"the export of {facts.folder} refused: its weights do not fit the model the run's "
+                            f"config builds ({str(err).splitlines()[-1].strip()}); the config or the checkpoint is "
+                            "not the run's") from None
+    kernel = attention if attention == trained_with else f"{attention} (the run used {trained_with})"
+    return model.float().eval(), kernel
+
+
+def training_path(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], tokenizer,
+                  batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float, str]:
+    """The masked positions' logits and the MLM loss from the training class on the run's path, in fp32; and that
+    path in words."""
+    model, kernel = training_model(facts, hf_config, state, tokenizer)
     with torch.no_grad():
         logits = model.masked_logits(**batch)
+        out = model(**batch)
+    loss = float(out.get("mlm_loss", out["loss"]))  # as the engine's evaluation reads it
     rows = ("doc-packed rows (positions restart per document, block-diagonal attention)" if "document_ids" in batch
             else "padded rows" if "attention_mask" in batch else "full rows")
     if "token_type_ids" in batch:
         rows += " of segment pairs"
-    kernel = attention if attention == trained_with else f"{attention} (the run used {trained_with})"
-    return logits, f"training forward ({cls.__name__}: MLM head at masked positions only), {rows}, {kernel}"
+    trained = "" if facts.precision == "fp32" else f", its {facts.precision} run's fp32 weights"
+    return logits, loss, (f"training forward ({type(model).__name__} built from the run's config: MLM head at "
+                          f"masked positions only), {rows}, {kernel}{trained}")
 
 
 def user_rows(batch: dict[str, torch.Tensor], pad_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The batch as a user feeds it to the exported model (each document a row of its own, padded, positions left to
     transformers), and its labels laid out the same way."""
+    labels = dense_labels(batch)
     if "document_ids" not in batch:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-        return inputs, batch["labels"]
+        return inputs, labels
     pieces = []
     for row, documents in enumerate(batch["document_ids"]):
         for document in documents.unique():
             if document >= 0:  # -1 is padding
                 where = documents == document
-                pieces.append((batch["input_ids"][row][where], batch["labels"][row][where]))
+                pieces.append((batch["input_ids"][row][where], labels[row][where]))
     longest = max(len(ids) for ids, _ in pieces)
     ids = torch.full((len(pieces), longest), pad_id, dtype=torch.long)
-    labels = torch.full((len(pieces), longest), IGNORE_INDEX, dtype=torch.long)
+    user_labels = torch.full((len(pieces), longest), IGNORE_INDEX, dtype=torch.long)
     mask = torch.zeros((len(pieces), longest), dtype=torch.long)
     for i, (piece, label) in enumerate(pieces):
-        ids[i, : len(piece)], labels[i, : len(piece)], mask[i, : len(piece)] = piece, label, 1
-    return {"input_ids": ids, "attention_mask": mask}, labels
+        ids[i, : len(piece)], user_labels[i, : len(piece)], mask[i, : len(piece)] = piece, label, 1
+    return {"input_ids": ids, "attention_mask": mask}, user_labels
 
 
-def exported_logits(folder: Path, batch: dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
-    """The masked positions' logits from the exported folder, loaded as a user loads it, in the batch's order."""
+def exported_outputs(folder: Path, batch: dict[str, torch.Tensor], pad_id: int) -> tuple[torch.Tensor, float]:
+    """The masked positions' logits, in the batch's order, and the MLM loss from the exported folder, loaded as a
+    user loads it."""
     from transformers import AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 
@@ -127,14 +184,78 @@ def exported_logits(folder: Path, batch: dict[str, torch.Tensor], pad_id: int) -
         hf_logging.set_verbosity(verbosity)
     inputs, labels = user_rows(batch, pad_id)
     with torch.no_grad():
-        logits = model(**inputs).logits
-    return logits[labels != IGNORE_INDEX]
+        out = model(**inputs, labels=labels)
+    return out.logits[labels != IGNORE_INDEX], float(out.loss)
+
+
+def tokenizer_problem(tokenizer, facts: CheckpointFacts, what: str) -> str | None:
+    """Why `tokenizer` is not the one the run's shards were made with (fingerprints compared), or None."""
+    from pipeline.data.shard_index import load_index
+    from pipeline.data.tokenizer import describe_tokenizer
+
+    folder = check_phase(facts).data.corpora()[0].path
+    try:
+        made_with = load_index(folder)["tokenizer"]
+    except PipelineError as err:
+        raise PipelineError(f"the export is checked on the run's validation shards, which cannot be read: {err}. "
+                            "Restore the shard folder the run's config names") from None
+    found = describe_tokenizer(tokenizer).fingerprint
+    if found == made_with["fingerprint"]:
+        return None
+    return (f"{what} is not the tokenizer the run's shards {folder} were made with: its fingerprint is {found}, "
+            f"the shards' {made_with['fingerprint']} ({made_with['name']}). A model is useless with another "
+            "tokenizer's ids; restore the run's tokenizer/ folder (a copy of data.tokenizer)")
+
+
+@dataclass(frozen=True)
+class ExportCheck:
+    """What the export's check found: the logits' agreement, both MLM losses, the tokenizer's fingerprint."""
+
+    logits: Agreement
+    reference_loss: float
+    exported_loss: float
+    tokenizer_fingerprint: str
+
+    @property
+    def loss_difference(self) -> float:
+        difference = abs(self.reference_loss - self.exported_loss)
+        return difference if math.isfinite(difference) else math.inf
+
+    @property
+    def loss_tolerance(self) -> float:
+        """fp32's relative tolerance, of the reference loss's size (at least 1)."""
+        return RELATIVE_TOLERANCE["fp32"] * max(1.0, abs(self.reference_loss) if math.isfinite(self.reference_loss)
+                                                else 1.0)
+
+    def refuse_unless_passed(self, what: str) -> None:
+        """Stop with the figures when the logits or the loss differ beyond the tolerance."""
+        refuse_unless_within(self.logits, what)
+        if self.loss_difference > self.loss_tolerance:
+            raise PipelineError(
+                f"{what} refused: on the checked batch the MLM loss is {self.reference_loss:.6g} through the "
+                f"training path ({self.logits.reference}) and {self.exported_loss:.6g} through the saved folder, "
+                f"{self.loss_difference:.3g} apart, over the tolerance {self.loss_tolerance:.3g}. The labels or "
+                "the masked positions do not reach the saved model as they reached the training one")
+
+    def record(self) -> dict:
+        return {**self.logits.record(), "mlm_loss": {
+            "reference": self.reference_loss, "exported": self.exported_loss, "difference": self.loss_difference,
+            "tolerance": self.loss_tolerance}, "tokenizer_fingerprint": self.tokenizer_fingerprint}
 
 
 def check_export(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], folder: Path,
-                 tokenizer) -> Agreement:
-    """Both paths on the checkpoint's first validation batch, compared."""
+                 tokenizer) -> ExportCheck:
+    """Both paths on the checkpoint's first validation batch, compared; an exported tokenizer that is not the
+    shards' is refused first."""
+    from transformers import AutoTokenizer
+
+    from pipeline.data.tokenizer import describe_tokenizer
+
+    exported_tokenizer = AutoTokenizer.from_pretrained(folder)
+    if problem := tokenizer_problem(exported_tokenizer, facts, f"the tokenizer saved in the export ({folder})"):
+        raise PipelineError(f"the export of {facts.folder} refused: {problem}")
     batch = validation_batch(facts, tokenizer)
-    reference, path = training_path_logits(facts, hf_config, state, batch)
-    exported = exported_logits(folder, batch, tokenizer.pad_token_id)
-    return compare_logits(reference, exported, facts.precision, path)
+    reference, reference_loss, path = training_path(facts, hf_config, state, tokenizer, batch)
+    exported, exported_loss = exported_outputs(folder, batch, tokenizer.pad_token_id)
+    return ExportCheck(compare_logits(reference, exported, "fp32", path), reference_loss, exported_loss,
+                       describe_tokenizer(exported_tokenizer).fingerprint)

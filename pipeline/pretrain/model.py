@@ -7,6 +7,9 @@ global attention), and only override `forward`: parameter names and state-dict k
 export is a plain HF checkpoint. The override gathers the ~15% masked positions before the head, so
 the vocabulary projection (most of the FLOPs of a small encoder) runs on those alone; the loss is the
 same mean cross-entropy over masked tokens that HF computes from full logits.
+
+The batch names the masked positions in a fixed number of slots (masked_slots.py): the gather is an
+`index_select`, with no device→host sync and the same shape every micro batch, so a compiled graph stays static.
 """
 
 from __future__ import annotations
@@ -84,24 +87,31 @@ def first_position_id(architecture: str, pad_id: int) -> int:
     return pad_id + 1 if architecture in ("roberta", "roberta-prelayernorm") else 0
 
 
-def _masked_logits(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
-    """Vocabulary logits of the masked positions only (labels not IGNORE_INDEX), row-major: (masked, vocab)."""
-    return head(hidden[labels != IGNORE_INDEX])
+def _head_at(hidden: torch.Tensor, masked_positions: torch.Tensor,
+             head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Vocabulary logits of every slot, (slots, vocab): `hidden` (rows, seq_len, H) gathered at the flat
+    `masked_positions`, then `head` (leftover slots included; their labels are IGNORE_INDEX)."""
+    return head(hidden.flatten(0, 1).index_select(0, masked_positions))
 
 
-def _loss_of_masked(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the masked positions' logits (`_masked_logits`) against their labels."""
-    return F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])
+def _slot_loss(logits: torch.Tensor, masked_labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the slots' logits over the real masked positions (leftover slots ignored)."""
+    return F.cross_entropy(logits.float(), masked_labels, ignore_index=IGNORE_INDEX)
 
 
-def _masked_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
-    """Mean cross-entropy over masked positions, projecting only those to the vocabulary."""
-    return _loss_of_masked(_masked_logits(hidden, labels, head), labels)
+def _real_slots(logits: torch.Tensor, masked_labels: torch.Tensor) -> torch.Tensor:
+    """The logits of the real masked positions, row-major: for checks, not training (boolean indexing syncs)."""
+    return logits[masked_labels != IGNORE_INDEX]
 
 
 def encoder_kwargs(config, input_ids, attention_mask=None, document_ids=None, position_ids=None) -> dict:
     """An HF encoder's forward arguments; with `document_ids` (doc-packed rows) attention, and ModernBERT's local
     window, stay inside each document. On the flex path a dense mask is refused (flex would add it to the scores)."""
+    if document_ids is None and attention_mask is not None and config._attn_implementation in ("sdpa", "eager"):
+        # Padded rows as one document each, their padding another: the same attention for every real token, but
+        # a mask built here. Given a 2-D mask, transformers reads it on the host to see whether it may drop it
+        # (`padding_mask.all()`): a device→host sync every forward.
+        document_ids = attention_mask.long() - 1
     if document_ids is None:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     else:
@@ -123,20 +133,25 @@ def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, documen
 
 
 class SparseMaskedLM:
-    """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at masked positions only.
+    """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at the masked slots only
+    (ModernBERT's: its own `_slot_logits`).
 
-    Every training class has `masked_logits(**batch)`: the logits its training forward takes the loss of, on the
-    same path (the export's equivalence check compares them with the exported folder's).
+    Every training class has `masked_logits(**batch)`: the logits of the real masked positions, row-major, on
+    the path its training forward takes the loss of (the export's equivalence check compares them with the
+    exported folder's).
     """
 
-    def masked_logits(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
-                      position_ids=None, **_) -> torch.Tensor:
+    def _slot_logits(self, input_ids, masked_positions, attention_mask=None, token_type_ids=None,
+                     document_ids=None, position_ids=None, **_) -> torch.Tensor:
         encoder = getattr(self, self.base_model_prefix)
         hidden = encode(encoder, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        return _masked_logits(hidden.last_hidden_state, labels, self.lm_head)
+        return _head_at(hidden.last_hidden_state, masked_positions, self.lm_head)
 
-    def forward(self, input_ids, labels, **batch):
-        return {"loss": _loss_of_masked(self.masked_logits(input_ids, labels, **batch), labels)}
+    def masked_logits(self, input_ids, masked_positions, masked_labels, **batch) -> torch.Tensor:
+        return _real_slots(self._slot_logits(input_ids, masked_positions, **batch), masked_labels)
+
+    def forward(self, input_ids, masked_positions, masked_labels, **batch):
+        return {"loss": _slot_loss(self._slot_logits(input_ids, masked_positions, **batch), masked_labels)}
 
 
 class SparseRobertaForMaskedLM(SparseMaskedLM, RobertaForMaskedLM):
@@ -147,30 +162,17 @@ class SparseRobertaPreLayerNormForMaskedLM(SparseMaskedLM, RobertaPreLayerNormFo
     """RobertaPreLayerNormForMaskedLM with the sparse MLM head; returns the loss."""
 
 
-class SparseModernBertForMaskedLM(ModernBertForMaskedLM):
-    """ModernBertForMaskedLM training at masked positions only, through the model's own `sparse_prediction`.
+class SparseModernBertForMaskedLM(SparseMaskedLM, ModernBertForMaskedLM):
+    """ModernBertForMaskedLM training at masked slots only: `head` and `decoder` applied to the gathered rows.
 
-    It gathers the masked rows before `head` and `decoder`, as `_masked_lm_loss` does for the other
-    architectures; timed against that head on one CPU thread, neither was consistently faster
-    (−4.5% to +1.7% over three runs on shared cores), so the model's own is used. The saved config keeps
-    `sparse_prediction` false, so an export gives full logits.
+    The model's own `sparse_prediction` picks the rows by a boolean mask, a device→host sync with a
+    data-dependent shape, so it is left off: the saved config keeps it false, and an export gives full logits.
     """
 
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config)
-        self.sparse_prediction = True
-
-    def _sparse_output(self, input_ids, labels, attention_mask=None, document_ids=None, position_ids=None, **_):
-        inputs = encoder_kwargs(self.config, input_ids, attention_mask, document_ids, position_ids)
-        labels = labels.reshape(inputs["input_ids"].shape)  # FlashAttention's flattened rows
-        return super().forward(**inputs, labels=labels)
-
-    def masked_logits(self, input_ids, labels, **batch) -> torch.Tensor:
-        """The masked positions' logits, row-major (ModernBERT's own sparse prediction gathers them so)."""
-        return self._sparse_output(input_ids, labels, **batch).logits
-
-    def forward(self, input_ids, labels, **batch):
-        return {"loss": self._sparse_output(input_ids, labels, **batch).loss}
+    def _slot_logits(self, input_ids, masked_positions, attention_mask=None, document_ids=None,
+                     position_ids=None, **_) -> torch.Tensor:
+        hidden = encode(self.model, input_ids, attention_mask, None, document_ids, position_ids)
+        return _head_at(hidden.last_hidden_state, masked_positions, lambda rows: self.decoder(self.head(rows)))
 
 
 class SparseBertForPreTraining(BertForPreTraining):
@@ -183,15 +185,16 @@ class SparseBertForPreTraining(BertForPreTraining):
 
     next_sentence_loss = True
 
-    def masked_logits(self, input_ids, labels, attention_mask=None, token_type_ids=None, document_ids=None,
-                      position_ids=None, **_) -> torch.Tensor:
+    def masked_logits(self, input_ids, masked_positions, masked_labels, attention_mask=None, token_type_ids=None,
+                      document_ids=None, position_ids=None, **_) -> torch.Tensor:
         out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        return _masked_logits(out.last_hidden_state, labels, self.cls.predictions)
+        return _real_slots(_head_at(out.last_hidden_state, masked_positions, self.cls.predictions), masked_labels)
 
-    def forward(self, input_ids, labels, next_sentence_label=None, attention_mask=None, token_type_ids=None,
-                document_ids=None, position_ids=None, **_):
+    def forward(self, input_ids, masked_positions, masked_labels, next_sentence_label=None, attention_mask=None,
+                token_type_ids=None, document_ids=None, position_ids=None, **_):
         out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        mlm = _masked_lm_loss(out.last_hidden_state, labels, self.cls.predictions)
+        logits = _head_at(out.last_hidden_state, masked_positions, self.cls.predictions)
+        mlm = _slot_loss(logits, masked_labels)
         if not self.next_sentence_loss:  # full, doc or doc-packed rows carry no next-sentence label
             return {"loss": mlm, "mlm_loss": mlm}
         nsp = F.cross_entropy(self.cls.seq_relationship(out.pooler_output).float(), next_sentence_label)

@@ -3,14 +3,16 @@ run starts from. `--print-config` prints it, the trainer carries it out, every c
 
 It holds the phases (phases.py); the stretches, each a run of steps that one data stream and one batch
 plan serve (a phase, or one batch of a batch warmup); the LR schedule (schedules.py); where the run
-starts (its own newest usable checkpoint, an anneal's source, or step 0); the step ranges it skips;
-and each corpus's layout, which fixes its order (stream.py).
+starts (its own newest usable checkpoint, an anneal's source, or step 0); the step ranges it skips (the
+config's, the start checkpoint's and the run ledger's: run_ledger.py); and each corpus's layout, which fixes
+its order (stream.py).
 
 A run that starts from a checkpoint keeps the stream the checkpoint records: the stretches before the
 start are the record's, and the config's stretches take over from the start step, each corpus at the
-draws the record reached. A config stretch that matches the recorded one it continues (same first
-step, batch and shares) simply goes on, so an unchanged resume sees exactly the uninterrupted batches;
-an edited mix or batch starts a new stretch at the resume step, and nothing is repeated or skipped. A
+draws the record reached. Where the config's stretch across the start has the batch, shares and corpora
+of the recorded stretch the start ends in, that one simply goes on (whatever step it began at: an earlier
+resume into an edited mix, say), so an unchanged resume sees exactly the uninterrupted batches; an edited
+mix or batch starts a new stretch at the resume step, and nothing is repeated or skipped. A
 corpus's recorded layout wins over today's default, so a release that changes the block size leaves a
 running job's order alone. A version-1 record kept no stream: the config's own stretches stand in.
 """
@@ -31,6 +33,7 @@ from pipeline.pretrain.batch_plan import BatchPlan, RampSegment, batch_ramp
 from pipeline.pretrain.checkpoint_record import CheckpointRecord, StretchRecord
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.phases import Phase, resolve_phases
+from pipeline.pretrain.run_ledger import Ledger
 from pipeline.pretrain.schedules import Anneal, Schedule, lr_schedule
 from pipeline.pretrain.stream import CorpusLayout, DataStream, drawn, shares_of
 
@@ -114,9 +117,13 @@ class RunPlan:
     """`train.anneal_from`'s checkpoint, the start of an anneal's first session (later ones resume their own)."""
     anneal: Anneal | None
     skipped: tuple[range, ...]
-    """0-based step indices whose batches are left out: `train.skip_steps`, and those the start's record lists."""
+    """0-based step indices whose batches are left out: `train.skip_steps`, those the start's record lists and
+    those the run's ledger holds."""
     rolled_back: tuple[Path, ...] = ()
     """This run's checkpoints that trained on a skipped range: set aside at the start, never resumed from."""
+    ledger: Ledger
+    """The run's ledger as the preflight read it; its skips are among `skipped`, the others are added at the start
+    (`unrecorded_skips`)."""
     layouts: dict[str, CorpusLayout]
     """Today's layout of each folder the config names, by path (a restart from another checkpoint rebuilds)."""
 
@@ -135,6 +142,11 @@ class RunPlan:
 
     def skip_at(self, step: int) -> range | None:
         return next((r for r in self.skipped if step in r), None)
+
+    @property
+    def unrecorded_skips(self) -> tuple[range, ...]:
+        """Skipped ranges the run's ledger does not hold yet (new ones, or those of a run from before the ledger)."""
+        return tuple(r for r in self.skipped if r not in self.ledger.skipped)
 
     def sequences_seen(self, step: int) -> int:
         """Training sequences drawn by the first `step` steps, skipped ones included."""
@@ -155,7 +167,8 @@ class RunPlan:
 
     def starting_from(self, start: StartPoint | None) -> RunPlan:
         """The same run planned from another start (the checkpointer fell back past a damaged one)."""
-        return build_plan(self.config, self.world_size, self.layouts, start, self.rolled_back, self.anneal_from)
+        return build_plan(self.config, self.world_size, self.layouts, start, self.rolled_back, self.anneal_from,
+                          self.ledger)
 
     def describe(self) -> dict[str, Any]:
         """The plan as `--print-config` prints it."""
@@ -191,8 +204,11 @@ class PlanError(PipelineError):
 
 
 def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, CorpusLayout], start: StartPoint | None,
-               rolled_back: tuple[Path, ...] = (), anneal_from: StartPoint | None = None) -> RunPlan:
-    """The run's plan; `layouts` are today's of every folder the config names (preflight.py reads them)."""
+               rolled_back: tuple[Path, ...] = (), anneal_from: StartPoint | None = None,
+               ledger: Ledger | None = None) -> RunPlan:
+    """The run's plan; `layouts` are today's of every folder the config names, `ledger` the run's (preflight.py
+    reads them)."""
+    ledger = ledger if ledger is not None else Ledger(config.layout.ledger)
     phases = resolve_phases(config)
     anneal = None
     if anneal_from is not None:  # its step and its run's schedule fix the decay, whichever session this is
@@ -213,7 +229,7 @@ def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, Corpu
     history = _history(start, spans, recorded) if start else []
     stretches = _join(history, spans, start.step if start else 0)
     recorded_skips = {range(a - 1, b) for a, b in start.record.skipped} if start and not start.anneal else set()
-    skipped = tuple(sorted(set(config.train.skipped()) | recorded_skips, key=lambda r: r.start))
+    skipped = tuple(sorted(set(config.train.skipped()) | recorded_skips | set(ledger.skipped), key=lambda r: r.start))
     problems = [f"train.skip_steps: {r.start + 1}:{r.stop} goes past the run's last step {end_step}"
                 for r in skipped if r.stop > end_step]
     if problems:
@@ -221,7 +237,7 @@ def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, Corpu
     schedule = lr_schedule(config, phases, anneal)
     return RunPlan(config=config, world_size=world_size, phases=tuple(phases), stretches=tuple(stretches),
                    schedule=schedule, end_step=end_step, start=start, anneal_from=anneal_from, anneal=anneal,
-                   skipped=skipped, rolled_back=rolled_back, layouts=layouts)
+                   skipped=skipped, rolled_back=rolled_back, ledger=ledger, layouts=layouts)
 
 
 def config_spans(config: PretrainConfig, phases: list[Phase], layouts: dict[str, CorpusLayout],
@@ -275,8 +291,11 @@ def _join(history: list[Stretch], spans: list[Stretch], cut: int) -> list[Stretc
         if span.end <= cut:
             continue
         last = stretches[-1] if stretches else None
-        if last is not None and span.start < cut and (last.start, last.global_batch_size, last.shares) == (
-                span.start, span.global_batch_size, span.shares) and last.keys == span.keys:
+        # The stretch the start's record ends in goes on whenever the config's stretch across the start has its
+        # batch, shares and corpora, whatever step either began at: a new stretch would round each corpus's
+        # count afresh from the start step, and a plain resume would not see the uninterrupted batches.
+        if last is not None and span.start < cut == last.end and (last.global_batch_size, last.shares, last.keys) == (
+                span.global_batch_size, span.shares, span.keys):
             stretch = stretches[-1] = dataclasses.replace(last, end=span.end, phase=span.phase)  # it goes on
         else:
             stretch = dataclasses.replace(span, index=len(stretches), start=max(span.start, cut),

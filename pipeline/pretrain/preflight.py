@@ -27,6 +27,7 @@ from pipeline.pretrain.compile_blocks import inductor_problem
 from pipeline.pretrain.config import PretrainConfig, named_corpora
 from pipeline.pretrain.phases import resolve_phases
 from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan
+from pipeline.pretrain.run_ledger import Ledger, read_ledger
 from pipeline.pretrain.schedules import wsd_decay_steps
 from pipeline.pretrain.stream import CorpusLayout
 
@@ -77,10 +78,10 @@ def recorded_plan(run_dir: str | Path) -> RunPlan:
     if not layout.config.is_file():
         raise PipelineError(f"{run_dir}: no config.json; expected a pretraining run folder (train.output_dir)")
     config = load_pretrain_config(layout.config, check_files=False)
-    problems, layouts, start, _, anneal_from = read_files(config, 1, check_data=False)
+    problems, layouts, start, _, anneal_from, ledger = read_files(config, 1, check_data=False)
     if problems:
         raise ConfigError(str(layout.config), problems)
-    return build_plan(config, 1, layouts, start, anneal_from=anneal_from)
+    return build_plan(config, 1, layouts, start, anneal_from=anneal_from, ledger=ledger)
 
 
 def arithmetic_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
@@ -152,11 +153,17 @@ def machine_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
 
 
 def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = True) -> tuple[
-        list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...], StartPoint | None]:
-    """The shard folders, the tokenizer, `model.init_from` and the checkpoints the run starts from: the problems,
-    each folder's layout, the start, this run's checkpoints that a skipped range rolls back, and the anneal's
-    source. Without `check_data` (a run that trained: its trace), only the indexes and the checkpoints."""
+        list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...], StartPoint | None, Ledger]:
+    """The shard folders, the tokenizer, `model.init_from`, the run's ledger and the checkpoints the run starts
+    from: the problems, each folder's layout, the start, this run's checkpoints that a skipped range rolls back,
+    the anneal's source and the ledger. Without `check_data` (a run that trained: its trace), only the indexes,
+    the ledger and the checkpoints."""
     problems, indexes = index_problems(config)
+    ledger = Ledger(config.layout.ledger)
+    try:  # the run folder's, whatever checkpoint.resume says: its skipped ranges stay skipped
+        ledger = read_ledger(config.layout.ledger)
+    except PipelineError as err:
+        problems.append(f"train.output_dir: {err}")
     tokenizer = info = None
     if check_data and config.data.tokenizer and not problems and indexes:
         try:
@@ -166,9 +173,9 @@ def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = Tr
             problems.append(f"data.tokenizer: {err}")
     if info is not None:
         problems += data_problems(config, tokenizer, info, indexes)
-    start, rolled_back, anneal_from, more = find_start(config, info, world_size)
+    start, rolled_back, anneal_from, more = find_start(config, info, world_size, ledger.skipped)
     layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
-    return problems + more, layouts, start, rolled_back, anneal_from
+    return problems + more, layouts, start, rolled_back, anneal_from, ledger
 
 
 def corpus_layout(folder: str, index: dict) -> CorpusLayout:
@@ -271,12 +278,14 @@ SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "interm
 # state under AdamW: `KeyError: 'step'` at the first step), or trains on with the wrong vocabulary. These checks
 # read only the checkpoint's record and a folder's `config.json`, and name both sides of each mismatch; the
 # checksums of a resume's files are the checkpointer's, when it loads them.
-def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_size: int) -> tuple[
+def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_size: int,
+               ledger_skips: tuple[range, ...] = ()) -> tuple[
         StartPoint | None, tuple[Path, ...], StartPoint | None, list[str]]:
-    """Where the run starts: its newest checkpoint whose record reads and that trained on no range the config
-    skips (those after it are rolled back), else `train.anneal_from`'s, else step 0. Also the anneal's source
-    (it fixes the decay in every session), and the problems of the checkpoints against `config` and the
-    tokenizer (None: it did not load, a problem reported on its own)."""
+    """Where the run starts: its newest checkpoint whose record reads and that trained on no range the config or
+    the run's ledger skips (those after it are rolled back), else `train.anneal_from`'s, else step 0. Also the
+    anneal's source (it fixes the decay in every session), and the problems of the checkpoints against `config`
+    and the tokenizer (None: it did not load, a problem reported on its own). A skip that rolls back every kept
+    checkpoint is one of them, unless `train.restart_from_scratch` allows the restart."""
     anneal_from, problems = None, []
     if config.train.anneal_from:
         try:
@@ -287,22 +296,50 @@ def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_si
         if anneal_from and checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
             problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
                             "writes into its own folder: give it another train.output_dir")
-    rolled_back, own = [], None
+    rolled_back, own, untrained = [], None, []
+    skips = sorted(set(config.train.skipped()) | set(ledger_skips), key=lambda r: r.start)
     if config.checkpoint.resume == "auto":
         for folder in reversed(checkpoints.complete_checkpoints(config.layout.checkpoints)):
             try:
                 record = read_record(folder)
             except PipelineError:
                 continue  # a damaged record: the checkpointer sets it aside
-            # Not one that trained on a range the config now skips.
-            if all(r.start >= record.step or (r.start + 1, r.stop) in record.skipped for r in config.train.skipped()):
+            # Not one that trained on a range the config or the ledger skips.
+            untrained = [r for r in skips if r.start < record.step and (r.start + 1, r.stop) not in record.skipped]
+            if not untrained:
                 own = StartPoint.at(folder, record, world_size)
                 break
-            rolled_back.append(folder)
+            rolled_back.append((folder, record.step))
+    if rolled_back and own is None and not config.train.restart_from_scratch:
+        problems.append(rollback_problem(config, untrained, rolled_back, anneal_from))
     start = own or anneal_from
     if start is not None:
         problems += record_problems(config, start, tokenizer)
-    return start, tuple(rolled_back), anneal_from, problems
+    return start, tuple(folder for folder, _ in rolled_back), anneal_from, problems
+
+
+def rollback_problem(config: PretrainConfig, untrained: list[range], rolled_back: list[tuple[Path, int]],
+                     anneal_from: StartPoint | None) -> str:
+    """Why a skip that would roll back every kept checkpoint is refused: the checkpoint it needs, those kept, the
+    choices. `untrained`: the ranges the oldest kept checkpoint trained on; `rolled_back`: (folder, step), newest
+    first."""
+    first = min(untrained, key=lambda r: r.start)
+    ranges = ", ".join(f"{r.start + 1}:{r.stop}" for r in untrained)
+    every = config.checkpoint.every
+    needed = first.start // every * every  # the cadence's newest save at or before step A - 1
+    need = (f"a checkpoint from step {first.start} or earlier (the newest the cadence saved: "
+            f"{checkpoints.tag_for(needed)}, checkpoint.every {every})" if needed else
+            f"a checkpoint from step {first.start} or earlier, and none is ever saved that early (checkpoint.every "
+            f"{every})")
+    kept = ", ".join(f"{folder.name}" for folder, _ in reversed(rolled_back))
+    restart = (f"the anneal's source (train.anneal_from, step {anneal_from.step})" if anneal_from
+               else "step 0")
+    return (f"train.skip_steps {ranges}: a rollback to before step {first.start + 1} needs {need}; the kept "
+            f"checkpoints ({kept}, checkpoint.keep_last {config.checkpoint.keep_last}) all trained on those steps. "
+            f"Refused, so that the run does not start again from {restart} and set every checkpoint aside: pass "
+            f"--restart-from-scratch (train.restart_from_scratch true) if that is what you want, or leave the range "
+            f"out to go on from {rolled_back[0][0].name}; a larger checkpoint.keep_last keeps a checkpoint before "
+            f"the next spike")
 
 
 def record_problems(config: PretrainConfig, start: StartPoint, tokenizer: TokenizerInfo | None) -> list[str]:

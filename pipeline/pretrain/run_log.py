@@ -35,6 +35,8 @@ class RunLog:
         self.progress: tqdm | None = None
         self._entropies: dict[str, float] = {}
         """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
+        self._session_wait_share: float | None = None
+        """The session's wait share of the rank that waited most, as of the last check."""
 
     def open(self, tokenizer, step: int, parameters: int) -> None:
         """Rank 0: the config and a tokenizer copy in the run folder; metrics.jsonl and MLflow opened."""
@@ -98,13 +100,24 @@ class RunLog:
         for window in (self.window, self.session):  # a hand-over may change the batch
             window.add(samples=self.data.plan.global_batch_size, stepping=stepping, waited=waited)
 
+    def wait_shares(self) -> list[float]:
+        """This rank's share of the steps' time spent waiting for data, since the last log and over the session:
+        what it gives the loop's next check (`StepSync.check`), which gathers every rank's."""
+        return [self.window.wait_share, self.session.wait_share]
+
     def losses(self, checked: CheckedLosses, step: int, lr: float, engine, log: bool) -> None:
-        """The losses brought to the host after `step` steps; logged (with the window's rates) when `log`."""
+        """The losses brought to the host after `step` steps; logged (with the window's rates) when `log`. The wait
+        shares are the largest of any rank's (`checked.ranks`, from `wait_shares`): the slowest loader holds up
+        every rank's step, so a slow one on another node must not read as compute."""
         for window in (self.window, self.session):
             window.add(tokens=checked.tokens)
+        if checked.ranks:
+            self._session_wait_share = max(r[1] for r in checked.ranks)
         if not log:
             return
         tokens_per_s, samples_per_s, wait_share = self.window.rates()
+        if checked.ranks:
+            wait_share = max(r[0] for r in checked.ranks)
         grad_norm = engine.get_global_grad_norm()
         scale = getattr(engine.optimizer, "cur_scale", None) if self.config.train.precision == "fp16" else 1.0
         self.metrics.log({
@@ -151,8 +164,10 @@ class RunLog:
                  f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
 
     def summary(self, step: int) -> None:
-        """The session's throughput, MFU and share of time spent waiting for data."""
+        """The session's throughput, MFU and share of time spent waiting for data (of the rank that waited most,
+        as the last check gathered it)."""
         tokens_per_s, samples_per_s, wait_share = self.session.rates()
+        wait_share = self._session_wait_share if self._session_wait_share is not None else wait_share
         run_mfu, full_head = self._mfu(tokens_per_s), self._mfu_full_head(samples_per_s)
         self.report(step, {"summary/tokens_per_s": round(tokens_per_s, 1), "summary/data_wait_share":
                            round(wait_share, 4), "summary/mfu": run_mfu, "summary/mfu_full_head": full_head},
@@ -196,10 +211,15 @@ class ThroughputWindow:
         self.stepping += stepping
         self.waited += waited
 
+    @property
+    def wait_share(self) -> float:
+        """The share of the steps' time spent waiting for data, so far in the window."""
+        return self.waited / max(self.stepping, 1e-9)
+
     def rates(self) -> tuple[float, float, float]:
         """(tokens/s, samples/s, share of the steps' time spent waiting for data) over the window; starts the
         next one."""
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        rates = self.tokens / elapsed, self.samples / elapsed, self.waited / max(self.stepping, 1e-9)
+        rates = self.tokens / elapsed, self.samples / elapsed, self.wait_share
         self.reset()
         return rates

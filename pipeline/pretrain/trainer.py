@@ -110,7 +110,7 @@ class Pretrainer:
                 self.step += 1
                 due = self.cadence.due(self.step)
                 if due.any or stop_now:  # only then do the losses come to the host
-                    checked = self.sync.check()
+                    checked = self.sync.check(self.log.wait_shares())  # every rank's, in the losses' all-reduce
                     if not math.isfinite(checked.window_loss) and self.config.train.precision != "fp16":
                         newest = self.checkpointer.newest_complete()
                         self.log.close("FAILED")

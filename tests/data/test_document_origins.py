@@ -148,6 +148,18 @@ def expected_jsonl_origins(path: Path) -> set[DocumentOrigin]:
     return kept
 
 
+def test_a_relative_input_is_named_by_its_absolute_path_so_a_trace_opens_it_from_anywhere(
+        tmp_path, bpe_tokenizer_dir, monkeypatch):
+    (tmp_path / "corpora").mkdir()
+    write_jsonl_corpus(tmp_path / "corpora" / "c.jsonl", 60)
+    monkeypatch.chdir(tmp_path / "corpora")
+    index = shard(["c.jsonl"], bpe_tokenizer_dir, tmp_path / "s")
+    assert index["origins"]["files"] == [str(tmp_path / "corpora" / "c.jsonl")]
+    monkeypatch.chdir(tmp_path)
+    origin = OriginReader(tmp_path / "s", "train").documents([0])[0][0]
+    assert Path(origin.file).read_text().splitlines()[origin.line - 1]  # opens from another folder
+
+
 @pytest.mark.parametrize("pack", list(PACKERS))
 def test_every_sequence_names_the_file_and_line_of_each_document_it_holds(tmp_path, bpe_tokenizer_dir, pack):
     corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 240)

@@ -13,6 +13,7 @@ from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import MaskedBatches, RankKeys, train_loader
+from pipeline.pretrain.masked_slots import dense_labels
 from pipeline.pretrain.masking import Masker
 from pipeline.pretrain.stream import CorpusLayout, DataStream
 
@@ -73,7 +74,7 @@ def test_an_epoch_read_through_workers_keeps_the_cache_within_two_blocks(shards,
     for key, batch in zip(RankKeys(shuffle, 0, 0, steps),
                           train_loader(batches, shuffle, rank=0, start_step=0, end_step=steps, num_workers=1),
                           strict=True):
-        labels = batch["labels"].numpy()
+        labels = dense_labels(batch).numpy()
         want = np.stack([source[int(i)]["input_ids"] for i in key.indices])
         assert np.array_equal(labels[labels >= 0], want[labels >= 0])
         seen.append(key.indices)

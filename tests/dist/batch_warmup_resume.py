@@ -32,6 +32,7 @@ def main() -> None:
 
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain import checkpoints
+    from pipeline.pretrain.masked_slots import dense_labels
     from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import Pretrainer
 
@@ -41,7 +42,7 @@ def main() -> None:
         def train_step(self, micro_batches):
             def noted():
                 for batch in micro_batches:
-                    digest = hashlib.sha256(batch["input_ids"].numpy().tobytes() + batch["labels"].numpy().tobytes())
+                    digest = hashlib.sha256(batch["input_ids"].numpy().tobytes() + dense_labels(batch).numpy().tobytes())
                     self.seen.setdefault(self.step + 1, {"global_batch_size": self.data.plan.global_batch_size,
                                                          "micro": []})["micro"].append(digest.hexdigest()[:16])
                     yield batch

@@ -70,6 +70,8 @@ def micro_batch(step: int, index: int) -> dict[str, torch.Tensor]:
     Tokens follow a Zipf law, so there is something to learn (the unigram frequencies) and the
     gradients carry signal rather than noise that Adam would blow up.
     """
+    from pipeline.pretrain.masked_slots import masked_slots
+
     g = torch.Generator().manual_seed(1000 * step + index)
     zipf = 1.0 / torch.arange(1, VOCAB - 4, dtype=torch.float64)
     ids = 5 + torch.multinomial(zipf, MICRO * SEQ_LEN, replacement=True, generator=g).reshape(MICRO, SEQ_LEN)
@@ -79,7 +81,7 @@ def micro_batch(step: int, index: int) -> dict[str, torch.Tensor]:
     chosen = (torch.rand(ids.shape, generator=g) < 0.15) & (attention == 1)
     chosen[:, 1] = True  # at least one masked token per row
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
-    return {"input_ids": torch.where(chosen, torch.full_like(ids, MASK_ID), ids), "labels": labels,
+    return {"input_ids": torch.where(chosen, torch.full_like(ids, MASK_ID), ids), **masked_slots(labels),
             "attention_mask": attention}
 
 

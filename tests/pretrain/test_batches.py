@@ -26,6 +26,7 @@ from pipeline.pretrain.batches import (
     shut_down_workers,
     train_loader,
 )
+from pipeline.pretrain.masked_slots import dense_labels
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.stream import DataStream
 
@@ -52,7 +53,7 @@ def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_
     from pipeline.pretrain.batches import MicroBatchKey
 
     batch = batches[MicroBatchKey(0, rows)]
-    labels = batch["labels"].numpy()
+    labels = dense_labels(batch).numpy()
     chosen = labels != IGNORE_INDEX
     assert np.array_equal(labels[chosen], cache.fields["input_ids"][rows][chosen])
     assert "attention_mask" not in batch  # full packing: no padding to mask

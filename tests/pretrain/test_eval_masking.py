@@ -13,6 +13,7 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import PretrainData
+from pipeline.pretrain.masked_slots import dense_labels
 from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, eval_probability
 from pipeline.pretrain.plateau import at_mask_rate
 from pipeline.pretrain.preflight import prepare_run
@@ -20,7 +21,7 @@ from pipeline.pretrain.preflight import prepare_run
 
 def masked_fraction(batches, keys, special_ids) -> float:
     """Targets per ordinary token (the masker never chooses a special one)."""
-    labels = np.concatenate([batches[k]["labels"].numpy().ravel() for k in keys])
+    labels = np.concatenate([dense_labels(batches[k]).numpy().ravel() for k in keys])
     targets = np.where(labels != IGNORE_INDEX)[0]
     ids = np.concatenate([batches[k]["input_ids"].numpy().ravel() for k in keys])
     ids[targets] = labels[targets]  # the original tokens where the inputs were corrupted

@@ -15,6 +15,7 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.batches import PretrainData
+from pipeline.pretrain.masked_slots import dense_labels
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
 
@@ -107,7 +108,7 @@ def test_mixed_batches_eval_sets_and_progress_come_from_each_corpus(tmp_path, tm
     for row, index in enumerate(key.indices):
         corpus = int(index >= offsets[1])
         source = caches[corpus].fields["input_ids"][index - offsets[corpus]]
-        labels = batch["labels"][row].numpy()
+        labels = dense_labels(batch)[row].numpy()
         assert np.array_equal(labels[labels != IGNORE_INDEX], source[labels != IGNORE_INDEX])
         assert batch["attention_mask"][row].sum() == caches[corpus].fields["length"][index - offsets[corpus]]
 
@@ -196,3 +197,53 @@ def test_a_mixed_run_logs_each_corpus_and_resumes_to_the_same_losses(tmp_path, r
     # The same batches, masks and dropout after the resume: the same losses, bit for bit.
     assert [resumed[s]["train/loss"] for s in range(1, 9)] == [full[s]["train/loss"] for s in range(1, 9)]
     assert resumed[8]["eval/books/mlm_loss"] == full[8]["eval/books/mlm_loss"]
+
+
+def mix_plan(tmp_path: Path, weights: list[float], start=None):
+    """The plan of a run of 12 steps at a global batch of 16 over `weights`' corpora (one shard of 300 each, no
+    files read), from the checkpoint record `start` (None: step 0)."""
+    from helpers import tiny_pretrain_config
+
+    from pipeline.common.config_tree import build_config
+    from pipeline.pretrain.config import PretrainConfig
+    from pipeline.pretrain.plan import StartPoint, build_plan
+    from pipeline.pretrain.stream import CorpusLayout
+
+    names = ["news", "wiki", "code"][: len(weights)]
+    config = tiny_pretrain_config(Path("x"), Path("tok"), tmp_path / "run", train={"max_steps": 12})
+    config["data"]["shards"] = [{"path": name, "weight": w} for name, w in zip(names, weights, strict=True)]
+    typed, problems = build_config(PretrainConfig, config)
+    assert not problems, problems
+    layouts = {name: CorpusLayout(name, name, key, (300,), 1, 64) for key, name in enumerate(names)}
+    point = None if start is None else StartPoint(tmp_path / f"step_{start.step:08d}", start, universal=False)
+    return build_plan(typed, 1, layouts, point)
+
+
+def batches(plan, steps: range) -> list[list[tuple[int, int, int]]]:
+    """Each step's sequences as (corpus key, row, epoch), as the loader draws them."""
+    out = []
+    for step in steps:
+        stretch = plan.stretch_at(step)
+        corpus, rows, epochs = stretch.stream(plan.config.train.seed).step_sequences(step)
+        out.append([(stretch.corpora[c].key, int(r), int(e)) for c, r, e in zip(corpus, rows, epochs, strict=True)])
+    return out
+
+
+@pytest.mark.parametrize(("before", "after"), [([1, 1], [1, 2]), ([1, 2, 3], [1, 1, 1])],
+                         ids=["two-corpora-1:2", "three-corpora"])
+def test_a_plain_resume_after_a_mix_change_sees_the_uninterrupted_batches(tmp_path, before, after):
+    """The shares do not divide the batch of 16 evenly: a resume that started a new stretch would round each
+    corpus's count afresh and draw other batches than the run that went on."""
+    from pipeline.pretrain.checkpoint_record import read_record, write_record
+
+    def saved(plan, step: int):  # what a checkpoint at `step` records, through its file
+        folder = tmp_path / f"record-{step}-{len(plan.stretches)}"
+        folder.mkdir()
+        write_record(folder, plan.record(step, hf_config={}))
+        return read_record(folder)
+
+    first = mix_plan(tmp_path, before)  # steps 0-5 under the first mix
+    changed = mix_plan(tmp_path, after, saved(first, 6))  # a resume at 6 into the edited mix, run to the end
+    resumed = mix_plan(tmp_path, after, saved(changed, 8))  # the same run stopped at 8 and resumed, mix unchanged
+    assert batches(resumed, range(8, 12)) == batches(changed, range(8, 12))
+    assert [(s.start, s.end) for s in resumed.stretches] == [(0, 6), (6, 12)]  # the resume's stretch goes on

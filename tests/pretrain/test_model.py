@@ -1,16 +1,22 @@
-"""The sparse MLM head: HF's parameter names, HF's loss to 1e-5, and the FLOP model behind the speed-up."""
+"""The sparse MLM head: HF's parameter names, HF's loss to 1e-5, the FLOP model behind the speed-up, and its
+static slots: the boolean-indexed head's loss and gradients, with nothing read back from the device."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from transformers import BertForPreTraining, RobertaForMaskedLM, RobertaPreLayerNormForMaskedLM
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM, RobertaPreLayerNormForMaskedLM
 
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
 from pipeline.pretrain.flops import training_flops_per_token
-from pipeline.pretrain.masking import IGNORE_INDEX
-from pipeline.pretrain.model import build_model, parameter_groups
+from pipeline.pretrain.masked_slots import masked_slots, slot_bound
+from pipeline.pretrain.masking import IGNORE_INDEX, MaskingConfig
+from pipeline.pretrain.model import build_model, encode, first_position_id, parameter_groups
+from pipeline.pretrain.packed_attention import document_layout
 
 TOKENIZER = TokenizerInfo("test", "sha256:0", 500, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
@@ -33,7 +39,7 @@ def test_roberta_loss_equals_hf_full_logit_loss_and_keys_match():
     assert list(reference.state_dict()) == list(sparse.state_dict())
     reference.load_state_dict(sparse.state_dict())
     ids, labels = masked_batch()
-    ours = sparse(input_ids=ids, labels=labels)["loss"]
+    ours = sparse(input_ids=ids, **masked_slots(labels))["loss"]
     theirs = reference(input_ids=ids, labels=labels).loss
     assert abs(ours.item() - theirs.item()) < 1e-5
 
@@ -49,7 +55,7 @@ def test_pre_layernorm_roberta_loss_equals_hf_full_logit_loss_and_keys_match(pro
     reference.load_state_dict(sparse.state_dict())
     ids, labels = masked_batch(rows=8, probability=probability)
     assert abs((labels != IGNORE_INDEX).float().mean().item() - probability) < 0.05
-    ours = sparse(input_ids=ids, labels=labels)["loss"]
+    ours = sparse(input_ids=ids, **masked_slots(labels))["loss"]
     theirs = reference(input_ids=ids, labels=labels).loss
     assert abs(ours.item() - theirs.item()) < 1e-5
     # Pre-LN: LayerNorm before attention and the feed-forward, and a final one after the last layer.
@@ -73,7 +79,7 @@ def test_bert_mlm_and_nsp_losses_equal_hf_and_keys_match():
     ids, labels = masked_batch()
     segments = (torch.arange(32) >= 16).long().expand(4, 32)
     nsp = torch.tensor([0, 1, 0, 1])
-    ours = sparse(input_ids=ids, labels=labels, token_type_ids=segments, next_sentence_label=nsp)
+    ours = sparse(input_ids=ids, **masked_slots(labels), token_type_ids=segments, next_sentence_label=nsp)
     theirs = reference(input_ids=ids, labels=labels, token_type_ids=segments, next_sentence_label=nsp)
     assert abs(ours["loss"].item() - theirs.loss.item()) < 1e-5
     assert sparse.config.type_vocab_size == 2
@@ -87,7 +93,7 @@ def test_bert_without_next_sentence_loss_trains_mlm_alone_and_leaves_the_nsp_hea
                            seq_len=32).eval()
     mlm_only.load_state_dict(both.state_dict())
     ids, labels = masked_batch()
-    batch = dict(input_ids=ids, labels=labels, token_type_ids=(torch.arange(32) >= 16).long().expand(4, 32),
+    batch = dict(input_ids=ids, **masked_slots(labels), token_type_ids=(torch.arange(32) >= 16).long().expand(4, 32),
                  next_sentence_label=torch.tensor([0, 1, 0, 1]))
     full, alone = both(**batch), mlm_only(**batch)
     assert "nsp_loss" not in alone and alone["loss"].item() == pytest.approx(full["mlm_loss"].item(), abs=1e-6)
@@ -123,8 +129,6 @@ MODERNBERT = dict(architecture="modernbert", num_hidden_layers=3, hidden_size=64
 
 def test_modernbert_loss_equals_hf_full_logit_loss_at_30_percent_and_keys_match():
     """The pipeline's head at masked positions = ModernBertForMaskedLM's full-logit loss with labels (1e-5)."""
-    from transformers import ModernBertForMaskedLM
-
     torch.manual_seed(0)
     sparse = build_model(ModelConfig(**MODERNBERT), TOKENIZER, seq_len=64).eval()
     assert isinstance(sparse, ModernBertForMaskedLM) and sparse.config.model_type == "modernbert"
@@ -133,14 +137,14 @@ def test_modernbert_loss_equals_hf_full_logit_loss_at_30_percent_and_keys_match(
     assert list(reference.state_dict()) == list(sparse.state_dict())
     reference.load_state_dict(sparse.state_dict())
     ids, labels = masked_batch(rows=4, length=64, probability=0.30)
-    ours = sparse(input_ids=ids, labels=labels)["loss"]
+    ours = sparse(input_ids=ids, **masked_slots(labels))["loss"]
     theirs = reference(input_ids=ids, labels=labels).loss
     assert abs(ours.item() - theirs.item()) < 1e-5
     # With padding too: the 2-D mask reaches both layer types.
     mask = torch.ones_like(ids)
     mask[:, 50:] = 0
     labels[:, 50:] = IGNORE_INDEX
-    ours = sparse(input_ids=ids, labels=labels, attention_mask=mask)["loss"]
+    ours = sparse(input_ids=ids, **masked_slots(labels), attention_mask=mask)["loss"]
     assert abs(ours.item() - reference(input_ids=ids, labels=labels, attention_mask=mask).loss.item()) < 1e-5
 
 
@@ -186,3 +190,169 @@ def test_modernbert_flops_count_geglu_and_the_local_window():
     windowless = training_flops_per_token(**shape, glu=True)
     assert windowless - plain == pytest.approx(6 * 3 * 64 * 96)
     assert counted < windowless
+
+
+# ---------------------------------------------------------------- the head at static slots
+
+ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
+ROWS = ("full", "padded", "packed")
+DEVICE_READS = ("aten.nonzero", "aten._local_scalar_dense", "aten.masked_select", "aten.unique")
+INDEX_OPS = ("aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_")
+
+
+def training_model(architecture: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    keys = MODERNBERT if architecture == "modernbert" else {**SMALL, "architecture": architecture}
+    return build_model(ModelConfig(**keys), TOKENIZER, seq_len=32).train()
+
+
+def rows_of(kind: str, architecture: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(input ids, per-position labels, the encoder's other inputs) for full, padded or doc-packed rows, with
+    BERT's segment pairs and next-sentence labels."""
+    ids, labels = masked_batch(seed=seed, probability=0.3)
+    inputs: dict[str, torch.Tensor] = {}
+    lengths = np.array([32, 20, 25, 9])
+    if kind == "padded":
+        inputs["attention_mask"] = torch.from_numpy((np.arange(32)[None] < lengths[:, None]).astype(np.int64))
+    if kind == "packed":
+        starts = np.array([[0, 10, -1], [0, 5, 12], [0, -1, -1], [0, 3, -1]])
+        documents, positions = document_layout(starts, lengths, 32, first_position_id(architecture, TOKENIZER.pad_id))
+        inputs["document_ids"], inputs["position_ids"] = torch.from_numpy(documents), torch.from_numpy(positions)
+    if kind != "full":
+        ids[torch.from_numpy(np.arange(32)[None] >= lengths[:, None])] = TOKENIZER.pad_id
+        labels[ids == TOKENIZER.pad_id] = IGNORE_INDEX
+    if architecture == "bert":
+        inputs["token_type_ids"] = (torch.arange(32) >= 16).long().expand(4, 32)
+        inputs["next_sentence_label"] = torch.tensor([0, 1, 0, 1])
+    return ids, labels, inputs
+
+
+def boolean_indexed_mlm_loss(model, ids: torch.Tensor, labels: torch.Tensor, inputs: dict) -> torch.Tensor:
+    """The head as it was: hidden states picked by `labels != IGNORE_INDEX` (a `nonzero`: a device→host sync and a
+    data-dependent shape), on transformers' own padding mask; the mean cross-entropy over masked tokens."""
+    if isinstance(model, ModernBertForMaskedLM):
+        encoder, head = model.model, (lambda rows: model.decoder(model.head(rows)))
+    elif isinstance(model, BertForPreTraining):
+        encoder, head = model.bert, model.cls.predictions
+    else:
+        encoder, head = getattr(model, model.base_model_prefix), model.lm_head
+    encoder_inputs = {k: v for k, v in inputs.items() if k != "next_sentence_label"}
+    if "document_ids" in inputs:
+        hidden = encode(encoder, ids, **encoder_inputs).last_hidden_state
+    else:
+        hidden = encoder(input_ids=ids, **encoder_inputs).last_hidden_state
+    picked = labels != IGNORE_INDEX
+    return F.cross_entropy(head(hidden[picked]).float(), labels[picked])
+
+
+def mlm_loss(out: dict) -> torch.Tensor:
+    return out.get("mlm_loss", out["loss"])
+
+
+def gradients(model) -> dict[str, torch.Tensor]:
+    found = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return found
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_the_slot_head_gives_the_boolean_indexed_heads_loss_and_gradients(architecture, rows):
+    model = training_model(architecture)
+    ids, labels, inputs = rows_of(rows, architecture)
+    old = boolean_indexed_mlm_loss(model, ids, labels, inputs)
+    old.backward()
+    expected = gradients(model)
+    new = mlm_loss(model(input_ids=ids, **masked_slots(labels), **inputs))
+    assert new.item() == pytest.approx(old.item(), abs=1e-5)
+    new.backward()
+    found = gradients(model)
+    assert set(found) == set(expected)
+    for name, grad in expected.items():
+        torch.testing.assert_close(found[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_leftover_slots_change_neither_the_loss_nor_the_gradients(architecture):
+    model = training_model(architecture)
+    ids, labels, inputs = rows_of("padded", architecture)
+    few, many = masked_slots(labels, bound=64), masked_slots(labels, bound=1024)
+    assert len(many["masked_positions"]) == 128 > len(few["masked_positions"])  # capped at every position
+    losses, grads = [], []
+    for slots in (few, many):
+        losses.append(mlm_loss(model(input_ids=ids, **slots, **inputs)))
+        losses[-1].backward()
+        grads.append(gradients(model))
+    assert losses[0].item() == pytest.approx(losses[1].item(), abs=1e-6)
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_masked_logits_are_the_real_masked_positions_in_row_major_order(architecture):
+    model = training_model(architecture).eval()
+    ids, labels, inputs = rows_of("packed", architecture)
+    with torch.no_grad():
+        logits = model.masked_logits(input_ids=ids, **masked_slots(labels), **inputs)
+    assert logits.shape == (int((labels != IGNORE_INDEX).sum()), TOKENIZER.vocab_size)
+    old = F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX])  # the targets in row-major order
+    assert old.item() == pytest.approx(boolean_indexed_mlm_loss(model, ids, labels, inputs).item(), abs=1e-5)
+
+
+class DeviceReads(TorchDispatchMode):
+    """Records every op that reads a tensor's values on the host (on a GPU, a device→host sync): `nonzero`,
+    `.item()` and the like, and an index by a boolean mask, whose `nonzero` runs inside `aten.index`."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        boolean_index = name in INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                  for i in args[1] if i is not None)
+        if name in DEVICE_READS or boolean_index:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def device_reads(step) -> list[str]:
+    with DeviceReads() as reads:
+        step()
+    return reads.seen
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_training_forward_and_backward_reads_nothing_back_from_the_device(architecture, rows):
+    model = training_model(architecture)
+    ids, labels, inputs = rows_of(rows, architecture)
+    batch = {"input_ids": ids, **masked_slots(labels, slot_bound(ids.numel(), 0.3, MaskingConfig())), **inputs}
+    assert device_reads(lambda: model(**batch)["loss"].backward()) == []
+    # The boolean-indexed head it replaced reads the mask back (on transformers' own padding mask, that too).
+    assert device_reads(lambda: boolean_indexed_mlm_loss(model, ids, labels, inputs).backward())
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_compiled_training_step_is_one_graph_for_every_micro_batch_of_a_shape(architecture):
+    """Whole-graph capture (no break at the head) and no recompile across masks; the next bucket is one more graph."""
+    from torch._dynamo.utils import counters
+
+    model = training_model(architecture)
+    bound = 64  # half the positions: slot_bound of so small a batch is every position, which leaves no next bucket
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # graph capture only: no C++ compiler
+    try:
+        masked = set()
+        for seed in (0, 1):
+            ids, labels, inputs = rows_of("padded", architecture, seed)
+            masked.add(int((labels != IGNORE_INDEX).sum()))
+            compiled(input_ids=ids, **masked_slots(labels, bound), **inputs)["loss"].backward()
+        assert len(masked) == 2 and counters["stats"]["unique_graphs"] == 1
+        everything = torch.where(ids != TOKENIZER.pad_id, ids, IGNORE_INDEX)  # more than the bound: the next bucket
+        assert len(masked_slots(everything, bound)["masked_positions"]) == 2 * bound
+        compiled(input_ids=ids, **masked_slots(everything, bound), **inputs)["loss"].backward()
+        assert counters["stats"]["unique_graphs"] == 2
+    finally:
+        torch._dynamo.reset()

@@ -13,6 +13,7 @@ import torch
 from pipeline.data.packers import make_packer
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.config import ModelConfig
+from pipeline.pretrain.masked_slots import masked_slots
 from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig
 from pipeline.pretrain.model import SPARSE_CLASSES, encode, hf_config
 from pipeline.pretrain.packed_attention import document_layout
@@ -148,7 +149,7 @@ def test_the_sparse_mlm_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64,
                                                  info.pad_id + 1)
     with torch.no_grad():
-        packed = model(torch.from_numpy(corrupted), torch.from_numpy(labels),
+        packed = model(torch.from_numpy(corrupted), **masked_slots(labels),
                        document_ids=torch.from_numpy(document_ids),
                        position_ids=torch.from_numpy(position_ids))["loss"]
         total, count = 0.0, 0
@@ -158,7 +159,7 @@ def test_the_sparse_mlm_loss_of_a_packed_row_equals_the_loss_over_its_documents(
                 doc_labels = torch.from_numpy(labels[r: r + 1, a:b])
                 n = int((doc_labels != IGNORE_INDEX).sum())
                 if n:
-                    loss = model(torch.from_numpy(corrupted[r: r + 1, a:b]), doc_labels)["loss"]
+                    loss = model(torch.from_numpy(corrupted[r: r + 1, a:b]), **masked_slots(doc_labels))["loss"]
                     total, count = total + loss.item() * n, count + n
     assert abs(packed.item() - total / count) < 1e-5
 
@@ -241,7 +242,7 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
     corrupted, labels = masker(rows["input_ids"].astype(np.int64), 0, np.arange(len(rows["input_ids"])))
     document_ids, position_ids = document_layout(rows["doc_starts"], rows["length"].astype(np.int64), 64, 0)
     with torch.no_grad():
-        packed = model(torch.from_numpy(corrupted), torch.from_numpy(labels),
+        packed = model(torch.from_numpy(corrupted), **masked_slots(labels),
                        document_ids=torch.from_numpy(document_ids), position_ids=torch.from_numpy(position_ids))["loss"]
         total, count = 0.0, 0
         for r, (starts, length) in enumerate(zip(rows["doc_starts"], rows["length"], strict=True)):
@@ -250,7 +251,7 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
                 doc_labels = torch.from_numpy(labels[r: r + 1, a:b])
                 n = int((doc_labels != IGNORE_INDEX).sum())
                 if n:
-                    loss = model(torch.from_numpy(corrupted[r: r + 1, a:b]), doc_labels)["loss"]
+                    loss = model(torch.from_numpy(corrupted[r: r + 1, a:b]), **masked_slots(doc_labels))["loss"]
                     total, count = total + loss.item() * n, count + n
     assert abs(packed.item() - total / count) < 1e-5
 
@@ -348,7 +349,7 @@ def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_
     with pytest.raises(PipelineError, match="dense mask .*adds a tensor mask"):
         encode(model.roberta if architecture == "roberta" else model.model, ids, attention_mask=dense)
     with pytest.raises(PipelineError, match="dense mask"):
-        model(ids, torch.full((1, 8), IGNORE_INDEX), attention_mask=dense.float())
+        model(ids, **masked_slots(torch.full((1, 8), IGNORE_INDEX)), attention_mask=dense.float())
     with pytest.raises(PipelineError, match=r"attention_mask\['sliding_attention'\]"):
         check_flex_mask({"full_attention": None, "sliding_attention": dense})
     check_flex_mask(torch.ones(1, 8, dtype=torch.long))  # a 2-D padding mask: transformers builds the BlockMask
@@ -422,4 +423,5 @@ def test_a_flex_model_cannot_train_on_cpu_which_is_why_the_check_exists(bpe_toke
     document_ids = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]])
     position_ids = torch.tensor([[2, 3, 4, 5, 2, 3, 4, 5]])
     with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
-        model(torch.full((1, 8), 10), labels, document_ids=document_ids, position_ids=position_ids)["loss"].backward()
+        model(torch.full((1, 8), 10), **masked_slots(labels), document_ids=document_ids,
+              position_ids=position_ids)["loss"].backward()

@@ -56,6 +56,8 @@ def reference_run(initial: dict[str, torch.Tensor], world_size: int):
     """The textbook loop: per step, the mean of the micro batches' losses, clipped, AdamW, LR schedule."""
     from transformers import RobertaForMaskedLM
 
+    from pipeline.pretrain.masked_slots import dense_labels
+
     model = RobertaForMaskedLM(parity.build_hf_config())
     model.load_state_dict(initial)
     model.train()
@@ -78,7 +80,9 @@ def reference_run(initial: dict[str, torch.Tensor], world_size: int):
         lrs.append(optimizer.param_groups[0]["lr"])
         row = []
         for index in range(micro_batches):
-            loss = model(**parity.micro_batch(step, index)).loss
+            batch = parity.micro_batch(step, index)  # HF's loss takes the labels per position
+            loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         labels=dense_labels(batch)).loss
             (loss / micro_batches).backward()
             row.append(loss.item())
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), parity.CLIP)
