@@ -1,13 +1,7 @@
 """Time to 1.0 nat below the unigram plateau: the budget recipe against HF Trainer on the same model.
 
-    python benchmarks/budget_time_to_loss.py [--recipes budget,hf-same,hf-run_mlm] [--seeds 1,2,3]
-        [--baseline-seeds 1] [--max-minutes 7] [--margins 1.0,1.5]
-        [--budget-config configs/budget-modernbert.json] [--set budget:KEY=VALUE ...] [--out DIR]
-
-Each recipe and seed runs in its own process, until its schedule ends or `--max-minutes` pass, on a 16k BPE and
-128-token IMDB shards made once in `--out`: the budget recipe on 2 ranks × 1 thread, `hf-same` and `hf-run_mlm`
-(hf_baselines.py) in one process each. All evaluate the same validation sequences with the same hashed masks; time
-is wall time from launch less evaluation. `results.json` in `--out` keeps every curve and each run's load.
+docs/benchmarks.md ("The budget recipe against HF") says how each recipe runs and is timed; `results.json` in
+`--out` keeps every curve and each run's load.
 """
 
 from __future__ import annotations
@@ -26,8 +20,11 @@ import hf_baselines
 BUDGET_CONFIG = "configs/budget-modernbert.json"
 RANKS = 2
 """The budget recipe's ranks: 2 ranks × 1 thread ran 4.7× the tokens/s of 1 process × 2 threads on 2 shared cores."""
-TARGET_MARGIN = 1.0
-"""The headline's target: time to this many nats below the unigram entropy."""
+MARGINS = (1.0, 1.5)
+"""The losses timed: nats below the unigram entropy H; the headline's target is the first."""
+TARGET_MARGIN = MARGINS[0]
+EVAL_EVERY_SEQUENCES, EVAL_SEQUENCES, THREADS = 320, 128, 2
+"""An evaluation every 320 training sequences, of 128 fixed validation sequences; CPU threads per run."""
 GOALS = {"hf-same": 2.0, "hf-run_mlm": 5.0}
 """How many times sooner than each HF recipe the budget recipe must reach H − TARGET_MARGIN."""
 STUDY = harness.Study("budget_time_to_loss", question="How soon does the budget recipe leave the plateau?",
@@ -58,12 +55,12 @@ def run_one(recipe: str, seed: int, a: argparse.Namespace, tokenizer: Path, shar
     if recipe in hf_baselines.RECIPES:
         spec = {"recipe": recipe, "config": str(harness.ROOT / a.budget_config), "overrides": a.set, "ranks": RANKS,
                 "launched_at": launched, "max_minutes": a.max_minutes, "seed": seed, "tokenizer": str(tokenizer),
-                "shards": str(shards), "cache_dir": str(a.out / "token_cache"), "eval_sequences": a.eval_sequences,
-                "eval_every_sequences": a.eval_every_sequences, "out": str(folder / "trainer"),
+                "shards": str(shards), "cache_dir": str(a.out / "token_cache"), "eval_sequences": EVAL_SEQUENCES,
+                "eval_every_sequences": EVAL_EVERY_SEQUENCES, "out": str(folder / "trainer"),
                 "result": str(folder / "result.json")}
         # The worker stops itself at the cap (after the step); the launch's cap is a backstop.
         run = harness.launch([sys.executable, __file__, "--hf-worker", json.dumps(spec)],
-                             env=harness.cpu_env(a.threads), log=folder / "log.txt", cap_minutes=a.max_minutes + 5)
+                             env=harness.cpu_env(THREADS), log=folder / "log.txt", cap_minutes=a.max_minutes + 5)
         result = json.loads((folder / "result.json").read_text())
         curve, steps, batch = [EvalPoint(**p) for p in result["curve"]], result["steps"], result["batch"]
         extra = {k: result[k] for k in ("model_class", "parameters", "differences")}
@@ -71,11 +68,10 @@ def run_one(recipe: str, seed: int, a: argparse.Namespace, tokenizer: Path, shar
         batch = config.train.global_batch_size
         sets = [f"data.shards={shards}", f"data.tokenizer={tokenizer}", f"data.cache_dir={a.out / 'token_cache'}",
                 f"train.output_dir={folder}", f"train.seed={seed}", "train.log_every=1", "train.export=false",
-                f"train.eval_every={max(1, a.eval_every_sequences // batch)}",
-                f"train.eval_sequences={a.eval_sequences}", "checkpoint.every=1000000000", "checkpoint.resume=never",
-                "tracking.enabled=false", *a.set]
+                f"train.eval_every={max(1, EVAL_EVERY_SEQUENCES // batch)}", f"train.eval_sequences={EVAL_SEQUENCES}",
+                "checkpoint.every=1000000000", "checkpoint.resume=never", "tracking.enabled=false", *a.set]
         run = harness.launch(harness.pretrain_command(a.budget_config, sets, RANKS), log=folder / "log.txt",
-                             env=harness.cpu_env(max(1, a.threads // RANKS)), cap_minutes=a.max_minutes)
+                             env=harness.cpu_env(max(1, THREADS // RANKS)), cap_minutes=a.max_minutes)
         records = harness.metrics(folder)  # none when the cap came before the first logged step
         curve = curve_from_metrics(records, launched)
         steps = max((r["step"] for r in records if "train/loss" in r), default=0)
@@ -89,11 +85,9 @@ def margin_label(margin: float | str) -> str:
     return f"H − {float(margin)}"
 
 
-def margin_targets(entropy: float, margins: list[float]) -> dict[str, float]:
+def margin_targets(entropy: float) -> dict[str, float]:
     """The losses to time: the unigram entropy less each margin, keyed by the margin as written (`"1.0"`)."""
-    if any(m <= 0 for m in margins):
-        raise ValueError(f"--margins must be positive nats below the entropy, got {margins}")
-    return {str(m): entropy - m for m in margins}
+    return {str(m): entropy - m for m in MARGINS}
 
 
 def time_to(curve: list, target: float) -> dict:
@@ -164,12 +158,12 @@ def goal_met(ratio: dict, goal: float) -> bool | None:
     return None
 
 
-def summarise(runs: list[dict], entropy: float, margins: list[float], max_minutes: float) -> tuple[dict, list[dict]]:
+def summarise(runs: list[dict], entropy: float, max_minutes: float) -> tuple[dict, list[dict]]:
     """Per recipe and margin, the median time to H − margin over seeds; the ratios to the budget; the table's rows."""
     from pipeline.pretrain.plateau import beside_plateau
     from pipeline.tracking.loss_curve import EvalPoint
 
-    targets = margin_targets(entropy, margins)
+    targets, headline_margin = margin_targets(entropy), str(TARGET_MARGIN)
     recipes: dict = {}
     for run in runs:
         curve = [EvalPoint(**p) for p in run["curve"]]
@@ -180,7 +174,6 @@ def summarise(runs: list[dict], entropy: float, margins: list[float], max_minute
         row["steps"].append(run["steps"])
         for m, target in targets.items():
             row["hits"][m].append(time_to(curve, target))
-    headline_margin = str(TARGET_MARGIN) if str(TARGET_MARGIN) in targets else str(margins[0])
     for row in recipes.values():
         row["median"] = {m: median_time(hits) for m, hits in row["hits"].items()}
     ratios, verdicts = {}, {}
@@ -189,7 +182,7 @@ def summarise(runs: list[dict], entropy: float, margins: list[float], max_minute
         for name, row in recipes.items():
             if name != "budget":
                 ratios[name] = time_ratio(row["median"][headline_margin], budget)
-                if name in GOALS and headline_margin == str(TARGET_MARGIN):
+                if name in GOALS:
                     verdicts[name] = {"goal": GOALS[name], "met": goal_met(ratios[name], GOALS[name])}
     rows = []
     for name, row in recipes.items():
@@ -226,11 +219,6 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--baseline-seeds", default=None, help="seeds of every recipe but budget (default: --seeds)")
     p.add_argument("--max-minutes", type=float, default=7.0, help="wall-clock cap per run, from its launch")
-    p.add_argument("--margins", default="1.0,1.5",
-                   help="time to the unigram entropy less each margin (nats); the headline's ratios are judged at 1.0")
-    p.add_argument("--eval-every-sequences", type=int, default=320, help="evaluate every N training sequences")
-    p.add_argument("--eval-sequences", type=int, default=128, help="fixed validation sequences per evaluation")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads per run (split between ranks)")
     p.add_argument("--set", action="append", default=[], metavar="budget:KEY=VALUE",
                    help="override a key of the budget config, e.g. budget:optimizer.lr=0.002 (for all recipes)")
     p.add_argument("--out", type=Path, default=None, help="data and runs (default: a work folder, not runs/)")
@@ -239,20 +227,18 @@ def main() -> None:
     if a.hf_worker:
         return hf_baselines.worker(json.loads(a.hf_worker))
     recipes = a.recipes.split(",")
-    margins = [float(m) for m in a.margins.split(",")]
     problems = [f"unknown recipe {r}" for r in recipes if r not in STUDY.arms]
     problems += [f"--set {s}: give budget:KEY=VALUE" for s in a.set if not s.startswith("budget:")]
-    problems += [f"--margins {m}: must be above 0" for m in margins if m <= 0]
     problems += [] if harness.IMDB.exists() else [f"needs {harness.IMDB}"]
     problems += [] if (harness.ROOT / a.budget_config).exists() else [f"--budget-config {a.budget_config}: missing"]
     if problems:
         p.error("; ".join(problems))
     a.set = [s.split(":", 1)[1] for s in a.set]
     with STUDY.record(record_variant(recipes, a.budget_config)) as rec:
-        measure(a, recipes, margins, rec)
+        measure(a, recipes, rec)
 
 
-def measure(a: argparse.Namespace, recipes: list[str], margins: list[float], rec: harness.BenchmarkRecord) -> None:
+def measure(a: argparse.Namespace, recipes: list[str], rec: harness.BenchmarkRecord) -> None:
     from pipeline.pretrain.plateau import plateau_level
 
     a.out = harness.work_dir("budget-time-to-loss", a.out)
@@ -268,9 +254,9 @@ def measure(a: argparse.Namespace, recipes: list[str], margins: list[float], rec
             runs.append(run_one(recipe, seed, a, tokenizer, shards))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "curve"}), flush=True)
             (a.out / "results.json").write_text(json.dumps({"unigram_entropy": entropy, "runs": runs}, indent=1))
-    summary, rows = summarise(runs, entropy, margins, a.max_minutes)
+    summary, rows = summarise(runs, entropy, a.max_minutes)
     loads = [r["load_before"][0] for r in runs] + [r["load_after"][0] for r in runs]
-    conditions = (f"{len(runs)} runs, cap {a.max_minutes:g} min each, threads per run {a.threads}; budget config "
+    conditions = (f"{len(runs)} runs, cap {a.max_minutes:g} min each, threads per run {THREADS}; budget config "
                   f"{a.budget_config}; 75000 IMDB reviews; 1-min load average "
                   f"{min(loads):.2f}–{max(loads):.2f} around the runs")
     (a.out / "results.json").write_text(json.dumps({"runs": runs, "summary": summary,

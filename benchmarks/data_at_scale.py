@@ -1,15 +1,10 @@
 """Data at scale: what a run costs before and at its first step as the corpus grows, measured and extrapolated.
 
     python benchmarks/data_at_scale.py --work /big/disk/das [--synthetic-tokens 1e7 1e8 1e9]
-        [--real-copies 5] [--imdb-copies 1 4] [--files 1000 --files-copies 5 --slurm-parts 4] [--corpus C.jsonl.zst]
+        [--real-copies 5] [--imdb-copies 1 4] [--files 1000 --files-copies 5] [--corpus C.jsonl.zst]
 
-Cases, each left out by giving it nothing (`--synthetic-tokens`, `--real-copies 0`, `--imdb-copies`, `--files 0`):
-synthetic (random ids written by the shard writer, one folder per size, deleted once measured); the corpus
-repeated k times through `shard.py` (`--imdb-copies`, `--real-copies`); many files (the corpus cut into `--files`
-files and sharded by the SLURM array path on a one-node cluster stood up here with tests/slurm/setup.sh; needs
-root). Each shard folder gets a 3-step run of `configs/tiny.json` and a resume probe at 90% of the first epoch;
-each figure is extrapolated to 100B tokens along the line through the two largest synthetic sizes.
-docs/data.md ("At scale") describes what is measured and how to read it.
+A case is left out by giving it nothing (`--synthetic-tokens`, `--real-copies 0`, `--imdb-copies`, `--files 0`).
+docs/data.md ("At scale") describes the cases, what is measured and how to read it.
 """
 
 from __future__ import annotations
@@ -21,10 +16,9 @@ import shutil
 import subprocess
 import sys
 import time
-from itertools import islice
 from pathlib import Path
 
-from harness import IMDB, ROOT, BenchmarkRecord, Study, launch, pretrain_command
+from harness import IMDB, ROOT, BenchmarkRecord, Study, launch, pretrain_command, sample_corpus
 
 STUDY = Study(
     "data_at_scale", question="What does a run cost before and at its first step as the corpus grows?",
@@ -53,25 +47,40 @@ def make_tokenizer(corpus: Path, out: Path) -> Path:
     from pipeline.data.tokenizer import train_tokenizer
 
     if not (out / "tokenizer.json").exists():
-        texts = [json.loads(line)["text"] for line in islice(read_jsonl(corpus), 20_000)]
-        train_tokenizer(texts, "bpe", 8192, out, model_max_length=512)
+        train_tokenizer(sample_corpus(corpus, 20_000, out.parent)[1], "bpe", 8192, out, model_max_length=512)
     return out
+
+
+def index_tokenizer(tokenizer: Path) -> dict:
+    """The tokenizer as an index.json records it."""
+    import dataclasses
+
+    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+
+    info = describe_tokenizer(load_tokenizer(tokenizer))
+    return {k: v for k, v in dataclasses.asdict(info).items() if k != "backend_json"}
+
+
+def run_python(code: str, what: str) -> dict:
+    """`code` in a fresh process (the repository on its path, one thread); the JSON its last line prints."""
+    done = subprocess.run([PYTHON, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{code}"], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def write_synthetic(out: Path, tokens: int, tokenizer: Path, seed: int = 0) -> dict:
     """Random ids (the tokenizer's ordinary range) in full-packed shards, committed by an index like shard.py's."""
-    import dataclasses
-
     import numpy as np
 
     from pipeline.common.atomic_files import write_json_atomic
     from pipeline.data.shard_format import DEFAULT_LEVEL
     from pipeline.data.shard_index import combine_parts, part_summary_path
     from pipeline.data.shard_writer import ShardWriter
-    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 
-    info = describe_tokenizer(load_tokenizer(tokenizer))
-    low = max(info.cls_id, info.sep_id, info.pad_id, info.mask_id) + 1  # BPE: specials first, then ordinary ids
+    info = index_tokenizer(tokenizer)
+    low = max(info[k] for k in ("cls_id", "sep_id", "pad_id", "mask_id")) + 1  # BPE: specials first, then ordinary ids
     rng = np.random.default_rng(seed)
     started = time.monotonic()
     writers = {}
@@ -82,14 +91,12 @@ def write_synthetic(out: Path, tokens: int, tokenizer: Path, seed: int = 0) -> d
         writer = ShardWriter(out, split, 0, shard_size, {"synthetic": True}, DEFAULT_LEVEL)
         for first in range(0, sequences, shard_size):
             n = min(shard_size, sequences - first)
-            writer.add({"input_ids": rng.integers(low, info.vocab_size, (n, SEQ_LEN), dtype=np.uint16)})
+            writer.add({"input_ids": rng.integers(low, info["vocab_size"], (n, SEQ_LEN), dtype=np.uint16)})
         writer.close()
         writers[split] = writer
     identity = {"synthetic": True, "tokens": tokens, "seed": seed, "seq_len": SEQ_LEN, "pack": "full"}
     summary = {"rank": 0, "world_size": 1, "complete": True, "identity": identity, "dtype": "uint16",
-               "fields": ["input_ids"],
-               "tokenizer": {k: v for k, v in dataclasses.asdict(info).items() if k != "backend_json"},
-               "shards": {split: w.shards for split, w in writers.items()},
+               "fields": ["input_ids"], "tokenizer": info, "shards": {split: w.shards for split, w in writers.items()},
                "stats": {"sequences": sum(counts.values()), "padding_tokens": 0}, "examples": [],
                "seconds": round(time.monotonic() - started, 3)}
     part_summary_path(out, 0).parent.mkdir(exist_ok=True)
@@ -99,17 +106,17 @@ def write_synthetic(out: Path, tokens: int, tokenizer: Path, seed: int = 0) -> d
 
 
 def shard_real(corpus: Path, copies: int, out: Path, tokenizer: Path, work: Path) -> dict:
-    """The corpus repeated `copies` times through shard.py with two tokenizer workers."""
-    source = work / f"corpus-x{copies}.jsonl"
-    if (out / "index.json").exists():  # a folder made by an earlier run is measured again, not remade
-        return {"seconds": None, "tokens": json.loads((out / "index.json").read_text())["splits"]["train"]["tokens"]}
-    with open(source, "w", encoding="utf-8") as f:
-        for _ in range(copies):
-            for line in read_jsonl(corpus):
-                f.write(line)
-    seconds = launch([PYTHON, "data_prep/shard.py", "--input", source, "--tokenizer", tokenizer, "--seq-len", SEQ_LEN,
-                      "--out", out, "--workers", 2, "--quiet"]).seconds
-    source.unlink()
+    """The corpus repeated `copies` times through shard.py with two tokenizer workers; a folder an earlier run made
+    is measured again, not remade."""
+    seconds = None
+    if not (out / "index.json").exists():
+        source = work / f"corpus-x{copies}.jsonl"
+        with open(source, "w", encoding="utf-8") as f:
+            for _ in range(copies):
+                f.writelines(read_jsonl(corpus))
+        seconds = launch([PYTHON, "data_prep/shard.py", "--input", source, "--tokenizer", tokenizer, "--seq-len",
+                          SEQ_LEN, "--out", out, "--workers", 2, "--quiet"]).seconds
+        source.unlink()
     return {"seconds": seconds, "tokens": json.loads((out / "index.json").read_text())["splits"]["train"]["tokens"]}
 
 
@@ -146,9 +153,8 @@ def resume_probe(shards: Path, tokenizer: Path, run_dir: Path, fraction: float =
     Its output folder is `run_dir/probe`: configs/tiny.json's own is the checkout's runs/default/pretrain,
     where a user's main job may be (the preflight would then try to resume it)."""
     cache = run_dir / "token_cache"
-    code = f"""
-import json, sys, time
-sys.path.insert(0, {str(ROOT)!r})
+    return run_python(f"""
+import json, time
 from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
 from pipeline.pretrain.batch_plan import BatchPlan
@@ -168,12 +174,7 @@ loader = iter(data.loader(rank=0, start_step=step))
 next(loader)
 print(json.dumps({{"resume_step": step, "resume_first_batch_s": time.monotonic() - started}}))
 shut_down_workers(loader)
-"""
-    done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if done.returncode != 0:
-        raise SystemExit(f"the resume probe on {shards} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+""", f"the resume probe on {shards}")
 
 
 def measure_folder(name: str, shards: Path, tokenizer: Path, work: Path) -> dict:
@@ -206,11 +207,8 @@ def index_at_scale(tokens: float, tokenizer: Path, work: Path) -> dict:
     epoch order, and reads only the shards its first batch touches. So a fresh process times and sizes
     `TokenCache` and the order at a late step of that folder (no shard is read: the batch is not gathered).
     """
-    import dataclasses
-
     from pipeline.common.atomic_files import write_json_atomic
     from pipeline.data.shard_format import FORMAT_VERSION
-    from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 
     out = work / f"index-{tokens / 1e9:g}B"
     shutil.rmtree(out, ignore_errors=True)
@@ -228,15 +226,12 @@ def index_at_scale(tokens: float, tokenizer: Path, work: Path) -> dict:
             shards.append({"file": name, "sequences": per_shard, "tokens": per_shard * SEQ_LEN, "bytes": shard_bytes,
                            "sha256": "0" * 64})
         splits[split] = {"shards": shards, "sequences": per_shard * n, "tokens": per_shard * SEQ_LEN * n}
-    info = describe_tokenizer(load_tokenizer(tokenizer))
     write_json_atomic(out / "index.json", {
         "format_version": FORMAT_VERSION, "seq_len": SEQ_LEN, "pack": "full", "dtype": "uint16",
-        "fields": ["input_ids"],
-        "tokenizer": {k: v for k, v in dataclasses.asdict(info).items() if k != "backend_json"}, "splits": splits,
-        "totals": {}, "args": {"placeholder": True}})
-    code = f"""
-import json, sys, time, tracemalloc
-sys.path.insert(0, {str(ROOT)!r})
+        "fields": ["input_ids"], "tokenizer": index_tokenizer(tokenizer), "splits": splits, "totals": {},
+        "args": {"placeholder": True}})
+    probe = run_python(f"""
+import json, time, tracemalloc
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.stream import CorpusLayout, DataStream
@@ -252,12 +247,9 @@ seconds = time.monotonic() - started
 tracemalloc.start()  # a second time, traced (tracing slows allocation, so not timed)
 start()
 print(json.dumps({{"shards": shards, "start_s": seconds, "traced_mb": tracemalloc.get_traced_memory()[1] / 1e6}}))
-"""
-    done = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True)
+""", "the index probe")
     shutil.rmtree(out)
-    if done.returncode != 0:
-        raise SystemExit(f"the index probe failed:\n{done.stderr[-3000:]}")
-    return {"tokens": int(tokens)} | json.loads(done.stdout.strip().splitlines()[-1])
+    return {"tokens": int(tokens)} | probe
 
 
 def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Path, work: Path) -> dict:

@@ -1,11 +1,6 @@
 """Whole fine-tuning runs, start-up included: the pipeline's `roberta-finetune` against HF `Trainer`.
 
-    python benchmarks/finetune_speed.py [--model NAME=DIR ...] [--train 400] [--dev 200] [--epochs 2]
-        [--seeds 1,2] [--max-seq-len 64] [--batch 16] [--threads 1] [--no-tracking] [--out DIR]
-
-Each model (default: the `[reference]` extra's MiniLM) fine-tunes on the first `--train` / `--dev` SST-2
-sentences as a custom task: the pipeline in one launch of `python -m pipeline.commands.finetune --seeds …` as a
-user types it, then HF in one launch of `--hf-side`, every seed in one process (the fastest a run_glue user gets).
+docs/benchmarks.md ("Fine-tuning speed against HF `Trainer`") says what each side runs.
 """
 
 from __future__ import annotations
@@ -21,9 +16,9 @@ import hf_baselines
 
 TARGETS = {"2-layer": 1.5, "MiniLM": 1.0}
 """HF time ÷ pipeline time wanted, by model name; other models are reported without a target."""
-RECIPE = {"warmup_ratio": 0.06, "weight_decay": 0.1, "betas": (0.9, 0.98), "eps": 1e-6, "max_grad_norm": 1.0,
-          "eval_batch": 64}
-"""The rest of the recipe: the pipeline's fine-tuning defaults (RoBERTa's GLUE recipe), given to HF too."""
+RECIPE = {"lr": 1e-4, "batch": 16, "warmup_ratio": 0.06, "weight_decay": 0.1, "betas": (0.9, 0.98), "eps": 1e-6,
+          "max_grad_norm": 1.0, "eval_batch": 64}
+"""Beside the flags, the pipeline's fine-tuning defaults (RoBERTa's GLUE recipe), given to HF too; one thread a side."""
 STUDY = harness.Study(
     "finetune_speed", question="Is fine-tuning fast?", metric="wall and CPU seconds of a whole run, start-up included",
     baseline="HF Trainer, run_glue's way, every seed in one process (targets: 1.5× on the 2-layer model, on par "
@@ -43,15 +38,11 @@ def write_task(glue: Path, out: Path, train: int, dev: int) -> Path:
 def pipeline_side(model: Path, task: Path, recipe: dict, seeds: str, out: Path, env: dict, tracking: bool) -> dict:
     """One `roberta-finetune` launch over every seed; each seed's best dev accuracy from its metrics.json."""
     sets = {"data.train_file": task / "train.jsonl", "data.validation_file": task / "dev.jsonl",
-            "data.max_seq_len": recipe["max_seq_len"], "train.output_dir": out, "train.learning_rate": recipe["lr"],
-            "train.batch_size": recipe["batch"], "train.epochs": recipe["epochs"],
-            "train.warmup_ratio": recipe["warmup_ratio"], "train.weight_decay": recipe["weight_decay"],
-            "train.adam_betas": json.dumps(list(recipe["betas"])), "train.adam_eps": recipe["eps"],
-            "train.max_grad_norm": recipe["max_grad_norm"], "train.eval_batch_size": recipe["eval_batch"],
+            "train.output_dir": out, **hf_baselines.pipeline_sets(recipe),
             **({"tracking.uri": f"sqlite:///{out / 'mlflow.db'}", "tracking.experiment": "finetune-speed"} if tracking
                else {"tracking.enabled": "false"})}
     return timed([sys.executable, "-m", "pipeline.commands.finetune", "--config", "custom", "--model", model,
-                  "--seeds", seeds, *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")]], out, env,
+                  "--seeds", seeds, *harness.set_args(sets)], out, env,
                  lambda: [json.loads((out / f"seed_{s}" / "metrics.json").read_text())["accuracy"]
                           for s in seeds.split(",")])
 
@@ -97,10 +88,7 @@ def main() -> None:
     p.add_argument("--dev", type=int, default=200, help="SST-2 dev sentences (the first N)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--seeds", default="1,2")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--max-seq-len", type=int, default=64)
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both sides")
     p.add_argument("--no-tracking", action="store_true", help="the pipeline without MLflow (HF's side has none)")
     p.add_argument("--out", type=Path, default=None, help="the runs (default: a work folder, not runs/)")
     a = p.parse_args()
@@ -112,8 +100,8 @@ def main() -> None:
         from pipeline.common.reference_model import reference_encoder_folder
 
         models = {"MiniLM": reference_encoder_folder()}
-    recipe = {**RECIPE, "lr": a.lr, "epochs": a.epochs, "batch": a.batch, "max_seq_len": a.max_seq_len}
-    out, env = harness.work_dir("finetune-speed", a.out), harness.cpu_env(a.threads)
+    recipe = {**RECIPE, "epochs": a.epochs, "max_seq_len": a.max_seq_len}
+    out, env = harness.work_dir("finetune-speed", a.out), harness.cpu_env(1)
     with STUDY.record("no-tracking" if a.no_tracking else None) as rec:
         task = write_task(a.glue, out / "task", a.train, a.dev)
         rows = []
@@ -132,8 +120,8 @@ def main() -> None:
                          target=None if target is None else f"≥ {target:g}×",
                          met=None if target is None else cpu >= target)
         rec.table(f"whole runs, start-up included: {len(a.seeds.split(','))} seeds, SST-2 first {a.train} train / "
-                  f"{a.dev} dev sentences, {a.epochs} epochs, batch {a.batch}, LR {a.lr:g}, max_seq_len "
-                  f"{a.max_seq_len}, {a.threads} thread(s) each; pipeline tracking "
+                  f"{a.dev} dev sentences, {a.epochs} epochs, batch {recipe['batch']}, LR {recipe['lr']:g}, "
+                  f"max_seq_len {a.max_seq_len}, 1 thread(s) each; pipeline tracking "
                   f"{'off' if a.no_tracking else 'on (a new MLflow store)'}", rows)
 
 

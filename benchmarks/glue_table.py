@@ -1,14 +1,8 @@
 """The GLUE table: CoLA, SST-2, MRPC, STS-B and RTE for an export, the same architecture from scratch and MiniLM.
 
-    pip install -e .[reference]     # MiniLM-L6-H384-uncased, the released arm
-    python benchmarks/glue_table.py --export runs/recipe-round-2/pretrain [--arms export,scratch,minilm]
-        [--tasks cola,sst2,mrpc,stsb,rte] [--seeds 1,2,3] [--train-examples 2000] [--epochs 3]
-        [--sweep KEY=V1,V2 ...] [--minilm-sweep KEY=V1,V2 ...] [--out DIR]
+    python benchmarks/glue_table.py --export runs/recipe-round-2/pretrain [--arms export,scratch,minilm] [--out DIR]
 
-Every cell is one `launchers/finetune.py` run through the fair protocol on `--train-examples` of each training
-file spread evenly over it (GLUE's files are ordered: STS-B's first 2,000 rows are all image captions), beside the
-token-count baseline. It runs in parts: a finished cell in `--out` is kept, every run records all the cells there,
-and `--out` refuses a run made with other settings or another export, naming what differs.
+docs/benchmarks.md ("The GLUE table") says how a cell runs, and how `--out` keeps finished cells.
 """
 
 from __future__ import annotations
@@ -86,9 +80,9 @@ def finetune_cell(a: argparse.Namespace, out: Path, glue: Path, task: str, arm: 
     cmd = [sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model", model,
            "--seeds", a.seeds, *(["--from-scratch"] if arm == "scratch" else []),
            *[x for s in sweep for x in ("--sweep", s)],
-           "--set", f"data.glue_dir={glue}", "--set", f"train.epochs={a.epochs}", "--set", "train.batch_size=32",
-           "--set", f"train.output_dir={folder}",
-           "--set", f"tracking.uri=sqlite:///{out / 'mlflow.db'}", "--set", "tracking.experiment=glue-table"]
+           *harness.set_args({"data.glue_dir": glue, "train.epochs": a.epochs, "train.batch_size": 32,
+                              "train.output_dir": folder, "tracking.uri": f"sqlite:///{out / 'mlflow.db'}",
+                              "tracking.experiment": "glue-table"})]
     harness.launch(cmd, env=env, log=out / "logs" / f"{folder.name}.log", append=True)  # a rerun adds to it
 
 

@@ -1,19 +1,6 @@
-"""The benchmarks' one harness: a study's declaration and record, its launches, and the data fixtures.
+"""The benchmarks' one harness: a study's declaration and record, a table's markdown, launches, and the data fixtures.
 
-A benchmark declares what it compares and measures inside its study's record:
-
-    STUDY = Study("packing", question="How much faster does doc-packed train than padded rows?",
-                  metric="real tokens/s", baseline="doc (padded rows)", arms=("doc", "doc-packed", "full"))
-
-    with STUDY.record() as rec:                         # STUDY.record("VARIANT"): NAME.VARIANT.json beside it
-        rec.table("title", rows)                        # rows: [{column: value, ...}, ...], printed too
-        rec.headline("doc-packed ÷ doc", "1.76", target="≥ 1.4", met=True)
-
-The record notes the command, the date, the machine (cores, CPU model), the load at the start and the
-end, the git commit and the study, and on a clean exit writes `benchmarks/results/NAME.json` atomically
-(`BENCHMARK_RESULTS_DIR` redirects it); a run that raises writes nothing; `render_tables.py` renders the
-docs from these files. `launch` runs a command from the repository root: printed, timed (wall and child
-CPU seconds, the load around it), logged, capped. Work goes to `work_dir(NAME)`, never the checkout's runs/.
+docs/benchmarks.md ("How a benchmark is written") says how a benchmark declares its study and what its record holds.
 """
 
 from __future__ import annotations
@@ -145,8 +132,6 @@ class BenchmarkRecord:
 
     def table(self, title: str, rows: list[dict[str, Any]], *, note: str | None = None) -> None:
         """A table as rows of named columns, in the order given; printed as the docs will show it."""
-        from render_tables import render_table  # which imports this module
-
         entry: dict[str, Any] = {"title": title, "columns": list(dict.fromkeys(k for r in rows for k in r)),
                                  "rows": [dict(r) for r in rows], **({"note": note} if note else {})}
         self.results.setdefault("tables", []).append(entry)
@@ -176,6 +161,26 @@ class BenchmarkRecord:
         return self.path
 
 
+def cell(value: Any) -> str:
+    """One table cell: text as written, numbers compactly, a '|' escaped so it cannot split the row."""
+    text = ("—" if value is None else ("yes" if value else "no") if isinstance(value, bool)
+            else format(value, ".6g") if isinstance(value, float) else str(value))
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(table: dict[str, Any]) -> list[str]:
+    columns = table.get("columns") or list(dict.fromkeys(k for row in table["rows"] for k in row))
+    # Title and note go above the table as one paragraph (a backslash breaks the line): GFM starts a
+    # table right under a paragraph, where a line below it would need a blank line either side.
+    above = ([f"**{table['title']}**"] if table.get("title") else []) + ([table["note"]] if table.get("note") else [])
+    lines = [line + "\\" for line in above[:-1]] + above[-1:]
+    lines.append("| " + " | ".join(cell(c) for c in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for row in table["rows"]:
+        lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
+    return lines + [""]
+
+
 class Launch(NamedTuple):
     """One command's run: wall and child CPU seconds, the load around it, and what it printed when captured."""
 
@@ -187,12 +192,9 @@ class Launch(NamedTuple):
 
 
 def cpu_env(threads: int | None = None) -> dict[str, str]:
-    """The environment of a launch: CPU DeepSpeed, this repository importable, this venv's tools first.
-
-    The venv's `ninja` must come first on PATH, and its own extensions folder be used: a system ninja and
-    the venv's keep different build logs and take turns rebuilding DeepSpeed's comm op (1-2 min) inside
-    whichever run's clock is running.
-    """
+    """The environment of a launch: CPU DeepSpeed, this repository importable, this venv's tools first (a system
+    ninja and the venv's keep different build logs, and would take turns rebuilding DeepSpeed's comm op, 1-2 min,
+    inside whichever run's clock is running)."""
     from pipeline.common.topology import use_environment_extensions_dir
 
     use_environment_extensions_dir()
@@ -203,14 +205,11 @@ def cpu_env(threads: int | None = None) -> dict[str, str]:
 
 def launch(cmd: list, *, env: dict | None = None, log: Path | None = None, append: bool = False,
            cap_minutes: float | None = None, capture: bool = False, quiet: bool = False) -> Launch:
-    """Run `cmd` (items made strings) from the repository root; raise with its last words unless it ends well.
-
-    Output goes to `log` (a new file, or `append`ed), is captured (`capture`: `Launch.output`), dropped
-    (`quiet`) or shown. With `cap_minutes` the command gets SIGTERM when they pass (it stops after the
-    step), SIGKILL for its session two minutes later; what it wrote by then is the result. The signal
-    goes to the launched process only: torchrun passes it on to its ranks, which shut their loader
-    workers down themselves (signalling those too would crash a rank).
-    """
+    """Run `cmd` (items made strings) from the repository root; raise with its last words unless it ends well. Output
+    goes to `log` (a new file, or `append`ed), is captured (`Launch.output`), dropped (`quiet`) or shown. Past
+    `cap_minutes` the command gets SIGTERM (it stops after the step; what it wrote is the result), its session SIGKILL
+    two minutes later. SIGTERM goes to the launched process only: torchrun passes it on to its ranks, which stop
+    their loader workers themselves (signalling those too would crash a rank)."""
     cmd = [str(c) for c in cmd]
     print("$", shlex.join(cmd), f"> {log}" if log else "", flush=True)
     if log:
@@ -252,11 +251,16 @@ def build_comm_op() -> None:
     launch([sys.executable, "-c", BUILD_OP], env=cpu_env(), quiet=True)
 
 
+def set_args(sets: dict[str, Any] | list[str]) -> list[str]:
+    """`--set KEY=VALUE` for each of `sets`: a mapping, or KEY=VALUE texts."""
+    return [x for s in ([f"{k}={v}" for k, v in sets.items()] if isinstance(sets, dict) else sets)
+            for x in ("--set", s)]
+
+
 def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> list[str]:
     """`launchers/pretrain.py --config CONFIG --set ...` on `ranks` CPU ranks (torchrun for more than one)."""
     launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
-    return [sys.executable, *launcher, "launchers/pretrain.py", "--config", str(config),
-            *(x for s in sets for x in ("--set", s))]
+    return [sys.executable, *launcher, "launchers/pretrain.py", "--config", str(config), *set_args(sets)]
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -270,13 +274,11 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def peak_flops(threads: int | None = None, n: int = 4096, repeats: int = 5, dtype: str = "fp32",
-               device: str = "cpu") -> float:
-    """FLOP/s of the best of `repeats` n × n products (`threads` on CPU, restored after): the MFU denominator."""
+def peak_flops(n: int = 4096, repeats: int = 5, dtype: str = "fp32", device: str = "cpu") -> float:
+    """FLOP/s of the best of `repeats` n × n products: the MFU denominator."""
     import torch
 
-    before, sync = torch.get_num_threads(), torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    torch.set_num_threads(threads or before)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, {"bf16": "bfloat16", "fp16": "float16",
                                                                     "fp32": "float32"}[dtype])) for _ in range(2))
     best = float("inf")
@@ -285,7 +287,6 @@ def peak_flops(threads: int | None = None, n: int = 4096, repeats: int = 5, dtyp
         torch.mm(a, b)
         sync()
         best = best if i == 0 else min(best, time.perf_counter() - start)
-    torch.set_num_threads(before)
     return 2 * n**3 / best
 
 

@@ -219,6 +219,16 @@ def encode(tokenizer, texts: list[tuple[str, ...]], labels: list[int], max_seq_l
     return [{**{k: v[i] for k, v in enc.items()}, "labels": label} for i, label in enumerate(labels)]
 
 
+def pipeline_sets(recipe: dict) -> dict:
+    """The pipeline's fine-tuning keys for the run_glue `recipe` that `finetune` trains with."""
+    return {"data.max_seq_len": recipe["max_seq_len"], "train.learning_rate": recipe["lr"],
+            "train.batch_size": recipe["batch"], "train.epochs": recipe["epochs"],
+            "train.warmup_ratio": recipe["warmup_ratio"], "train.weight_decay": recipe["weight_decay"],
+            "train.adam_betas": json.dumps(list(recipe["betas"])), "train.adam_eps": recipe["eps"],
+            "train.max_grad_norm": recipe["max_grad_norm"],
+            **({"train.eval_batch_size": recipe["eval_batch"]} if "eval_batch" in recipe else {})}
+
+
 def finetune(model: str, tokenizer, train: list[dict], dev: list[dict], num_labels: int, recipe: dict, seed: int,
              out: str, *, save: bool = False, progress: bool = True) -> tuple[list[float], float]:
     """(dev accuracy after each epoch, seconds of `Trainer.train`) of run_glue's way on `encode`d examples."""

@@ -1,19 +1,9 @@
 """How much the main job's result hangs on its pretraining seed: its recipe pretrained on several seeds, each judged.
 
-    python benchmarks/main_job_seeds.py [--seeds 0,1,2,3,4] [--ranks 2] [--out /tmp/main-job-seeds]
-        [--arms shipped] [--set ARM:KEY=VALUE ...] [--screen] [--variant NAME]
-
-One run, through the main job's own stages (pipeline/commands/run_default.py):
-1. its data (corpus, tokenizer, shards, verified) and its tasks, once, in `<out>/data`;
-2. per arm and seed, in `<out>/<arm>/seed-<N>` (made afresh): the main job's pretraining, configs/main-job.json
-   with train.seed N and the arm's `--set` overrides (`shipped`: none), then its minimal pairs against the
-   unigram model. From the run's metrics.jsonl: the step where the validation loss first falls 0.5 nats below
-   the unigram entropy H (`eval/unigram_entropy`, interpolated between evaluations), and the final loss beside H;
-3. unless `--screen`: word order through the fair protocol at the full-label point, from each seed's export
-   and once per arm from scratch (random weights do not depend on the pretraining seed), two runs at a time;
-   the gain is the difference of the two medians over fine-tuning seeds.
-The record is benchmarks/results/main_job_seeds[.VARIANT].json; the default run (the shipped recipe, every
-stage) is the one the main job's summary and the README quote (pipeline/tracking/job_summary.py).
+One run through the main job's own stages (pipeline/commands/run_default.py): its data and tasks once, then per arm
+and seed a fresh main-job folder (pretraining, minimal pairs) and, unless `--screen`, word order through the fair
+protocol. docs/benchmarks.md ("How much the main job's result hangs on its seed") says what is judged; the default
+record is the one the main job's summary and the README quote (pipeline/tracking/job_summary.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """How long the main job takes here, and what it shows downstream: a fresh run, a second run, one-off costs.
 
-    python benchmarks/main_job_time.py [--out /tmp/main-job-time] [--cold-build] [--install]
-
-Runs `launchers/run_default.py --fresh` and then `launchers/run_default.py` again, exactly as a user would, and
-tabulates each stage's time from the job's own `logs/timings.json`; a run that rebuilt DeepSpeed's CPU comm op
-changed its `.so`. One-off costs, on request: `--cold-build` builds that op into an empty extensions folder first
-(a new environment's first pretraining) and runs the job against it; `--install` times a new virtual environment
-made by launchers/setup_env.sh (pip's cache helps). The fresh run's downstream results go into the record too:
-both tasks through the protocol at every label count, the word-order gain, points below scratch, minimal pairs.
+docs/benchmarks.md ("How long the main job takes") and docs/design.md (`--cold-build`, `--install`) say what it runs.
 """
 
 from __future__ import annotations

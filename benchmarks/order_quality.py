@@ -1,12 +1,6 @@
 """How representative a global batch is under the block shuffle, against a global shuffle, at 100B-token scale.
 
-    python benchmarks/order_quality.py [--tokens 1e11] [--seq-len 512] [--shard-size 8192]
-
-A corpus sharded source after source is sorted by source, and a global batch draws from one shuffle block
-(pipeline/data/epoch_order.py). For each block size and global batch: how far sampled batches' source shares stray
-from the corpus's (total variation, ½ Σ |batch share − corpus share|), and the token cache a node keeps (two
-blocks, uint16 ids); MosaicML streaming's py1e block is the anchor. The orders are the pipeline's own
-(`EpochOrder`), evaluated for the positions a batch needs: no data is read.
+docs/benchmarks.md ("How far a batch's mix strays under the block shuffle") says what is measured; no data is read.
 """
 
 from __future__ import annotations

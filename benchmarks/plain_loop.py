@@ -1,13 +1,14 @@
 """The plain PyTorch loop that the pipeline's step is measured against, and the short step profile both get.
 
     python benchmarks/plain_loop.py SHAPE_JSON --vocab 50265 --json out.json [--device cuda] [--compile]
+        [--precision fp32|bf16]
 
 (SHAPE_JSON: `[model keys, seq_len, micro batch]`, as gpu_runs.shape gives them.)
 
 The loop is what a careful user writes by hand for the same model: transformers' own masked-LM class (its full
-vocabulary head and loss), torch's fused AdamW (foreach on CPU), clipping to 1.0, bf16 autocast on CUDA, and
-`train.compile`'s per-block compile; micro batches of random tokens, 15% labelled, already on the device and replayed.
-No DeepSpeed, no loader, no logging: the floor for the model. docs/gpu-nodes.md reads its rows.
+vocabulary head and loss), torch's fused AdamW (foreach on CPU), clipping to 1.0, bf16 autocast (by default on CUDA),
+and `train.compile`'s per-block compile; micro batches of random tokens, 15% labelled, already on the device and
+replayed. No DeepSpeed, no loader, no logging: the floor for the model. docs/gpu-nodes.md reads its rows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import harness  # noqa: F401 (puts the repository on the path: `pipeline` import
 
 PROFILED_STEPS = 3
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+READS = ("aten::_local_scalar_dense", "aten::nonzero")
+"""The operators that wait for a value of the device: item(), bool() and is_nonzero() read through the first."""
 
 
 def profiler(device: str):
@@ -47,9 +50,9 @@ def step_profile(step: Callable[[], Any], steps: int, device: str) -> dict[str, 
 
 
 def summary(prof, steps: int, device: str) -> dict[str, Any]:
-    """A stopped profiler's window: the GPU's idle share (the union of its kernels against the window's span), device
-    reads per step (synchronize calls, device-to-host copies), the top kernels (CPU operators on a CPU run), and the
-    most GPU memory the process has held (what sizes a micro batch to a card)."""
+    """A stopped profiler's window: the GPU's idle share (the union of its kernels against the window's span), operator
+    calls and device reads per step (READS, synchronize calls, device-to-host copies), the top kernels (CPU operators
+    on a CPU run), and the most GPU memory the process has held (what sizes a micro batch to a card)."""
     from torch.autograd import DeviceType
 
     cuda = device == "cuda"
@@ -60,8 +63,9 @@ def summary(prof, steps: int, device: str) -> dict[str, Any]:
     for start, end in sorted((e.time_range.start, e.time_range.end) for e in on_device):
         busy += max(0.0, end - max(start, reach))
         reach = max(reach, end)
+    operators = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in on_device or [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]:
+    for e in on_device or operators:
         totals[e.name][0] += e.time_range.end - e.time_range.start
         totals[e.name][1] += 1
     top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:6]
@@ -71,10 +75,21 @@ def summary(prof, steps: int, device: str) -> dict[str, Any]:
     return {"steps": steps, "window_ms": round(span / 1e3, 2),
             "max_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
             "gpu_idle_share": round(1 - busy / span, 3) if cuda and span else None,
+            "operator_calls_per_step": len(operators) / steps,
+            "device_reads_per_step": sum(e.name in READS for e in operators) / steps,
+            "device_reads_by_range": {name: n / steps for name, n in Counter(
+                caller(e) for e in operators if e.name in READS).most_common()},
             "syncs_per_step": sum(e.name in SYNC_CALLS for e in events) / steps,
             "device_to_host_copies_per_step": sum(e.name.startswith("Memcpy DtoH") for e in on_device) / steps,
             "top": [{"name": name[:90], "ms_per_step": round(t / 1e3 / steps, 3), "share": round(t / whole, 3),
                      "calls_per_step": n / steps} for name, (t, n) in top]}
+
+
+def caller(event) -> str:
+    """The nearest range around an operator that is not an operator itself (an optimizer's step, a backward node)."""
+    while event.name.startswith("aten::") and event.cpu_parent is not None:
+        event = event.cpu_parent
+    return "(outside any range)" if event.name.startswith("aten::") else event.name
 
 
 def random_batches(vocab: int, rows: int, seq_len: int, count: int, device: str) -> list[dict[str, Any]]:
@@ -92,7 +107,7 @@ def random_batches(vocab: int, rows: int, seq_len: int, count: int, device: str)
 
 
 def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device: str, compiled: bool, steps: int,
-               warmup: int, profiled: int = PROFILED_STEPS) -> dict[str, Any]:
+               warmup: int, profiled: int = PROFILED_STEPS, precision: str | None = None) -> dict[str, Any]:
     """Train the model of `keys` for `warmup` + `steps` steps; tokens/s over the timed steps, then a profile."""
     import torch
     from transformers import AutoModelForMaskedLM
@@ -108,12 +123,13 @@ def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device
     if compiled:
         compile_blocks(model)
     cuda = device == "cuda"
+    bf16 = (precision or ("bf16" if cuda else "fp32")) == "bf16"
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, foreach=not cuda)
     batches = random_batches(vocab, rows, seq_len, 4, device)
     turn = iter(range(10**9))
 
     def step() -> None:
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
             loss = model(**batches[next(turn) % len(batches)]).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
@@ -142,12 +158,13 @@ def main() -> None:
     p.add_argument("--vocab", type=int, required=True, help="the vocabulary size (the check's tokenizer's)")
     p.add_argument("--json", required=True, help="where the row is written")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     a = p.parse_args()
     keys, seq_len, rows = json.loads(a.shape)
-    row = plain_loop(keys, seq_len, rows, a.vocab, a.device, a.compile, a.steps, a.warmup)
+    row = plain_loop(keys, seq_len, rows, a.vocab, a.device, a.compile, a.steps, a.warmup, precision=a.precision)
     Path(a.json).write_text(json.dumps(row, indent=1))
 
 

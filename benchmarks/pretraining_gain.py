@@ -1,13 +1,9 @@
 """What pretraining buys downstream: GLUE dev scores after a fixed CPU budget of pretraining, vs from scratch.
 
-    python benchmarks/pretraining_gain.py [--config configs/budget-modernbert-wide.json] [--steps N] [--minutes M]
-        [--ranks 2] [--set KEY=VALUE ...] [--corpus FILE ...] [--tasks sst2,rte] [--minimal-pairs] [--seeds 1,2,3]
-        [--train-examples 10000] [--epochs 3] [--sweep KEY=V1,V2 ...] [--variant NAME] [--out DIR]
-
 Through the user-facing commands: a 16k BPE and 128-token shards of IMDB or of every `--corpus`; pretraining for
 `--steps`, at most `--minutes` (then SIGTERM: the run checkpoints, and that checkpoint is fine-tuned); each task
-from it and from scratch through the fair protocol, the arms side by side; with `--minimal-pairs`, pairs from the
-corpus's held-out documents against a unigram model. The record is pretraining_gain.VARIANT (default: the config).
+from it and from scratch through the fair protocol. docs/finetuning.md ("What pretraining buys") has the rest; the
+record is pretraining_gain.VARIANT (default: the config's name).
 """
 
 from __future__ import annotations
@@ -84,10 +80,10 @@ def measure(a: argparse.Namespace, glue: Path, rec: harness.BenchmarkRecord) -> 
         harness.launch([sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model",
                         out / "pretrain", "--seeds", a.seeds, *(["--from-scratch"] if scratch else []),
                         *[x for grid in a.sweep or DEFAULT_SWEEP for x in ("--sweep", grid)],
-                        *[x for s in (f"data.glue_dir={glue}", f"data.max_train_examples={a.train_examples}",
-                                      f"train.epochs={a.epochs}", "train.batch_size=32", f"train.output_dir={folder}",
-                                      f"tracking.uri={uri}", "tracking.experiment=pretraining-gain")
-                          for x in ("--set", s)]], env=env, log=out / "logs" / f"finetune-{folder.name}.log")
+                        *harness.set_args({"data.glue_dir": glue, "data.max_train_examples": a.train_examples,
+                                           "train.epochs": a.epochs, "train.batch_size": 32, "train.output_dir": folder,
+                                           "tracking.uri": uri, "tracking.experiment": "pretraining-gain"})],
+                       env=env, log=out / "logs" / f"finetune-{folder.name}.log")
         results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
 
     # The arms side by side: each fine-tuning process runs on one thread, so two use both cores.

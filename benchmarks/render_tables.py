@@ -3,17 +3,7 @@
     python benchmarks/render_tables.py            # rewrite the generated regions in place
     python benchmarks/render_tables.py --check    # exit 1 if a page differs from the results
 
-The prose is written by hand; each result is shown in a region between two markers,
-
-    <!-- generated from benchmarks/results/NAME.json: do not edit -->
-    ...
-    <!-- end generated -->
-
-on docs/benchmarks.md or another docs page beside the subject it measures (`--check` covers every page).
-docs/benchmarks.md names once, in its `<!-- generated machine ... -->` region, the machine most measured results
-ran on; a result names its own only where it differs. A result with no region on any page is appended to
-docs/benchmarks.md under "Other results", so a new benchmark's figure shows up (and `--check` fails) until
-someone places it.
+docs/benchmarks.md ("How a benchmark is written") describes the regions, the machine named once and "Other results".
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS_DIR, ROOT
+from harness import RESULTS_DIR, ROOT, cell, render_table
 
 from pipeline.common.atomic_files import write_text_atomic
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
@@ -38,26 +28,6 @@ REGION = re.compile(r"<!-- generated from benchmarks/results/(?P<name>[^\s]+?)\.
 OTHER_HEADING = "## Other results"
 MACHINE_START = "<!-- generated machine from benchmarks/results: do not edit -->"
 MACHINE_REGION = re.compile(re.escape(MACHINE_START) + r"\n.*?" + re.escape(END), re.S)
-
-
-def cell(value: Any) -> str:
-    """One table cell: text as written, numbers compactly, a '|' escaped so it cannot split the row."""
-    text = ("—" if value is None else ("yes" if value else "no") if isinstance(value, bool)
-            else format(value, ".6g") if isinstance(value, float) else str(value))
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def render_table(table: dict[str, Any]) -> list[str]:
-    columns = table.get("columns") or list(dict.fromkeys(k for row in table["rows"] for k in row))
-    # Title and note go above the table as one paragraph (a backslash breaks the line): GFM starts a
-    # table right under a paragraph, where a line below it would need a blank line either side.
-    above = ([f"**{table['title']}**"] if table.get("title") else []) + ([table["note"]] if table.get("note") else [])
-    lines = [line + "\\" for line in above[:-1]] + above[-1:]
-    lines.append("| " + " | ".join(cell(c) for c in columns) + " |")
-    lines.append("|" + "---|" * len(columns))
-    for row in table["rows"]:
-        lines.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
-    return lines + [""]
 
 
 def render_headline(headline: dict[str, Any]) -> list[str]:

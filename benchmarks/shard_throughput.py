@@ -1,15 +1,6 @@
 """Shard-stage throughput against the bare tokenizer and HF's run_mlm recipe, measured in one run.
 
-    python benchmarks/shard_throughput.py [--corpus FILE] [--tokenizer DIR] [--seq-len 512] [--baseline CHECKOUT]
-
-Same corpus (default: the shared IMDB reviews, else the embedded corpus), tokenizer and cores:
-- bare: `tokenizers.Tokenizer.encode_batch` over texts already in memory (the floor);
-- shard: `data_prep/shard.py` end to end, as a user runs it (start-up included);
-- run_mlm: `datasets` load → `map(tokenize)` → `map(group_texts)` → `save_to_disk`, num_proc = cores.
-Each in its own process, its wall time and peak memory (the process tree) measured; rates use the same
-token count. shard.py again on a tenth of the corpus shows whether memory grows with it. Document
-origins: their bytes as a share of the shards', for every packing mode at `--origins-seq-len` too. With
-`--baseline CHECKOUT`, that checkout's shard.py and this one's alternately, `--repeats` times each.
+docs/benchmarks.md ("The data stage") says what each method runs and how it is timed.
 """
 
 from __future__ import annotations

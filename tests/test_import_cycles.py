@@ -1,4 +1,4 @@
-"""No import circle in `pipeline/`: every import counts, inside functions and `if TYPE_CHECKING:` too.
+"""No import circle in `pipeline/` or `benchmarks/`: every import counts, inside functions and `if TYPE_CHECKING:` too.
 
 A circle means neither module can be read (or loaded) without the other; the config modules, which
 everything imports, are where one grows most easily. The graph comes from each file's syntax tree, so
@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -38,6 +39,12 @@ def imports_of(path: Path, modules: set[str]) -> dict[str, int]:
 
 def import_graph(root: Path = PACKAGE) -> dict[str, dict[str, int]]:
     paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    return {name: imports_of(path, set(paths)) for name, path in paths.items()}
+
+
+def benchmark_graph(root: Path = BENCHMARKS) -> dict[str, dict[str, int]]:
+    """The benchmarks import each other as top-level modules (`from harness import ...`), as when run."""
+    paths = {path.stem: path for path in sorted(root.glob("*.py"))}
     return {name: imports_of(path, set(paths)) for name, path in paths.items()}
 
 
@@ -76,13 +83,21 @@ def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return found
 
 
+def described(graph: dict[str, dict[str, int]]) -> str:
+    return "\n\n".join("\n".join(f"  {a} -> {b} (line {graph[a][b]})" for a in circle for b in graph[a] if b in circle)
+                       for circle in circles(graph))
+
+
 def test_no_module_of_the_package_imports_itself_back_through_others():
     graph = import_graph()
     assert "pipeline.pretrain.config" in graph and graph["pipeline.pretrain.preflight"], "the graph was not read"
-    found = circles(graph)
-    described = ["\n".join(f"  {a} -> {b} (line {graph[a][b]})" for a in circle for b in graph[a] if b in circle)
-                 for circle in found]
-    assert not found, "import circles:\n" + "\n\n".join(described)
+    assert not circles(graph), "import circles:\n" + described(graph)
+
+
+def test_no_benchmark_module_imports_itself_back_through_others():
+    graph = benchmark_graph()
+    assert "harness" in graph["render_tables"] and "gpu_runs" in graph["gpu_check"], "the graph was not read"
+    assert not circles(graph), "import circles:\n" + described(graph)
 
 
 def test_the_walk_sees_an_import_inside_a_function_close_a_circle(tmp_path):

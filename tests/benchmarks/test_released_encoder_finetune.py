@@ -36,7 +36,7 @@ def test_a_bad_command_line_is_refused_with_the_flag_named(args, message, tmp_pa
 
 
 RECIPE = {"lr": 5e-5, "epochs": 3, "batch": 32, "betas": (0.9, 0.999)}
-CAPS = {"max_train": None, "max_eval": None}
+CAPS = {"max_train": None}
 
 
 def a_model(folder: Path, weights: bytes) -> str:
