@@ -12,9 +12,9 @@ request: a host value, so it goes through a gloo group (the default group on CPU
 beside NCCL on GPU) and never waits on the device. The losses stay on the device, summed over the
 steps since the last check, and come to the host in one all-reduce only when the loop needs them: to
 log, before an evaluation or a checkpoint, and at the end. The same all-reduce gathers a few host
-figures from every rank (the loader's wait share), so no rank's is lost and no collective is added. A
-non-finite loss is still caught before anything is saved, because the window's sum is non-finite if any
-of its steps was.
+figures from every rank (the loader's wait share) and the spike guard's device figures (spike_guard.py),
+so no rank's is lost and no collective is added. A non-finite loss is still caught before anything is
+saved, because the window's sum is non-finite if any of its steps was.
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ class CheckedLosses:
     tokens: float
     ranks: list[list[float]] = field(default_factory=list)
     """Each rank's host values given to the check (`StepSync.check`), by rank."""
+    guard: list[float] = field(default_factory=list)
+    """The spike guard's values given to the check, as the ranks' mean (they are the same on every rank)."""
 
     def nonfinite_error(self, step: int, newest: Path | None) -> PipelineError:
         """What stops a run whose loss became non-finite by `step`, naming its last good checkpoint `newest`."""
@@ -144,20 +146,23 @@ class StepSync:
         dist.all_reduce(flag, group=self._vote_group)
         return flag.item() > 0
 
-    def check(self, host: Sequence[float] = ()) -> CheckedLosses:
+    def check(self, host: Sequence[float] = (), guard: torch.Tensor | None = None) -> CheckedLosses:
         """One all-reduce and one device→host copy of the losses since the last check, which also gathers each
-        rank's `host` values (every rank fills only its own slots of the sum); starts a new window."""
+        rank's `host` values (every rank fills only its own slots of the sum) and the spike `guard`'s device values
+        (float64: they hold step numbers); starts a new window."""
         loss = self._loss
-        own = torch.zeros(self.world_size, len(host))
+        guard = torch.zeros(0, dtype=torch.float64, device=loss.device) if guard is None else guard
+        own = torch.zeros(self.world_size, len(host), dtype=torch.float64)
         own[dist.get_rank()] = torch.tensor(host, dtype=own.dtype)
         summed = torch.stack([loss, *self._extras.values(), self._window,
-                              torch.tensor(float(self._tokens), device=loss.device)])
-        values = torch.cat([summed, own.flatten().to(loss.device)])
+                              torch.tensor(float(self._tokens), device=loss.device)]).double()
+        values = torch.cat([summed, own.flatten().to(loss.device), guard])
         dist.all_reduce(values)
         values = values.cpu().tolist()
         n, m, k = self.world_size, len(summed), len(host)
         ranks = [values[m + r * k: m + (r + 1) * k] for r in range(n)] if k else []
         checked = CheckedLosses(values[0] / n, {key: values[1 + i] / n for i, key in enumerate(self._extras)},
-                                values[m - 2] / n, self._first_step, values[m - 1], ranks)
+                                values[m - 2] / n, self._first_step, values[m - 1], ranks,
+                                [v / n for v in values[m + n * k:]])
         self._reset()
         return checked

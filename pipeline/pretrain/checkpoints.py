@@ -44,7 +44,7 @@ from pipeline.common.topology import Topology
 from pipeline.pretrain.checkpoint_record import RECORD_FILE, CheckpointRecord, read_record, write_record
 from pipeline.pretrain.device_step import extra_state, load_extra_state, loss_scaler
 from pipeline.pretrain.plan import RunPlan, StartPoint
-from pipeline.pretrain.run_ledger import SetAsideEvent, SkipEvent
+from pipeline.pretrain.run_ledger import Ledger, LedgerEvent, SetAsideEvent, SkipEvent, read_ledger
 
 if TYPE_CHECKING:
     from pipeline.pretrain.run_log import RunLog
@@ -175,9 +175,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
                         f"{RECORD_FILE}, or a training output folder holding checkpoints/)")
 
 
-def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int) -> Path:
-    """Save under `root` (a run's checkpoints folder) on every rank; rank 0 writes `record` (with every file's
-    checksum) after a barrier, which marks it complete, then prunes old checkpoints."""
+def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int,
+                    client_state: dict[str, Any] | None = None) -> Path:
+    """Save under `root` (a run's checkpoints folder) on every rank, with `client_state` beside DeepSpeed's own;
+    rank 0 writes `record` (with every file's checksum) after a barrier, which marks it complete, then prunes old
+    checkpoints."""
     tag = tag_for(record.step)
     folder = root / tag
     if dist.get_rank() == 0 and folder.exists() and not (folder / RECORD_FILE).exists():
@@ -186,7 +188,8 @@ def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int
     # DeepSpeed writes with torch.save; a full disk surfaces as OSError or RuntimeError. The folder
     # then has no record, so it is never resumed from, and the previous checkpoint stays the newest.
     with reporting_disk_full(folder):
-        engine.save_checkpoint(str(root), tag=tag, save_latest=False, client_state=extra_state(engine))
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False,
+                               client_state={**extra_state(engine), **(client_state or {})})
     dist.barrier()
     if dist.get_rank() == 0:
         # Checksums of every rank's files, read back once by rank 0 after the barrier: a file damaged
@@ -257,9 +260,9 @@ class Checkpointer:
         self.plan = plan
         return plan
 
-    def load(self, engine) -> int:
-        """Load the plan's start into the engine on every rank; returns its step, which sets the LR
-        (`engine.restore_step`).
+    def load(self, engine, guard=None) -> int:
+        """Load the plan's start into the engine (and the spike `guard`'s window) on every rank; returns its step,
+        which sets the LR (`engine.restore_step`).
 
         The weights, moments and step come from the checkpoint; the optimizer's settings (peak LR, weight decay,
         betas) stay this run's config's, which DeepSpeed's load would otherwise replace with the checkpoint's:
@@ -286,6 +289,10 @@ class Checkpointer:
         if loaded is None:
             raise PipelineError(f"checkpoint {start.checkpoint}: DeepSpeed could not load it")
         load_extra_state(engine, client_state)
+        if guard is not None:
+            # An anneal's source trained on other data: its window says nothing of this run's level.
+            held = None if start.anneal else (client_state or {}).get("spike_guard")
+            guard.load_state_dict(held, start.step)
         if earlier:
             load_unfused_optimizer_state(engine, start.checkpoint)
         for group, own in zip(engine.optimizer.param_groups, settings, strict=True):
@@ -306,21 +313,29 @@ class Checkpointer:
         self.log.report(start.step, event, message)
         return start.step
 
-    def save(self, engine, step: int) -> None:
-        """A checkpoint after `step` steps, with the plan's record of them; none when the newest complete checkpoint
-        is this step's already (a rerun of a finished run)."""
+    def save(self, engine, step: int, guard=None) -> None:
+        """A checkpoint after `step` steps, with the plan's record of them (and the spike `guard`'s window); none
+        when the newest complete checkpoint is this step's already (a rerun of a finished run)."""
         if (newest := self.newest_complete()) is not None and newest.name == tag_for(step):
             return
         started = time.perf_counter()
         # The model's own shape: with model.init_from it is the folder's, not the config's.
         record = self.plan.record(step, hf_config=json.loads(engine.module.config.to_json_string()))
-        folder = save_checkpoint(engine, self.root, record, self.plan.config.checkpoint.keep_last)
+        guarded = {"spike_guard": guard.state_dict()} if guard is not None and guard.on else {}
+        folder = save_checkpoint(engine, self.root, record, self.plan.config.checkpoint.keep_last, guarded)
         self.log.metrics.event({"checkpoint": str(folder),
                                 "checkpoint_seconds": round(time.perf_counter() - started, 3)}, step)
         self.log.metrics.flush()
 
     def newest_complete(self) -> Path | None:
         return newest_complete(self.root)
+
+    def note(self, ledger: Ledger, events: list[LedgerEvent]) -> Ledger:
+        """`ledger` with `events` added: rank 0 appends them to the run's ledger, read afresh (this session's start
+        may have added to it since the preflight read it); the other ranks hold them in memory."""
+        if self.topology.is_main:
+            return read_ledger(ledger.path).append(events)
+        return ledger.with_events(events)
 
     def resume_hint(self) -> str:
         """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""

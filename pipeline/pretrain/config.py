@@ -30,6 +30,7 @@ from pipeline.pretrain.masking import MaskingConfig
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
 Decay = Literal["linear", "polynomial", "cosine", "constant", "1-sqrt"]
+SpikeGuardMode = Literal["off", "skip", "rollback"]
 
 WSD_DECAYS = ("linear", "cosine", "1-sqrt")
 """The decays `schedule.kind: wsd` offers (pipeline/pretrain/schedules.py computes them)."""
@@ -340,6 +341,14 @@ class TrainConfig:
     restart_from_scratch: bool = False
     """Let a skipped range that no kept checkpoint precedes restart the run from step 0 (every checkpoint set
     aside); without it such a skip is refused before any work (`--restart-from-scratch`)."""
+    spike_guard: SpikeGuardMode = "off"
+    """Judge each step's loss and gradient norm against the last steps' (the `guard` section; docs/long-runs.md):
+    off; skip: an outlier step's update is not applied (ZeRO 0 with optimizer.name adamw, fused); rollback: an
+    outlier, or a non-finite loss, sends the run back to its last checkpoint before it, that stretch's batches
+    skipped."""
+    inject_spike: str | None = None
+    """A drill: "STEP:FACTOR" multiplies step STEP's loss, and so its gradients, by FACTOR before the backward (a
+    stand-in for a bad batch, to rehearse the guard; under gradient clipping only its detection)."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""
@@ -372,6 +381,9 @@ class TrainConfig:
                 "steps; launchers/pretrain.py --anneal-from CKPT --anneal-steps N), or neither")
         else:
             problems += too_small("train", self, 1, "anneal_steps")
+        if self.inject_spike is not None and spike_drill(self.inject_spike) is None:
+            add(f"train.inject_spike: {self.inject_spike!r} is not STEP:FACTOR with STEP ≥ 1 and a factor other than "
+                "0 (e.g. 300:1e4, the step as the logs number it)")
         refuse(self, problems + self._skip_problems())
 
     def _skip_problems(self) -> list[str]:
@@ -388,6 +400,45 @@ class TrainConfig:
         """`skip_steps` as ranges of 0-based step indices (the loop's `step` before the step runs), in order."""
         ends = sorted(tuple(int(x) for x in text.split(":")) for text in self.skip_steps)
         return tuple(range(a - 1, b) for a, b in ends)
+
+
+def spike_drill(text: str) -> tuple[int, float] | None:
+    """`train.inject_spike`'s "STEP:FACTOR" as (step, factor); None if it is not one."""
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\S+)\s*", str(text))
+    try:
+        step, factor = int(match[1]), float(match[2])
+    except (TypeError, ValueError):
+        return None
+    return (step, factor) if step >= 1 and factor != 0 else None
+
+
+@dataclass
+class GuardConfig:
+    """How the spike guard (`train.spike_guard`) judges a step, and how far a rollback goes."""
+
+    window: int = 100
+    """Steps whose loss and gradient norm make the rolling mean and deviation a step is judged against."""
+    threshold: float = 6.0
+    """An outlier's loss or gradient norm lies more than this many deviations above the window's mean."""
+    min_steps: int = 50
+    """Steps the window must hold before the guard judges (a non-finite loss or norm counts from the first)."""
+    rollback_after: int = 1
+    """rollback: outliers among the last `window` steps that send the run back (a non-finite one always does)."""
+    margin: int = 0
+    """rollback: steps after the last outlier whose batches are skipped with it."""
+    max_rollbacks: int = 3
+    """rollback: the most rollbacks in the run (its ledger counts them, across resumes); at the next spike after
+    that the run stops, naming the steps."""
+
+    def __post_init__(self):
+        problems = too_small("guard", self, 2, "window", "min_steps") + too_small("guard", self, 1, "rollback_after")
+        problems += too_small("guard", self, 0, "margin", "max_rollbacks")
+        if not 0 < self.threshold < float("inf"):
+            problems.append(f"guard.threshold: must be a positive number of deviations, got {self.threshold}")
+        for key in ("min_steps", "rollback_after"):
+            if getattr(self, key) > self.window:
+                problems.append(f"guard.{key}: must be ≤ guard.window {self.window}, got {getattr(self, key)}")
+        refuse(self, problems)
 
 
 @dataclass
@@ -464,6 +515,8 @@ class PretrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The spike guard's window, threshold and rollback bounds (train.spike_guard turns it on)."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     deepspeed: dict[str, Any] = field(default_factory=dict)
     """DeepSpeed's own further keys (deepspeed_section.py checks them); precision and ZeRO stage are `train`'s."""
@@ -491,8 +544,32 @@ class PretrainConfig:
             decays = [d for d in get_args(Decay) if d != "constant"]
             add(f"train.anneal_from with schedule.decay 'constant': the anneal is a decay; choose one of "
                 f"{', '.join(decays)}")
-        problems += self._deepspeed_problems()
+        problems += self._deepspeed_problems() + self._guard_problems()
         refuse(self, problems)
+
+    def _guard_problems(self) -> list[str]:
+        """Where the spike guard's remedy can work: a skip inside torch's fused AdamW, a rollback to a kept checkpoint
+        from before the first outlier."""
+        t, o, c, g = self.train, self.optimizer, self.checkpoint, self.guard
+        if t.spike_guard == "skip" and (t.zero_stage != 0 or o.name != "adamw" or o.fused is False):
+            why = (f"train.zero_stage {t.zero_stage}" if t.zero_stage != 0 else f"optimizer.name {o.name}"
+                   if o.name != "adamw" else "optimizer.fused false")
+            return [f"train.spike_guard skip: an outlier's update is left out inside torch's fused AdamW (its "
+                    f"found_inf), which only ZeRO stage 0 with optimizer.name adamw runs, got {why}; use "
+                    "train.spike_guard rollback"]
+        if t.spike_guard != "rollback":
+            return []
+        if c.resume == "never":
+            return ["train.spike_guard rollback with checkpoint.resume never: a rollback resumes from the run's own "
+                    "checkpoints; set checkpoint.resume auto"]
+        if (c.keep_last - 1) * c.every < g.window:
+            # Found at a logging step, the first outlier may be `window` steps back; the newest checkpoint may be
+            # after it, so the one before must still be kept.
+            return [f"train.spike_guard rollback: an outlier is found up to guard.window {g.window} steps after it "
+                    f"happened, and the rollback needs a checkpoint from before it; checkpoint.keep_last "
+                    f"{c.keep_last} at checkpoint.every {c.every} keeps none that old: raise checkpoint.keep_last to "
+                    f"{1 + -(-g.window // c.every)}, or lower guard.window"]
+        return []
 
     def _phase_problems(self) -> list[str]:
         """`phases` as written: names, fractions, folders, LR, decay, RoPE bases, sizes (their steps: preflight.py)."""

@@ -5,9 +5,10 @@ queued kernel, so the next step's kernels are not queued meanwhile. The engine's
 avoids DeepSpeed's per-tensor bf16/fp16 wrapper at ZeRO 0 and its throughput timer; what DeepSpeed 0.19.8
 still does on the host in a step, and what is done here instead:
 - ZeRO 0 clips with one norm and one multiply per tensor (~800 operator calls for RoBERTa-large's 394
-  tensors; no read): torch's `clip_grad_norm_(foreach=True)` does it in a few multi-tensor kernels, and the
-  norm stays a device tensor for the run log (`engine.get_global_grad_norm()`, which DeepSpeed leaves None at
-  ZeRO 0 in fp32);
+  tensors; no read): torch's multi-tensor norm and clip do it in a few kernels, and the norm stays a device
+  tensor for the run log (`engine.get_global_grad_norm()`, which DeepSpeed leaves None at ZeRO 0 in fp32) and
+  for the spike guard, which judges the step there, between its norm and its update (spike_guard.py); with
+  `skip` its verdict reaches torch's fused AdamW as `found_inf` (`skip_updates_on`);
 - ZeRO 0 on one rank flattens every gradient, "averages" it over that one rank and copies it back: off;
 - ZeRO 0 in fp16 scales the loss with torch's GradScaler built with DeepSpeed's defaults, whatever the
   `fp16` section says, and saves it in no checkpoint: built from the section here, and its state goes into
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import math
 import types
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,26 +40,50 @@ DEFAULT_SCALER_KEYS = {"initial_scale_power": 16, "loss_scale_window": 1000}
 """DeepSpeed's fp16 defaults: a first loss scale of 2^16, doubled after 1,000 steps without an overflow."""
 
 
-def keep_step_on_device(engine, config: PretrainConfig) -> None:
-    """Replace, on this engine, DeepSpeed's host-side parts of the step (the module docstring lists them)."""
+def keep_step_on_device(engine, config: PretrainConfig, guard=None) -> None:
+    """Replace, on this engine, DeepSpeed's host-side parts of the step (the module docstring lists them); at ZeRO 0
+    the spike `guard` judges each step in its clipping."""
     t = config.train
     if t.zero_stage == 0:
-        engine.clip_fp32_gradients = types.MethodType(clip_gradients, engine)
+        engine.clip_fp32_gradients = partial(clip_gradients, engine, guard)
         if dist.get_world_size() == 1:
             engine.enable_backward_allreduce = False
         if t.precision == "fp16":
             engine.torch_autocast_z0_gradscaler = grad_scaler(config.deepspeed.get("fp16", {}))
+        if guard is not None and guard.mode == "skip":  # config.py allows it with torch's fused AdamW only
+            skip_updates_on(engine.optimizer, guard.skip, scaled=loss_scaler(engine) is not None)
     elif t.zero_stage in (1, 2) and t.precision != "fp16":  # DeepSpeed's fp16 reads its overflow check anyway
         engine.optimizer.unscale_and_clip_grads = types.MethodType(unscale_and_clip_grads, engine.optimizer)
 
 
-def clip_gradients(engine) -> None:
-    """ZeRO 0's clipping: torch's multi-tensor clip to `gradient_clipping`; the norm is kept on the device.
+def clip_gradients(engine, guard=None) -> None:
+    """ZeRO 0's clipping: torch's multi-tensor norm and clip to `gradient_clipping` (`clip_grad_norm_(foreach=True)`
+    in its two halves), the norm kept on the device; then the spike `guard` judges the step.
 
-    Every rank holds the whole averaged gradient at ZeRO 0, so its norm is the global one without a collective.
+    Every rank holds the whole averaged gradient at ZeRO 0, so its norm is the global one without a collective. With
+    the guard on and clipping off, DeepSpeed is told an infinite clip (engine.py), so that the norm is still taken.
     """
-    engine._global_grad_norm = torch.nn.utils.clip_grad_norm_(engine.module.parameters(), engine.gradient_clipping(),
-                                                              foreach=True)
+    params = list(engine.module.parameters())
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+    if math.isfinite(engine.gradient_clipping()):
+        torch.nn.utils.clip_grads_with_norm_(params, engine.gradient_clipping(), norm, foreach=True)
+    engine._global_grad_norm = norm
+    if guard is not None:
+        guard.judge(norm)
+
+
+def skip_updates_on(optimizer: torch.optim.Optimizer, verdict: torch.Tensor, *, scaled: bool) -> None:
+    """Hand the spike guard's verdict to torch's fused AdamW as `found_inf`: at 1 its kernel leaves the whole update
+    out (weights, moments) and takes its step counters back, all on the device (torch/optim/adam.py `_fused_adam`).
+
+    fp16's GradScaler sets `found_inf` itself before each step (its overflow check) and removes it after: `scaled`,
+    the two are combined just before the update, so either leaves it out and only an overflow changes the scale.
+    """
+    if not scaled:
+        optimizer.found_inf = verdict
+        return
+    optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: setattr(opt, "found_inf", torch.maximum(opt.found_inf, verdict)))
 
 
 def unscale_and_clip_grads(self, grad_groups_flat: list, total_norm) -> None:

@@ -11,6 +11,7 @@ precision takes, and why, is `precision_sections`'s; device_step.py keeps the re
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from typing import Any
 
@@ -117,11 +118,14 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
+    # At ZeRO 0 the spike guard takes the gradient norm where DeepSpeed clips (device_step.py), which it calls only
+    # with a clip > 0: an infinite one measures without clipping.
+    measure = t.spike_guard != "off" and t.zero_stage == 0
     ds.update(
         train_batch_size=plan.global_batch_size,
         train_micro_batch_size_per_gpu=plan.micro_batch_size,
         gradient_accumulation_steps=plan.accumulation,
-        gradient_clipping=t.gradient_clipping,
+        gradient_clipping=t.gradient_clipping or (math.inf if measure else 0.0),
     )
     common = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
     if o.name == "adamw":
@@ -219,9 +223,10 @@ def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> 
 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
-                      *, schedule: Schedule):
+                      *, schedule: Schedule, guard=None):
     """`deepspeed.initialize` with our derived config at `plan`, the batch of the stretch the run starts in
-    (`set_batch_plan` changes it later), and `schedule`, the run's LR (the run's plan holds it)."""
+    (`set_batch_plan` changes it later), and `schedule`, the run's LR (the run's plan holds it); the spike `guard`
+    (spike_guard.py), when given, judges each step at ZeRO 0 inside it."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -242,7 +247,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
         lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule),
         config=deepspeed_config(config, plan, load_universal, cuda),
     )
-    keep_step_on_device(engine, config)
+    keep_step_on_device(engine, config, guard)
     if compiles(t, cuda):  # preflight.py checks for a compiler first; config.py refuses ZeRO-3
         compile_blocks(engine.module)
     return engine

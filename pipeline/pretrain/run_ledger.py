@@ -10,6 +10,14 @@ through an atomic rename each time, so a kill leaves the old ledger or the new o
         steps A to B (1-based, inclusive) are left out from now on; the run stood at `at_step`
     {"event": "set_aside", "folder": "rolled-back-step_00007000", "why": "rolled-back", "at_step": 6000, "time": "…"}
         a checkpoint moved aside (checkpoints.py): it trained on a skipped range, or its files are damaged
+    {"event": "updates_skipped", "steps": [6512, 6530], "count": 2, "at_step": 6600, "time": "…"}
+        the spike guard left these steps' updates out (`train.spike_guard skip`; spike_guard.py); `count`
+        outliers since the last check, of which the window still named `steps`
+    {"event": "rollback", "steps": "6001:6530", "outliers": [6512, 6530], "nonfinite": 0, "to": "step_00006000",
+     "at_step": 6600, "time": "…"}
+        the spike guard went back to checkpoint `to`; steps A to B are left out from now on, as a skip's are
+    {"event": "gave_up", "outliers": [6512], "nonfinite": 0, "why": "…", "at_step": 6600, "time": "…"}
+        the spike guard stopped the run: `why` says what a person should do
 
 An event kind this release does not know (a newer release wrote it) is refused by name rather than
 passed over, since it may be one that changes what the run trains on.
@@ -63,7 +71,58 @@ class SetAsideEvent:
                 "time": self.time}
 
 
-LedgerEvent = SkipEvent | SetAsideEvent
+@dataclass(frozen=True)
+class UpdatesSkippedEvent:
+    """The spike guard left out the updates of `steps` (1-based), `count` outliers since its last check."""
+
+    steps: tuple[int, ...]
+    count: int
+    at_step: int
+    time: str = ""
+
+    def to_json(self) -> dict:
+        return {"event": "updates_skipped", "steps": list(self.steps), "count": self.count, "at_step": self.at_step,
+                "time": self.time}
+
+
+@dataclass(frozen=True)
+class RollbackEvent:
+    """The spike guard went back to checkpoint `to` after `outliers` (1-based steps, `nonfinite` of them with a
+    non-finite loss or norm); steps `first` to `last` are left out from now on."""
+
+    first: int
+    last: int
+    outliers: tuple[int, ...]
+    nonfinite: int
+    to: str
+    at_step: int
+    time: str = ""
+
+    @property
+    def steps(self) -> range:
+        return range(self.first - 1, self.last)
+
+    def to_json(self) -> dict:
+        return {"event": "rollback", "steps": f"{self.first}:{self.last}", "outliers": list(self.outliers),
+                "nonfinite": self.nonfinite, "to": self.to, "at_step": self.at_step, "time": self.time}
+
+
+@dataclass(frozen=True)
+class GaveUpEvent:
+    """The spike guard stopped the run after `outliers`; `why` says what to do."""
+
+    outliers: tuple[int, ...]
+    nonfinite: int
+    why: str
+    at_step: int
+    time: str = ""
+
+    def to_json(self) -> dict:
+        return {"event": "gave_up", "outliers": list(self.outliers), "nonfinite": self.nonfinite, "why": self.why,
+                "at_step": self.at_step, "time": self.time}
+
+
+LedgerEvent = SkipEvent | SetAsideEvent | UpdatesSkippedEvent | RollbackEvent | GaveUpEvent
 
 
 @dataclass(frozen=True)
@@ -75,16 +134,25 @@ class Ledger:
 
     @property
     def skipped(self) -> tuple[range, ...]:
-        """Every range a skip event left out (0-based step indices), in step order, each once."""
-        return tuple(sorted({e.steps for e in self.events if isinstance(e, SkipEvent)}, key=lambda r: r.start))
+        """Every range a skip or a rollback left out (0-based step indices), in step order, each once."""
+        return tuple(sorted({e.steps for e in self.events if isinstance(e, SkipEvent | RollbackEvent)},
+                            key=lambda r: r.start))
+
+    @property
+    def rollbacks(self) -> int:
+        """The spike guard's rollbacks in this run."""
+        return sum(isinstance(e, RollbackEvent) for e in self.events)
+
+    def with_events(self, events: list[LedgerEvent]) -> Ledger:
+        """The ledger with `events` added at the end, in memory (what ranks other than 0 hold)."""
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        return Ledger(self.path, self.events + tuple(dataclasses.replace(e, time=e.time or now) for e in events))
 
     def append(self, events: list[LedgerEvent]) -> Ledger:
         """The ledger with `events` added at the end, written atomically (rank 0 only)."""
         if not events:
             return self
-        now = datetime.now(UTC).isoformat(timespec="seconds")
-        stamped = tuple(dataclasses.replace(e, time=e.time or now) for e in events)
-        ledger = Ledger(self.path, self.events + stamped)
+        ledger = self.with_events(events)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path, "".join(json.dumps(e.to_json()) + "\n" for e in ledger.events))
         return ledger
@@ -116,6 +184,18 @@ def _event(path: Path, n: int, line: str) -> LedgerEvent:
             if data["why"] not in ("rolled-back", "damaged"):
                 raise ValueError(f"why {data['why']!r} is neither 'rolled-back' nor 'damaged'")
             return SetAsideEvent(str(data["folder"]), data["why"], int(data["at_step"]), str(data.get("time", "")))
+        if kind == "updates_skipped":
+            return UpdatesSkippedEvent(tuple(int(s) for s in data["steps"]), int(data["count"]), int(data["at_step"]),
+                                       str(data.get("time", "")))
+        if kind == "rollback":
+            first, last = (int(x) for x in str(data["steps"]).split(":"))
+            if not 1 <= first <= last:
+                raise ValueError(f"steps {data['steps']!r} is not a range A:B with 1 ≤ A ≤ B")
+            return RollbackEvent(first, last, tuple(int(s) for s in data["outliers"]), int(data["nonfinite"]),
+                                 str(data["to"]), int(data["at_step"]), str(data.get("time", "")))
+        if kind == "gave_up":
+            return GaveUpEvent(tuple(int(s) for s in data["outliers"]), int(data["nonfinite"]), str(data["why"]),
+                               int(data["at_step"]), str(data.get("time", "")))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise PipelineError(f"{where}: the run's ledger is damaged ({type(err).__name__}: {err}); restore it from a "
                             "copy, or remove the line if you know what it held") from None

@@ -23,6 +23,7 @@ from pipeline.pretrain.flops import mfu, model_flops_per_token
 from pipeline.pretrain.masking import eval_probability
 from pipeline.pretrain.plan import RunPlan
 from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
+from pipeline.pretrain.run_ledger import GaveUpEvent, RollbackEvent
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.sinks import open_metrics
 
@@ -143,6 +144,35 @@ class RunLog:
         self.report(step, {"skipped_steps": label}, f"steps {label} skipped (train.skip_steps): their batches are "
                     f"left out; step {step + 1} trains on its own batch")
         self._advance(step)
+
+    def outliers(self, spike, step: int, config) -> None:
+        """The outliers the spike guard found since the last check (spike_guard.py `Spike`); with `skip`, their
+        updates were left out."""
+        g, skip = config.guard, config.train.spike_guard == "skip"
+        named = ", ".join(map(str, spike.since)) + (f" and {spike.count - len(spike.since)} more"
+                                                      if spike.count > len(spike.since) else "")
+        self.metrics.log({"guard/outliers": spike.count, "guard/nonfinite": spike.nonfinite,
+                          **({"guard/skipped_updates": spike.count} if skip else {})}, step)
+        bar = f"loss or gradient norm above the last {g.window} steps' mean + {g.threshold:g} deviations" + (
+            f", {spike.nonfinite} non-finite" if spike.nonfinite else "")
+        what = ("update left out by the spike guard" if skip else
+                f"an outlier for the spike guard, {len(spike.window)} in the last {g.window} steps "
+                f"(guard.rollback_after {g.rollback_after})")
+        self.report(step, {"spike_outliers": list(spike.since), "spike_count": spike.count,
+                           "spike_nonfinite": spike.nonfinite, "spike_action": "skipped" if skip else "watched"},
+                    f"step{'s' * (spike.count > 1)} {named}: {what} ({bar})")
+
+    def rolled_back(self, event: RollbackEvent, rollbacks: int, step: int) -> None:
+        """The spike guard rolled the run back after `step` steps (`rollbacks` in all)."""
+        self.metrics.log({"guard/rollbacks": rollbacks}, step)
+        self.report(step, {k: v for k, v in event.to_json().items() if k != "time"} | {"event": "spike_rollback"},
+                    f"spike guard: outliers at steps {', '.join(map(str, event.outliers))}; rolled back to "
+                    f"{event.to} and leaving out steps {event.first}:{event.last} (recorded in the run's ledger)")
+
+    def gave_up(self, event: GaveUpEvent) -> None:
+        self.metrics.log({"guard/gave_up": 1}, event.at_step)
+        self.report(event.at_step, {"event": "spike_gave_up", "outliers": list(event.outliers), "why": event.why},
+                    event.why)
 
     def _advance(self, step: int) -> None:
         if self.progress is not None:

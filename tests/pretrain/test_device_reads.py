@@ -12,7 +12,8 @@ head's gather and, in the backward, its scatter). On CPU a device→host copy (`
 operator call and is not seen.
 
 fp16 runs here at ZeRO 0 only (autocast and torch's GradScaler work on CPU; DeepSpeed's own fp16, which ZeRO 1-3
-use, does not).
+use, does not). With the spike guard on (spike_guard.py), the same holds: it judges every step on the device, and
+with `skip` a planted spike's update is left out inside the counted steps.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 READS = {"_local_scalar_dense", "nonzero", "is_nonzero"}
 WARM_STEPS, COUNTED_STEPS = 2, 3
+SPIKE_AT = WARM_STEPS + 2
+"""The counted step whose gradients the drill multiplies, with `train.spike_guard skip`."""
 ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
 STEP_READS = {
     # DeepSpeed 0.19.8 `stage_1_and_2.py` step(): `is_invalid_grad_norm` on an fp32 norm, to skip a non-finite step.
@@ -91,9 +94,10 @@ def process_group():
 
 
 def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: str, precision: str, stage: int,
-                   monkeypatch) -> DeviceReads:
+                   monkeypatch, guard: str = "off") -> DeviceReads:
     """Train a 2-layer model for WARM_STEPS + COUNTED_STEPS steps (logging only at the end) through
-    `Pretrainer.train`, counting reads in the last COUNTED_STEPS calls of its `train_step`."""
+    `Pretrainer.train`, counting reads in the last COUNTED_STEPS calls of its `train_step`; with the spike `guard`
+    judging from the third step (and, with `skip`, a spike planted at SPIKE_AT)."""
     from deepspeed.accelerator import get_accelerator
 
     import pipeline.pretrain.trainer as trainer_module
@@ -101,9 +105,13 @@ def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: st
     from pipeline.pretrain.preflight import prepare_run
 
     model = {"architecture": architecture, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    data = tiny_pretrain_config(shards, tokenizer, folder, model=model,
+    guarded = {"spike_guard": guard, **({"inject_spike": f"{SPIKE_AT}:1e4"} if guard == "skip" else {})}
+    # fp16's first loss scale of 2^16 would turn the planted spike into an overflow, which is its scaler's to skip.
+    scale = {"deepspeed": {"fp16": {"initial_scale_power": 0}}} if precision == "fp16" and guard == "skip" else {}
+    data = tiny_pretrain_config(shards, tokenizer, folder, model=model, guard={"window": 4, "min_steps": 2}, **scale,
                                 train={"precision": precision, "zero_stage": stage, "log_every": 100,
-                                       "max_steps": WARM_STEPS + COUNTED_STEPS, "export": False, "eval_sequences": 8},
+                                       "max_steps": WARM_STEPS + COUNTED_STEPS, "export": False, "eval_sequences": 8,
+                                       **guarded},
                                 checkpoint={"every": 100})
     path = folder.with_suffix(".json")
     path.write_text(json.dumps(data))
@@ -147,16 +155,17 @@ def paused(reads: DeviceReads, function, *args):
 def counted(tmp_path_factory, process_group, roberta_shards, bpe_tokenizer_dir, pairs_shards,
             wordpiece_tokenizer_dir):
     """Each case's reads, counted once (the engine test and the head test read the same runs)."""
-    cache: dict[tuple[str, str, int], DeviceReads] = {}
+    cache: dict[tuple[str, str, int, str], DeviceReads] = {}
 
-    def count(architecture: str, precision: str, stage: int) -> DeviceReads:
-        key = architecture, precision, stage
+    def count(architecture: str, precision: str, stage: int, guard: str = "off") -> DeviceReads:
+        key = architecture, precision, stage, guard
         if key not in cache:
             shards, tokenizer = ((pairs_shards, wordpiece_tokenizer_dir) if architecture == "bert"
                                  else (roberta_shards, bpe_tokenizer_dir))
             with pytest.MonkeyPatch.context() as monkeypatch:
-                cache[key] = train_counting(tmp_path_factory.mktemp("run") / "out", shards, tokenizer, *key,
-                                            monkeypatch)
+                folder = tmp_path_factory.mktemp("run") / "out"
+                cache[key] = train_counting(folder, shards, tokenizer, *key[:3], monkeypatch, guard)
+                cache[key].folder = folder
         return cache[key]
 
     return count
@@ -181,6 +190,19 @@ def test_the_engines_step_reads_nothing_back_between_logging_steps(counted, arch
 def test_the_models_forward_and_backward_read_nothing_back(counted, architecture):
     model = counted(architecture, "bf16", 0).at("model")
     assert not model, f"{architecture}: {model} over {COUNTED_STEPS} steps"
+
+
+GUARDED = [("fp32", 0, "skip"), ("fp16", 0, "skip"), ("bf16", 0, "skip"), ("bf16", 0, "rollback"),
+           ("bf16", 1, "rollback"), ("bf16", 2, "rollback")]
+
+
+@pytest.mark.parametrize(("precision", "stage", "guard"), GUARDED, ids=[f"{p}-zero{s}-{g}" for p, s, g in GUARDED])
+def test_the_spike_guard_reads_nothing_back_between_logging_steps(counted, precision, stage, guard):
+    reads = counted("roberta", precision, stage, guard)
+    assert not reads.at("engine"), f"{precision} ZeRO {stage} {guard}: {reads.at('engine')} over {COUNTED_STEPS} steps"
+    records = [json.loads(line) for line in (reads.folder / "metrics.jsonl").read_text().splitlines()]
+    if guard == "skip":  # the planted spike was judged and left out inside the counted steps, read at the end
+        assert [r["spike_outliers"] for r in records if "spike_outliers" in r] == [[SPIKE_AT]]
 
 
 def test_an_item_planted_in_the_step_is_counted(tmp_path, process_group, roberta_shards, bpe_tokenizer_dir,

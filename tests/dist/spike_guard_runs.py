@@ -1,0 +1,119 @@
+"""Test harness: one launch runs the spike guard's remedies against a clean run, noting every batch each rank trains.
+
+    python tests/dist/spike_guard_runs.py CONFIG OUT_ROOT                       (1 rank)
+    deepspeed --num_gpus 2 tests/dist/spike_guard_runs.py CONFIG OUT_ROOT       (2 ranks)
+
+CONFIG trains 16 steps, a checkpoint every 4, the guard's window 8 steps (judging after 4), logging every step.
+1. `clean`: the guard off.
+2. `skip`: `train.spike_guard skip` with a spike planted at step 10 (`train.inject_spike` 10:1e4); the weights,
+   the AdamW moments and step counters are noted before and after steps 9 and 10.
+3. `rollback`: `train.spike_guard rollback`, spikes planted at steps 10, 14 and 15, `guard.max_rollbacks` 2: back
+   to step 8 leaving out 9-10, then to step 12 leaving out 13-14, then it gives up at 15 (its message noted).
+   `rollback-resumed`: the same folder rerun without a spike: it resumes at 12 and trains to the end.
+4. `rollback-after-2`: `guard.rollback_after` 2, spikes at 10 and 14: one outlier is watched, the second sends the
+   run back to step 8 (from before the first), so step 12's checkpoint is set aside.
+
+Every rank writes `<name>-rank<r>.json`: the steps trained in order, with the sha256 of each sequence's original
+tokens, the LR of each, and (skip) the largest change of each state over steps 9 and 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from long_run_operations import sequence_digests  # noqa: E402
+
+from pipeline.common.topology import prepare_environment  # noqa: E402
+
+FACTOR = 1e4
+
+
+class Spikes:
+    """A drill (spike_guard.Drill) planting a spike at each of several steps."""
+
+    def __init__(self, steps: set[int]):
+        self.steps = steps
+
+    def scaled(self, loss, step: int):
+        return loss * FACTOR if step in self.steps else loss
+
+
+def optimizer_state(engine) -> dict[str, list]:
+    """The model's weights and torch AdamW's moments and step counters, copied."""
+    params = list(engine.module.parameters())
+    state = [engine.optimizer.state[p] for p in params]
+    return {"weights": [p.detach().clone() for p in params],
+            "exp_avg": [s["exp_avg"].clone() for s in state], "exp_avg_sq": [s["exp_avg_sq"].clone() for s in state],
+            "step": [s["step"].clone() for s in state]}
+
+
+def largest_change(before: dict[str, list], after: dict[str, list]) -> dict[str, float]:
+    return {key: max(float((a - b).abs().max()) for a, b in zip(after[key], before[key], strict=True))
+            for key in before}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("config")
+    p.add_argument("out_root")
+    p.add_argument("--local_rank", type=int, default=None)
+    args = p.parse_args()
+    topology = prepare_environment()
+    import torch.distributed as dist
+
+    from pipeline.pretrain.preflight import prepare_run
+    from pipeline.pretrain.spike_guard import GiveUp
+    from pipeline.pretrain.trainer import Pretrainer
+
+    root = Path(args.out_root)
+
+    class Recording(Pretrainer):
+        def train_step(self, batches):
+            def noted():
+                for batch in batches:
+                    self.trained[-1][1].extend(sequence_digests(batch))
+                    yield batch
+
+            step = self.step + 1
+            self.trained.append((step, []))
+            self.lrs[step] = self.engine.get_lr()[0]
+            before = optimizer_state(self.engine) if step in self.watched else None
+            lr = super().train_step(noted())
+            if before is not None:
+                self.changes[step] = largest_change(before, optimizer_state(self.engine))
+            return lr
+
+    def run(name: str, *overrides: str, spikes: set[int] = frozenset(), watched: set[int] = frozenset()) -> None:
+        plan = prepare_run(args.config, [f"train.output_dir={root / name}", *overrides],
+                           world_size=topology.world_size)
+        trainer = Recording(plan, topology)
+        trainer.trained, trainer.lrs, trainer.changes, trainer.watched = [], {}, {}, watched
+        if spikes:
+            trainer.drill = Spikes(spikes)
+        stopped = None
+        try:
+            trainer.train()
+        except GiveUp as err:
+            stopped = str(err)
+        (root / f"{name}-rank{topology.rank}.json").write_text(json.dumps(
+            {"trained": trainer.trained, "lr": trainer.lrs, "changes": trainer.changes, "gave_up": stopped}))
+
+    run("clean")
+    run("skip", "train.spike_guard=skip", "train.inject_spike=10:1e4", watched={9, 10})
+    run("rollback", "train.spike_guard=rollback", "guard.max_rollbacks=2", spikes={10, 14, 15})
+    if topology.is_main:
+        shutil.copytree(root / "rollback", root / "rollback-resumed", ignore=shutil.ignore_patterns("token_cache"))
+    dist.barrier()
+    run("rollback-resumed", "train.spike_guard=rollback", "guard.max_rollbacks=2")
+    run("rollback-after-2", "train.spike_guard=rollback", "guard.rollback_after=2", spikes={10, 14})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The spike guard (`train.spike_guard`): what it calls an outlier, what `skip` leaves out, how `rollback` goes back
+and when it gives up, on 1 and 2 ranks; where config.py refuses it; what the ledger keeps of it. Its device reads
+are counted with every other step's (test_device_reads.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_pretrain_config
+from test_pretrain_distributed import DEEPSPEED, launch, write_config
+
+from pipeline.common.config_tree import ConfigError
+from pipeline.common.run_layout import PretrainLayout
+from pipeline.pretrain.checkpoint_record import read_record
+from pipeline.pretrain.checkpoints import newest_complete
+from pipeline.pretrain.config import DataConfig, GuardConfig, PretrainConfig, TrainConfig
+from pipeline.pretrain.run_ledger import (
+    GaveUpEvent,
+    RollbackEvent,
+    SetAsideEvent,
+    SkipEvent,
+    UpdatesSkippedEvent,
+    read_ledger,
+)
+from pipeline.pretrain.spike_guard import SpikeGuard
+
+STEPS = 16
+
+
+def guard(mode: str = "skip", precision: str = "fp32", window: int = 8, min_steps: int = 4) -> SpikeGuard:
+    config = PretrainConfig(data=DataConfig(shards="shards", tokenizer="tokenizer"),
+                            train=TrainConfig(spike_guard=mode, precision=precision),
+                            guard=GuardConfig(window=window, min_steps=min_steps))
+    return SpikeGuard(config, "cpu", world_size=1)
+
+
+def judged(g: SpikeGuard, steps: list[tuple[float, float]], first: int = 1) -> list[int]:
+    """Feed (loss, gradient norm) of consecutive steps; the steps the guard called outliers."""
+    outliers = []
+    for step, (loss, norm) in enumerate(steps, first):
+        g.loss(step, torch.tensor(loss))
+        g.judge(torch.tensor(norm))
+        if g.skip.item():
+            outliers.append(step)
+    return outliers
+
+
+def calm(n: int, loss: float = 5.0, norm: float = 1.0) -> list[tuple[float, float]]:
+    """`n` steps whose loss and norm wobble by about 1%."""
+    return [(loss * (1 + 0.01 * math.sin(i)), norm * (1 + 0.01 * math.cos(i))) for i in range(n)]
+
+
+def test_an_outlier_is_a_loss_or_norm_far_above_the_window_and_a_spike_does_not_lift_the_bar():
+    assert judged(guard(), calm(2) + [(5.0, 100.0)]) == []  # the window holds fewer than min_steps: not judged
+    g = guard()
+    steps = calm(4) + [(5.0, 100.0)] + calm(3) + [(50.0, 1.0), (5.0, 100.0)]
+    assert judged(g, steps) == [5, 9, 10]  # step 5 entered the window at the bar, so 10 is still far above it
+    assert judged(g, [(5.0, float("nan")), (float("inf"), 1.0)], first=11) == [11, 12]  # non-finite: always
+
+    spike = g.verdict(g.readout().tolist(), 12)
+    assert (spike.count, spike.nonfinite, spike.since, spike.window, spike.first, spike.last) == (
+        5, 2, (5, 9, 10, 11, 12), (5, 9, 10, 11, 12), 5, 12)
+    later = g.verdict(g.readout().tolist(), 12)  # a readout starts a new count; the window keeps its own
+    assert (later.count, later.since, later.window) == (0, (), (5, 9, 10, 11, 12))
+
+
+def test_a_lasting_change_of_level_is_followed_and_a_new_phase_starts_an_empty_window():
+    g = guard()
+    judged(g, calm(8))
+    after = judged(g, calm(40, loss=7.0), first=9)  # each outlier enters the window at the bar, which rises
+    assert after and max(after) < 9 + 20, after
+    g.reset_window()
+    assert judged(g, [(20.0, 1.0)] * 3 + [(5.0, 1.0)], first=49) == []  # not judged again before min_steps
+
+
+def test_an_fp16_overflow_is_left_to_the_loss_scaler():
+    g = guard(precision="fp16")
+    assert judged(g, calm(5) + [(5.0, float("inf")), (5.0, 100.0)]) == [7]
+
+
+def test_the_window_is_in_the_checkpoint():
+    g, other = guard(), guard()
+    judged(g, calm(8))
+    other.load_state_dict({k: v.clone() for k, v in g.state_dict().items()}, step=8)
+    assert judged(g, [(5.0, 100.0)], first=9) == judged(other, [(5.0, 100.0)], first=9) == [9]
+    fresh = guard(window=16)
+    fresh.load_state_dict(g.state_dict(), step=8)  # another window length: it starts empty
+    assert judged(fresh, [(5.0, 100.0)], first=9) == []
+
+
+@pytest.mark.parametrize(("sets", "problem"), [
+    (["train.spike_guard=skip", "train.zero_stage=1"],
+     "train.spike_guard skip: an outlier's update is left out inside torch's fused AdamW (its found_inf), which only "
+     "ZeRO stage 0 with optimizer.name adamw runs, got train.zero_stage 1; use train.spike_guard rollback"),
+    (["train.spike_guard=skip", "optimizer.name=lamb"], "got optimizer.name lamb; use train.spike_guard rollback"),
+    (["train.spike_guard=skip", "optimizer.fused=false"], "got optimizer.fused false; use train.spike_guard rollback"),
+    (["train.spike_guard=rollback", "checkpoint.keep_last=1"],
+     "train.spike_guard rollback: an outlier is found up to guard.window 100 steps after it happened, and the "
+     "rollback needs a checkpoint from before it; checkpoint.keep_last 1 at checkpoint.every 4 keeps none that old: "
+     "raise checkpoint.keep_last to 26, or lower guard.window"),
+    (["train.spike_guard=rollback", "checkpoint.keep_last=30", "checkpoint.resume=never"],
+     "train.spike_guard rollback with checkpoint.resume never"),
+    (["train.inject_spike=10x5"],
+     "train.inject_spike: '10x5' is not STEP:FACTOR with STEP ≥ 1 and a factor other than 0"),
+    (["train.inject_spike=10:0"], "train.inject_spike: '10:0' is not STEP:FACTOR"),
+    (["guard.min_steps=200"], "guard.min_steps: must be ≤ guard.window 100, got 200"),
+    (["guard.threshold=0"], "guard.threshold: must be a positive number of deviations, got 0"),
+])
+def test_the_config_refuses_a_guard_that_cannot_act(tmp_path, roberta_shards, bpe_tokenizer_dir, sets, problem):
+    from pipeline.pretrain.preflight import load_pretrain_config
+
+    config = write_config(tmp_path / "c.json", tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "x"))
+    with pytest.raises(ConfigError) as refused:
+        load_pretrain_config(config, sets, check_files=False)
+    assert problem in str(refused.value)
+
+
+def test_the_ledger_keeps_the_guards_events_and_skips_a_rollbacks_range(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    events = [SkipEvent(3, 3, 2), UpdatesSkippedEvent((12, 15), 2, 16), RollbackEvent(9, 20, (18,), 1, "step_00000008",
+                                                                                       20),
+              GaveUpEvent((30,), 0, "stopping", 31)]
+    ledger = read_ledger(path).append(events)
+    again = read_ledger(path)
+    assert again.events == ledger.events and len(again.events) == 4
+    assert again.skipped == (range(2, 3), range(8, 20)) and again.rollbacks == 1
+
+
+def test_a_resume_leaves_a_rollbacks_range_out(tmp_path, roberta_shards, bpe_tokenizer_dir):
+    """A rollback's range holds at every later resume, as a skip's: here an operator's `--skip-steps 3:3` goes back to
+    step 2, before the guard's rollback (9-10), whose range the ledger keeps."""
+    from helpers import record_at
+
+    from pipeline.pretrain.checkpoint_record import write_record
+    from pipeline.pretrain.checkpoints import tag_for
+    from pipeline.pretrain.preflight import prepare_run
+
+    run = tmp_path / "run"
+    for step, skipped in {2: (), 4: (), 8: (), 12: ((9, 10),)}.items():
+        folder = PretrainLayout(run).checkpoints / tag_for(step)
+        folder.mkdir(parents=True)
+        write_record(folder, record_at(step, skipped=skipped))
+    read_ledger(PretrainLayout(run).ledger).append([RollbackEvent(9, 10, (10,), 0, "step_00000008", 10)])
+    config = write_config(tmp_path / "c.json", tiny_pretrain_config(
+        roberta_shards, bpe_tokenizer_dir, run, train={"max_steps": 16}, checkpoint={"every": 2, "keep_last": 20}))
+    assert prepare_run(config).skipped == (range(8, 10),)
+    plan = prepare_run(config, ['train.skip_steps=["3:3"]'])
+    assert plan.start.step == 2 and plan.skipped == (range(2, 3), range(8, 10))
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The harness's runs (tests/dist/spike_guard_runs.py) on `ranks` ranks, in `root`."""
+
+    root: Path
+    ranks: int
+
+    def results(self, name: str) -> list[dict]:
+        """Each rank's notes of run `name`."""
+        return [json.loads((self.root / f"{name}-rank{r}.json").read_text()) for r in range(self.ranks)]
+
+    def layout(self, name: str) -> PretrainLayout:
+        return PretrainLayout(self.root / name)
+
+    def ledger(self, name: str) -> list:
+        return list(read_ledger(self.layout(name).ledger).events)
+
+    def metrics(self, name: str) -> list[dict]:
+        return [json.loads(line) for line in self.layout(name).metrics.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-rank", "2-ranks"])
+def runs(request, tmp_path_factory, roberta_shards, bpe_tokenizer_dir) -> Runs:
+    root = tmp_path_factory.mktemp(f"spike-{request.param}")
+    config = write_config(root / "config.json", tiny_pretrain_config(
+        roberta_shards, bpe_tokenizer_dir, root / "x", data={"num_workers": 1, "cache_dir": str(root / "cache")},
+        train={"max_steps": STEPS, "export": False}, checkpoint={"every": 4, "keep_last": 3},
+        guard={"window": 8, "min_steps": 4}))
+    launch(DEEPSPEED if request.param == 2 else [], "tests/dist/spike_guard_runs.py", config, root, timeout=900)
+    return Runs(root, request.param)
+
+
+def trained(result: dict) -> list[int]:
+    """The steps a rank trained, in order (a step trained again after a rollback, twice)."""
+    return [step for step, _ in result["trained"]]
+
+
+def batch(result: dict, step: int) -> list[str]:
+    """The digests of the sequences a rank last trained step `step` on."""
+    return next(digests for s, digests in reversed(result["trained"]) if s == step)
+
+
+@pytest.mark.slow
+def test_skip_leaves_the_outliers_weights_moments_and_step_count_as_they_were(runs):
+    for clean, skip in zip(runs.results("clean"), runs.results("skip"), strict=True):
+        assert trained(skip) == trained(clean) == list(range(1, STEPS + 1))
+        assert all(batch(skip, s) == batch(clean, s) for s in range(1, STEPS + 1))  # the data order moves on
+        assert skip["changes"]["10"] == {"weights": 0.0, "exp_avg": 0.0, "exp_avg_sq": 0.0, "step": 0.0}
+        assert min(skip["changes"]["9"].values()) > 0 and skip["changes"]["9"]["step"] == 1.0
+    assert [e.steps for e in runs.ledger("skip") if isinstance(e, UpdatesSkippedEvent)] == [(10,)]
+    assert [r["step"] for r in runs.metrics("skip") if "guard/skipped_updates" in r] == [10]
+
+
+@pytest.mark.slow
+def test_rollback_goes_back_leaves_the_spike_out_and_gives_up_after_its_bound(runs):
+    """Spikes at 10, 14 and 15, `guard.max_rollbacks` 2."""
+    for clean, rolled in zip(runs.results("clean"), runs.results("rollback"), strict=True):
+        # back to 8 after 10 (9-10 left out), on to 14, back to 12 (13-14 left out), 15: the third spike stops it
+        assert trained(rolled) == [*range(1, 11), 11, 12, 13, 14, 15]
+        assert all(batch(rolled, s) == batch(clean, s) for s in range(11, 16))  # each later step: its own batch
+        assert all(rolled["lr"][str(s)] == pytest.approx(clean["lr"][str(s)]) for s in range(11, 16))
+        assert "after 2 rollbacks (guard.max_rollbacks 2" in rolled["gave_up"]
+        assert "--skip-steps 15:15" in rolled["gave_up"] and "guard.max_rollbacks=3" in rolled["gave_up"]
+    ledger = runs.ledger("rollback")
+    assert [(type(e), e.at_step) for e in ledger] == [(RollbackEvent, 10), (RollbackEvent, 14), (GaveUpEvent, 15)]
+    first, second, gave_up = ledger
+    assert (first.first, first.last, first.outliers, first.to) == (9, 10, (10,), "step_00000008")
+    assert (second.first, second.last, second.outliers, second.to) == (13, 14, (14,), "step_00000012")
+    assert gave_up.outliers == (15,)
+    assert read_record(runs.layout("rollback").checkpoints / "step_00000012").skipped == ((9, 10),)
+    assert [(r["step"], r["guard/rollbacks"]) for r in runs.metrics("rollback") if "guard/rollbacks" in r] == [
+        (10, 1), (14, 2)]
+
+
+@pytest.mark.slow
+def test_a_rerun_after_the_guard_gave_up_keeps_both_rollbacks_ranges_out(runs):
+    for clean, resumed in zip(runs.results("clean"), runs.results("rollback-resumed"), strict=True):
+        assert trained(resumed) == [15, 16]  # from step 12's checkpoint: 13 and 14 stay left out
+        assert all(batch(resumed, s) == batch(clean, s) for s in (15, 16))
+    assert read_record(newest_complete(runs.layout("rollback-resumed").checkpoints)).skipped == (
+        (9, 10), (13, 14))
+
+
+@pytest.mark.slow
+def test_rollback_after_two_outliers_goes_back_before_the_first_and_sets_later_checkpoints_aside(runs):
+    for clean, rolled in zip(runs.results("clean"), runs.results("rollback-after-2"), strict=True):
+        assert trained(rolled) == [*range(1, 15), 15, 16]
+        assert all(batch(rolled, s) == batch(clean, s) for s in (15, 16))
+    ledger = runs.ledger("rollback-after-2")
+    assert [type(e) for e in ledger] == [RollbackEvent, SetAsideEvent]
+    assert (ledger[0].first, ledger[0].last, ledger[0].outliers) == (9, 14, (10, 14))
+    assert ledger[1].folder == "rolled-back-step_00000012"
+    assert read_record(newest_complete(runs.layout("rollback-after-2").checkpoints)).skipped == ((9, 14),)
