@@ -38,14 +38,22 @@ def trace_step(run_dir: Path, step: int) -> tuple[list[dict], list[str]]:
     from pipeline.data.shard_reader import ShardedDataset
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.pretrain.preflight import recorded_plan
+    from pipeline.pretrain.run_ledger import RollbackEvent, UpdatesSkippedEvent
 
     plan = recorded_plan(run_dir)
     if not 1 <= step <= plan.end_step:
         raise PipelineError(f"--step {step}: the run's steps are 1 to {plan.end_step}")
     notes = []
     if (skipped := plan.skip_at(step - 1)) is not None:
-        notes.append(f"step {step} was skipped (train.skip_steps {skipped.start + 1}:{skipped.stop}): no model "
-                     "trained on this batch; it is the one the step would have had")
+        rollback = next((e for e in plan.ledger.events if isinstance(e, RollbackEvent) and e.steps == skipped), None)
+        why = (f"train.skip_steps {skipped.start + 1}:{skipped.stop}" if rollback is None else
+               f"steps {skipped.start + 1}:{skipped.stop}, left out by the spike guard's rollback to {rollback.to} "
+               f"after outliers at steps {', '.join(map(str, rollback.outliers))}")
+        notes.append(f"step {step} was skipped ({why}): no model trained on this batch; it is the one the step would "
+                     "have had")
+    if any(isinstance(e, UpdatesSkippedEvent) and step in e.steps for e in plan.ledger.events):
+        notes.append(f"step {step}'s update was left out by the spike guard (its loss or gradient norm was an "
+                     "outlier): the model saw this batch, its gradient was dropped")
     stretch = plan.stretch_at(step - 1)
     corpus, rows, _ = stretch.stream(plan.config.train.seed).step_sequences(step - 1)
     own_tokenizer = Path(run_dir) / "tokenizer"

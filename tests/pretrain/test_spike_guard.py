@@ -204,6 +204,10 @@ def test_skip_leaves_the_outliers_weights_moments_and_step_count_as_they_were(ru
         assert min(skip["changes"]["9"].values()) > 0 and skip["changes"]["9"]["step"] == 1.0
     assert [e.steps for e in runs.ledger("skip") if isinstance(e, UpdatesSkippedEvent)] == [(10,)]
     assert [r["step"] for r in runs.metrics("skip") if "guard/skipped_updates" in r] == [10]
+    from pipeline.commands.trace import trace_step
+
+    sequences, notes = trace_step(runs.root / "skip", 10)
+    assert len(sequences) == 16 and any("step 10's update was left out by the spike guard" in n for n in notes)
 
 
 @pytest.mark.slow
@@ -223,6 +227,11 @@ def test_rollback_goes_back_leaves_the_spike_out_and_gives_up_after_its_bound(ru
     assert (second.first, second.last, second.outliers, second.to) == (13, 14, (14,), "step_00000012")
     assert gave_up.outliers == (15,)
     assert read_record(runs.layout("rollback").checkpoints / "step_00000012").skipped == ((9, 10),)
+    from pipeline.commands.trace import trace_step
+
+    sequences, notes = trace_step(runs.root / "rollback", 9)  # the trace shows what was left out, and why
+    assert len(sequences) == 16 and any("steps 9:10, left out by the spike guard's rollback to step_00000008 after "
+                                        "outliers at steps 10" in n for n in notes)
     assert [(r["step"], r["guard/rollbacks"]) for r in runs.metrics("rollback") if "guard/rollbacks" in r] == [
         (10, 1), (14, 2)]
 
