@@ -425,7 +425,8 @@ class GuardConfig:
     rollback_after: int = 1
     """rollback: outliers among the last `window` steps that send the run back (a non-finite one always does)."""
     margin: int = 0
-    """rollback: steps after the last outlier whose batches are skipped with it."""
+    """rollback: steps before the first outlier (down to the checkpoint) and after the last whose batches are left out
+    with them; PaLM left out 200-500 batches around each spike."""
     max_rollbacks: int = 3
     """rollback: the most rollbacks in the run (its ledger counts them, across resumes); at the next spike after
     that the run stops, naming the steps."""

@@ -15,9 +15,12 @@ into what the loop does. A step is judged between its gradient norm and its upda
   the kernel leaves the whole update out, weights, moments and step counter alike;
 - at ZeRO 1-3 after DeepSpeed's step, on its norm: `rollback` only (config.py refuses `skip` there).
 
-A rollback goes back to the newest checkpoint before the first outlier and leaves out the batches from there
-through the last outlier (and `guard.margin` more), as `--skip-steps` would: the run's ledger records it, later
-checkpoints are set aside, and the same process goes on (`Pretrainer._roll_back`). The window goes back with the
+A rollback goes back to the newest checkpoint before the first outlier, trains again up to it and leaves out the
+batches from the first outlier through the last (`guard.margin` more on each side), as `--skip-steps` would: the
+run's ledger records it, later checkpoints are set aside, and the same process goes on (`Pretrainer._roll_back`).
+The order and dropout are functions of the step, so the steps trained again reach the state the spike met exactly;
+what changes is the batches it meets. (Leaving out everything from the checkpoint, as PaLM did by hand, would cost
+up to `checkpoint.every` batches a rollback: a margin leaves out as many as wanted.) The window goes back with the
 checkpoint, which holds it (`state_dict`), so a resumed run judges as an uninterrupted one.
 """
 
@@ -214,10 +217,12 @@ def gave_up(spike: Spike, at_step: int, why: str) -> GiveUp:
 
 def rollback_event(plan: RunPlan, spike: Spike, at_step: int) -> RollbackEvent:
     """Where the rollback after `spike`, found after `at_step` steps, goes: the newest of this run's checkpoints before
-    its first outlier, and the steps from there through its last outlier plus `guard.margin`. Raises GiveUp when the
-    run has rolled back `guard.max_rollbacks` times, or no checkpoint precedes the outlier."""
+    its first outlier, and the steps it leaves out, from its first outlier through its last with `guard.margin` more
+    on each side (none before the checkpoint). Raises GiveUp when the run has rolled back `guard.max_rollbacks` times,
+    or no checkpoint precedes the outlier."""
     g, first, last = plan.config.guard, spike.first, spike.last
     span = f"steps {first}-{last}" if first != last else f"step {first}"
+    by_hand = f"--skip-steps {max(first - g.margin, 1)}:{last + g.margin}"
     what = (f"{spike.nonfinite} non-finite loss or gradient norm" if spike.nonfinite else
             f"{len(spike.window)} outlier{'s' * (len(spike.window) != 1)} (loss or gradient norm above the last "
             f"{g.window} steps' mean + {g.threshold:g} deviations)")
@@ -226,18 +231,18 @@ def rollback_event(plan: RunPlan, spike: Spike, at_step: int) -> RollbackEvent:
             f"spike guard: {what} at {span}, after {plan.ledger.rollbacks} rollbacks (guard.max_rollbacks "
             f"{g.max_rollbacks}, counted in {plan.ledger.path}); stopping without saving. Trace the batches "
             f"(roberta-trace {plan.config.train.output_dir} --step {first}), then lower optimizer.lr or raise "
-            f"schedule.warmup_steps, skip them by hand (--skip-steps {first}:{last + g.margin}), or rerun with --set "
+            f"schedule.warmup_steps, skip them by hand ({by_hand}), or rerun with --set "
             f"guard.max_rollbacks={g.max_rollbacks + 1}"))
     kept = [(folder, step) for folder in complete_checkpoints(plan.config.layout.checkpoints)
             if (step := read_record(folder).step) < first]
     if not kept:
         raise gave_up(spike, at_step, (
             f"spike guard: {what} at {span}, and no checkpoint of this run precedes step {first} to roll back to; "
-            f"stopping without saving. Rerun with --skip-steps {first}:{last + g.margin} --restart-from-scratch to "
+            f"stopping without saving. Rerun with {by_hand} --restart-from-scratch to "
             f"train again from step 0 without those batches, or lower optimizer.lr or raise schedule.warmup_steps"))
     folder, step = kept[-1]
-    return RollbackEvent(step + 1, min(last + g.margin, plan.end_step), tuple(sorted({*spike.window, *spike.since})),
-                         spike.nonfinite, folder.name, at_step)
+    return RollbackEvent(max(step + 1, first - g.margin), min(last + g.margin, plan.end_step),
+                         tuple(sorted({*spike.window, *spike.since})), spike.nonfinite, folder.name, at_step)
 
 
 def plan_after_rollback(plan: RunPlan, ledger: Ledger, info: TokenizerInfo) -> RunPlan:

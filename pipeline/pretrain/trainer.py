@@ -215,10 +215,10 @@ class Pretrainer:
         return self.spike_guard.rolls_back(spike)
 
     def _roll_back(self, spike: Spike, batches) -> Iterator[dict[str, torch.Tensor]]:
-        """Go back to the newest checkpoint before the spike's first outlier and leave out the batches from there
-        through the spike, as `--skip-steps` would: the ledger records the range (rank 0), the checkpoints after
-        it are set aside, and this process goes on from the checkpoint's weights, optimizer, window and step. The
-        data order is stateless, so every later step trains on the batch it would have had. Returns the loader."""
+        """Go back to the newest checkpoint before the spike's first outlier and leave out the spike's batches (with
+        `guard.margin` around them), as `--skip-steps` would: the ledger records the range (rank 0), the checkpoints
+        after it are set aside, and this process goes on from the checkpoint's weights, optimizer, window and step.
+        The data order is stateless, so every other step trains on the batch it would have had. Returns the loader."""
         event = rollback_event(self.plan, spike, self.step)  # or GiveUp: the bound, or no checkpoint before it
         ledger = self.checkpointer.note(self.plan.ledger, [event])
         plan = plan_after_rollback(self.plan, ledger, self.info)

@@ -8,10 +8,10 @@ CONFIG trains 16 steps, a checkpoint every 4, the guard's window 8 steps (judgin
 2. `skip`: `train.spike_guard skip` with a spike planted at step 10 (`train.inject_spike` 10:1e4); the weights,
    the AdamW moments and step counters are noted before and after steps 9 and 10.
 3. `rollback`: `train.spike_guard rollback`, spikes planted at steps 10, 14 and 15, `guard.max_rollbacks` 2: back
-   to step 8 leaving out 9-10, then to step 12 leaving out 13-14, then it gives up at 15 (its message noted).
-   `rollback-resumed`: the same folder rerun without a spike: it resumes at 12 and trains to the end.
+   to step 8 (step 9 again, 10 left out), then to step 12 (13 again, 14 left out), then it gives up at 15 (its
+   message noted). `rollback-resumed`: the same folder rerun without a spike: it resumes at 12 and trains to the end.
 4. `rollback-after-2`: `guard.rollback_after` 2, spikes at 10 and 14: one outlier is watched, the second sends the
-   run back to step 8 (from before the first), so step 12's checkpoint is set aside.
+   run back to step 8 (from before the first), leaving out 10-14, so step 12's checkpoint is set aside.
 
 Every rank writes `<name>-rank<r>.json`: the steps trained in order, with the sha256 of each sequence's original
 tokens, the LR of each, and (skip) the largest change of each state over steps 9 and 10.

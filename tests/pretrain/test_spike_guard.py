@@ -214,44 +214,45 @@ def test_skip_leaves_the_outliers_weights_moments_and_step_count_as_they_were(ru
 def test_rollback_goes_back_leaves_the_spike_out_and_gives_up_after_its_bound(runs):
     """Spikes at 10, 14 and 15, `guard.max_rollbacks` 2."""
     for clean, rolled in zip(runs.results("clean"), runs.results("rollback"), strict=True):
-        # back to 8 after 10 (9-10 left out), on to 14, back to 12 (13-14 left out), 15: the third spike stops it
-        assert trained(rolled) == [*range(1, 11), 11, 12, 13, 14, 15]
-        assert all(batch(rolled, s) == batch(clean, s) for s in range(11, 16))  # each later step: its own batch
-        assert all(rolled["lr"][str(s)] == pytest.approx(clean["lr"][str(s)]) for s in range(11, 16))
+        # back to 8 after 10: 9 again, 10 left out; on to 14, back to 12: 13 again, 14 left out; 15 stops it
+        assert trained(rolled) == [*range(1, 11), 9, 11, 12, 13, 14, 13, 15]
+        again = (9, 11, 12, 13, 15)  # every step trained after a rollback: its own batch and LR
+        assert all(batch(rolled, s) == batch(clean, s) for s in again)
+        assert all(rolled["lr"][str(s)] == pytest.approx(clean["lr"][str(s)]) for s in again)
         assert "after 2 rollbacks (guard.max_rollbacks 2" in rolled["gave_up"]
         assert "--skip-steps 15:15" in rolled["gave_up"] and "guard.max_rollbacks=3" in rolled["gave_up"]
     ledger = runs.ledger("rollback")
     assert [(type(e), e.at_step) for e in ledger] == [(RollbackEvent, 10), (RollbackEvent, 14), (GaveUpEvent, 15)]
     first, second, gave_up = ledger
-    assert (first.first, first.last, first.outliers, first.to) == (9, 10, (10,), "step_00000008")
-    assert (second.first, second.last, second.outliers, second.to) == (13, 14, (14,), "step_00000012")
+    assert (first.first, first.last, first.outliers, first.to) == (10, 10, (10,), "step_00000008")
+    assert (second.first, second.last, second.outliers, second.to) == (14, 14, (14,), "step_00000012")
     assert gave_up.outliers == (15,)
-    assert read_record(runs.layout("rollback").checkpoints / "step_00000012").skipped == ((9, 10),)
+    assert read_record(runs.layout("rollback").checkpoints / "step_00000012").skipped == ((10, 10),)
     from pipeline.commands.trace import trace_step
 
-    sequences, notes = trace_step(runs.root / "rollback", 9)  # the trace shows what was left out, and why
-    assert len(sequences) == 16 and any("steps 9:10, left out by the spike guard's rollback to step_00000008 after "
-                                        "outliers at steps 10" in n for n in notes)
+    sequences, notes = trace_step(runs.root / "rollback", 10)  # the trace shows what was left out, and why
+    assert len(sequences) == 16 and any("steps 10:10, left out by the spike guard's rollback to step_00000008 "
+                                        "after outliers at steps 10" in n for n in notes)
     assert [(r["step"], r["guard/rollbacks"]) for r in runs.metrics("rollback") if "guard/rollbacks" in r] == [
         (10, 1), (14, 2)]
 
 
 @pytest.mark.slow
 def test_a_rerun_after_the_guard_gave_up_keeps_both_rollbacks_ranges_out(runs):
+    """The ledger keeps both ranges; step 12's checkpoint, the start, knew only the first."""
     for clean, resumed in zip(runs.results("clean"), runs.results("rollback-resumed"), strict=True):
-        assert trained(resumed) == [15, 16]  # from step 12's checkpoint: 13 and 14 stay left out
-        assert all(batch(resumed, s) == batch(clean, s) for s in (15, 16))
-    assert read_record(newest_complete(runs.layout("rollback-resumed").checkpoints)).skipped == (
-        (9, 10), (13, 14))
+        assert trained(resumed) == [13, 15, 16]  # from step 12's checkpoint: 14 stays left out
+        assert all(batch(resumed, s) == batch(clean, s) for s in (13, 15, 16))
+    assert read_record(newest_complete(runs.layout("rollback-resumed").checkpoints)).skipped == ((10, 10), (14, 14))
 
 
 @pytest.mark.slow
 def test_rollback_after_two_outliers_goes_back_before_the_first_and_sets_later_checkpoints_aside(runs):
     for clean, rolled in zip(runs.results("clean"), runs.results("rollback-after-2"), strict=True):
-        assert trained(rolled) == [*range(1, 15), 15, 16]
-        assert all(batch(rolled, s) == batch(clean, s) for s in (15, 16))
+        assert trained(rolled) == [*range(1, 15), 9, 15, 16]
+        assert all(batch(rolled, s) == batch(clean, s) for s in (9, 15, 16))
     ledger = runs.ledger("rollback-after-2")
     assert [type(e) for e in ledger] == [RollbackEvent, SetAsideEvent]
-    assert (ledger[0].first, ledger[0].last, ledger[0].outliers) == (9, 14, (10, 14))
+    assert (ledger[0].first, ledger[0].last, ledger[0].outliers) == (10, 14, (10, 14))
     assert ledger[1].folder == "rolled-back-step_00000012"
-    assert read_record(newest_complete(runs.layout("rollback-after-2").checkpoints)).skipped == ((9, 14),)
+    assert read_record(newest_complete(runs.layout("rollback-after-2").checkpoints)).skipped == ((10, 14),)

@@ -1,0 +1,151 @@
+"""What the spike guard does about a planted spike, and what it costs a step: the main job's recipe trained clean and
+with a spike planted by the drill (`train.inject_spike`) with the guard off, `skip` and `rollback`; then the main
+job's own step time with the guard off and on, alternating. docs/long-runs.md ("The spike guard") says what it shows.
+
+    python benchmarks/spike_guard.py [--steps 400] [--spike 250:1e3] [--repeats 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+from pathlib import Path
+
+from harness import BenchmarkRecord, Study, cpu_env, launch, metrics, pretrain_command, work_dir
+
+from pipeline.commands import run_default as job
+from pipeline.common.run_layout import MainJobLayout, PretrainLayout
+
+CONFIG = "configs/main-job.json"
+ARMS = ("clean", "spike, guard off", "spike, guard off, clipped at 1.0", "spike, skip", "spike, rollback")
+SKIP_TARGET, COST_TARGET = 0.01, 0.03
+STUDY = Study(
+    "spike_guard", question="Does the spike guard undo a planted spike, and what does it cost a step?",
+    metric="final validation loss against the clean run's; the batches after a rollback's skip; the main job's step "
+           "time with the guard on against off",
+    baseline=f"the clean run (no spike, guard off); targets: skip within {SKIP_TARGET:.0%} of its final validation "
+             f"loss, the guard at most {COST_TARGET:.0%} of the main job's step time", arms=ARMS)
+
+
+def arm_sets(arm: str, spike: str) -> list[str]:
+    """Each arm's overrides. Unclipped, the planted gradient reaches AdamW whole; clipped, it is scaled back to the
+    norm limit along its own direction, so a drill that scales the loss then rehearses the detection alone."""
+    sets = [] if arm == "clean" else [f"train.inject_spike={spike}"]
+    sets += [] if "clipped" in arm else ["train.gradient_clipping=0"]
+    return sets + {"spike, skip": ["train.spike_guard=skip"], "spike, rollback": ["train.spike_guard=rollback"]}.get(
+        arm, [])
+
+
+def evals(run: Path) -> dict[int, tuple[float, float]]:
+    """{step: (validation loss, unigram entropy H)}, the last record of each step (a rollback repeats none)."""
+    return {r["step"]: (r["eval/mlm_loss"], r["eval/unigram_entropy"]) for r in metrics(run) if "eval/mlm_loss" in r}
+
+
+def guard_did(run: Path) -> str:
+    """What the run's ledger says the guard did."""
+    from pipeline.pretrain.run_ledger import RollbackEvent, UpdatesSkippedEvent, read_ledger
+
+    said = {UpdatesSkippedEvent: lambda e: f"update of step {', '.join(map(str, e.steps))} left out",
+            RollbackEvent: lambda e: f"back to {e.to}, steps {e.first}:{e.last} left out"}
+    return "; ".join(said[type(e)](e) for e in read_ledger(PretrainLayout(run).ledger).events if type(e) in said)
+
+
+def train(command: list[str], run: Path) -> float:
+    """Train into a fresh `run` folder; the seconds it took."""
+    shutil.rmtree(run, ignore_errors=True)  # a folder left by an earlier run would make this one resume
+    return launch(command, env=cpu_env(1), log=run.with_suffix(".log")).seconds
+
+
+def same_batches(clean: Path, rolled: Path, steps: range) -> bool:
+    """Whether each of `steps` (1-based) draws the same sequences in both runs, as their records plan them (and the
+    trace shows them)."""
+    from pipeline.pretrain.preflight import recorded_plan
+
+    plans = recorded_plan(clean), recorded_plan(rolled)
+    drawn = [[tuple(map(tuple, p.stretch_at(s - 1).stream(p.config.train.seed).step_sequences(s - 1)[:2]))
+              for s in steps] for p in plans]
+    return drawn[0] == drawn[1]
+
+
+def spike_arms(rec: BenchmarkRecord, out: Path, data: list[str], steps: int, spike: str) -> None:
+    at = int(spike.split(":")[0])
+    common = [*data, f"train.max_steps={steps}", "train.export=false", "tracking.enabled=false",
+              "checkpoint.every=100", "checkpoint.keep_last=2", "train.eval_every=50"]
+    runs, rows, seconds = {arm: out / arm.replace(", ", "-").replace(" ", "-") for arm in ARMS}, [], {}
+    for arm, run in runs.items():
+        seconds[arm] = train(pretrain_command(CONFIG, [*common, f"train.output_dir={run}", *arm_sets(arm, spike)]),
+                             run)
+    clean = evals(runs["clean"])
+    for arm, run in runs.items():
+        curve = evals(run)
+        after = [curve[s][0] - clean[s][0] for s in curve if s > at and s in clean]
+        rows.append({"arm": arm, "final val loss (H)": f"{curve[steps][0]:.3f} ({curve[steps][1]:.3f})",
+                     "final vs clean": f"{curve[steps][0] / clean[steps][0] - 1:+.2%}",
+                     f"mean gap after step {at}, nats": round(statistics.mean(after), 3) if after else None,
+                     "the guard (its ledger)": guard_did(run) or "—", "wall s": round(seconds[arm])})
+    rec.table(f"the main job's recipe, {steps} steps on 1 rank, a spike planted at step {at}", rows,
+              note="val loss: eval/mlm_loss at the last step; H: the validation tokens' unigram entropy (the "
+                   "plateau); gap: the arm's validation loss minus the clean run's at each evaluation after the spike")
+    final = {arm: evals(run)[steps][0] for arm, run in runs.items()}
+    off = final["spike, guard off"] - final["clean"]
+    rec.headline("spike, guard off: final validation loss above the clean run's",
+                 f"{off:+.3f} nats ({off / final['clean']:+.1%})")
+    skip = final["spike, skip"] / final["clean"] - 1
+    rec.headline("spike, skip: final validation loss against the clean run's", f"{skip:+.2%}",
+                 target=f"within {SKIP_TARGET:.0%}", met=abs(skip) <= SKIP_TARGET)
+    from pipeline.pretrain.run_ledger import RollbackEvent, read_ledger
+
+    rolled = [e for e in read_ledger(PretrainLayout(runs["spike, rollback"]).ledger).events
+              if isinstance(e, RollbackEvent)]
+    rec.headline("spike, rollback: what it did on its own", guard_did(runs["spike, rollback"]) or "no rollback")
+    if rolled:
+        later = range(rolled[-1].last + 1, steps + 1)
+        rec.headline(f"spike, rollback: the batches of steps {later.start}-{steps} are the clean run's",
+                     same_batches(runs["clean"], runs["spike, rollback"], later))
+
+
+def step_ms(run: Path) -> float:
+    """The median of the logged windows' milliseconds a step, past the first 20 steps."""
+    return statistics.median(1e3 * 16 / r["train/samples_per_s"] for r in metrics(run)
+                             if "train/samples_per_s" in r and r["step"] > 20)
+
+
+def cost(rec: BenchmarkRecord, out: Path, data: list[str], steps: int, repeats: int) -> None:
+    """The main job's step time (its 2 ranks, its recipe) with the guard off and with `skip`, alternating."""
+    times: dict[str, list[float]] = {"off": [], "skip": []}
+    for i in range(repeats):
+        for mode, values in times.items():
+            run = out / f"cost-{mode}-{i}"
+            train(pretrain_command(CONFIG, [*data, f"train.output_dir={run}", f"train.max_steps={steps}",
+                                            "train.eval_every=0", "train.export=false", "tracking.enabled=false",
+                                            f"train.spike_guard={mode}"], ranks=2), run)
+            values.append(step_ms(run))
+    ratio = statistics.median(times["skip"]) / statistics.median(times["off"]) - 1
+    rec.table(f"the main job's step time, ms ({steps} steps on 2 ranks, {repeats} runs each, alternating)",
+              [{"guard": mode, "runs": ", ".join(f"{t:.1f}" for t in values), "median": round(statistics.median(
+                  values), 1)} for mode, values in times.items()])
+    rec.headline("the guard's cost per step (skip against off, the main job)", f"{ratio:+.1%}",
+                 target=f"≤ {COST_TARGET:.0%}", met=ratio <= COST_TARGET)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--spike", default="250:1e3", help="the drill, STEP:FACTOR")
+    p.add_argument("--cost-steps", type=int, default=150)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    out = work_dir("spike-guard", a.out)
+    layout = MainJobLayout(out / "data")
+    layout.root.mkdir(parents=True, exist_ok=True)
+    job.make_data(job.MainJob(layout.root, verbose=False), layout, workers=2)
+    data = [f"data.shards={layout.shards}", f"data.tokenizer={layout.tokenizer}"]
+    with STUDY.record() as rec:
+        spike_arms(rec, out, data, a.steps, a.spike)
+        cost(rec, out, data, a.cost_steps, a.repeats)
+
+
+if __name__ == "__main__":
+    main()
