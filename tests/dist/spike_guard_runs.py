@@ -12,6 +12,8 @@ CONFIG trains 16 steps, a checkpoint every 4, the guard's window 8 steps (judgin
    message noted). `rollback-resumed`: the same folder rerun without a spike: it resumes at 12 and trains to the end.
 4. `rollback-after-2`: `guard.rollback_after` 2, spikes at 10 and 14: one outlier is watched, the second sends the
    run back to step 8 (from before the first), leaving out 10-14, so step 12's checkpoint is set aside.
+5. `rollback-zero2`: `rollback` at ZeRO stage 2 (DeepSpeed's partitioned optimizer loaded again in the same
+   process), a spike at step 10.
 
 Every rank writes `<name>-rank<r>.json`: the steps trained in order, with the sha256 of each sequence's original
 tokens, the LR of each, and (skip) the largest change of each state over steps 9 and 10.
@@ -113,6 +115,7 @@ def main() -> None:
     dist.barrier()
     run("rollback-resumed", "train.spike_guard=rollback", "guard.max_rollbacks=2")
     run("rollback-after-2", "train.spike_guard=rollback", "guard.rollback_after=2", spikes={10, 14})
+    run("rollback-zero2", "train.spike_guard=rollback", "train.zero_stage=2", spikes={10})
 
 
 if __name__ == "__main__":

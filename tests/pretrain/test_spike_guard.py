@@ -256,3 +256,19 @@ def test_rollback_after_two_outliers_goes_back_before_the_first_and_sets_later_c
     assert (ledger[0].first, ledger[0].last, ledger[0].outliers) == (10, 14, (10, 14))
     assert ledger[1].folder == "rolled-back-step_00000012"
     assert read_record(newest_complete(runs.layout("rollback-after-2").checkpoints)).skipped == ((10, 14),)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rollback", "rollback-after-2", "rollback-zero2"])
+def test_a_step_trained_again_after_a_rollback_has_its_first_loss(runs, name):
+    """The checkpoint's weights, moments and window come back exactly (ZeRO 2: its partitions, in the same
+    process), so step 9, trained again from step 8's checkpoint, has the loss it had the first time."""
+    losses: dict[int, list[float]] = {}
+    for record in runs.metrics(name):
+        if "train/loss" in record:
+            losses.setdefault(record["step"], []).append(record["train/loss"])
+    assert len(losses[9]) == 2 and losses[9][0] == losses[9][1], losses[9]
+    if name == "rollback-zero2":
+        for clean, rolled in zip(runs.results("clean"), runs.results(name), strict=True):
+            assert trained(rolled) == [*range(1, 11), 9, *range(11, STEPS + 1)]
+            assert all(batch(rolled, s) == batch(clean, s) for s in range(11, STEPS + 1))
