@@ -190,9 +190,14 @@ class SpikeGuard:
         """rollback: a non-finite loss or norm, or `guard.rollback_after` outliers among the last `window` steps."""
         return self.mode == "rollback" and (spike.nonfinite > 0 or len(spike.window) >= self.rollback_after)
 
-    def diverging(self, spike: Spike) -> bool:
-        """skip: more than half the window's steps were left out; the loss has moved, not spiked."""
-        return self.mode == "skip" and len(spike.window) > self.window // 2
+    def stop_if_diverging(self, spike: Spike, at_step: int) -> None:
+        """skip: raise GiveUp when more than half the window's updates were left out; the loss has moved, not
+        spiked, and leaving out every update would stall the run."""
+        if self.mode == "skip" and len(spike.window) > self.window // 2:
+            raise gave_up(spike, at_step, (
+                f"spike guard: the updates of {len(spike.window)} of the last {self.window} steps were left out "
+                f"(steps {spike.window[0]}-{spike.window[-1]}): the loss has moved, not spiked; stopping without "
+                f"saving. Lower optimizer.lr or raise schedule.warmup_steps, or use train.spike_guard rollback"))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: the window and the outlier ring."""

@@ -36,7 +36,6 @@ from pipeline.pretrain.spike_guard import (
     GiveUp,
     Spike,
     SpikeGuard,
-    gave_up,
     plan_after_rollback,
     rollback_event,
 )
@@ -204,14 +203,8 @@ class Pretrainer:
         if spike.count:
             self.log.outliers(spike, self.step, self.config)
         if spike.count and self.spike_guard.mode == "skip":
-            event = UpdatesSkippedEvent(spike.since, spike.count, self.step)
-            self.plan = dataclasses.replace(self.plan, ledger=self.checkpointer.note(self.plan.ledger, [event]))
-        if self.spike_guard.diverging(spike):
-            g = self.config.guard
-            raise gave_up(spike, self.step, (
-                f"spike guard: the updates of {len(spike.window)} of the last {g.window} steps were left out (steps "
-                f"{spike.window[0]}-{spike.window[-1]}): the loss has moved, not spiked; stopping without saving. "
-                f"Lower optimizer.lr or raise schedule.warmup_steps, or use train.spike_guard rollback"))
+            self.checkpointer.note(self.plan.ledger, [UpdatesSkippedEvent(spike.since, spike.count, self.step)])
+        self.spike_guard.stop_if_diverging(spike, self.step)
         return self.spike_guard.rolls_back(spike)
 
     def _roll_back(self, spike: Spike, batches) -> Iterator[dict[str, torch.Tensor]]:

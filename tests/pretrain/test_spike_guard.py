@@ -27,7 +27,7 @@ from pipeline.pretrain.run_ledger import (
     UpdatesSkippedEvent,
     read_ledger,
 )
-from pipeline.pretrain.spike_guard import SpikeGuard
+from pipeline.pretrain.spike_guard import GiveUp, SpikeGuard
 
 STEPS = 16
 
@@ -76,6 +76,16 @@ def test_a_lasting_change_of_level_is_followed_and_a_new_phase_starts_an_empty_w
     assert after and max(after) < 9 + 20, after
     g.reset_window()
     assert judged(g, [(20.0, 1.0)] * 3 + [(5.0, 1.0)], first=49) == []  # not judged again before min_steps
+
+
+def test_skip_stops_a_run_whose_updates_it_mostly_leaves_out():
+    g = guard()
+    assert judged(g, calm(4) + [(5.0, float("nan"))] * 4) == [5, 6, 7, 8]
+    g.stop_if_diverging(g.verdict(g.readout().tolist(), 8), 8)  # half the window's updates: it goes on
+    judged(g, [(5.0, float("nan"))], first=9)
+    with pytest.raises(GiveUp, match=r"the updates of 5 of the last 8 steps were left out \(steps 5-9\): the loss "
+                                     r"has moved, not spiked"):
+        g.stop_if_diverging(g.verdict(g.readout().tolist(), 9), 9)
 
 
 def test_an_fp16_overflow_is_left_to_the_loss_scaler():
