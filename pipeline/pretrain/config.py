@@ -348,7 +348,7 @@ class TrainConfig:
     skipped."""
     inject_spike: str | None = None
     """A drill: "STEP:FACTOR" multiplies step STEP's loss, and so its gradients, by FACTOR before the backward (a
-    stand-in for a bad batch, to rehearse the guard; under gradient clipping only its detection)."""
+    stand-in for a bad batch, to rehearse the guard; gradient clipping cuts it back to the clip norm)."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""
