@@ -20,7 +20,8 @@ from pipeline.common.run_layout import MainJobLayout, PretrainLayout
 from pipeline.pretrain.run_ledger import RollbackEvent, UpdatesSkippedEvent, read_ledger
 
 CONFIG = "configs/main-job.json"
-ARMS = ("clean", "spike, guard off", "spike, guard off, clipped at 1.0", "spike, skip", "spike, rollback")
+ARMS = ("clean", "spike, guard off", "spike, skip", "spike, rollback", "clean, clipped at 1.0",
+        "spike, guard off, clipped at 1.0")
 SKIP_TARGET, COST_TARGET = 0.01, 0.03
 STUDY = Study(
     "spike_guard", question="Does the spike guard undo a planted spike, and what does it cost a step?",
@@ -31,9 +32,9 @@ STUDY = Study(
 
 def arm_sets(arm: str, spike: str) -> list[str]:
     """Each arm's overrides. Unclipped, the planted gradient reaches AdamW whole; clipped, it is cut back to the clip
-    norm along its own direction (still a spike where the usual norm is well below the clip)."""
+    norm along its own direction, and read against the clean run clipped alike (clipping changes the run too)."""
     guard = {"spike, skip": "skip", "spike, rollback": "rollback"}.get(arm, "off")
-    return ([] if arm == "clean" else [f"train.inject_spike={spike}"]) + [f"train.spike_guard={guard}"] + (
+    return ([] if arm.startswith("clean") else [f"train.inject_spike={spike}"]) + [f"train.spike_guard={guard}"] + (
         [] if "clipped" in arm else ["train.gradient_clipping=0"])
 
 
@@ -71,9 +72,8 @@ def spike_arms(rec: BenchmarkRecord, out: Path, data: list[str], steps: int, spi
     runs, rows = {arm: out / arm.replace(", ", "-").replace(" ", "-") for arm in ARMS}, []
     seconds = {arm: train(pretrain_command(CONFIG, [*common, f"train.output_dir={run}", *arm_sets(arm, spike)]), run)
                for arm, run in runs.items()}
-    clean = evals(runs["clean"])
     for arm, run in runs.items():
-        curve = evals(run)
+        curve, clean = evals(run), evals(runs["clean, clipped at 1.0" if "clipped" in arm else "clean"])
         after = [curve[s][0] - clean[s][0] for s in curve if s > at and s in clean]
         rows.append({"arm": arm, "final val loss (H)": f"{curve[steps][0]:.3f} ({curve[steps][1]:.3f})",
                      "final vs clean": f"{curve[steps][0] / clean[steps][0] - 1:+.2%}",
@@ -81,7 +81,8 @@ def spike_arms(rec: BenchmarkRecord, out: Path, data: list[str], steps: int, spi
                      "the guard (its ledger)": guard_did(run) or "—", "wall s": round(seconds[arm])})
     rec.table(f"the main job's recipe, {steps} steps on 1 rank, a spike planted at step {at}", rows,
               note="val loss: eval/mlm_loss at the last step; H: the validation tokens' unigram entropy (the "
-                   "plateau); gap: the arm's validation loss minus the clean run's at each evaluation after the spike")
+                   "plateau); gap: the arm's validation loss minus the clean run's (clipped alike) at each evaluation "
+                   "after the spike")
     final = {arm: evals(run)[steps][0] for arm, run in runs.items()}
     off = final["spike, guard off"] - final["clean"]
     rec.headline("spike, guard off: final validation loss above the clean run's",

@@ -93,6 +93,38 @@ def test_an_fp16_overflow_is_left_to_the_loss_scaler():
     assert judged(g, calm(5) + [(5.0, float("inf")), (5.0, 100.0)]) == [7]
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["fp32-bf16", "fp16-grad-scaler"])
+def test_the_verdict_leaves_the_whole_update_out_inside_fused_adamw(scaled):
+    """`found_inf` is the verdict (fp32, bf16), or the verdict combined with fp16's GradScaler's own: either leaves the
+    update out, and only an overflow moves the loss scale."""
+    from pipeline.pretrain.device_step import skip_updates_on
+
+    param = torch.nn.Parameter(torch.ones(4))
+    optimizer, verdict = torch.optim.AdamW([param], lr=0.1, fused=True), torch.zeros(())
+    skip_updates_on(optimizer, verdict, scaled=scaled)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0) if scaled else None
+
+    def step(grad: float, skip: bool) -> tuple[torch.Tensor, ...]:
+        verdict.fill_(skip)
+        param.grad = torch.full((4,), grad) if scaler is None else scaler.scale(torch.full((4,), grad))
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+        state = optimizer.state[param]
+        return param.detach().clone(), state["exp_avg"].clone(), state["step"].clone()
+
+    before = step(1.0, skip=False)
+    assert all(torch.equal(a, b) for a, b in zip(step(1e4, skip=True), before, strict=True))  # weights, moment, step
+    assert scaler is None or scaler.get_scale() == 4.0  # a spike is not an overflow
+    if scaler is not None:
+        assert all(torch.equal(a, b) for a, b in zip(step(float("inf"), skip=False), before, strict=True))
+        assert scaler.get_scale() == 2.0  # the overflow still halves the scale
+    assert not torch.equal(step(1.0, skip=False)[0], before[0])
+
+
 def test_the_window_is_in_the_checkpoint():
     g, other = guard(), guard()
     judged(g, calm(8))
