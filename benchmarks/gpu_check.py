@@ -217,7 +217,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     if architecture == "bert":
         model_keys["next_sentence_loss"] = False
     config = c.PretrainConfig(model=c.ModelConfig(**model_keys), data=c.DataConfig(shards="unused", tokenizer="unused"),
-                              optimizer=c.OptimizerConfig(lr=1e-3, fused=device == "cuda"),
+                              optimizer=c.OptimizerConfig(lr=1e-3),
                               schedule=c.ScheduleConfig(warmup_steps=0, decay="constant"),
                               train=c.TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
                                                   precision=precision, zero_stage=stage),
