@@ -274,7 +274,6 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
     profiled = None if loader else steps
     config = pretrain_config(folder, made, model=model, packed=packed,
                              data={"num_workers": (1 if scale.tiny else 2) if loader else 0},
-                             optimizer={"fused": scale.cuda},
                              train={"max_steps": steps + (0 if loader else PROFILED_STEPS + 1),
                                     "global_batch_size": batch, "micro_batch_size": batch,
                                     "eval_sequences": batch, "log_every": every, "compile": compiled,
@@ -379,7 +378,7 @@ class RunToTheEnd:
         return pretrain_config(self.folder, self.made, model={**model, "attn_implementation": "sdpa"}, packed=True,
                                data={"num_workers": 0 if tiny else 2},
                                masking={"probability": 0.3},  # ModernBERT's rate
-                               optimizer={"lr": 1e-3, "fused": self.scale.cuda},
+                               optimizer={"lr": 1e-3},
                                schedule={"warmup_steps": sizes.steps // 16, "decay": "linear"},
                                train={"max_steps": sizes.steps, "global_batch_size": sizes.batch,
                                       "micro_batch_size": sizes.batch, "eval_sequences": 4 * sizes.batch,

@@ -6,7 +6,7 @@
 (SHAPE_JSON: `[model keys, seq_len, micro batch]`, as gpu_runs.shape gives them.)
 
 The loop is what a careful user writes by hand for the same model: transformers' own masked-LM class (its full
-vocabulary head and loss), torch's fused AdamW (foreach on CPU), clipping to 1.0, bf16 autocast (by default on CUDA),
+vocabulary head and loss), torch's fused AdamW, clipping to 1.0, bf16 autocast (by default on CUDA),
 and `train.compile`'s per-block compile; micro batches of random tokens, 15% labelled, already on the device and
 replayed. No DeepSpeed, no loader, no logging: the floor for the model. docs/gpu-nodes.md reads its rows.
 """
@@ -124,7 +124,7 @@ def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device
         compile_blocks(model)
     cuda = device == "cuda"
     bf16 = (precision or ("bf16" if cuda else "fp32")) == "bf16"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda, foreach=not cuda)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     batches = random_batches(vocab, rows, seq_len, 4, device)
     turn = iter(range(10**9))
 

@@ -35,7 +35,7 @@ STUDY = Study(
 def ours(work: Path, made: dict[str, Any], precision: str, steps: int) -> dict[str, Any]:
     """The pretrain command, micro batches replayed in memory (gpu_runs.run_in_memory): the step time the run logs
     over `steps` steps after as many warm-up steps, then the profile of the next steps (no log falls among them)."""
-    config = pretrain_config(work, made, model=MODEL, packed=False, optimizer={"fused": False},
+    config = pretrain_config(work, made, model=MODEL, packed=False,
                              train={"max_steps": 2 * steps + PROFILED_STEPS + 1, "global_batch_size": MICRO_BATCH,
                                     "micro_batch_size": MICRO_BATCH, "eval_sequences": MICRO_BATCH,
                                     "log_every": steps, "compile": False, "precision": precision})

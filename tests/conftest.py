@@ -105,6 +105,27 @@ def pairs_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir) -> Pat
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+@pytest.fixture(scope="module")
+def process_group():
+    """A world of one for a module's in-process engines and trainers, gone afterwards with the variables it set."""
+    import torch.distributed as dist
+
+    saved = dict(os.environ)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from pipeline.common.topology import prepare_environment
+
+    prepare_environment()
+    import deepspeed
+    import deepspeed.comm
+
+    assert not dist.is_initialized()
+    deepspeed.init_distributed(dist_backend="gloo")
+    yield
+    deepspeed.comm.destroy_process_group()  # DeepSpeed's own too, so that the next module's world is a new one
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def put_back(before: dict[str, str | None]) -> None:
     """Set each environment variable as it was (unset where it was unset)."""
     for name, value in before.items():

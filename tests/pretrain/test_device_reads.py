@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -71,26 +70,6 @@ def boolean_index(args) -> bool:
     """Whether an indexing operator's index list (its second argument) holds a boolean mask."""
     indices = args[0] if args and isinstance(args[0], (list, tuple)) else ()
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A world of one for the in-process trainers, gone afterwards with the variables it set."""
-    import torch.distributed as dist
-
-    saved = dict(os.environ)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from pipeline.common.topology import prepare_environment
-
-    prepare_environment()
-    import deepspeed
-
-    assert not dist.is_initialized()
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield
-    dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: str, precision: str, stage: int,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 
 import pytest
 import torch
@@ -20,26 +19,6 @@ from helpers import ROOT
 spec = importlib.util.spec_from_file_location("update_parity", ROOT / "tests" / "dist" / "update_parity.py")
 parity = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(parity)
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A world of one for the in-process engines, gone afterwards with the variables it set."""
-    import torch.distributed as dist
-
-    saved = dict(os.environ)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from pipeline.common.topology import prepare_environment
-
-    prepare_environment()
-    import deepspeed
-
-    assert not dist.is_initialized()
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield
-    dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[int]]:
