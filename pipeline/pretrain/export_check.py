@@ -116,6 +116,8 @@ def training_model(facts: CheckpointFacts, hf_config: dict, state: dict[str, tor
     if facts.config.model.init_from:  # its shape is the folder's, which may be a hub name: the record's
         cls = SPARSE_CLASSES[facts.architecture]
         model = cls(cls.config_class.from_dict({**hf_config, "attn_implementation": attention}))
+        if facts.architecture == "bert":  # a training switch the record's config does not hold: the run's
+            model.next_sentence_loss = facts.config.model.next_sentence_loss
     else:
         config = dataclasses.replace(facts.config.model, attn_implementation=attention)
         model = build_model(config, describe_tokenizer(tokenizer), trained_seq_len(facts))

@@ -174,12 +174,12 @@ def test_the_export_loads_in_transformers_and_fills_masks(tracked_runs, tmp_path
     assert type(model).__name__ == "RobertaForMaskedLM"
     predictions = pipeline("fill-mask", model=str(export))("the <mask> encoder")
     assert len(predictions) == 5 and all("token_str" in p for p in predictions)
-    # Proven: the trained bf16 model's masked logits (sparse head, 2 ranks' ZeRO-2 weights) against the fp32 export.
+    # Proven: the bf16 run's fp32 master weights (sparse head, 2 ranks' ZeRO-2 weights) through the training class
+    # against the fp32 export, both in fp32: the same numbers by two code paths, so fp32's tolerance and the same
+    # top tokens (40 steps leave near-ties, which only a rounding difference of bf16's size would flip).
     check = json.loads((export / "pipeline_export.json").read_text())["equivalence"]
-    assert check["within_tolerance"] and check["precision"] == "bf16" and 0 < check["max_logit_difference"]
-    # 40 steps leave the model near the unigram plateau, its top tokens near-ties that bf16's rounding flips:
-    # measured 69% top-1 agreement at a largest difference of 0.012 (tolerance 0.06).
-    assert check["top1_agreement"] > 0.5, check
+    assert check["within_tolerance"] and check["precision"] == "fp32" and "bf16 run's fp32 weights" in check["reference"]
+    assert check["top1_agreement"] > 0.95, check
     from huggingface_hub import ModelCard
 
     card = ModelCard.load(export / "README.md")
