@@ -38,20 +38,27 @@ from pipeline.common.errors import PipelineError
 SetAsideWhy = Literal["rolled-back", "damaged"]
 
 
+class LeftOutSteps:
+    """An event that leaves steps `first` to `last` out (1-based, inclusive, as the logs number them)."""
+
+    first: int
+    last: int
+
+    @property
+    def steps(self) -> range:
+        """The 0-based step indices left out, as the plan holds them."""
+        return range(self.first - 1, self.last)
+
+
 @dataclass(frozen=True)
-class SkipEvent:
-    """Steps `first` to `last` (1-based, inclusive, as the logs number them) are left out from now on."""
+class SkipEvent(LeftOutSteps):
+    """Steps `first` to `last` are left out from now on."""
 
     first: int
     last: int
     at_step: int
     """The step the run resumed from when the skip was first planned."""
     time: str = ""
-
-    @property
-    def steps(self) -> range:
-        """The 0-based step indices skipped, as the plan holds them."""
-        return range(self.first - 1, self.last)
 
     def to_json(self) -> dict:
         return {"event": "skip", "steps": f"{self.first}:{self.last}", "at_step": self.at_step, "time": self.time}
@@ -86,7 +93,7 @@ class UpdatesSkippedEvent:
 
 
 @dataclass(frozen=True)
-class RollbackEvent:
+class RollbackEvent(LeftOutSteps):
     """The spike guard went back to checkpoint `to` after `outliers` (1-based steps, `nonfinite` of them with a
     non-finite loss or norm); steps `first` to `last` are left out from now on."""
 
@@ -97,10 +104,6 @@ class RollbackEvent:
     to: str
     at_step: int
     time: str = ""
-
-    @property
-    def steps(self) -> range:
-        return range(self.first - 1, self.last)
 
     def to_json(self) -> dict:
         return {"event": "rollback", "steps": f"{self.first}:{self.last}", "outliers": list(self.outliers),
