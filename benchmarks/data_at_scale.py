@@ -161,7 +161,8 @@ from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.masking import build_masker
 from pipeline.pretrain.batches import PretrainData, shut_down_workers
 run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
-                                      "train.output_dir={run_dir / 'probe'}"], world_size=1)
+                                      "train.output_dir={run_dir / 'probe'}", "train.max_steps=1000000000"],
+                  world_size=1)  # the loader ends at max_steps: 90% of a large corpus's epoch lies past the config's
 c = run.config
 tok = load_tokenizer("{tokenizer}"); info = describe_tokenizer(tok)
 masker = build_masker(c.masking, tok, info.vocab_size, info.mask_id, seed=0)
