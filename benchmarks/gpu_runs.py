@@ -1,8 +1,6 @@
-"""The GPU check's pretraining runs, each through the pretrain command (`launchers/pretrain.py`) as a user runs it:
-the data (a BPE and shards from a slice of IMDB), the throughput rows (the loader on, or off: `python
-benchmarks/gpu_runs.py in-memory CONFIG` replays a few micro batches already on the device), and the run to the
-end (killed with SIGKILL mid-run, resumed, compared, exported and fine-tuned on SST-2).
-"""
+"""The GPU check's pretraining runs, each through the pretrain command as a user runs it: the data, the throughput
+rows (loader off: `python benchmarks/gpu_runs.py in-memory CONFIG` replays micro batches already on the device), and
+the run to the end (killed with SIGKILL mid-run, resumed, compared, exported and fine-tuned on SST-2)."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness import ROOT, make_shards, metrics, sample_corpus
+from harness import ROOT, finetune_command, make_shards, metrics, sample_corpus, set_args
 from plain_loop import PROFILED_STEPS
 
 MASKED = 0.15  # masking.probability: the FLOP model's masked fraction, as the trainer's MFU uses
@@ -223,10 +221,8 @@ def last_words(run_dir: Path) -> str:
 
 
 def run_in_memory(config_path: str, profile_from: int | None = None) -> None:
-    """The pretrain command with the loader off: the command's own run, its training loader swapped at the one seam
-    the trainer reads batches through (`PretrainData.loader`) for `IN_MEMORY_BATCHES` micro batches that the real
-    loader made once, already on the device, replayed. With `profile_from`, the steps after it (`PROFILED_STEPS`, one
-    micro batch each) run under the profiler, whose summary goes beside the config (`<config>.profile.json`)."""
+    """The pretrain command with its loader (`PretrainData.loader`) swapped for `IN_MEMORY_BATCHES` micro batches the
+    real one made, replayed on the device; the `PROFILED_STEPS` after `profile_from` go to `<config>.profile.json`."""
     import torch
     from plain_loop import PROFILED_STEPS, profiler, summary
 
@@ -469,19 +465,17 @@ class RunToTheEnd:
 
     def task_settings(self) -> list[str]:
         sizes = self.sizes
-        return [x for s in (f"data.glue_dir={json.dumps(str(self.data / 'glue'))}",
-                            f"data.max_train_examples={sizes.sst2_examples}", f"data.max_seq_len={sizes.sst2_seq_len}")
-                for x in ("--set", s)]
+        return set_args({"data.glue_dir": json.dumps(str(self.data / "glue")),
+                         "data.max_train_examples": sizes.sst2_examples, "data.max_seq_len": sizes.sst2_seq_len})
 
     def fine_tune(self, model: Path, scratch: bool) -> subprocess.Popen:
         """The fine-tune command through the fair protocol: each setting of the grid scored on the held-out slice
         of train with the first seed, the chosen one trained over every seed and reported on dev."""
         out = self.sst2 / ("scratch" if scratch else "pretrained")
-        settings = [f"train.output_dir={out}", f"train.epochs={self.sizes.sst2_epochs}", "train.batch_size=32",
-                    "tracking.enabled=false", f"train.precision={self.scale.precision}"]
-        return launch([sys.executable, "launchers/finetune.py", "--config", "sst2", "--model", str(model),
-                       "--seeds", SST2_SEEDS, "--sweep", SST2_SWEEP, *(["--from-scratch"] if scratch else []),
-                       *self.task_settings(), *[x for s in settings for x in ("--set", s)]], out, self.env)
+        settings = {"train.output_dir": out, "train.epochs": self.sizes.sst2_epochs, "train.batch_size": 32,
+                    "tracking.enabled": "false", "train.precision": self.scale.precision}
+        command = finetune_command("sst2", model, SST2_SEEDS, scratch=scratch, sweeps=[SST2_SWEEP], sets=settings)
+        return launch([str(c) for c in command] + self.task_settings(), out, self.env)
 
     def transfer(self, seconds: float | None) -> dict[str, Any]:
         """The export's arm (the run's newest checkpoint where it was stopped), then both arms' and the baseline's
@@ -550,14 +544,10 @@ def wait_or_stop(process: subprocess.Popen, run_dir: Path, timeout: float) -> bo
     return True
 
 
-def build_parser() -> argparse.ArgumentParser:
+if __name__ == "__main__":
     p = argparse.ArgumentParser(description="The GPU check's loader-off run (gpu_check.py starts it).")
     p.add_argument("mode", choices=["in-memory"])
     p.add_argument("config", help="a pretrain config file")
     p.add_argument("--profile-from", type=int, default=None, help="profile the steps after this one")
-    return p
-
-
-if __name__ == "__main__":
-    args = build_parser().parse_args()
+    args = p.parse_args()
     run_in_memory(args.config, args.profile_from)

@@ -5,6 +5,7 @@ docs/benchmarks.md ("How a benchmark is written") says how a benchmark declares 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -251,10 +252,32 @@ def build_comm_op() -> None:
     launch([sys.executable, "-c", BUILD_OP], env=cpu_env(), quiet=True)
 
 
-def set_args(sets: dict[str, Any] | list[str]) -> list[str]:
-    """`--set KEY=VALUE` for each of `sets`: a mapping, or KEY=VALUE texts."""
+def set_args(sets: dict[str, Any] | list[str], flag: str = "--set") -> list[str]:
+    """`--set KEY=VALUE` (or another `flag`) for each of `sets`: a mapping, or KEY=VALUE texts."""
     return [x for s in ([f"{k}={v}" for k, v in sets.items()] if isinstance(sets, dict) else sets)
-            for x in ("--set", s)]
+            for x in (flag, s)]
+
+
+def comma_list(p: argparse.ArgumentParser, flag: str, text: str, allowed, empty: bool = False) -> list[str]:
+    """The comma-separated items of `text`, each one of `allowed` (none at all only where `empty`)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if (not items and not empty) or any(t not in allowed for t in items):
+        p.error(f"{flag}: expected a subset of {','.join(allowed)}, got {text!r}")
+    return items
+
+
+def finetune_command(config: str, model: str | Path, seeds: str | int, *, scratch: bool = False,
+                     sweeps: list[str] = (), sets: dict[str, Any] | list[str] = ()) -> list:
+    """`launchers/finetune.py` on `config` (a name or a file), from `model` or from scratch, each grid a `--sweep`."""
+    return [sys.executable, "launchers/finetune.py", "--config", config, "--model", model, "--seeds", seeds,
+            *(["--from-scratch"] if scratch else []), *set_args(list(sweeps), "--sweep"), *set_args(sets)]
+
+
+def toy_tokenizer(vocab: int):
+    """A tokenizer's description for a model built without one (RoBERTa's special ids)."""
+    from pipeline.data.tokenizer import TokenizerInfo
+
+    return TokenizerInfo("toy", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
 
 
 def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> list[str]:

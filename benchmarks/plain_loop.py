@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import harness  # noqa: F401 (puts the repository on the path: `pipeline` imports below)
+from harness import toy_tokenizer  # (and the repository on the path: `pipeline` imports below)
 
 PROFILED_STEPS = 3
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
@@ -112,14 +112,13 @@ def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.data.tokenizer import TokenizerInfo
     from pipeline.pretrain.compile_blocks import compile_blocks
     from pipeline.pretrain.config import ModelConfig
     from pipeline.pretrain.model import hf_config
 
-    info = TokenizerInfo("plain-loop", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
     torch.manual_seed(0)
-    model = AutoModelForMaskedLM.from_config(hf_config(ModelConfig(**keys), info, seq_len)).to(device).train()
+    model = AutoModelForMaskedLM.from_config(hf_config(ModelConfig(**keys), toy_tokenizer(vocab), seq_len))
+    model = model.to(device).train()
     if compiled:
         compile_blocks(model)
     cuda = device == "cuda"

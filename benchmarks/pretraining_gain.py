@@ -77,13 +77,12 @@ def measure(a: argparse.Namespace, glue: Path, rec: harness.BenchmarkRecord) -> 
 
     def finetune(task: str, scratch: bool) -> None:
         folder = out / "finetune" / f"{task}-{'scratch' if scratch else 'pretrained'}"
-        harness.launch([sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model",
-                        out / "pretrain", "--seeds", a.seeds, *(["--from-scratch"] if scratch else []),
-                        *[x for grid in a.sweep or DEFAULT_SWEEP for x in ("--sweep", grid)],
-                        *harness.set_args({"data.glue_dir": glue, "data.max_train_examples": a.train_examples,
-                                           "train.epochs": a.epochs, "train.batch_size": 32, "train.output_dir": folder,
-                                           "tracking.uri": uri, "tracking.experiment": "pretraining-gain"})],
-                       env=env, log=out / "logs" / f"finetune-{folder.name}.log")
+        harness.launch(harness.finetune_command(
+            f"configs/glue/{task}.json", out / "pretrain", a.seeds, scratch=scratch, sweeps=a.sweep or DEFAULT_SWEEP,
+            sets={"data.glue_dir": glue, "data.max_train_examples": a.train_examples, "train.epochs": a.epochs,
+                  "train.batch_size": 32, "train.output_dir": folder, "tracking.uri": uri,
+                  "tracking.experiment": "pretraining-gain"}),
+            env=env, log=out / "logs" / f"finetune-{folder.name}.log")
         results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
 
     # The arms side by side: each fine-tuning process runs on one thread, so two use both cores.

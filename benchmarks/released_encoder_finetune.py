@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -75,9 +74,8 @@ def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out
     sets = {"data.glue_dir": glue, "train.output_dir": folder, **hf_baselines.pipeline_sets(recipe),
             # tracking on, one local store per launch: the per-epoch metric time stamps give the seconds per epoch
             "tracking.uri": f"sqlite:///{folder / 'mlflow.db'}", "tracking.experiment": "released-encoder"}
-    wall = harness.launch([sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json",
-                           "--model", model, "--seeds", seed, *(["--from-scratch"] if scratch else []),
-                           *harness.set_args(sets)]).seconds
+    wall = harness.launch(harness.finetune_command(f"configs/glue/{task}.json", model, seed, scratch=scratch,
+                                                   sets=sets)).seconds
     accuracies = [epoch["accuracy"] for epoch in json.loads((folder / f"seed_{seed}" / "history.json").read_text())]
     stamps = epoch_times(f"sqlite:///{folder / 'mlflow.db'}")
     # Between the first and last epoch's evaluations: each epoch's training and evaluation, no start-up.
@@ -147,9 +145,7 @@ def main() -> None:
     p.add_argument("--no-parity", action="store_true", help="skip the pipeline-vs-HF rows (the scratch rows only)")
     p.add_argument("--out", type=Path, default=None, help="the runs (default: a work folder, not runs/)")
     a = p.parse_args()
-    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
-    if not tasks or set(tasks) - set(TASKS):
-        p.error(f"--tasks: expected a subset of {','.join(TASKS)}, got {a.tasks!r}")
+    tasks = harness.comma_list(p, "--tasks", a.tasks, TASKS)
     if a.no_parity and a.no_scratch:
         p.error("--no-parity with --no-scratch leaves nothing to run")
     from pipeline.common.reference_model import reference_encoder_folder

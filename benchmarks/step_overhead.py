@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_runs import Scale, clean_env, find_data, finish, prepared_data, pretrain_config, start_run
-from harness import BenchmarkRecord, Study, launch, metrics, work_dir
+from harness import BenchmarkRecord, Study, launch, metrics, toy_tokenizer, work_dir
 from plain_loop import PROFILED_STEPS
 
 # RoBERTa-large's 394 parameter tensors (24 layers of 16, 5 in the embeddings, 5 in the head) at 32 wide: a step
@@ -61,11 +61,10 @@ def parameter_tensors(vocab: int) -> dict[str, int]:
     """Each arm's model's parameter tensors (RoBERTa-large has 394)."""
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.data.tokenizer import TokenizerInfo
     from pipeline.pretrain.config import ModelConfig
     from pipeline.pretrain.model import build_model, hf_config
 
-    info = TokenizerInfo("step-overhead", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
+    info = toy_tokenizer(vocab)
     keys, seq_len = ModelConfig(**MODEL), SCALE.seq_len(False)
     models = build_model(keys, info, seq_len), AutoModelForMaskedLM.from_config(hf_config(keys, info, seq_len))
     return {arm: len(list(model.parameters())) for arm, model in zip(ARMS, models, strict=True)}
