@@ -61,7 +61,7 @@ class Steps:
         self.outcomes: list[dict[str, Any]] = []
         self.started, self.budget_s = time.perf_counter() if started is None else started, budget_s
         self.part_cap_s: float | None = None
-        self.part_ends: float | None = None
+        self.part_ends: float | None = None  # perf_counter() when the current part's cap is spent
 
     def seconds_left(self) -> float | None:
         now = time.perf_counter()
@@ -107,13 +107,12 @@ class Skipped(Exception):
 
 
 MIN_STEP_SECONDS = 15  # a step with less left is skipped: a run started then is killed before its first logged step
+NO_SHARDS = "no shards (the data step failed)"
 
 
 def nominal_tflops(gpu_name: str | None) -> float | None:
     """The data sheet's dense bf16 peak of this GPU, None where it is not in the table (or on CPU)."""
-    if not gpu_name:
-        return None
-    return next((tflops for fragment, tflops in NOMINAL_TFLOPS if fragment in gpu_name), None)
+    return next((tflops for fragment, tflops in NOMINAL_TFLOPS if fragment in gpu_name), None) if gpu_name else None
 
 
 def installed_version(package: str) -> str | None:
@@ -197,33 +196,26 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     from pipeline.pretrain.phases import resolve_phases
     from pipeline.pretrain.schedules import lr_schedule
 
-    ds: dict[str, Any] = {}
-    if precision == "fp16":
-        ds["fp16"] = {"initial_scale_power": 8}  # a first step skipped for overflow would compare nothing
-    model_keys = small_model(architecture)
-    if architecture == "bert":
-        model_keys["next_sentence_loss"] = False
+    # fp16 starts at a low loss scale: a first step skipped for overflow would compare nothing
+    ds = {"fp16": {"initial_scale_power": 8}} if precision == "fp16" else {}
+    model_keys = {**small_model(architecture), **({"next_sentence_loss": False} if architecture == "bert" else {})}
     config = c.PretrainConfig(model=c.ModelConfig(**model_keys), data=c.DataConfig(shards="unused", tokenizer="unused"),
                               optimizer=c.OptimizerConfig(lr=1e-3),
                               schedule=c.ScheduleConfig(warmup_steps=0, decay="constant"),
                               train=c.TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
                                                   precision=precision, zero_stage=stage),
                               deepspeed=ds)
-    phases = resolve_phases(config)
-    plan = phases[0].plan(1)
+    phases, tokenizer = resolve_phases(config), toy_tokenizer(300)
     torch.manual_seed(0)
-    model = build_model(config.model, toy_tokenizer(300), 32)
-    engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases))
+    engine = initialize_engine(build_model(config.model, tokenizer, 32), config, phases[0].plan(1),
+                               schedule=lr_schedule(config, phases))
     engine.train()
-    batch = fixed_batch(device, toy_tokenizer(300).vocab_size)
+    batch = fixed_batch(device, tokenizer.vocab_size)
     loss = engine(**batch)["loss"]
     engine.backward(loss)
     engine.step()
     with torch.no_grad():
-        after = engine(**batch)["loss"]
-    before, after = loss.item(), after.item()
-    del engine
-    return before, after
+        return loss.item(), engine(**batch)["loss"].item()
 
 
 def correctness(steps: Steps, device: str) -> list[dict[str, Any]]:
@@ -352,10 +344,9 @@ def throughput(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] | No
     for name, arm, compiled, loader in cells:
         def cell(name=name, arm=arm, compiled=compiled, loader=loader):
             if made is None:
-                raise Skipped("no shards (the data step failed)")
+                raise Skipped(NO_SHARDS)
             cap = 300 if scale.tiny or compiled else 90  # one stuck run must not take the lease
-            left = steps.seconds_left()
-            timeout = cap if left is None else min(cap, left)
+            timeout = cap if (left := steps.seconds_left()) is None else min(cap, left)
             if arm == "plain":
                 return plain_row(work, made, scale, name, compiled, peaks, timeout)
             return throughput_row(work, made, scale, name, compiled, loader, peaks, timeout)
@@ -385,7 +376,7 @@ def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] 
 
     def pretrain() -> dict[str, Any]:
         if e2e is None:
-            raise Skipped("no shards (the data step failed)")
+            raise Skipped(NO_SHARDS)
         return e2e.pretrain(steps.seconds_left())
 
     def transfer() -> dict[str, Any]:

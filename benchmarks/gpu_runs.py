@@ -68,8 +68,7 @@ TINY_RUN = RunSizes(steps=30, batch=8, checkpoint_every=10, kill_after=15, compa
 # Each arm's grid, chosen on the held-out slice of train: a small encoder fine-tunes best at 1e-4–3e-4 pretrained
 # and higher from scratch (the CPU recipe's arms chose within 1e-4–3e-3).
 SST2_SWEEP, SST2_SEEDS = "train.learning_rate=1e-4,3e-4,1e-3", "1,2,3"
-TRANSFER_SECONDS = 180  # kept from the pretraining for the export's fine-tuning: 5 trainings of ~18 s and their starts
-# (on an H100, 120 s ran out in the fourth)
+TRANSFER_SECONDS = 180  # kept for the export's fine-tuning: 5 trainings of ~18 s and starts (120 s ran out on an H100)
 WORLD_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 IN_MEMORY_BATCHES = 4  # distinct micro batches replayed by a loader-off run
 
@@ -281,7 +280,7 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
         profile.unlink(missing_ok=True)
         finish(start_run(config, run_dir, clean_env(scale), in_memory=not loader, profile_from=profiled), run_dir,
                timeout)
-        records = [r for r in metrics(run_dir) if "train/loss" in r and r["step"] <= steps]
+        records = [r for r in metrics(run_dir, "train/loss") if r["step"] <= steps]
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)  # a large model's checkpoint is gigabytes
     seconds, counted, real, previous = 0.0, 0, 0.0, 0
@@ -345,15 +344,13 @@ def utilisation(rates: dict[str, float], keys: dict[str, Any], seq_len: int, mad
 
 def losses(run_dir: Path) -> dict[int, float]:
     """step → training loss; a step logged again after a resume keeps its newer loss."""
-    return {r["step"]: r["train/loss"] for r in metrics(run_dir) if "train/loss" in r}
+    return {r["step"]: r["train/loss"] for r in metrics(run_dir, "train/loss")}
 
 
 class RunToTheEnd:
-    """The run to the end (docs/gpu-nodes.md): two steps of the check, `pretrain` then `transfer`; `close` stops
-    whatever is still running. No speed is measured, so the GPU is shared: the reference runs beside the run until
-    it is stopped, then the from-scratch arm (the architecture and tokenizer from the reference's checkpoint) and
-    the baseline (CPU) beside the rest of the pretraining; the export's arm follows it.
-    """
+    """The run to the end (docs/gpu-nodes.md): two steps of the check, `pretrain` then `transfer`; `close` stops what
+    still runs. No speed is measured, so the GPU is shared: the reference beside the run until it is stopped, then
+    the from-scratch arm and the baseline (CPU) beside the rest of the pretraining; the export's arm follows it."""
 
     def __init__(self, folder: Path, made: dict[str, Any], scale: Scale, data: Path | None) -> None:
         self.folder, self.made, self.scale, self.data = folder, made, scale, data
@@ -503,11 +500,9 @@ class RunToTheEnd:
 
 def signal_after(process: subprocess.Popen, run_dir: Path, after: int, timeout: float, sig: signal.Signals,
                  last_step: int | None = None) -> int:
-    """Once the run has logged a step past `after`: SIGKILL it and its loader workers (once it has logged a step past
-    its newest checkpoint: the resume needs one, and steps to redo), or SIGTERM it, which finishes the step,
-    checkpoints and exits (waited for). A run that
-    has logged its `last_step` gets no SIGTERM: past its training the signal would only kill its exit. Returns the
-    last step logged before the signal."""
+    """Once the run has logged a step past `after`, the last step logged: SIGKILL it and its loader workers (once past
+    its newest checkpoint too: the resume needs one, and steps to redo), or SIGTERM it, which checkpoints and exits
+    (waited for); not where it has logged its `last_step`, past which the signal would only kill its exit."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ended = process.poll() is not None

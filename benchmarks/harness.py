@@ -1,7 +1,5 @@
-"""The benchmarks' one harness: a study's declaration and record, a table's markdown, launches, and the data fixtures.
-
-docs/benchmarks.md ("How a benchmark is written") says how a benchmark declares its study and what its record holds.
-"""
+"""The benchmarks' one harness: a study's declaration and record, a table's markdown, launches, and the data fixtures
+(docs/benchmarks.md, "How a benchmark is written")."""
 
 from __future__ import annotations
 
@@ -66,9 +64,9 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+            return done.stdout.strip() if done.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return done.stdout.strip() if done.returncode == 0 else None
 
     status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results", ":!docs")
     return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
@@ -115,7 +113,7 @@ class BenchmarkRecord:
         self.name, self.study, self.argv = name, study, list(sys.argv if argv is None else argv)
         self.path = Path(out_dir or os.environ.get("BENCHMARK_RESULTS_DIR") or RESULTS_DIR) / f"{name}.json"
         self.results: dict[str, Any] = {}
-        self.data: dict[str, Any] = {}
+        self.data: dict[str, Any] = {}  # the record around `results`: command, date, machine, load, commit, study
 
     def __enter__(self) -> BenchmarkRecord:
         git, cores = git_state(), os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
@@ -146,10 +144,9 @@ class BenchmarkRecord:
         self.results.setdefault("headline", {})[name] = entry
         print(f"{name}: {value}" + (f" (target {target}: {met})" if target is not None else ""), flush=True)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.write()
-        return False
 
     def write(self) -> Path:
         """Note the end load and write the result file atomically; returns its path."""
@@ -286,15 +283,16 @@ def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> lis
     return [sys.executable, *launcher, "launchers/pretrain.py", "--config", str(config), *set_args(sets)]
 
 
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl records; a line still being written (or cut short by a kill) is left out."""
+def metrics(run_dir: Path, key: str | None = None) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl records (those holding `key`, if given); a line still being written (or cut short by a
+    kill) is left out."""
     path, records = run_dir / "metrics.jsonl", []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return records
+    return [r for r in records if key is None or key in r]
 
 
 def peak_flops(n: int = 4096, repeats: int = 5, dtype: str = "fp32", device: str = "cpu") -> float:
