@@ -2,8 +2,7 @@
 
     python benchmarks/glue_table.py --export runs/recipe-round-2/pretrain [--arms export,scratch,minilm] [--out DIR]
 
-docs/benchmarks.md ("The GLUE table") says how a cell runs, and how `--out` keeps finished cells.
-"""
+docs/benchmarks.md ("The GLUE table") says how a cell runs, and how `--out` keeps finished cells."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness import ROOT, finetune_command, make_shards, metrics, sample_corpus, set_args
+from harness import ROOT, finetune_command, metrics, sample_corpus, set_args
 from plain_loop import PROFILED_STEPS
 
 MASKED = 0.15  # masking.probability: the FLOP model's masked fraction, as the trainer's MFU uses
@@ -128,6 +128,8 @@ def clean_env(scale: Scale) -> dict[str, str]:
 
 def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     """A tokenizer and shards (plain and doc-packed) written by the pipeline's own stages from a slice of IMDB."""
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
 
     source = None if data is None else str(data / IMDB)
@@ -135,9 +137,11 @@ def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     tokenizer = folder / "tokenizer"
     longest = max(scale.seq_len(True), scale.seq_len(False))
     train_tokenizer(texts, "bpe", 2_000 if scale.tiny else 50_265, tokenizer, model_max_length=longest)
-    shards = {pack: str(make_shards(corpus, tokenizer, folder / f"shards-{pack}", scale.seq_len(packed), pack=pack,
-                                    val_fraction=0.02, workers=1 if scale.tiny else 8))
-              for pack, packed in (("full", False), ("doc-packed", True))}
+    shards = {pack: str(folder / f"shards-{pack}") for pack in ("full", "doc-packed")}
+    for pack, out in shards.items():
+        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), out=out, quiet=True, pack=pack,
+                                     seq_len=scale.seq_len(pack != "full"), val_fraction=0.02,
+                                     workers=1 if scale.tiny else 8))
     return {"source": source, "documents": len(texts), "tokenizer": str(tokenizer), "shards": shards}
 
 
@@ -257,6 +261,21 @@ def run_in_memory(config_path: str, profile_from: int | None = None) -> None:
 
 # ---------------------------------------------------------------- throughput rows
 
+def fresh_run(config: dict[str, Any], run_dir: Path, scale: Scale, timeout: float | None, *, in_memory: bool,
+              profile_from: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A run in a new `run_dir` (a folder left behind would make it resume), removed after (a large model's
+    checkpoint is gigabytes): its logged training records and its profile (None without `profile_from`)."""
+    profile = run_dir.parent / f"{run_dir.name}.profile.json"
+    try:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        profile.unlink(missing_ok=True)
+        finish(start_run(config, run_dir, clean_env(scale), in_memory, profile_from), run_dir, timeout)
+        records = metrics(run_dir, "train/loss")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return records, json.loads(profile.read_text()) if profile.is_file() else None
+
+
 def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, compiled: bool, loader: bool,
                    peaks: dict[str, Any] | None, timeout: float | None) -> dict[str, Any]:
     """One row: the model `name` trained by the pretrain command for a few dozen steps; tokens/s and MFU over the
@@ -274,17 +293,9 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
                                     "eval_sequences": batch, "log_every": every, "compile": compiled,
                                     "precision": "bf16", "zero_stage": 0})
     run_dir = folder / f"{name}-{'compiled' if compiled else 'eager'}-{'loader' if loader else 'in-memory'}"
-    profile = run_dir.parent / f"{run_dir.name}.profile.json"
-    try:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a folder left by an earlier check would make the run resume
-        profile.unlink(missing_ok=True)
-        finish(start_run(config, run_dir, clean_env(scale), in_memory=not loader, profile_from=profiled), run_dir,
-               timeout)
-        records = [r for r in metrics(run_dir, "train/loss") if r["step"] <= steps]
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a large model's checkpoint is gigabytes
+    records, profile = fresh_run(config, run_dir, scale, timeout, in_memory=not loader, profile_from=profiled)
     seconds, counted, real, previous = 0.0, 0, 0.0, 0
-    for r in records:  # a record covers the steps since the previous one
+    for r in (r for r in records if r["step"] <= steps):  # a record covers the steps since the previous one
         if previous >= skip:
             span = (r["step"] - previous) * batch / r["train/samples_per_s"]
             seconds, counted = seconds + span, counted + r["step"] - previous
@@ -297,7 +308,7 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
     return {**rates, **utilisation(rates, keys, seq_len, made, peaks, masked=MASKED),
             "attention": model.get("attn_implementation", "sdpa"), "seq_len": seq_len, "micro_batch": batch,
             "steps_counted": counted, "loader_workers": config["data"]["num_workers"] if loader else None,
-            "profile": json.loads(profile.read_text()) if profile.is_file() else None}
+            "profile": profile}
 
 
 def plain_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, compiled: bool,

@@ -335,16 +335,6 @@ def sample_corpus(source: str | Path | None, documents: int | None, folder: Path
     return str(source), texts, corpus
 
 
-def make_shards(corpus: Path, tokenizer: Path, folder: Path, seq_len: int, **options: Any) -> Path:
-    """Shards written in process by the shard stage (`options`: ShardOptions' other fields)."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
-
-    run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=seq_len, out=str(folder),
-                                 quiet=True, **options))
-    return folder
-
-
 def cli_data(out: Path, inputs: list[Path], *, val_fraction: float, env: dict) -> tuple[Path, Path]:
     """(tokenizer, shards) in `out`, made once by the user-facing commands (the shard stage skips a complete folder):
     a 16k byte-level BPE and 128-token shards."""

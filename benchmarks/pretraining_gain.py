@@ -1,9 +1,8 @@
 """What pretraining buys downstream: GLUE dev scores after a fixed CPU budget of pretraining, vs from scratch.
 
-Through the user-facing commands: a 16k BPE and 128-token shards of IMDB or of every `--corpus`; pretraining for
-`--steps`, at most `--minutes` (then SIGTERM: the run checkpoints, and that checkpoint is fine-tuned); each task
-from it and from scratch through the fair protocol. docs/finetuning.md ("What pretraining buys") has the rest; the
-record is pretraining_gain.VARIANT (default: the config's name).
+Through the user-facing commands: shards of IMDB (or every `--corpus`), pretraining for `--steps`, at most `--minutes`
+(then its checkpoint is fine-tuned), each task from it and from scratch through the fair protocol; docs/finetuning.md
+("What pretraining buys") has the rest. The record is pretraining_gain.VARIANT (default: the config's name).
 """
 
 from __future__ import annotations
@@ -88,9 +87,8 @@ def measure(a: argparse.Namespace, glue: Path, rec: harness.BenchmarkRecord) -> 
     # The arms side by side: each fine-tuning process runs on one thread, so two use both cores.
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda job: finetune(*job), [(t, scratch) for t in tasks for scratch in (False, True)]))
-    losses = harness.metrics(out / "pretrain")
-    evals = [r for r in losses if "eval/mlm_loss" in r]
-    done = max(r["step"] for r in losses if "train/loss" in r)
+    evals = harness.metrics(out / "pretrain", "eval/mlm_loss")
+    done = max(r["step"] for r in harness.metrics(out / "pretrain", "train/loss"))
     batch = json.loads((out / "pretrain" / "config.json").read_text())["train"]["global_batch_size"]
     rows = []
     for task in tasks:
