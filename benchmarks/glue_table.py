@@ -13,7 +13,7 @@ from pathlib import Path
 
 import harness
 
-from pipeline.common.atomic_files import write_json_atomic, write_text_atomic
+from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.fingerprints import describe_differences, model_fingerprint
 from pipeline.tracking.finetune_report import finetune_result, read_json
 
@@ -41,22 +41,6 @@ def claim_out(out: Path, settings: dict) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "settings.json", settings)
-
-
-def spread_sample(glue: Path, out: Path, n: int) -> Path:
-    """<out>/glue: each task's train.tsv cut to `n` rows spread evenly over the file, its dev files as they are."""
-    from pipeline.finetune.tasks import GLUE_FOLDERS, task_spec
-
-    for task in TASKS:
-        source, target = glue / GLUE_FOLDERS[task], out / "glue" / GLUE_FOLDERS[task]
-        target.mkdir(parents=True, exist_ok=True)
-        lines = (source / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-        header, rows = ([], lines) if task_spec(task).headerless_columns else (lines[:1], lines[1:])
-        picked = [rows[i * len(rows) // n] for i in range(n)] if len(rows) > n else rows
-        write_text_atomic(target / "train.tsv", "".join(header + picked))
-        for dev in sorted(source.glob("dev*.tsv")):
-            write_text_atomic(target / dev.name, dev.read_text(encoding="utf-8"))
-    return out / "glue"
 
 
 def finetune_cell(a: argparse.Namespace, out: Path, glue: Path, task: str, arm: str, model: Path, env: dict) -> None:
@@ -141,7 +125,7 @@ def main() -> None:
                     "export_fingerprint": model_fingerprint(str(export))})
     with STUDY.record() as rec:
         env = harness.cpu_env(1)
-        glue = spread_sample(glue, out, a.train_examples)
+        glue = harness.glue_sample(glue, out / "glue", dict.fromkeys(TASKS, a.train_examples), spread=True)
         for task in TASKS:  # seconds each: every row has its baseline, whichever cells this run trains
             token_counts(a, out, glue, task)
         cells = sorted([(task, arm) for task in tasks for arm in arms

@@ -335,6 +335,24 @@ def sample_corpus(source: str | Path | None, documents: int | None, folder: Path
     return str(source), texts, corpus
 
 
+def glue_sample(glue: Path, out: Path, rows: dict[str, int | None], *, spread: bool = False) -> Path:
+    """`out` as a GLUE folder of `rows`' tasks: each train.tsv cut to its first N rows (None: all), or with `spread` to
+    N rows spread evenly over the file (GLUE's files are ordered); the dev files as they are."""
+    from pipeline.finetune.tasks import GLUE_FOLDERS, task_spec
+
+    for task, n in rows.items():
+        source, target = glue / GLUE_FOLDERS[task], out / GLUE_FOLDERS[task]
+        target.mkdir(parents=True, exist_ok=True)
+        lines = (source / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+        header, body = ([], lines) if task_spec(task).headerless_columns else (lines[:1], lines[1:])
+        n = len(body) if n is None else n
+        picked = [body[i * len(body) // n] for i in range(n)] if spread and len(body) > n else body[:n]
+        write_text_atomic(target / "train.tsv", "".join(header + picked))
+        for dev in sorted(source.glob("dev*.tsv")):
+            write_text_atomic(target / dev.name, dev.read_text(encoding="utf-8"))
+    return out
+
+
 def cli_data(out: Path, inputs: list[Path], *, val_fraction: float, env: dict) -> tuple[Path, Path]:
     """(tokenizer, shards) in `out`, made once by the user-facing commands (the shard stage skips a complete folder):
     a 16k byte-level BPE and 128-token shards."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 from collections.abc import Callable
 from functools import partial
@@ -21,23 +20,13 @@ import hf_baselines
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.fingerprints import describe_differences, model_fingerprint
 
-TASKS = {"sst2": ("SST-2", 1.0), "rte": ("RTE", 2.0)}  # GLUE folder, target gap in points
+TASKS = {"sst2": 1.0, "rte": 2.0}  # the target gap in points
 PIPELINE, HF = "pipeline (launchers/finetune.py)", "HF Trainer (run_glue)"
 STUDY = harness.Study(
     "released_encoder_finetune", question="Does a released encoder fine-tune as well as with HF?",
     metric="GLUE dev accuracy, median over seeds, best epoch",
     baseline="HF Trainer, run_glue's way, same model and recipe (targets: SST-2 within 1 point, RTE within 2)",
     arms=(PIPELINE, HF, "pipeline, from scratch"))
-
-
-def capped_glue(glue: Path, out: Path, max_train: dict[str, int | None]) -> Path:
-    """A GLUE folder holding the first N rows of each task's train.tsv (all for None), and its dev.tsv."""
-    for task, (folder, _) in TASKS.items():
-        (out / folder).mkdir(parents=True, exist_ok=True)
-        lines = (glue / folder / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-        (out / folder / "train.tsv").write_text("".join(lines[: 1 + (max_train[task] or len(lines))]), encoding="utf-8")
-        shutil.copyfile(glue / folder / "dev.tsv", out / folder / "dev.tsv")
-    return out
 
 
 def seed_identity(side: str, model: str, task: str, seed: int, recipe: dict, caps: dict, scratch: bool) -> dict:
@@ -158,7 +147,7 @@ def main() -> None:
     with STUDY.record(record_variant(tasks, a.no_parity)) as rec:
         out = harness.work_dir("released-encoder-finetune", a.out)
         max_train = {"sst2": a.max_train, "rte": None}  # RTE: all 2,490
-        glue = capped_glue(a.glue, out / "glue", max_train)
+        glue = harness.glue_sample(a.glue, out / "glue", max_train)
         caps = {task: {"max_train": max_train[task]} for task in TASKS}
         rows = []
         for task in tasks:
@@ -186,7 +175,7 @@ def main() -> None:
             if not a.no_parity:
                 gap = 100 * (median(runs[PIPELINE], "best") - median(runs[HF], "best"))
                 rec.headline(f"{task}: pipeline − HF, median dev accuracy", f"{gap:+.2f} points",
-                             target=f"within ±{TASKS[task][1]:g}", met=abs(gap) <= TASKS[task][1])
+                             target=f"within ±{TASKS[task]:g}", met=abs(gap) <= TASKS[task])
         subject = model_name(model) + (" from scratch" if a.no_parity else "")
         rec.table(f"{subject}: GLUE dev accuracy ({', '.join(tasks)}); SST-2 first {a.max_train} training "
                   f"examples, RTE all; LR {a.lr}, {a.epochs} epochs, batch {a.batch}, max_seq_len {a.max_seq_len}, "
