@@ -94,8 +94,7 @@ def write_synthetic(out: Path, tokens: int, tokenizer: Path, seed: int = 0) -> d
 
 
 def shard_real(corpus: Path, copies: int, out: Path, tokenizer: Path, work: Path) -> dict:
-    """The corpus repeated `copies` times through shard.py with two tokenizer workers; a folder an earlier run made
-    is measured again, not remade."""
+    """The corpus ×`copies` through shard.py with two tokenizer workers; a folder an earlier run made is not remade."""
     seconds = None
     if not (out / "index.json").exists():
         source = work / f"corpus-x{copies}.jsonl"
@@ -230,8 +229,7 @@ print(json.dumps({{"shards": shards, "start_s": seconds, "traced_mb": tracemallo
 
 
 def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Path, work: Path) -> dict:
-    """The corpus, repeated `copies` times, cut into `files` files and sharded by the SLURM array path into one
-    verified folder."""
+    """The corpus ×`copies`, cut into `files` files and sharded by the SLURM array path into one verified folder."""
     from pipeline.data.shard_index import verify_folder
 
     inputs = work / "many-files"

@@ -278,8 +278,7 @@ def fresh_run(config: dict[str, Any], run_dir: Path, scale: Scale, timeout: floa
 
 def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, compiled: bool, loader: bool,
                    peaks: dict[str, Any] | None, timeout: float | None) -> dict[str, Any]:
-    """One row: the model `name` trained by the pretrain command for a few dozen steps; tokens/s and MFU over the
-    steps after warmup. Loader off, the steps after those are profiled."""
+    """The model `name` trained by the pretrain command for a few dozen steps: tokens/s and MFU after warmup."""
     keys, seq_len, batch, packed = shape(name, scale)
     # ModernBERT's own attention dropout is 0 (FlexAttention has none)
     model = {**keys, **({"attn_implementation": scale.packed_attention, "attention_probs_dropout_prob": 0.0}

@@ -284,8 +284,7 @@ def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> lis
 
 
 def metrics(run_dir: Path, key: str | None = None) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl records (those holding `key`, if given); a line still being written (or cut short by a
-    kill) is left out."""
+    """A run's metrics.jsonl records (those holding `key`, if given), less a line cut short by a write or a kill."""
     path, records = run_dir / "metrics.jsonl", []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
