@@ -1,8 +1,7 @@
 """Time to 1.0 nat below the unigram plateau: the budget recipe against HF Trainer on the same model.
 
-docs/benchmarks.md ("The budget recipe against HF") says how each recipe runs and is timed; `results.json` in
-`--out` keeps every curve and each run's load.
-"""
+docs/benchmarks.md ("The budget recipe against HF") says how each runs and is timed; `--out`'s results.json keeps
+every curve and each run's load."""
 
 from __future__ import annotations
 
@@ -91,11 +90,8 @@ def margin_targets(entropy: float) -> dict[str, float]:
 
 
 def time_to(curve: list, target: float) -> dict:
-    """When `curve` (EvalPoints) first reaches `target`; if it never does, the time it trained without (a bound).
-
-    An unreached target would be crossed after the last evaluation, so that evaluation's step and
-    training seconds are lower bounds (0 for a run that never evaluated).
-    """
+    """When `curve` (EvalPoints) first reaches `target`; if it never does, its last evaluation's step and training
+    seconds, lower bounds (0 for a run that never evaluated)."""
     from pipeline.tracking.loss_curve import first_crossing
 
     hit = first_crossing(curve, target)
@@ -106,11 +102,8 @@ def time_to(curve: list, target: float) -> dict:
 
 
 def median_time(hits: list[dict]) -> dict:
-    """The median over seeds of `time_to` answers: exact, or a lower bound when the median run did not reach it.
-
-    An unreached run counts as later than every reached one (they share the cap); when that leaves
-    the median unreached, the median of the runs' bounds is a lower bound on it.
-    """
+    """The median over seeds of `time_to` answers, an unreached run later than every reached one (they share the
+    cap); where the median run did not reach it, the median of the runs' bounds, a lower bound."""
     inf = float("inf")
     seconds = statistics.median([h["seconds"] if h["reached"] else inf for h in hits])
     step = statistics.median([h["step"] if h["reached"] else inf for h in hits])
@@ -130,17 +123,13 @@ def time_cell(median: dict, max_minutes: float) -> str:
 
 
 def time_ratio(recipe: dict, budget: dict) -> dict:
-    """`recipe` ÷ `budget` median times (`median_time` answers): exact, a bound (≥ or ≤), or not measurable.
-
-    A recipe that did not reach the target took longer than its bound, so the ratio is at least
-    bound ÷ budget; a budget that did not reach it makes the ratio at most recipe ÷ bound.
-    """
+    """`recipe` ÷ `budget` median times (`median_time` answers): exact, a bound (≥ where the recipe did not reach the
+    target, ≤ where the budget did not), or not measurable."""
     kind = {(True, True): "exact", (False, True): "at least", (True, False): "at most"}.get(
         (recipe["exact"], budget["exact"]))
-    if kind is None:
-        return {"value": None, "kind": None, "text": "not measurable: neither reached it"}
-    if budget["seconds"] <= 0:
-        return {"value": None, "kind": None, "text": "not measurable: the budget recipe's time is 0"}
+    if kind is None or budget["seconds"] <= 0:
+        why = "neither reached it" if kind is None else "the budget recipe's time is 0"
+        return {"value": None, "kind": None, "text": f"not measurable: {why}"}
     value = recipe["seconds"] / budget["seconds"]
     prefix = {"exact": "", "at least": "≥ ", "at most": "≤ "}[kind]
     return {"value": value, "kind": kind, "text": f"{prefix}{value:.1f}×"}
@@ -151,11 +140,9 @@ def goal_met(ratio: dict, goal: float) -> bool | None:
     value, kind = ratio["value"], ratio["kind"]
     if kind == "exact":
         return value >= goal
-    if kind == "at least":
-        return True if value >= goal else None
-    if kind == "at most":
-        return False if value < goal else None
-    return None
+    if kind == "at least" and value >= goal:
+        return True
+    return False if kind == "at most" and value < goal else None
 
 
 def summarise(runs: list[dict], entropy: float, max_minutes: float) -> tuple[dict, list[dict]]:

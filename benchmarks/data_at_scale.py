@@ -3,8 +3,8 @@
     python benchmarks/data_at_scale.py --work /big/disk/das [--synthetic-tokens 1e7 1e8 1e9]
         [--real-copies 5] [--imdb-copies 1 4] [--files 1000 --files-copies 5] [--corpus C.jsonl.zst]
 
-A case is left out by giving it nothing (`--synthetic-tokens`, `--real-copies 0`, `--imdb-copies`, `--files 0`).
-docs/data.md ("At scale") describes the cases, what is measured and how to read it.
+A case is left out by giving it nothing (`--synthetic-tokens`, `--real-copies 0`, `--imdb-copies`, `--files 0`);
+docs/data.md ("At scale") describes the cases and what is measured.
 """
 
 from __future__ import annotations
@@ -42,15 +42,6 @@ def read_jsonl(path: Path):
         yield from f
 
 
-def make_tokenizer(corpus: Path, out: Path) -> Path:
-    """An 8k byte-level BPE trained on the corpus's first 20,000 documents."""
-    from pipeline.data.tokenizer import train_tokenizer
-
-    if not (out / "tokenizer.json").exists():
-        train_tokenizer(sample_corpus(corpus, 20_000, out.parent)[1], "bpe", 8192, out, model_max_length=512)
-    return out
-
-
 def index_tokenizer(tokenizer: Path) -> dict:
     """The tokenizer as an index.json records it."""
     import dataclasses
@@ -81,11 +72,8 @@ def write_synthetic(out: Path, tokens: int, tokenizer: Path, seed: int = 0) -> d
 
     info = index_tokenizer(tokenizer)
     low = max(info[k] for k in ("cls_id", "sep_id", "pad_id", "mask_id")) + 1  # BPE: specials first, then ordinary ids
-    rng = np.random.default_rng(seed)
-    started = time.monotonic()
-    writers = {}
+    rng, started, writers, shard_size = np.random.default_rng(seed), time.monotonic(), {}, 8192
     counts = {"train": tokens // SEQ_LEN, "val": 1000}
-    shard_size = 8192
     for split, sequences in counts.items():
         (out / split).mkdir(parents=True, exist_ok=True)
         writer = ShardWriter(out, split, 0, shard_size, {"synthetic": True}, DEFAULT_LEVEL)
@@ -106,8 +94,7 @@ def write_synthetic(out: Path, tokens: int, tokenizer: Path, seed: int = 0) -> d
 
 
 def shard_real(corpus: Path, copies: int, out: Path, tokenizer: Path, work: Path) -> dict:
-    """The corpus repeated `copies` times through shard.py with two tokenizer workers; a folder an earlier run made
-    is measured again, not remade."""
+    """The corpus ×`copies` through shard.py with two tokenizer workers; a folder an earlier run made is not remade."""
     seconds = None
     if not (out / "index.json").exists():
         source = work / f"corpus-x{copies}.jsonl"
@@ -148,10 +135,8 @@ def pretrain_run(shards: Path, tokenizer: Path, run_dir: Path, steps: int = 3) -
 
 
 def resume_probe(shards: Path, tokenizer: Path, run_dir: Path, fraction: float = 0.9) -> dict:
-    """In a fresh process: seconds from building the run's data to its first batch at a late step.
-
-    Its output folder is `run_dir/probe`: configs/tiny.json's own is the checkout's runs/default/pretrain,
-    where a user's main job may be (the preflight would then try to resume it)."""
+    """In a fresh process: seconds from building the run's data to its first batch at a late step (its output folder
+    `run_dir/probe`, not configs/tiny.json's runs/default/pretrain, where a user's main job may be)."""
     cache = run_dir / "token_cache"
     return run_python(f"""
 import json, time
@@ -191,34 +176,25 @@ def measure_folder(name: str, shards: Path, tokenizer: Path, work: Path) -> dict
 
 
 def extrapolate(rows: list[dict], key: str) -> float:
-    """The line through the two largest sizes, at 100B tokens (its slope floored at 0: noise is not a trend).
-
-    Not a fit over every size: below one shuffle block's worth of shards the cache holds the whole
-    corpus, so the smallest size shows a slope that the larger ones do not have.
-    """
+    """The line through the two largest sizes, at 100B tokens (its slope floored at 0: noise is not a trend); not a
+    fit over every size: below one shuffle block of shards the cache holds the whole corpus, a slope the larger lack."""
     (t1, y1), (t2, y2) = sorted((r["tokens"], r[key]) for r in rows)[-2:]
     return y2 + max(0.0, (y2 - y1) / (t2 - t1)) * (EXTRAPOLATE_TO - t2)
 
 
 def index_at_scale(tokens: float, tokenizer: Path, work: Path) -> dict:
-    """The part of a start that grows with the corpus, measured at `tokens` without writing them.
-
-    An index.json listing every shard of a `tokens`-token folder, and each shard as a sparse file of its
-    listed size (no disk used): before step 1 the run reads the index, stats every shard and builds the
-    epoch order, and reads only the shards its first batch touches. So a fresh process times and sizes
-    `TokenCache` and the order at a late step of that folder (no shard is read: the batch is not gathered).
-    """
+    """The part of a start that grows with the corpus, at `tokens` without writing them: an index.json of every shard
+    and each shard a sparse file of its listed size, whose `TokenCache` and order at a late step a fresh process times
+    and sizes (before step 1 a run reads the index, stats every shard and builds the order; no shard is read here)."""
     from pipeline.common.atomic_files import write_json_atomic
     from pipeline.data.shard_format import FORMAT_VERSION
 
     out = work / f"index-{tokens / 1e9:g}B"
     shutil.rmtree(out, ignore_errors=True)
-    (out / "train").mkdir(parents=True)
-    (out / "val").mkdir()
     per_shard, shard_bytes = 8192, 1_900_000  # sequences and compressed bytes of a synthetic seq-128 shard
-    count = int(tokens // (per_shard * SEQ_LEN))
     splits = {}
-    for split, n in (("train", count), ("val", 1)):
+    for split, n in (("train", int(tokens // (per_shard * SEQ_LEN))), ("val", 1)):
+        (out / split).mkdir(parents=True)
         shards = []
         for i in range(n):
             name = f"{split}/part00000-shard{i:06d}.zst"
@@ -254,8 +230,7 @@ print(json.dumps({{"shards": shards, "start_s": seconds, "traced_mb": tracemallo
 
 
 def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Path, work: Path) -> dict:
-    """The corpus, repeated `copies` times, cut into `files` files and sharded by the SLURM array path into one
-    verified folder."""
+    """The corpus ×`copies`, cut into `files` files and sharded by the SLURM array path into one verified folder."""
     from pipeline.data.shard_index import verify_folder
 
     inputs = work / "many-files"
@@ -324,23 +299,24 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
-    work = args.work
-    tokenizer = make_tokenizer(args.corpus, work / "tokenizer")
+    from pipeline.data.tokenizer import train_tokenizer
+
+    work, tokenizer = args.work, args.work / "tokenizer"  # an 8k byte-level BPE on the corpus's first 20,000 documents
+    if not (tokenizer / "tokenizer.json").exists():
+        train_tokenizer(sample_corpus(args.corpus, 20_000, work)[1], "bpe", 8192, tokenizer, model_max_length=512)
     synthetic, real, preparation = [], [], []
-    for size in args.synthetic_tokens:
-        folder = work / f"synthetic-{size / 1e6:g}M"
-        made = write_synthetic(folder, int(size), tokenizer)
-        preparation.append({"case": folder.name, "how": "shard writer, random ids", "tokens": f"{made['tokens']:,}",
-                            "seconds": f"{made['seconds']:.1f}", "shard MB": f"{disk_bytes(folder) / 1e6:,.0f}"})
-        synthetic.append(measure_folder(folder.name, folder, tokenizer, work))
-        shutil.rmtree(folder)
-    for copies in [c for c in args.imdb_copies if c] + ([args.real_copies] if args.real_copies else []):
-        folder = work / f"real-x{copies}"
-        made = shard_real(args.corpus, copies, folder, tokenizer, work)
-        preparation.append({"case": folder.name, "how": "shard.py, 2 workers", "tokens": f"{made['tokens']:,}",
+    cases = [(synthetic, work / f"synthetic-{size / 1e6:g}M", size) for size in args.synthetic_tokens]
+    cases += [(real, work / f"real-x{c}", c) for c in [*args.imdb_copies, args.real_copies] if c]
+    for rows, folder, size in cases:
+        made = (write_synthetic(folder, int(size), tokenizer) if rows is synthetic
+                else shard_real(args.corpus, size, folder, tokenizer, work))
+        preparation.append({"case": folder.name, "how": "shard writer, random ids" if rows is synthetic else
+                            "shard.py, 2 workers", "tokens": f"{made['tokens']:,}",
                             "seconds": "made earlier" if made["seconds"] is None else f"{made['seconds']:.1f}",
                             "shard MB": f"{disk_bytes(folder) / 1e6:,.0f}"})
-        real.append(measure_folder(folder.name, folder, tokenizer, work))
+        rows.append(measure_folder(folder.name, folder, tokenizer, work))
+        if rows is synthetic:
+            shutil.rmtree(folder)
     if args.files:
         slurm = many_files(args.corpus, args.files, args.files_copies, args.slurm_parts, tokenizer, work)
         rec.table(f"{args.files:,} input files (the corpus ×{args.files_copies}) through the SLURM array path "
@@ -361,11 +337,9 @@ def measure(args: argparse.Namespace, rec: BenchmarkRecord) -> None:
     columns = {"first step (s)": "first_step_s", "3-step run (s)": "run_s", "peak RSS (MB)": "peak_rss_mb",
                "cache written (MB)": "cache_bytes", "resume at 90% of the epoch, data to first batch (s)":
                "resume_first_batch_s"}
-    table = []
-    for row in synthetic + real:
-        table.append({"case": row["case"], "tokens": f"{row['tokens']:,}", "figures": "measured",
-                      **{k: f"{row[v] / (1e6 if v == 'cache_bytes' else 1):,.1f}" for k, v in columns.items()},
-                      "cache ÷ shards": f"{row['cache_÷_shards']:.2f}"})
+    table = [{"case": row["case"], "tokens": f"{row['tokens']:,}", "figures": "measured",
+              **{k: f"{row[v] / (1e6 if v == 'cache_bytes' else 1):,.1f}" for k, v in columns.items()},
+              "cache ÷ shards": f"{row['cache_÷_shards']:.2f}"} for row in synthetic + real]
     if len(synthetic) >= 2:
         table.append({"case": "100B tokens", "tokens": f"{EXTRAPOLATE_TO:,.0f}",
                       "figures": "extrapolated (line through the two largest synthetic sizes)",

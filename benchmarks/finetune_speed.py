@@ -1,7 +1,5 @@
-"""Whole fine-tuning runs, start-up included: the pipeline's `roberta-finetune` against HF `Trainer`.
-
-docs/benchmarks.md ("Fine-tuning speed against HF `Trainer`") says what each side runs.
-"""
+"""Whole fine-tuning runs, start-up included: the pipeline's `roberta-finetune` against HF `Trainer`
+(docs/benchmarks.md, "Fine-tuning speed against HF `Trainer`", says what each side runs)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
     python benchmarks/glue_table.py --export runs/recipe-round-2/pretrain [--arms export,scratch,minilm] [--out DIR]
 
-docs/benchmarks.md ("The GLUE table") says how a cell runs, and how `--out` keeps finished cells.
-"""
+docs/benchmarks.md ("The GLUE table") says how a cell runs, and how `--out` keeps finished cells."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import harness
 
-from pipeline.common.atomic_files import write_json_atomic, write_text_atomic
+from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.fingerprints import describe_differences, model_fingerprint
 from pipeline.tracking.finetune_report import finetune_result, read_json
 
@@ -31,19 +30,6 @@ RELATIVE_COST = {"minilm": 8, "export": 1, "scratch": 1}
 """Rough compute per example (MiniLM: 6 layers of 384 against the budget models' 3 of 192): longest cells first."""
 
 
-def parse_list(p: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or any(t not in allowed for t in items):
-        p.error(f"{flag}: expected a subset of {','.join(allowed)}, got {text!r}")
-    return items
-
-
-def settings_of(a: argparse.Namespace, export: Path) -> dict:
-    """What decides every cell in --out: the data caps, the recipe, the sweeps and the export's content."""
-    return {"train_examples": a.train_examples, "epochs": a.epochs, "seeds": a.seeds, "sweep": a.sweep,
-            "minilm_sweep": a.minilm_sweep, "export": str(export), "export_fingerprint": model_fingerprint(str(export))}
-
-
 def claim_out(out: Path, settings: dict) -> None:
     """Write --out's settings, or refuse when they differ from the ones its cells were made with."""
     saved = read_json(out / "settings.json")
@@ -57,32 +43,14 @@ def claim_out(out: Path, settings: dict) -> None:
     write_json_atomic(out / "settings.json", settings)
 
 
-def spread_sample(glue: Path, out: Path, n: int) -> Path:
-    """<out>/glue: each task's train.tsv cut to `n` rows spread evenly over the file, its dev files as they are."""
-    from pipeline.finetune.tasks import GLUE_FOLDERS, task_spec
-
-    for task in TASKS:
-        source, target = glue / GLUE_FOLDERS[task], out / "glue" / GLUE_FOLDERS[task]
-        target.mkdir(parents=True, exist_ok=True)
-        lines = (source / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-        header, rows = ([], lines) if task_spec(task).headerless_columns else (lines[:1], lines[1:])
-        picked = [rows[i * len(rows) // n] for i in range(n)] if len(rows) > n else rows
-        write_text_atomic(target / "train.tsv", "".join(header + picked))
-        for dev in sorted(source.glob("dev*.tsv")):
-            write_text_atomic(target / dev.name, dev.read_text(encoding="utf-8"))
-    return out / "glue"
-
-
 def finetune_cell(a: argparse.Namespace, out: Path, glue: Path, task: str, arm: str, model: Path, env: dict) -> None:
     """One task for one arm through the protocol, its log in <out>/logs."""
     folder = out / f"{task}-{arm}"
-    sweep = a.minilm_sweep if arm == "minilm" else a.sweep
-    cmd = [sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model", model,
-           "--seeds", a.seeds, *(["--from-scratch"] if arm == "scratch" else []),
-           *[x for s in sweep for x in ("--sweep", s)],
-           *harness.set_args({"data.glue_dir": glue, "train.epochs": a.epochs, "train.batch_size": 32,
-                              "train.output_dir": folder, "tracking.uri": f"sqlite:///{out / 'mlflow.db'}",
-                              "tracking.experiment": "glue-table"})]
+    cmd = harness.finetune_command(
+        f"configs/glue/{task}.json", model, a.seeds, scratch=arm == "scratch",
+        sweeps=a.minilm_sweep if arm == "minilm" else a.sweep,
+        sets={"data.glue_dir": glue, "train.epochs": a.epochs, "train.batch_size": 32, "train.output_dir": folder,
+              "tracking.uri": f"sqlite:///{out / 'mlflow.db'}", "tracking.experiment": "glue-table"})
     harness.launch(cmd, env=env, log=out / "logs" / f"{folder.name}.log", append=True)  # a rerun adds to it
 
 
@@ -134,7 +102,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="the cells (default: a work folder, not runs/)")
     a = p.parse_args()
     a.sweep, a.minilm_sweep = a.sweep or DEFAULT_SWEEP, a.minilm_sweep or DEFAULT_MINILM_SWEEP
-    arms, tasks = parse_list(p, "--arms", a.arms, ARMS), parse_list(p, "--tasks", a.tasks, TASKS)
+    arms, tasks = harness.comma_list(p, "--arms", a.arms, ARMS), harness.comma_list(p, "--tasks", a.tasks, TASKS)
     glue, export = harness.SHARED / "glue", a.export.resolve()
     if (export / "export" / "config.json").exists():  # a pretraining output folder: its export
         export = export / "export"
@@ -151,10 +119,13 @@ def main() -> None:
         except PipelineError as error:
             p.error(f"--arms minilm: {error}")
     out = harness.work_dir("glue-table", a.out)
-    claim_out(out, settings_of(a, export))
+    # What decides every cell in --out: the data caps, the recipe, the sweeps and the export's content.
+    claim_out(out, {"train_examples": a.train_examples, "epochs": a.epochs, "seeds": a.seeds, "sweep": a.sweep,
+                    "minilm_sweep": a.minilm_sweep, "export": str(export),
+                    "export_fingerprint": model_fingerprint(str(export))})
     with STUDY.record() as rec:
         env = harness.cpu_env(1)
-        glue = spread_sample(glue, out, a.train_examples)
+        glue = harness.glue_sample(glue, out / "glue", dict.fromkeys(TASKS, a.train_examples), spread=True)
         for task in TASKS:  # seconds each: every row has its baseline, whichever cells this run trains
             token_counts(a, out, glue, task)
         cells = sorted([(task, arm) for task in tasks for arm in arms

@@ -3,11 +3,8 @@
     python benchmarks/gpu_check.py --data DIR --budget-minutes 9 --started-at T0   # on a CUDA machine, in a lease
     python benchmarks/gpu_check.py --device cpu --tiny --data DIR   # the same code at toy size, so it cannot rot
 
-Its parts run in order of value (PLAN: the targets' compiled throughput against the plain PyTorch loop, profiled; the
-run to the end and its transfer to SST-2; correctness; the eager rows; packed documents; the other models), each
-within its cap; a step's
-failure is recorded with its error and the check goes on; the record is written after each part.
-docs/gpu-nodes.md describes each part, the cells that show each fault the H200 found fixed, and how a lease runs it.
+Its parts run in order of value (PLAN), each within its cap; a failed step is recorded with its error and the check
+goes on; the record is written after each part. docs/gpu-nodes.md describes each part and how a lease runs it.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_runs import SHAPES, SST2_SEEDS, RunToTheEnd, Scale, find_data, plain_row, prepared_data, throughput_row
-from harness import ROOT, BenchmarkRecord, Study, peak_flops
+from harness import ROOT, BenchmarkRecord, Study, comma_list, peak_flops, toy_tokenizer
 
 ARCHITECTURES = ("roberta", "roberta-prelayernorm", "bert", "modernbert")
 # Relative loss difference allowed against fp32 after one step on the same batch. bf16 keeps 8 bits of
@@ -56,19 +53,15 @@ def small_model(architecture: str) -> dict[str, Any]:
 
 
 class Steps:
-    """Each step's outcome, in order: ok, failed (with the error) or skipped (with the reason).
-
-    With `budget_s` (counted from `started`, a `time.perf_counter()` value, default now), a step that would start
-    after that many seconds is skipped as out of time, so a check on a lent machine ends, record written, inside the
-    lease instead of being killed with nothing written. Inside `part(cap_s)` a step is skipped as well once the
-    part has run `cap_s` seconds; `seconds_left` is what the nearer of the two leaves, for a step's own runs."""
+    """Each step's outcome, in order: ok, failed (with the error) or skipped (with the reason). A step that would
+    start past `budget_s` (from `started`, a `time.perf_counter()` value) or past its part's cap is skipped as out of
+    time, so a lease ends with its record written; `seconds_left` is what the nearer of the two leaves."""
 
     def __init__(self, budget_s: float | None = None, started: float | None = None) -> None:
         self.outcomes: list[dict[str, Any]] = []
-        self.started = time.perf_counter() if started is None else started
-        self.budget_s = budget_s
+        self.started, self.budget_s = time.perf_counter() if started is None else started, budget_s
         self.part_cap_s: float | None = None
-        self.part_ends: float | None = None
+        self.part_ends: float | None = None  # perf_counter() when the current part's cap is spent
 
     def seconds_left(self) -> float | None:
         now = time.perf_counter()
@@ -114,13 +107,12 @@ class Skipped(Exception):
 
 
 MIN_STEP_SECONDS = 15  # a step with less left is skipped: a run started then is killed before its first logged step
+NO_SHARDS = "no shards (the data step failed)"
 
 
 def nominal_tflops(gpu_name: str | None) -> float | None:
     """The data sheet's dense bf16 peak of this GPU, None where it is not in the table (or on CPU)."""
-    if not gpu_name:
-        return None
-    return next((tflops for fragment, tflops in NOMINAL_TFLOPS if fragment in gpu_name), None)
+    return next((tflops for fragment, tflops in NOMINAL_TFLOPS if fragment in gpu_name), None) if gpu_name else None
 
 
 def installed_version(package: str) -> str | None:
@@ -174,12 +166,6 @@ def environment(device: str, tiny: bool) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- correctness: one DeepSpeed step per cell
 
-def small_tokenizer(vocab: int = 300):
-    from pipeline.data.tokenizer import TokenizerInfo
-
-    return TokenizerInfo("gpu-check", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
-
-
 def fixed_batch(device: str, vocab: int, rows: int = 4, seq_len: int = 32) -> dict[str, Any]:
     """One padded, 15%-masked batch of Zipf-distributed tokens, the same for every cell."""
     import torch
@@ -210,33 +196,26 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     from pipeline.pretrain.phases import resolve_phases
     from pipeline.pretrain.schedules import lr_schedule
 
-    ds: dict[str, Any] = {}
-    if precision == "fp16":
-        ds["fp16"] = {"initial_scale_power": 8}  # a first step skipped for overflow would compare nothing
-    model_keys = small_model(architecture)
-    if architecture == "bert":
-        model_keys["next_sentence_loss"] = False
+    # fp16 starts at a low loss scale: a first step skipped for overflow would compare nothing
+    ds = {"fp16": {"initial_scale_power": 8}} if precision == "fp16" else {}
+    model_keys = {**small_model(architecture), **({"next_sentence_loss": False} if architecture == "bert" else {})}
     config = c.PretrainConfig(model=c.ModelConfig(**model_keys), data=c.DataConfig(shards="unused", tokenizer="unused"),
                               optimizer=c.OptimizerConfig(lr=1e-3),
                               schedule=c.ScheduleConfig(warmup_steps=0, decay="constant"),
                               train=c.TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
                                                   precision=precision, zero_stage=stage),
                               deepspeed=ds)
-    phases = resolve_phases(config)
-    plan = phases[0].plan(1)
+    phases, tokenizer = resolve_phases(config), toy_tokenizer(300)
     torch.manual_seed(0)
-    model = build_model(config.model, small_tokenizer(), 32)
-    engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases))
+    engine = initialize_engine(build_model(config.model, tokenizer, 32), config, phases[0].plan(1),
+                               schedule=lr_schedule(config, phases))
     engine.train()
-    batch = fixed_batch(device, small_tokenizer().vocab_size)
+    batch = fixed_batch(device, tokenizer.vocab_size)
     loss = engine(**batch)["loss"]
     engine.backward(loss)
     engine.step()
     with torch.no_grad():
-        after = engine(**batch)["loss"]
-    before, after = loss.item(), after.item()
-    del engine
-    return before, after
+        return loss.item(), engine(**batch)["loss"].item()
 
 
 def correctness(steps: Steps, device: str) -> list[dict[str, Any]]:
@@ -262,9 +241,9 @@ def correctness(steps: Steps, device: str) -> list[dict[str, Any]]:
                     return {"loss": before, "loss_after": after, "relative_before": first,
                             "relative_after": second, "relative_difference": worst,
                             "tolerance": TOLERANCE[p]}
-                name = f"correctness/{architecture}/{precision}/zero{stage}"
-                steps.attempt(name, cell)
-                rows.append(_row(steps.outcomes[-1], architecture=architecture, precision=precision, zero=stage))
+                steps.attempt(f"correctness/{architecture}/{precision}/zero{stage}", cell)
+                rows.append(_row(steps.outcomes[-1], "relative loss difference", "relative_difference",
+                                 architecture=architecture, precision=precision, zero=stage))
     return rows
 
 
@@ -277,11 +256,11 @@ def _note(outcome: dict[str, Any]) -> str:
     return text if len(text) <= 160 else "…" + text[-159:]
 
 
-def _row(outcome: dict[str, Any], **keys: Any) -> dict[str, Any]:
-    """A table row from a step's outcome: its keys, status, and the figure or the reason."""
-    figure = outcome.get("relative_difference")
-    return {**keys, "status": outcome["status"],
-            "relative loss difference": None if figure is None else f"{figure:.1e}", "note": _note(outcome)}
+def _row(outcome: dict[str, Any], column: str, figure: str, **keys: Any) -> dict[str, Any]:
+    """A table row from a step's outcome: its keys, status, and its `figure` (under `column`) or the reason."""
+    value = outcome.get(figure)
+    return {**keys, "status": outcome["status"], column: None if value is None else f"{value:.1e}",
+            "note": _note(outcome)}
 
 
 # ---------------------------------------------------------------- packed documents against the padded path
@@ -303,7 +282,7 @@ def packed_difference(architecture: str, attention: str, device: str) -> dict[st
     from pipeline.pretrain.model import SPARSE_CLASSES, encode, first_position_id, hf_config
     from pipeline.pretrain.packed_attention import document_layout
 
-    info, seq_len = small_tokenizer(), 64
+    info, seq_len = toy_tokenizer(300), 64
     keys = {**small_model(architecture), "num_hidden_layers": 3, "attn_implementation": attention}
     config = hf_config(ModelConfig(**keys), info, seq_len)
     padded_config = copy.deepcopy(config)
@@ -346,11 +325,8 @@ def packed(steps: Steps, device: str) -> list[dict[str, Any]]:
         for attention in packed_paths(device):
             steps.attempt(f"packed/{architecture}/{attention}",
                           lambda a=architecture, t=attention: packed_difference(a, t, device))
-            outcome = steps.outcomes[-1]
-            figure = outcome.get("max_abs_difference")
-            rows.append({"architecture": architecture, "attention": attention, "status": outcome["status"],
-                         "max |packed − alone|": None if figure is None else f"{figure:.1e}",
-                         "note": _note(outcome)})
+            rows.append(_row(steps.outcomes[-1], "max |packed − alone|", "max_abs_difference",
+                             architecture=architecture, attention=attention))
     return rows
 
 
@@ -368,10 +344,9 @@ def throughput(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] | No
     for name, arm, compiled, loader in cells:
         def cell(name=name, arm=arm, compiled=compiled, loader=loader):
             if made is None:
-                raise Skipped("no shards (the data step failed)")
+                raise Skipped(NO_SHARDS)
             cap = 300 if scale.tiny or compiled else 90  # one stuck run must not take the lease
-            left = steps.seconds_left()
-            timeout = cap if left is None else min(cap, left)
+            timeout = cap if (left := steps.seconds_left()) is None else min(cap, left)
             if arm == "plain":
                 return plain_row(work, made, scale, name, compiled, peaks, timeout)
             return throughput_row(work, made, scale, name, compiled, loader, peaks, timeout)
@@ -401,7 +376,7 @@ def run_to_the_end(steps: Steps, work: Path, scale: Scale, made: dict[str, Any] 
 
     def pretrain() -> dict[str, Any]:
         if e2e is None:
-            raise Skipped("no shards (the data step failed)")
+            raise Skipped(NO_SHARDS)
         return e2e.pretrain(steps.seconds_left())
 
     def transfer() -> dict[str, Any]:
@@ -506,12 +481,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--started-at", type=float, default=None, metavar="UNIX_TIME",
                    help="count --budget-minutes from this time (`date +%%s` when the lease's command started)")
     a = p.parse_args(argv)
-    a.models = tuple(m.strip() for m in a.models.split(",") if m.strip())
-    if unknown := [m for m in a.models if m not in SHAPES]:
-        p.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
-    skipped = {s for s in a.skip.split(",") if s}
-    if unknown := sorted(skipped - set(PARTS)):
-        p.error(f"--skip: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    a.models = tuple(comma_list(p, "--models", a.models, SHAPES, empty=True))
+    skipped = set(comma_list(p, "--skip", a.skip, PARTS, empty=True))
     if a.budget_minutes is not None and a.budget_minutes <= 0:
         p.error(f"--budget-minutes {a.budget_minutes:g}: give a positive number of minutes")
     if a.started_at is not None and not 0 <= time.time() - a.started_at < 86_400:

@@ -1,8 +1,6 @@
-"""The GPU check's pretraining runs, each through the pretrain command (`launchers/pretrain.py`) as a user runs it:
-the data (a BPE and shards from a slice of IMDB), the throughput rows (the loader on, or off: `python
-benchmarks/gpu_runs.py in-memory CONFIG` replays a few micro batches already on the device), and the run to the
-end (killed with SIGKILL mid-run, resumed, compared, exported and fine-tuned on SST-2).
-"""
+"""The GPU check's pretraining runs, each through the pretrain command as a user runs it: the data, the throughput
+rows (loader off: `python benchmarks/gpu_runs.py in-memory CONFIG` replays micro batches already on the device), and
+the run to the end (killed with SIGKILL mid-run, resumed, compared, exported and fine-tuned on SST-2)."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harness import ROOT, make_shards, metrics, sample_corpus
+from harness import ROOT, finetune_command, metrics, sample_corpus, set_args
 from plain_loop import PROFILED_STEPS
 
 MASKED = 0.15  # masking.probability: the FLOP model's masked fraction, as the trainer's MFU uses
@@ -70,8 +68,7 @@ TINY_RUN = RunSizes(steps=30, batch=8, checkpoint_every=10, kill_after=15, compa
 # Each arm's grid, chosen on the held-out slice of train: a small encoder fine-tunes best at 1e-4–3e-4 pretrained
 # and higher from scratch (the CPU recipe's arms chose within 1e-4–3e-3).
 SST2_SWEEP, SST2_SEEDS = "train.learning_rate=1e-4,3e-4,1e-3", "1,2,3"
-TRANSFER_SECONDS = 180  # kept from the pretraining for the export's fine-tuning: 5 trainings of ~18 s and their starts
-# (on an H100, 120 s ran out in the fourth)
+TRANSFER_SECONDS = 180  # kept for the export's fine-tuning: 5 trainings of ~18 s and starts (120 s ran out on an H100)
 WORLD_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 IN_MEMORY_BATCHES = 4  # distinct micro batches replayed by a loader-off run
 
@@ -131,6 +128,8 @@ def clean_env(scale: Scale) -> dict[str, str]:
 
 def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     """A tokenizer and shards (plain and doc-packed) written by the pipeline's own stages from a slice of IMDB."""
+    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shard_stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
 
     source = None if data is None else str(data / IMDB)
@@ -138,9 +137,11 @@ def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     tokenizer = folder / "tokenizer"
     longest = max(scale.seq_len(True), scale.seq_len(False))
     train_tokenizer(texts, "bpe", 2_000 if scale.tiny else 50_265, tokenizer, model_max_length=longest)
-    shards = {pack: str(make_shards(corpus, tokenizer, folder / f"shards-{pack}", scale.seq_len(packed), pack=pack,
-                                    val_fraction=0.02, workers=1 if scale.tiny else 8))
-              for pack, packed in (("full", False), ("doc-packed", True))}
+    shards = {pack: str(folder / f"shards-{pack}") for pack in ("full", "doc-packed")}
+    for pack, out in shards.items():
+        run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), out=out, quiet=True, pack=pack,
+                                     seq_len=scale.seq_len(pack != "full"), val_fraction=0.02,
+                                     workers=1 if scale.tiny else 8))
     return {"source": source, "documents": len(texts), "tokenizer": str(tokenizer), "shards": shards}
 
 
@@ -223,10 +224,8 @@ def last_words(run_dir: Path) -> str:
 
 
 def run_in_memory(config_path: str, profile_from: int | None = None) -> None:
-    """The pretrain command with the loader off: the command's own run, its training loader swapped at the one seam
-    the trainer reads batches through (`PretrainData.loader`) for `IN_MEMORY_BATCHES` micro batches that the real
-    loader made once, already on the device, replayed. With `profile_from`, the steps after it (`PROFILED_STEPS`, one
-    micro batch each) run under the profiler, whose summary goes beside the config (`<config>.profile.json`)."""
+    """The pretrain command with its loader (`PretrainData.loader`) swapped for `IN_MEMORY_BATCHES` micro batches the
+    real one made, replayed on the device; the `PROFILED_STEPS` after `profile_from` go to `<config>.profile.json`."""
     import torch
     from plain_loop import PROFILED_STEPS, profiler, summary
 
@@ -262,10 +261,24 @@ def run_in_memory(config_path: str, profile_from: int | None = None) -> None:
 
 # ---------------------------------------------------------------- throughput rows
 
+def fresh_run(config: dict[str, Any], run_dir: Path, scale: Scale, timeout: float | None, *, in_memory: bool,
+              profile_from: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A run in a new `run_dir` (a folder left behind would make it resume), removed after (a large model's
+    checkpoint is gigabytes): its logged training records and its profile (None without `profile_from`)."""
+    profile = run_dir.parent / f"{run_dir.name}.profile.json"
+    try:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        profile.unlink(missing_ok=True)
+        finish(start_run(config, run_dir, clean_env(scale), in_memory, profile_from), run_dir, timeout)
+        records = metrics(run_dir, "train/loss")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return records, json.loads(profile.read_text()) if profile.is_file() else None
+
+
 def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, compiled: bool, loader: bool,
                    peaks: dict[str, Any] | None, timeout: float | None) -> dict[str, Any]:
-    """One row: the model `name` trained by the pretrain command for a few dozen steps; tokens/s and MFU over the
-    steps after warmup. Loader off, the steps after those are profiled."""
+    """The model `name` trained by the pretrain command for a few dozen steps: tokens/s and MFU after warmup."""
     keys, seq_len, batch, packed = shape(name, scale)
     # ModernBERT's own attention dropout is 0 (FlexAttention has none)
     model = {**keys, **({"attn_implementation": scale.packed_attention, "attention_probs_dropout_prob": 0.0}
@@ -279,17 +292,9 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
                                     "eval_sequences": batch, "log_every": every, "compile": compiled,
                                     "precision": "bf16", "zero_stage": 0})
     run_dir = folder / f"{name}-{'compiled' if compiled else 'eager'}-{'loader' if loader else 'in-memory'}"
-    profile = run_dir.parent / f"{run_dir.name}.profile.json"
-    try:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a folder left by an earlier check would make the run resume
-        profile.unlink(missing_ok=True)
-        finish(start_run(config, run_dir, clean_env(scale), in_memory=not loader, profile_from=profiled), run_dir,
-               timeout)
-        records = [r for r in metrics(run_dir) if "train/loss" in r and r["step"] <= steps]
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a large model's checkpoint is gigabytes
+    records, profile = fresh_run(config, run_dir, scale, timeout, in_memory=not loader, profile_from=profiled)
     seconds, counted, real, previous = 0.0, 0, 0.0, 0
-    for r in records:  # a record covers the steps since the previous one
+    for r in (r for r in records if r["step"] <= steps):  # a record covers the steps since the previous one
         if previous >= skip:
             span = (r["step"] - previous) * batch / r["train/samples_per_s"]
             seconds, counted = seconds + span, counted + r["step"] - previous
@@ -302,7 +307,7 @@ def throughput_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, 
     return {**rates, **utilisation(rates, keys, seq_len, made, peaks, masked=MASKED),
             "attention": model.get("attn_implementation", "sdpa"), "seq_len": seq_len, "micro_batch": batch,
             "steps_counted": counted, "loader_workers": config["data"]["num_workers"] if loader else None,
-            "profile": json.loads(profile.read_text()) if profile.is_file() else None}
+            "profile": profile}
 
 
 def plain_row(folder: Path, made: dict[str, Any], scale: Scale, name: str, compiled: bool,
@@ -349,15 +354,13 @@ def utilisation(rates: dict[str, float], keys: dict[str, Any], seq_len: int, mad
 
 def losses(run_dir: Path) -> dict[int, float]:
     """step → training loss; a step logged again after a resume keeps its newer loss."""
-    return {r["step"]: r["train/loss"] for r in metrics(run_dir) if "train/loss" in r}
+    return {r["step"]: r["train/loss"] for r in metrics(run_dir, "train/loss")}
 
 
 class RunToTheEnd:
-    """The run to the end (docs/gpu-nodes.md): two steps of the check, `pretrain` then `transfer`; `close` stops
-    whatever is still running. No speed is measured, so the GPU is shared: the reference runs beside the run until
-    it is stopped, then the from-scratch arm (the architecture and tokenizer from the reference's checkpoint) and
-    the baseline (CPU) beside the rest of the pretraining; the export's arm follows it.
-    """
+    """The run to the end (docs/gpu-nodes.md): two steps of the check, `pretrain` then `transfer`; `close` stops what
+    still runs. No speed is measured, so the GPU is shared: the reference beside the run until it is stopped, then
+    the from-scratch arm and the baseline (CPU) beside the rest of the pretraining; the export's arm follows it."""
 
     def __init__(self, folder: Path, made: dict[str, Any], scale: Scale, data: Path | None) -> None:
         self.folder, self.made, self.scale, self.data = folder, made, scale, data
@@ -469,19 +472,17 @@ class RunToTheEnd:
 
     def task_settings(self) -> list[str]:
         sizes = self.sizes
-        return [x for s in (f"data.glue_dir={json.dumps(str(self.data / 'glue'))}",
-                            f"data.max_train_examples={sizes.sst2_examples}", f"data.max_seq_len={sizes.sst2_seq_len}")
-                for x in ("--set", s)]
+        return set_args({"data.glue_dir": json.dumps(str(self.data / "glue")),
+                         "data.max_train_examples": sizes.sst2_examples, "data.max_seq_len": sizes.sst2_seq_len})
 
     def fine_tune(self, model: Path, scratch: bool) -> subprocess.Popen:
         """The fine-tune command through the fair protocol: each setting of the grid scored on the held-out slice
         of train with the first seed, the chosen one trained over every seed and reported on dev."""
         out = self.sst2 / ("scratch" if scratch else "pretrained")
-        settings = [f"train.output_dir={out}", f"train.epochs={self.sizes.sst2_epochs}", "train.batch_size=32",
-                    "tracking.enabled=false", f"train.precision={self.scale.precision}"]
-        return launch([sys.executable, "launchers/finetune.py", "--config", "sst2", "--model", str(model),
-                       "--seeds", SST2_SEEDS, "--sweep", SST2_SWEEP, *(["--from-scratch"] if scratch else []),
-                       *self.task_settings(), *[x for s in settings for x in ("--set", s)]], out, self.env)
+        settings = {"train.output_dir": out, "train.epochs": self.sizes.sst2_epochs, "train.batch_size": 32,
+                    "tracking.enabled": "false", "train.precision": self.scale.precision}
+        command = finetune_command("sst2", model, SST2_SEEDS, scratch=scratch, sweeps=[SST2_SWEEP], sets=settings)
+        return launch([str(c) for c in command] + self.task_settings(), out, self.env)
 
     def transfer(self, seconds: float | None) -> dict[str, Any]:
         """The export's arm (the run's newest checkpoint where it was stopped), then both arms' and the baseline's
@@ -509,11 +510,9 @@ class RunToTheEnd:
 
 def signal_after(process: subprocess.Popen, run_dir: Path, after: int, timeout: float, sig: signal.Signals,
                  last_step: int | None = None) -> int:
-    """Once the run has logged a step past `after`: SIGKILL it and its loader workers (once it has logged a step past
-    its newest checkpoint: the resume needs one, and steps to redo), or SIGTERM it, which finishes the step,
-    checkpoints and exits (waited for). A run that
-    has logged its `last_step` gets no SIGTERM: past its training the signal would only kill its exit. Returns the
-    last step logged before the signal."""
+    """Once the run has logged a step past `after`, the last step logged: SIGKILL it and its loader workers (once past
+    its newest checkpoint too: the resume needs one, and steps to redo), or SIGTERM it, which checkpoints and exits
+    (waited for); not where it has logged its `last_step`, past which the signal would only kill its exit."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ended = process.poll() is not None
@@ -550,14 +549,10 @@ def wait_or_stop(process: subprocess.Popen, run_dir: Path, timeout: float) -> bo
     return True
 
 
-def build_parser() -> argparse.ArgumentParser:
+if __name__ == "__main__":
     p = argparse.ArgumentParser(description="The GPU check's loader-off run (gpu_check.py starts it).")
     p.add_argument("mode", choices=["in-memory"])
     p.add_argument("config", help="a pretrain config file")
     p.add_argument("--profile-from", type=int, default=None, help="profile the steps after this one")
-    return p
-
-
-if __name__ == "__main__":
-    args = build_parser().parse_args()
+    args = p.parse_args()
     run_in_memory(args.config, args.profile_from)

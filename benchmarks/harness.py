@@ -1,10 +1,9 @@
-"""The benchmarks' one harness: a study's declaration and record, a table's markdown, launches, and the data fixtures.
-
-docs/benchmarks.md ("How a benchmark is written") says how a benchmark declares its study and what its record holds.
-"""
+"""The benchmarks' one harness: a study's declaration and record, a table's markdown, launches, and the data fixtures
+(docs/benchmarks.md, "How a benchmark is written")."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
@@ -65,9 +64,9 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+            return done.stdout.strip() if done.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return done.stdout.strip() if done.returncode == 0 else None
 
     status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results", ":!docs")
     return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
@@ -114,7 +113,7 @@ class BenchmarkRecord:
         self.name, self.study, self.argv = name, study, list(sys.argv if argv is None else argv)
         self.path = Path(out_dir or os.environ.get("BENCHMARK_RESULTS_DIR") or RESULTS_DIR) / f"{name}.json"
         self.results: dict[str, Any] = {}
-        self.data: dict[str, Any] = {}
+        self.data: dict[str, Any] = {}  # the record around `results`: command, date, machine, load, commit, study
 
     def __enter__(self) -> BenchmarkRecord:
         git, cores = git_state(), os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
@@ -145,10 +144,9 @@ class BenchmarkRecord:
         self.results.setdefault("headline", {})[name] = entry
         print(f"{name}: {value}" + (f" (target {target}: {met})" if target is not None else ""), flush=True)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.write()
-        return False
 
     def write(self) -> Path:
         """Note the end load and write the result file atomically; returns its path."""
@@ -251,10 +249,32 @@ def build_comm_op() -> None:
     launch([sys.executable, "-c", BUILD_OP], env=cpu_env(), quiet=True)
 
 
-def set_args(sets: dict[str, Any] | list[str]) -> list[str]:
-    """`--set KEY=VALUE` for each of `sets`: a mapping, or KEY=VALUE texts."""
+def set_args(sets: dict[str, Any] | list[str], flag: str = "--set") -> list[str]:
+    """`--set KEY=VALUE` (or another `flag`) for each of `sets`: a mapping, or KEY=VALUE texts."""
     return [x for s in ([f"{k}={v}" for k, v in sets.items()] if isinstance(sets, dict) else sets)
-            for x in ("--set", s)]
+            for x in (flag, s)]
+
+
+def comma_list(p: argparse.ArgumentParser, flag: str, text: str, allowed, empty: bool = False) -> list[str]:
+    """The comma-separated items of `text`, each one of `allowed` (none at all only where `empty`)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if (not items and not empty) or any(t not in allowed for t in items):
+        p.error(f"{flag}: expected a subset of {','.join(allowed)}, got {text!r}")
+    return items
+
+
+def finetune_command(config: str, model: str | Path, seeds: str | int, *, scratch: bool = False,
+                     sweeps: list[str] = (), sets: dict[str, Any] | list[str] = ()) -> list:
+    """`launchers/finetune.py` on `config` (a name or a file), from `model` or from scratch, each grid a `--sweep`."""
+    return [sys.executable, "launchers/finetune.py", "--config", config, "--model", model, "--seeds", seeds,
+            *(["--from-scratch"] if scratch else []), *set_args(list(sweeps), "--sweep"), *set_args(sets)]
+
+
+def toy_tokenizer(vocab: int):
+    """A tokenizer's description for a model built without one (RoBERTa's special ids)."""
+    from pipeline.data.tokenizer import TokenizerInfo
+
+    return TokenizerInfo("toy", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
 
 
 def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> list[str]:
@@ -263,15 +283,15 @@ def pretrain_command(config: str | Path, sets: list[str], ranks: int = 1) -> lis
     return [sys.executable, *launcher, "launchers/pretrain.py", "--config", str(config), *set_args(sets)]
 
 
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl records; a line still being written (or cut short by a kill) is left out."""
+def metrics(run_dir: Path, key: str | None = None) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl records (those holding `key`, if given), less a line cut short by a write or a kill."""
     path, records = run_dir / "metrics.jsonl", []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return records
+    return [r for r in records if key is None or key in r]
 
 
 def peak_flops(n: int = 4096, repeats: int = 5, dtype: str = "fp32", device: str = "cpu") -> float:
@@ -314,14 +334,22 @@ def sample_corpus(source: str | Path | None, documents: int | None, folder: Path
     return str(source), texts, corpus
 
 
-def make_shards(corpus: Path, tokenizer: Path, folder: Path, seq_len: int, **options: Any) -> Path:
-    """Shards written in process by the shard stage (`options`: ShardOptions' other fields)."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+def glue_sample(glue: Path, out: Path, rows: dict[str, int | None], *, spread: bool = False) -> Path:
+    """`out` as a GLUE folder of `rows`' tasks: each train.tsv cut to its first N rows (None: all), or with `spread` to
+    N rows spread evenly over the file (GLUE's files are ordered); the dev files as they are."""
+    from pipeline.finetune.tasks import GLUE_FOLDERS, task_spec
 
-    run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=seq_len, out=str(folder),
-                                 quiet=True, **options))
-    return folder
+    for task, n in rows.items():
+        source, target = glue / GLUE_FOLDERS[task], out / GLUE_FOLDERS[task]
+        target.mkdir(parents=True, exist_ok=True)
+        lines = (source / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+        header, body = ([], lines) if task_spec(task).headerless_columns else (lines[:1], lines[1:])
+        n = len(body) if n is None else n
+        picked = [body[i * len(body) // n] for i in range(n)] if spread and len(body) > n else body[:n]
+        write_text_atomic(target / "train.tsv", "".join(header + picked))
+        for dev in sorted(source.glob("dev*.tsv")):
+            write_text_atomic(target / dev.name, dev.read_text(encoding="utf-8"))
+    return out
 
 
 def cli_data(out: Path, inputs: list[Path], *, val_fraction: float, env: dict) -> tuple[Path, Path]:

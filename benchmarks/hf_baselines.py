@@ -1,10 +1,8 @@
-"""The HF `Trainer` baselines, each the way an HF user runs it: pretraining for budget_time_to_loss.py (evaluated
-on the pipeline's own fixed masked batches from a callback, evaluation time left out), and run_glue's
-fine-tuning (`finetune`) for released_encoder_finetune.py and finetune_speed.py.
+"""The HF `Trainer` baselines, each the way an HF user runs it: pretraining for budget_time_to_loss.py (`worker`,
+evaluated on the pipeline's own fixed masked batches) and run_glue's fine-tuning (`finetune`).
 
-- `hf-same`: transformers' own masked-LM class for the budget config's architecture, built by the pipeline's
-  `hf_config`, trained with the budget config's recipe as far as `TrainingArguments` can say it
-  (`same_recipe`, which lists what still differs). What is left is the pipeline's own efficiency.
+- `hf-same`: transformers' own masked-LM class for the budget config's model, trained with its recipe as far as
+  `TrainingArguments` can say it (`same_recipe` lists what still differs): what is left is the pipeline's efficiency.
 - `hf-run_mlm`: the same model with `run_mlm.py`'s defaults (`RUN_MLM`) and the HF class's dropout.
 """
 
@@ -30,11 +28,8 @@ DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "embedd
 
 
 def same_recipe(config: PretrainConfig, ranks: int) -> tuple[dict, list[str]]:
-    """`TrainingArguments` keywords for the budget config's recipe on one process, and what still differs.
-
-    The per-device batch is what the `ranks` pipeline ranks process in one micro step together
-    (micro_batch_size × ranks), so the accumulation steps are the pipeline's.
-    """
+    """`TrainingArguments` keywords for the budget config's recipe on one process, and what still differs; the
+    per-device batch is the `ranks` pipeline ranks' micro batches together, so the accumulation steps are the same."""
     o, s, t = config.optimizer, config.schedule, config.train
     refused = []
     if o.name != "adamw":
@@ -105,11 +100,8 @@ def hf_model_config(recipe: str, config: PretrainConfig, tokenizer_info, seq_len
 
 
 def decay_parameter_names(model) -> list[str]:
-    """The parameters the pipeline decays (`parameter_groups`), by name, for `Trainer.get_decay_parameter_names`.
-
-    Trainer's own rule skips every name containing "layernorm", which in the pre-LN RoBERTa is every
-    encoder parameter (all sit under `roberta_prelayernorm.`): it would decay the MLM head alone.
-    """
+    """The parameters the pipeline decays (`parameter_groups`), by name, for `Trainer.get_decay_parameter_names`:
+    Trainer's own rule skips every name holding "layernorm", every encoder parameter of the pre-LN RoBERTa."""
     from pipeline.pretrain.model import parameter_groups
 
     decay = {id(p) for p in parameter_groups(model, 0.0)[0]["params"]}

@@ -1,9 +1,8 @@
 """How much the main job's result hangs on its pretraining seed: its recipe pretrained on several seeds, each judged.
 
-One run through the main job's own stages (pipeline/commands/run_default.py): its data and tasks once, then per arm
-and seed a fresh main-job folder (pretraining, minimal pairs) and, unless `--screen`, word order through the fair
-protocol. docs/benchmarks.md ("How much the main job's result hangs on its seed") says what is judged; the default
-record is the one the main job's summary and the README quote (pipeline/tracking/job_summary.py).
+Through the main job's own stages: its data and tasks once, then per arm and seed a fresh main-job folder
+(pretraining, minimal pairs) and, unless `--screen`, word order through the fair protocol. docs/benchmarks.md says
+what is judged; the main job's summary and the README quote the default record (pipeline/tracking/job_summary.py).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from harness import BenchmarkRecord, Study, work_dir
+from harness import BenchmarkRecord, Study, metrics, work_dir
 
 from pipeline.commands import run_default as job
 from pipeline.common.run_layout import MainJobLayout
@@ -42,7 +41,7 @@ def seed_figures(layout: MainJobLayout) -> dict:
     from pipeline.tracking.finetune_report import read_json
     from pipeline.tracking.loss_curve import curve_from_metrics, first_crossing
 
-    records = [json.loads(line) for line in layout.pretrain.metrics.read_text().splitlines()]
+    records = metrics(layout.pretrain.root)
     evals = [r for r in records if "eval/mlm_loss" in r]
     entropy = evals[-1]["eval/unigram_entropy"]
     exit_point = first_crossing(curve_from_metrics(records, records[0]["time"]), entropy - MARGIN)

@@ -23,12 +23,6 @@ STUDY = Study(
     arms=("fresh run", "second run"))
 
 
-def target_seconds(cpu: str) -> int:
-    """The job's time target on this machine's CPU draw: 300 s on the faster (AMD EPYC), 600 s on the slower
-    (Intel Xeon, about half as fast on this job), and 600 s on a CPU not seen yet."""
-    return 300 if "AMD EPYC" in cpu else 600
-
-
 def built_ops(extensions: Path) -> dict[str, float]:
     """Every compiled op under the extensions folder, with its modification time."""
     return {str(p.relative_to(extensions)): p.stat().st_mtime for p in extensions.glob("**/*.so")}
@@ -49,10 +43,9 @@ def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env, one_off = dict(os.environ), {}
     if a.install:
-        venv = out / "venv"
-        shutil.rmtree(venv, ignore_errors=True)
+        shutil.rmtree(out / "venv", ignore_errors=True)
         one_off["install"] = launch(["bash", "-c", "source launchers/setup_env.sh"],
-                                    env={**env, "VENV": str(venv)}).seconds
+                                    env={**env, "VENV": str(out / "venv")}).seconds
     if a.cold_build:
         extensions = out / "torch_extensions"
         shutil.rmtree(extensions, ignore_errors=True)
@@ -79,7 +72,7 @@ def measure(a: argparse.Namespace, rec: BenchmarkRecord) -> None:
         rec.headline(f"compiled ops built during the {r} run", ", ".join(run["ops_built"]) or "none")
     if one_off:
         rec.table("one-off costs", [{"one-off": what, "s": f"{seconds:.1f}"} for what, seconds in one_off.items()])
-    target = target_seconds(cpu_model())
+    target = 300 if "AMD EPYC" in cpu_model() else 600  # the slower Intel Xeon draw (and a CPU not seen yet): 600 s
     rec.headline("fresh run, wall", f"{runs['fresh']['total_s']:.0f} s", target=f"≤ {target} s on 2 cores",
                  met=runs["fresh"]["total_s"] <= target)
     record_downstream(rec, run_dir)

@@ -1,7 +1,5 @@
-"""How representative a global batch is under the block shuffle, against a global shuffle, at 100B-token scale.
-
-docs/benchmarks.md ("How far a batch's mix strays under the block shuffle") says what is measured; no data is read.
-"""
+"""How representative a global batch is under the block shuffle, against a global shuffle, at 100B-token scale
+(docs/benchmarks.md, "How far a batch's mix strays under the block shuffle"); no data is read."""
 
 from __future__ import annotations
 

@@ -3,12 +3,9 @@
     python benchmarks/plain_loop.py SHAPE_JSON --vocab 50265 --json out.json [--device cuda] [--compile]
         [--precision fp32|bf16]
 
-(SHAPE_JSON: `[model keys, seq_len, micro batch]`, as gpu_runs.shape gives them.)
-
-The loop is what a careful user writes by hand for the same model: transformers' own masked-LM class (its full
-vocabulary head and loss), torch's fused AdamW, clipping to 1.0, bf16 autocast (by default on CUDA),
-and `train.compile`'s per-block compile; micro batches of random tokens, 15% labelled, already on the device and
-replayed. No DeepSpeed, no loader, no logging: the floor for the model. docs/gpu-nodes.md reads its rows.
+SHAPE_JSON is `[model keys, seq_len, micro batch]`. The loop is what a careful user writes by hand: transformers' own
+masked-LM class, torch's fused AdamW, clipping to 1.0, bf16 autocast (by default on CUDA), `train.compile`'s per-block
+compile, random micro batches replayed on the device; no DeepSpeed, loader or logging (docs/gpu-nodes.md).
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import harness  # noqa: F401 (puts the repository on the path: `pipeline` imports below)
+from harness import toy_tokenizer  # (and the repository on the path: `pipeline` imports below)
 
 PROFILED_STEPS = 3
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
@@ -112,14 +109,13 @@ def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.data.tokenizer import TokenizerInfo
     from pipeline.pretrain.compile_blocks import compile_blocks
     from pipeline.pretrain.config import ModelConfig
     from pipeline.pretrain.model import hf_config
 
-    info = TokenizerInfo("plain-loop", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
     torch.manual_seed(0)
-    model = AutoModelForMaskedLM.from_config(hf_config(ModelConfig(**keys), info, seq_len)).to(device).train()
+    model = AutoModelForMaskedLM.from_config(hf_config(ModelConfig(**keys), toy_tokenizer(vocab), seq_len))
+    model = model.to(device).train()
     if compiled:
         compile_blocks(model)
     cuda = device == "cuda"
@@ -136,17 +132,18 @@ def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     started = time.perf_counter()
     for _ in range(warmup):
         step()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
     warm_s, began = time.perf_counter() - started, time.perf_counter()
     for _ in range(steps):
         step()
     sync()
     seconds = time.perf_counter() - began
-    return {"tokens_per_s": steps * rows * seq_len / seconds, "real_tokens_per_s": steps * rows * seq_len / seconds,
+    rate = steps * rows * seq_len / seconds
+    return {"tokens_per_s": rate, "real_tokens_per_s": rate,
             "step_ms": 1e3 * seconds / steps, "warmup_s": round(warm_s, 1), "seq_len": seq_len, "micro_batch": rows,
             "steps_counted": steps, "attention": model.config._attn_implementation,
             "profile": step_profile(step, profiled, device) if profiled else None}

@@ -1,9 +1,8 @@
 """What pretraining buys downstream: GLUE dev scores after a fixed CPU budget of pretraining, vs from scratch.
 
-Through the user-facing commands: a 16k BPE and 128-token shards of IMDB or of every `--corpus`; pretraining for
-`--steps`, at most `--minutes` (then SIGTERM: the run checkpoints, and that checkpoint is fine-tuned); each task
-from it and from scratch through the fair protocol. docs/finetuning.md ("What pretraining buys") has the rest; the
-record is pretraining_gain.VARIANT (default: the config's name).
+Through the user-facing commands: shards of IMDB (or every `--corpus`), pretraining for `--steps`, at most `--minutes`
+(then its checkpoint is fine-tuned), each task from it and from scratch through the fair protocol; docs/finetuning.md
+("What pretraining buys") has the rest. The record is pretraining_gain.VARIANT (default: the config's name).
 """
 
 from __future__ import annotations
@@ -77,21 +76,19 @@ def measure(a: argparse.Namespace, glue: Path, rec: harness.BenchmarkRecord) -> 
 
     def finetune(task: str, scratch: bool) -> None:
         folder = out / "finetune" / f"{task}-{'scratch' if scratch else 'pretrained'}"
-        harness.launch([sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json", "--model",
-                        out / "pretrain", "--seeds", a.seeds, *(["--from-scratch"] if scratch else []),
-                        *[x for grid in a.sweep or DEFAULT_SWEEP for x in ("--sweep", grid)],
-                        *harness.set_args({"data.glue_dir": glue, "data.max_train_examples": a.train_examples,
-                                           "train.epochs": a.epochs, "train.batch_size": 32, "train.output_dir": folder,
-                                           "tracking.uri": uri, "tracking.experiment": "pretraining-gain"})],
-                       env=env, log=out / "logs" / f"finetune-{folder.name}.log")
+        harness.launch(harness.finetune_command(
+            f"configs/glue/{task}.json", out / "pretrain", a.seeds, scratch=scratch, sweeps=a.sweep or DEFAULT_SWEEP,
+            sets={"data.glue_dir": glue, "data.max_train_examples": a.train_examples, "train.epochs": a.epochs,
+                  "train.batch_size": 32, "train.output_dir": folder, "tracking.uri": uri,
+                  "tracking.experiment": "pretraining-gain"}),
+            env=env, log=out / "logs" / f"finetune-{folder.name}.log")
         results[(task, scratch)] = json.loads((folder / "metrics.json").read_text())
 
     # The arms side by side: each fine-tuning process runs on one thread, so two use both cores.
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda job: finetune(*job), [(t, scratch) for t in tasks for scratch in (False, True)]))
-    losses = harness.metrics(out / "pretrain")
-    evals = [r for r in losses if "eval/mlm_loss" in r]
-    done = max(r["step"] for r in losses if "train/loss" in r)
+    evals = harness.metrics(out / "pretrain", "eval/mlm_loss")
+    done = max(r["step"] for r in harness.metrics(out / "pretrain", "train/loss"))
     batch = json.loads((out / "pretrain" / "config.json").read_text())["train"]["global_batch_size"]
     rows = []
     for task in tasks:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -22,23 +20,13 @@ import hf_baselines
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.fingerprints import describe_differences, model_fingerprint
 
-TASKS = {"sst2": ("SST-2", 1.0), "rte": ("RTE", 2.0)}  # GLUE folder, target gap in points
+TASKS = {"sst2": 1.0, "rte": 2.0}  # the target gap in points
 PIPELINE, HF = "pipeline (launchers/finetune.py)", "HF Trainer (run_glue)"
 STUDY = harness.Study(
     "released_encoder_finetune", question="Does a released encoder fine-tune as well as with HF?",
     metric="GLUE dev accuracy, median over seeds, best epoch",
     baseline="HF Trainer, run_glue's way, same model and recipe (targets: SST-2 within 1 point, RTE within 2)",
     arms=(PIPELINE, HF, "pipeline, from scratch"))
-
-
-def capped_glue(glue: Path, out: Path, max_train: dict[str, int | None]) -> Path:
-    """A GLUE folder holding the first N rows of each task's train.tsv (all for None), and its dev.tsv."""
-    for task, (folder, _) in TASKS.items():
-        (out / folder).mkdir(parents=True, exist_ok=True)
-        lines = (glue / folder / "train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-        (out / folder / "train.tsv").write_text("".join(lines[: 1 + (max_train[task] or len(lines))]), encoding="utf-8")
-        shutil.copyfile(glue / folder / "dev.tsv", out / folder / "dev.tsv")
-    return out
 
 
 def seed_identity(side: str, model: str, task: str, seed: int, recipe: dict, caps: dict, scratch: bool) -> dict:
@@ -75,9 +63,8 @@ def pipeline_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out
     sets = {"data.glue_dir": glue, "train.output_dir": folder, **hf_baselines.pipeline_sets(recipe),
             # tracking on, one local store per launch: the per-epoch metric time stamps give the seconds per epoch
             "tracking.uri": f"sqlite:///{folder / 'mlflow.db'}", "tracking.experiment": "released-encoder"}
-    wall = harness.launch([sys.executable, "launchers/finetune.py", "--config", f"configs/glue/{task}.json",
-                           "--model", model, "--seeds", seed, *(["--from-scratch"] if scratch else []),
-                           *harness.set_args(sets)]).seconds
+    wall = harness.launch(harness.finetune_command(f"configs/glue/{task}.json", model, seed, scratch=scratch,
+                                                   sets=sets)).seconds
     accuracies = [epoch["accuracy"] for epoch in json.loads((folder / f"seed_{seed}" / "history.json").read_text())]
     stamps = epoch_times(f"sqlite:///{folder / 'mlflow.db'}")
     # Between the first and last epoch's evaluations: each epoch's training and evaluation, no start-up.
@@ -147,9 +134,7 @@ def main() -> None:
     p.add_argument("--no-parity", action="store_true", help="skip the pipeline-vs-HF rows (the scratch rows only)")
     p.add_argument("--out", type=Path, default=None, help="the runs (default: a work folder, not runs/)")
     a = p.parse_args()
-    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
-    if not tasks or set(tasks) - set(TASKS):
-        p.error(f"--tasks: expected a subset of {','.join(TASKS)}, got {a.tasks!r}")
+    tasks = harness.comma_list(p, "--tasks", a.tasks, TASKS)
     if a.no_parity and a.no_scratch:
         p.error("--no-parity with --no-scratch leaves nothing to run")
     from pipeline.common.reference_model import reference_encoder_folder
@@ -162,7 +147,7 @@ def main() -> None:
     with STUDY.record(record_variant(tasks, a.no_parity)) as rec:
         out = harness.work_dir("released-encoder-finetune", a.out)
         max_train = {"sst2": a.max_train, "rte": None}  # RTE: all 2,490
-        glue = capped_glue(a.glue, out / "glue", max_train)
+        glue = harness.glue_sample(a.glue, out / "glue", max_train)
         caps = {task: {"max_train": max_train[task]} for task in TASKS}
         rows = []
         for task in tasks:
@@ -190,7 +175,7 @@ def main() -> None:
             if not a.no_parity:
                 gap = 100 * (median(runs[PIPELINE], "best") - median(runs[HF], "best"))
                 rec.headline(f"{task}: pipeline − HF, median dev accuracy", f"{gap:+.2f} points",
-                             target=f"within ±{TASKS[task][1]:g}", met=abs(gap) <= TASKS[task][1])
+                             target=f"within ±{TASKS[task]:g}", met=abs(gap) <= TASKS[task])
         subject = model_name(model) + (" from scratch" if a.no_parity else "")
         rec.table(f"{subject}: GLUE dev accuracy ({', '.join(tasks)}); SST-2 first {a.max_train} training "
                   f"examples, RTE all; LR {a.lr}, {a.epochs} epochs, batch {a.batch}, max_seq_len {a.max_seq_len}, "

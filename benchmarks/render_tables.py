@@ -42,13 +42,10 @@ def load_text(load: list[float] | None) -> str:
 
 
 def machine_text(machine: dict[str, Any]) -> str:
-    parts = [f"{machine.get('cores', '?')} cores"]
-    if machine.get("cores_total") not in (None, machine.get("cores")):
-        parts[0] += f" of {machine['cores_total']}"
+    total = machine.get("cores_total")
+    parts = [f"{machine.get('cores', '?')} cores" + ("" if total in (None, machine.get("cores")) else f" of {total}")]
     parts += [str(machine[k]) for k in ("cpu_model", "platform") if machine.get(k)]
-    if machine.get("python"):
-        parts.append(f"Python {machine['python']}")
-    return ", ".join(parts)
+    return ", ".join(parts + ([f"Python {machine['python']}"] if machine.get("python") else []))
 
 
 def page_machine(results: dict[str, dict[str, Any]]) -> str | None:
@@ -76,11 +73,8 @@ def render_conditions(data: dict[str, Any], machine: str | None = None) -> list[
 
 
 def render_result(data: dict[str, Any], machine: str | None = None) -> str:
-    """A result's markdown: tables, then headline and notes as one list, then its conditions on one line.
-
-    `machine` is the page's machine, named once at the top; the conditions name a result's own only
-    where it differs.
-    """
+    """A result's markdown: tables, then headline and notes as one list, then its conditions on one line (naming its
+    machine only where it differs from the page's `machine`)."""
     lines: list[str] = []
     results = data.get("results") or {}
     for table in results.get("tables") or []:
@@ -120,8 +114,7 @@ def region(name: str, body: str) -> str:
 
 
 def render_page(text: str, results: dict[str, dict[str, Any]]) -> str:
-    """`text` (docs/benchmarks.md) with every generated region re-rendered, and regions appended for results
-    the page lacks."""
+    """`text` (docs/benchmarks.md) re-rendered, with regions appended for results it lacks."""
     return render_pages(text, {}, results)[0]
 
 

@@ -1,7 +1,5 @@
-"""Shard-stage throughput against the bare tokenizer and HF's run_mlm recipe, measured in one run.
-
-docs/benchmarks.md ("The data stage") says what each method runs and how it is timed.
-"""
+"""Shard-stage throughput against the bare tokenizer and HF's run_mlm recipe, measured in one run (docs/benchmarks.md,
+"The data stage", says what each method runs and how it is timed)."""
 
 from __future__ import annotations
 
@@ -63,8 +61,7 @@ def method_bare(corpus: str, tokenizer: str) -> dict:
 
     texts = list(iter_texts(resolve_inputs([corpus]), CorpusOptions()))
     tok = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
-    started = time.perf_counter()
-    tokens = 0
+    started, tokens = time.perf_counter(), 0
     for i in range(0, len(texts), 1000):
         tokens += sum(len(e.ids) for e in tok.encode_batch(texts[i: i + 1000], add_special_tokens=False))
     return {"seconds": time.perf_counter() - started, "tokens": tokens, "documents": len(texts)}
@@ -128,7 +125,7 @@ def measure(a: argparse.Namespace, rec: harness.BenchmarkRecord, work: Path) -> 
         harness.launch([py, "data_prep/train_tokenizer.py", "--input", plain, "--vocab-size", "32000",
                         "--max-documents", "20000", "--out", tokenizer], quiet=True)
     env = {**os.environ, "HF_DATASETS_CACHE": str(work / "hf-cache"), "HF_HUB_OFFLINE": "1"}
-    t, peak, out = peak_rss_of([py, __file__, "--method", "bare", "--args", json.dumps([corpus, tokenizer])])
+    _, peak, out = peak_rss_of([py, __file__, "--method", "bare", "--args", json.dumps([corpus, tokenizer])])
     bare = json.loads(out)
     tokens, results = bare["tokens"], {"bare encode_batch": (bare["seconds"], peak)}
 
@@ -185,8 +182,7 @@ def measure_origins(a: argparse.Namespace, rec: harness.BenchmarkRecord, corpus:
         harness.launch(cmd)
         mode_index = json.loads((out / "index.json").read_text())
         shards_b, origins_b = origins_share(mode_index)
-        share = origins_b / shards_b
-        worst = max(worst, share)
+        worst = max(worst, share := origins_b / shards_b)
         rows.append({"packing": mode, "sequences": f"{mode_index['totals']['sequences']:,}",
                      "documents": f"{mode_index['totals']['documents']:,}", "shards MiB": f"{shards_b / 2**20:.1f}",
                      "origins KiB": f"{origins_b / 2**10:.1f}", "origins ÷ shards": f"{100 * share:.2f}%"})

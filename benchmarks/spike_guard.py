@@ -1,6 +1,5 @@
-"""What the spike guard does about a planted spike, and what it costs a step: the main job's recipe trained clean and
-with a spike planted by the drill (`train.inject_spike`) with the guard off, `skip` and `rollback`; then the main
-job's own step time with the guard off and on, alternating. docs/long-runs.md ("The spike guard") says what it shows.
+"""What the spike guard does about a planted spike (`train.inject_spike`), guard off, `skip` and `rollback`, against a
+clean run, and what it costs the main job's step; docs/long-runs.md ("The spike guard") says what it shows.
 
     python benchmarks/spike_guard.py [--steps 400] [--spike 250:1e3] [--repeats 6] [--out DIR]
 """
@@ -98,9 +97,8 @@ def spike_arms(rec: BenchmarkRecord, out: Path, data: list[str], steps: int, spi
 
 
 def cost(rec: BenchmarkRecord, out: Path, data: list[str], steps: int, repeats: int) -> None:
-    """The main job's step time (its 2 ranks, its recipe) with the guard off and with `skip`, in pairs run one after
-    the other, so that each pair meets the same load from the machine's other tenants; read as the median of the
-    pairs' ratios."""
+    """The main job's step time (2 ranks, its recipe), guard off and `skip`, in pairs run in turn (each pair meets
+    the same load from the machine's other tenants); read as the median of the pairs' ratios."""
     times: dict[str, list[float]] = {"off": [], "skip": []}
     for i in range(repeats):
         for mode, values in (times.items() if i % 2 == 0 else reversed(times.items())):

@@ -1,5 +1,5 @@
 """The training step's cost to the host: the pretrain command against the plain PyTorch loop, per step, on a model
-whose compute is negligible. docs/benchmarks.md ("The step's host overhead") says what is measured and how.
+whose compute is negligible (docs/benchmarks.md, "The step's host overhead").
 
     python benchmarks/step_overhead.py [--precisions fp32,bf16] [--steps 20] [--repeats 3] [--data DIR]
 """
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_runs import Scale, clean_env, find_data, finish, prepared_data, pretrain_config, start_run
-from harness import BenchmarkRecord, Study, launch, metrics, work_dir
+from gpu_runs import Scale, clean_env, find_data, fresh_run, prepared_data, pretrain_config
+from harness import BenchmarkRecord, Study, launch, toy_tokenizer, work_dir
 from plain_loop import PROFILED_STEPS
 
 # RoBERTa-large's 394 parameter tensors (24 layers of 16, 5 in the embeddings, 5 in the head) at 32 wide: a step
@@ -33,23 +32,20 @@ STUDY = Study(
 
 
 def ours(work: Path, made: dict[str, Any], precision: str, steps: int) -> dict[str, Any]:
-    """The pretrain command, micro batches replayed in memory (gpu_runs.run_in_memory): the step time the run logs
-    over `steps` steps after as many warm-up steps, then the profile of the next steps (no log falls among them)."""
+    """The pretrain command, micro batches replayed in memory: the step time it logs over `steps` steps after as many
+    warm-up steps, then the profile of the next steps (no log falls among them)."""
     config = pretrain_config(work, made, model=MODEL, packed=False,
                              train={"max_steps": 2 * steps + PROFILED_STEPS + 1, "global_batch_size": MICRO_BATCH,
                                     "micro_batch_size": MICRO_BATCH, "eval_sequences": MICRO_BATCH,
                                     "log_every": steps, "compile": False, "precision": precision})
-    run_dir = work / f"ours-{precision}"
-    shutil.rmtree(run_dir, ignore_errors=True)  # a folder left by an earlier run would make this one resume
-    finish(start_run(config, run_dir, clean_env(SCALE), in_memory=True, profile_from=2 * steps), run_dir, None)
-    logged = next(r for r in metrics(run_dir) if r.get("step") == 2 * steps and "train/samples_per_s" in r)
-    return {"step_ms": 1e3 * MICRO_BATCH / logged["train/samples_per_s"],
-            "profile": json.loads((work / f"{run_dir.name}.profile.json").read_text())}
+    records, profile = fresh_run(config, work / f"ours-{precision}", SCALE, None, in_memory=True,
+                                 profile_from=2 * steps)
+    logged = next(r for r in records if r["step"] == 2 * steps and "train/samples_per_s" in r)
+    return {"step_ms": 1e3 * MICRO_BATCH / logged["train/samples_per_s"], "profile": profile}
 
 
 def plain(work: Path, vocab: int, precision: str, steps: int) -> dict[str, Any]:
-    """plain_loop.py in a process of its own: the step time over `steps` steps after as many warm-up steps, then a
-    profile of the next steps."""
+    """plain_loop.py in a process of its own, timed and profiled as `ours`."""
     out = work / f"plain-{precision}.json"
     launch([sys.executable, "benchmarks/plain_loop.py", json.dumps([MODEL, SCALE.seq_len(False), MICRO_BATCH]),
             "--vocab", vocab, "--json", out, "--device", "cpu", "--precision", precision, "--steps", steps,
@@ -61,11 +57,10 @@ def parameter_tensors(vocab: int) -> dict[str, int]:
     """Each arm's model's parameter tensors (RoBERTa-large has 394)."""
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.data.tokenizer import TokenizerInfo
     from pipeline.pretrain.config import ModelConfig
     from pipeline.pretrain.model import build_model, hf_config
 
-    info = TokenizerInfo("step-overhead", "sha256:0", vocab, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
+    info = toy_tokenizer(vocab)
     keys, seq_len = ModelConfig(**MODEL), SCALE.seq_len(False)
     models = build_model(keys, info, seq_len), AutoModelForMaskedLM.from_config(hf_config(keys, info, seq_len))
     return {arm: len(list(model.parameters())) for arm, model in zip(ARMS, models, strict=True)}

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks import each other as top-level modules, as when run
 
-from glue_table import TASKS, claim_out, spread_sample, table_rows  # noqa: E402
+from glue_table import TASKS, claim_out, table_rows  # noqa: E402
+from harness import glue_sample  # noqa: E402
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -87,7 +88,7 @@ def test_the_training_sample_is_spread_over_an_ordered_file_and_dev_is_untouched
         rows = [f"{'first' if i < 50 else 'second'}-genre row {i}\n" for i in range(100)]
         (folder / "train.tsv").write_text("".join(header + rows))
         (folder / "dev.tsv").write_text("".join(header + ["dev row\n"]))
-    sampled = spread_sample(glue, tmp_path / "out", 10)
+    sampled = glue_sample(glue, tmp_path / "out", dict.fromkeys(TASKS, 10), spread=True)
     for task in TASKS:
         lines = (sampled / GLUE_FOLDERS[task] / "train.tsv").read_text().splitlines()
         header = [] if task_spec(task).headerless_columns else ["header"]
