@@ -549,10 +549,14 @@ def wait_or_stop(process: subprocess.Popen, run_dir: Path, timeout: float) -> bo
     return True
 
 
-if __name__ == "__main__":
+def main() -> None:
     p = argparse.ArgumentParser(description="The GPU check's loader-off run (gpu_check.py starts it).")
     p.add_argument("mode", choices=["in-memory"])
     p.add_argument("config", help="a pretrain config file")
     p.add_argument("--profile-from", type=int, default=None, help="profile the steps after this one")
     args = p.parse_args()
     run_in_memory(args.config, args.profile_from)
+
+
+if __name__ == "__main__":
+    main()
