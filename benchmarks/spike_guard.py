@@ -133,7 +133,7 @@ def guard_work_ms(steps: int = 2000) -> float:
     guard, loss, norm, started = SpikeGuard(config, "cpu", 1), torch.tensor(5.0), torch.tensor(1.0), 0.0
     for step in range(-100, steps):
         started = time.perf_counter() if step == 0 else started
-        guard.loss(step, loss)
+        guard.loss(step, [loss])
         guard.judge(norm)
     return 1e3 * (time.perf_counter() - started) / steps
 

@@ -116,12 +116,13 @@ class SpikeGuard:
     def on(self) -> bool:
         return self.mode != "off"
 
-    def loss(self, step: int, loss: torch.Tensor) -> None:
-        """Step `step`'s (1-based) loss on this rank, before its update; the guard judges every rank's mean."""
+    def loss(self, step: int, micro_losses: list[torch.Tensor]) -> None:
+        """Step `step`'s (1-based) micro-batch losses on this rank, before its update; the guard judges the mean over
+        them and every rank (nothing is computed with the guard off: this is the step's hot path)."""
         if not self.on:
             return
+        loss = torch.stack(micro_losses).mean()
         if self.world_size > 1:
-            loss = loss.detach().clone()
             dist.all_reduce(loss)
             loss = loss / self.world_size
         self._step, self._loss = step, loss.float().reshape(())

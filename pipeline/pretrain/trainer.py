@@ -174,7 +174,7 @@ class Pretrainer:
                 if key in out:
                     extra.setdefault(key, []).append(out[key].detach().float())
             if micro_step == plan.accumulation - 1:  # the guard judges the step by its loss before the update
-                self.spike_guard.loss(self.step + 1, torch.stack(losses).mean())
+                self.spike_guard.loss(self.step + 1, losses)
             self.engine.step()  # DeepSpeed updates at the accumulation boundary (at ZeRO 0 the guard judges inside)
         self.spike_guard.after_update(self.engine)  # at ZeRO 1-3 it judges here, on DeepSpeed's gradient norm
         self.sync.record(self.step + 1, losses, extra, tokens)

@@ -43,7 +43,7 @@ def judged(g: SpikeGuard, steps: list[tuple[float, float]], first: int = 1) -> l
     """Feed (loss, gradient norm) of consecutive steps; the steps the guard called outliers."""
     outliers = []
     for step, (loss, norm) in enumerate(steps, first):
-        g.loss(step, torch.tensor(loss))
+        g.loss(step, [torch.tensor(loss)])
         g.judge(torch.tensor(norm))
         if g.skip.item():
             outliers.append(step)
