@@ -60,7 +60,7 @@ def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sect
 
 def record_at(step: int, **fields):
     """A checkpoint record of `step` with placeholder model facts, for tests of the checkpoint files."""
-    from pipeline.pretrain.checkpoint_record import CheckpointRecord
+    from pipeline.pretrain.plan.record import CheckpointRecord
 
     return CheckpointRecord(**{"step": step, "config": {}, "architecture": "roberta", "seq_len": 64, "zero_stage": 0,
                                "precision": "fp32", "batch_plan": None, **fields})
@@ -68,8 +68,8 @@ def record_at(step: int, **fields):
 
 def plan_of(config, sequences: dict[str, int], world_size: int = 1, seq_len: int = 64):
     """The run plan of a config checked without files, each folder it names holding `sequences[path]` in one shard."""
-    from pipeline.pretrain.plan import build_plan
-    from pipeline.pretrain.stream import CorpusLayout
+    from pipeline.pretrain.plan.run_plan import build_plan
+    from pipeline.pretrain.plan.stream import CorpusLayout
 
     layouts = {path: CorpusLayout(Path(path).name, path, key, (n,), 1, seq_len)
                for key, (path, n) in enumerate(sequences.items())}

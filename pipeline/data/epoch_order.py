@@ -94,7 +94,7 @@ class ShardLayout:
 def default_shards_per_block(shard_sizes: tuple[int, ...], seq_len: int) -> int:
     """Today's block for a folder: `BLOCK_TOKENS` of its largest shards, at least `MIN_BLOCK_SHARDS` of them.
 
-    A run records the value it started with (pretrain/plan.py), so a release that changes it leaves a
+    A run records the value it started with (pretrain/plan/run_plan.py), so a release that changes it leaves a
     resumed run's order alone.
     """
     longest = max(shard_sizes, default=1) * max(seq_len, 1)

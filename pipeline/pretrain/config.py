@@ -25,7 +25,7 @@ from pipeline.pretrain.deepspeed_section import (
     offloads_optimizer,
     owned_key_problems,
 )
-from pipeline.pretrain.masking import MaskingConfig
+from pipeline.pretrain.plan.masking import MaskingConfig
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -33,7 +33,7 @@ Decay = Literal["linear", "polynomial", "cosine", "constant", "1-sqrt"]
 SpikeGuardMode = Literal["off", "skip", "rollback"]
 
 WSD_DECAYS = ("linear", "cosine", "1-sqrt")
-"""The decays `schedule.kind: wsd` offers (pipeline/pretrain/schedules.py computes them)."""
+"""The decays `schedule.kind: wsd` offers (pipeline/pretrain/plan/schedules.py computes them)."""
 
 MODERNBERT_KEYS = ("local_attention", "global_attn_every_n_layers", "global_rope_theta", "local_rope_theta",
                    "classifier_pooling")
@@ -260,7 +260,7 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Linear warmup, then a decay over the remaining steps or warmup–stable–decay (pipeline/pretrain/schedules.py)."""
+    """Linear warmup, then a decay over the remaining steps or warmup–stable–decay (plan/schedules.py)."""
 
     kind: Literal["warmup-decay", "wsd"] = "warmup-decay"
     """warmup-decay: decay over every step after the warmup; wsd: hold the peak, decay over the last steps only."""

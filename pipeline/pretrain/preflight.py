@@ -20,16 +20,16 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import load_config
 from pipeline.data.epoch_order import default_shards_per_block
 from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_tokenizer
-from pipeline.pretrain import checkpoints
-from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
-from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.compile_blocks import inductor_problem
+from pipeline.pretrain.checkpoints import storage as checkpoints
 from pipeline.pretrain.config import PretrainConfig, named_corpora
-from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan
-from pipeline.pretrain.run_ledger import Ledger, read_ledger
-from pipeline.pretrain.schedules import wsd_decay_steps
-from pipeline.pretrain.stream import CorpusLayout
+from pipeline.pretrain.model.compile_blocks import inductor_problem
+from pipeline.pretrain.plan.batch_plan import batch_problem, ramp_problems
+from pipeline.pretrain.plan.ledger import Ledger, read_ledger
+from pipeline.pretrain.plan.phases import resolve_phases
+from pipeline.pretrain.plan.record import read_record
+from pipeline.pretrain.plan.run_plan import PlanError, RunPlan, StartPoint, build_plan
+from pipeline.pretrain.plan.schedules import wsd_decay_steps
+from pipeline.pretrain.plan.stream import CorpusLayout
 
 
 def prepare_run(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,
@@ -217,7 +217,7 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
     """The shard folders against each other, the tokenizer and the model, without loading shards."""
     problems = []
     if config.masking.unit != "token":
-        from pipeline.pretrain.masking import word_rule
+        from pipeline.pretrain.plan.masking import word_rule
 
         try:
             word_rule(tokenizer)
@@ -383,7 +383,7 @@ def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len
     from transformers import AutoConfig
 
     from pipeline.common.hub_names import local_or_hub
-    from pipeline.pretrain.model import first_position_id
+    from pipeline.pretrain.model.hf_model import first_position_id
 
     source = config.model.init_from
     try:
@@ -404,7 +404,7 @@ def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len
     if hf.pad_token_id is not None and hf.pad_token_id != tokenizer.pad_id:
         problems.append(f"model.init_from {source}: its pad id is {hf.pad_token_id}, data.tokenizer's is "
                         f"{tokenizer.pad_id}; the special ids must agree")
-    # RoBERTa numbers positions from pad_id + 1 (see pipeline/pretrain/model.py hf_config).
+    # RoBERTa numbers positions from pad_id + 1 (see pipeline/pretrain/model/hf_model.py hf_config).
     needed = seq_len + first_position_id(config.model.architecture, tokenizer.pad_id)
     if hf.max_position_embeddings < needed:
         problems.append(f"model.init_from {source}: has {hf.max_position_embeddings} position embeddings, the "

@@ -22,16 +22,16 @@ from pipeline.common.run_kernel import seed_everything
 from pipeline.common.stop_signal import StopRequest
 from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.batches import PretrainData, real_tokens, shut_down_workers
-from pipeline.pretrain.cadence import Cadence, StepGuard, StepSync
-from pipeline.pretrain.checkpoints import Checkpointer
-from pipeline.pretrain.engine import initialize_engine, restore_step, set_batch_plan
-from pipeline.pretrain.masking import splitmix64
-from pipeline.pretrain.model import build_model, use_phase_rope
-from pipeline.pretrain.plan import RunPlan, Stretch
-from pipeline.pretrain.run_ledger import UpdatesSkippedEvent
-from pipeline.pretrain.run_log import RunLog
-from pipeline.pretrain.spike_guard import (
+from pipeline.pretrain.batches.stretch_data import PretrainData, real_tokens, shut_down_workers
+from pipeline.pretrain.checkpoints.storage import Checkpointer
+from pipeline.pretrain.model.hf_model import build_model, use_phase_rope
+from pipeline.pretrain.plan.ledger import UpdatesSkippedEvent
+from pipeline.pretrain.plan.masking import splitmix64
+from pipeline.pretrain.plan.run_plan import RunPlan, Stretch
+from pipeline.pretrain.report.run_log import RunLog
+from pipeline.pretrain.step.cadence import Cadence, StepGuard, StepSync
+from pipeline.pretrain.step.engine import initialize_engine, restore_step, set_batch_plan
+from pipeline.pretrain.step.spike_guard import (
     Drill,
     GiveUp,
     Spike,
@@ -237,7 +237,7 @@ class Pretrainer:
                             f"stopped by {stopped_by} after step {self.step}; checkpoint saved, {seconds:.1f} s after "
                             "the signal")
         elif c.train.export and self.topology.is_main and not (already_done and c.layout.export.is_dir()):
-            from pipeline.pretrain.export import export_checkpoint
+            from pipeline.pretrain.export.folder import export_checkpoint
 
             export_dir = export_checkpoint(self.checkpointer.newest_complete(), c.layout.export, overwrite=True)
             self.log.say(f"exported {export_dir}")

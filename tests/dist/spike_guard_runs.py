@@ -71,7 +71,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from pipeline.pretrain.preflight import prepare_run
-    from pipeline.pretrain.spike_guard import GiveUp
+    from pipeline.pretrain.step.spike_guard import GiveUp
     from pipeline.pretrain.trainer import Pretrainer
 
     root = Path(args.out_root)

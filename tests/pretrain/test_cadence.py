@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.pretrain.cadence import Cadence
+from pipeline.pretrain.step.cadence import Cadence
 
 
 def test_periods_fire_on_their_multiples_and_the_last_step_only_logs():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.pretrain.masking import (
+from pipeline.pretrain.plan.masking import (
     IGNORE_INDEX,
     Masker,
     MaskingConfig,

@@ -23,10 +23,10 @@ spec.loader.exec_module(parity)
 
 def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[int]]:
     """Each weight's change after one engine step from the same start on the same batch; the optimizer's step counts."""
-    from pipeline.pretrain.engine import initialize_engine
-    from pipeline.pretrain.model import build_model
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
+    from pipeline.pretrain.step.engine import initialize_engine
 
     config = parity.parity_config(1, stage)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
@@ -57,7 +57,7 @@ def test_bf16_at_zero_0_and_2_and_fp16_at_zero_0_take_the_step_fp32_takes(proces
 
 
 def test_zero_0_trains_fp32_masters_under_autocast_and_zero_1_to_3_keep_deepspeeds_bf16():
-    from pipeline.pretrain.engine import precision_sections
+    from pipeline.pretrain.step.engine import precision_sections
 
     for precision, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):
         ds = {precision: {"initial_scale_power": 8}} if precision == "fp16" else {}
@@ -82,11 +82,11 @@ def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_mas
                                                                                                   tmp_path):
     import deepspeed
 
-    from pipeline.pretrain.checkpoints import load_unfused_optimizer_state
-    from pipeline.pretrain.engine import deepspeed_config, initialize_engine, lr_scheduler, optimizer_groups
-    from pipeline.pretrain.model import build_model
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.checkpoints.storage import load_unfused_optimizer_state
+    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
+    from pipeline.pretrain.step.engine import deepspeed_config, initialize_engine, lr_scheduler, optimizer_groups
 
     config = parity.parity_config(1, 0)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16"))

@@ -16,10 +16,9 @@ from test_pretrain_distributed import DEEPSPEED, launch, write_config
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.checkpoints import newest_complete
+from pipeline.pretrain.checkpoints.storage import newest_complete
 from pipeline.pretrain.config import DataConfig, GuardConfig, PretrainConfig, TrainConfig
-from pipeline.pretrain.run_ledger import (
+from pipeline.pretrain.plan.ledger import (
     GaveUpEvent,
     RollbackEvent,
     SetAsideEvent,
@@ -27,7 +26,8 @@ from pipeline.pretrain.run_ledger import (
     UpdatesSkippedEvent,
     read_ledger,
 )
-from pipeline.pretrain.spike_guard import GiveUp, SpikeGuard
+from pipeline.pretrain.plan.record import read_record
+from pipeline.pretrain.step.spike_guard import GiveUp, SpikeGuard
 
 STEPS = 16
 
@@ -97,7 +97,7 @@ def test_an_fp16_overflow_is_left_to_the_loss_scaler():
 def test_the_verdict_leaves_the_whole_update_out_inside_fused_adamw(scaled):
     """`found_inf` is the verdict (fp32, bf16), or the verdict combined with fp16's GradScaler's own: either leaves the
     update out, and only an overflow moves the loss scale."""
-    from pipeline.pretrain.device_step import skip_updates_on
+    from pipeline.pretrain.step.device_step import skip_updates_on
 
     param = torch.nn.Parameter(torch.ones(4))
     optimizer, verdict = torch.optim.AdamW([param], lr=0.1, fused=True), torch.zeros(())
@@ -178,8 +178,8 @@ def test_a_resume_leaves_a_rollbacks_range_out(tmp_path, roberta_shards, bpe_tok
     step 2, before the guard's rollback (9-10), whose range the ledger keeps."""
     from helpers import record_at
 
-    from pipeline.pretrain.checkpoint_record import write_record
-    from pipeline.pretrain.checkpoints import tag_for
+    from pipeline.pretrain.checkpoints.storage import tag_for
+    from pipeline.pretrain.plan.record import write_record
     from pipeline.pretrain.preflight import prepare_run
 
     run = tmp_path / "run"

@@ -16,14 +16,14 @@ from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.run_kernel import run_tags
 from pipeline.common.topology import Topology
-from pipeline.pretrain.batches import PretrainData
-from pipeline.pretrain.cadence import CheckedLosses
-from pipeline.pretrain.device_step import loss_scale
-from pipeline.pretrain.flops import mfu, model_flops_per_token
-from pipeline.pretrain.masking import eval_probability
-from pipeline.pretrain.plan import RunPlan
-from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
-from pipeline.pretrain.run_ledger import GaveUpEvent, RollbackEvent
+from pipeline.pretrain.batches.stretch_data import PretrainData
+from pipeline.pretrain.model.flops import mfu, model_flops_per_token
+from pipeline.pretrain.plan.ledger import GaveUpEvent, RollbackEvent
+from pipeline.pretrain.plan.masking import eval_probability
+from pipeline.pretrain.plan.run_plan import RunPlan
+from pipeline.pretrain.report.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
+from pipeline.pretrain.step.cadence import CheckedLosses
+from pipeline.pretrain.step.device_step import loss_scale
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.sinks import open_metrics
 

@@ -15,8 +15,8 @@ from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import to_dict
 from pipeline.common.model_card import equivalence_text, figure, table, write_card
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE
-from pipeline.pretrain.checkpoint_facts import CheckpointFacts
 from pipeline.pretrain.config import named_corpora
+from pipeline.pretrain.export.facts import CheckpointFacts
 
 
 def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[str, Any]:
@@ -127,7 +127,7 @@ def _training_section(t: dict) -> str:
 
 
 def _figures_section(t: dict, scores: dict) -> str:
-    from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau
+    from pipeline.pretrain.report.plateau import at_mask_rate, metrics_beside_plateau
 
     v = t["validation"]
     rows = [(f"validation MLM loss{at_mask_rate(v)} (step {v['step']:,})", metrics_beside_plateau(v)) if v

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # nothing at run time: the preflight's checks import this module
     from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
-    from pipeline.pretrain.phases import Phase
+    from pipeline.pretrain.plan.phases import Phase
 
 # The decay shapes of p ∈ [0, 1]: 1 at p = 0, 0 at p = 1. "cosine" and "1-sqrt" are WSD's (Hägele et al.
 # 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations").
@@ -133,7 +133,7 @@ def lr_schedule(config: PretrainConfig, phases: list[Phase], anneal: Anneal | No
         return Schedule(tuple(part for p in phases for part in segments(
             config.schedule, start=p.start, end=p.end, warmup=p.warmup_steps, peak=p.lr / config.optimizer.lr,
             decay_steps=p.decay_steps)))
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     source = lr_schedule(anneal.source, resolve_phases(anneal.source))
     start = source.multiplier(anneal.start) * anneal.source.optimizer.lr / config.optimizer.lr

@@ -21,8 +21,8 @@ from typing import Any
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.stream import CorpusLayout
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.stream import CorpusLayout
 
 RECORD_FILE = "complete.json"
 RECORD_VERSION = 3

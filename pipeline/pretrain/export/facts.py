@@ -14,8 +14,8 @@ from pipeline.common.config_tree import build_config
 from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoint_record import CheckpointRecord, read_record
 from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.plan.record import CheckpointRecord, read_record
 
 
 @dataclass(frozen=True)

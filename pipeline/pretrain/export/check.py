@@ -34,9 +34,9 @@ import torch
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.output_agreement import RELATIVE_TOLERANCE, Agreement, compare_logits, refuse_unless_within
-from pipeline.pretrain.checkpoint_facts import CheckpointFacts
-from pipeline.pretrain.masked_slots import dense_labels
-from pipeline.pretrain.masking import EVAL_STREAM, IGNORE_INDEX
+from pipeline.pretrain.batches.masked_slots import dense_labels
+from pipeline.pretrain.export.facts import CheckpointFacts
+from pipeline.pretrain.plan.masking import EVAL_STREAM, IGNORE_INDEX
 
 CHECK_ROWS = 8
 """Validation sequences in the checked batch (the first ones, as the run's evaluation takes them)."""
@@ -70,9 +70,9 @@ def validation_batch(facts: CheckpointFacts, tokenizer) -> dict[str, torch.Tenso
     """The first validation micro batch of the phase that trained the checkpoint's last step (of a mix, its first
     corpus's), masked as the run's evaluation masks it."""
     from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
-    from pipeline.pretrain.masking import build_masker
-    from pipeline.pretrain.model import first_position_id
+    from pipeline.pretrain.batches.stretch_data import MaskedBatches, MicroBatchKey
+    from pipeline.pretrain.model.hf_model import first_position_id
+    from pipeline.pretrain.plan.masking import build_masker
 
     c = facts.config
     rows = _FirstRows(check_phase(facts).data.corpora()[0].path, CHECK_ROWS)
@@ -85,7 +85,7 @@ def validation_batch(facts: CheckpointFacts, tokenizer) -> dict[str, torch.Tenso
 
 def check_phase(facts: CheckpointFacts):
     """The phase that trained the checkpoint's last step (past the end: an anneal's, the last)."""
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     phases = resolve_phases(facts.config)
     return next((p for p in phases if p.start < facts.step <= p.end), phases[-1])
@@ -95,7 +95,7 @@ def trained_seq_len(facts: CheckpointFacts) -> int:
     """The sequence length the trainer sized positions for: the longest of the shard folders the config names
     (those still readable), at least the checkpoint's own."""
     from pipeline.data.shard_index import load_index
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     lengths = [facts.seq_len]
     for source in {s.path for p in resolve_phases(facts.config) for s in p.data.corpora()}:
@@ -109,7 +109,7 @@ def trained_seq_len(facts: CheckpointFacts) -> int:
 def training_model(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], tokenizer):
     """The training class as the trainer built it, holding `state`, in fp32 and eval mode; and its kernel."""
     from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.model import SPARSE_CLASSES, build_model, load_trained_weights, use_phase_rope
+    from pipeline.pretrain.model.hf_model import SPARSE_CLASSES, build_model, load_trained_weights, use_phase_rope
 
     trained_with = facts.config.model.attn_implementation
     attention = trained_with if trained_with in CPU_ATTENTION else "sdpa"

@@ -29,13 +29,13 @@ import numpy as np
 
 from pipeline.common.config_tree import build_config, to_dict
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.batch_plan import BatchPlan, RampSegment, batch_ramp
-from pipeline.pretrain.checkpoint_record import CheckpointRecord, StretchRecord
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.phases import Phase, resolve_phases
-from pipeline.pretrain.run_ledger import Ledger
-from pipeline.pretrain.schedules import Anneal, Schedule, lr_schedule
-from pipeline.pretrain.stream import CorpusLayout, DataStream, drawn, shares_of
+from pipeline.pretrain.plan.batch_plan import BatchPlan, RampSegment, batch_ramp
+from pipeline.pretrain.plan.ledger import Ledger
+from pipeline.pretrain.plan.phases import Phase, resolve_phases
+from pipeline.pretrain.plan.record import CheckpointRecord, StretchRecord
+from pipeline.pretrain.plan.schedules import Anneal, Schedule, lr_schedule
+from pipeline.pretrain.plan.stream import CorpusLayout, DataStream, drawn, shares_of
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,12 @@ import torch.distributed as dist
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import TokenizerInfo
-from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.checkpoints import complete_checkpoints
+from pipeline.pretrain.checkpoints.storage import complete_checkpoints
 from pipeline.pretrain.config import PretrainConfig, spike_drill
-from pipeline.pretrain.plan import RunPlan, build_plan
+from pipeline.pretrain.plan.ledger import GaveUpEvent, Ledger, RollbackEvent
+from pipeline.pretrain.plan.record import read_record
+from pipeline.pretrain.plan.run_plan import RunPlan, build_plan
 from pipeline.pretrain.preflight import find_start
-from pipeline.pretrain.run_ledger import GaveUpEvent, Ledger, RollbackEvent
 
 MIN_DEVIATION = 1e-3
 """The least deviation, as a share of the window's mean: a flat window must not call every rise an outlier."""

@@ -21,14 +21,14 @@ import torch
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
-from pipeline.pretrain.checkpoint_facts import CheckpointFacts, checkpoint_facts
-from pipeline.pretrain.checkpoint_record import RECORD_FILE
-from pipeline.pretrain.checkpoints import (
+from pipeline.pretrain.checkpoints.storage import (
     check_intact,
     complete_checkpoints,
     resolve_checkpoint,
     tag_for,
 )
+from pipeline.pretrain.export.facts import CheckpointFacts, checkpoint_facts
+from pipeline.pretrain.plan.record import RECORD_FILE
 
 PROVENANCE_FILE = EXPORT_PROVENANCE_FILE
 """An export's record: the checkpoint and pretraining MLflow run it came from (fine-tuning runs link to them),
@@ -110,9 +110,9 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     then renamed into place with the figures in `pipeline_export.json` and a model card; beyond the tolerance it
     is refused.
     """
-    from pipeline.pretrain.export_card import training_record, write_export_card
-    from pipeline.pretrain.export_check import check_export, tokenizer_problem
-    from pipeline.pretrain.model import EXPORT_CLASSES, load_trained_weights
+    from pipeline.pretrain.export.card import training_record, write_export_card
+    from pipeline.pretrain.export.check import check_export, tokenizer_problem
+    from pipeline.pretrain.model.hf_model import EXPORT_CLASSES, load_trained_weights
 
     checkpoint = resolve_checkpoint(path).resolve()  # absolute: its name is the tag DeepSpeed loads by
     check_intact(checkpoint)  # a damaged file is refused with the message resume warns with
@@ -152,7 +152,7 @@ def trained_hf_config(facts: CheckpointFacts, tokenizer) -> dict:
     if facts.hf_config is not None:
         return facts.hf_config
     from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.model import hf_config
+    from pipeline.pretrain.model.hf_model import hf_config
 
     return hf_config(facts.config.model, describe_tokenizer(tokenizer), facts.seq_len).to_dict()
 

@@ -25,13 +25,13 @@ from torch.utils.data import DataLoader
 
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.data.tokenizer import TokenizerInfo
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masked_slots import masked_count, masked_slots, slot_bound
-from pipeline.pretrain.masking import EVAL_STREAM, Masker, build_masker
-from pipeline.pretrain.model import first_position_id
-from pipeline.pretrain.packed_attention import document_layout
-from pipeline.pretrain.plan import RunPlan, Stretch
-from pipeline.pretrain.stream import DataStream, MicroBatchKey
+from pipeline.pretrain.batches.masked_slots import masked_count, masked_slots, slot_bound
+from pipeline.pretrain.model.hf_model import first_position_id
+from pipeline.pretrain.model.packed_attention import document_layout
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import EVAL_STREAM, Masker, build_masker
+from pipeline.pretrain.plan.run_plan import RunPlan, Stretch
+from pipeline.pretrain.plan.stream import DataStream, MicroBatchKey
 
 
 class MaskedBatches(torch.utils.data.Dataset):

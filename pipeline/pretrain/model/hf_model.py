@@ -35,11 +35,11 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.masking import IGNORE_INDEX
-from pipeline.pretrain.packed_attention import FLEX, check_flex_mask, encoder_inputs
+from pipeline.pretrain.model.packed_attention import FLEX, check_flex_mask, encoder_inputs
+from pipeline.pretrain.plan.masking import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from pipeline.pretrain.phases import Phase
+    from pipeline.pretrain.plan.phases import Phase
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")

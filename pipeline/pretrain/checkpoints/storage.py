@@ -41,13 +41,13 @@ from pipeline.common.atomic_files import publish_folder, reporting_disk_full, sh
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import Topology
-from pipeline.pretrain.checkpoint_record import RECORD_FILE, CheckpointRecord, read_record, write_record
-from pipeline.pretrain.device_step import extra_state, load_extra_state, loss_scaler
-from pipeline.pretrain.plan import RunPlan, StartPoint
-from pipeline.pretrain.run_ledger import Ledger, LedgerEvent, SetAsideEvent, SkipEvent, read_ledger
+from pipeline.pretrain.plan.ledger import Ledger, LedgerEvent, SetAsideEvent, SkipEvent, read_ledger
+from pipeline.pretrain.plan.record import RECORD_FILE, CheckpointRecord, read_record, write_record
+from pipeline.pretrain.plan.run_plan import RunPlan, StartPoint
+from pipeline.pretrain.step.device_step import extra_state, load_extra_state, loss_scaler
 
 if TYPE_CHECKING:
-    from pipeline.pretrain.run_log import RunLog
+    from pipeline.pretrain.report.run_log import RunLog
 
 _TAG = re.compile(r"^step_(\d{8,})$")
 
@@ -298,7 +298,7 @@ class Checkpointer:
         for group, own in zip(engine.optimizer.param_groups, settings, strict=True):
             group.update(own)
         engine.lr_scheduler.base_lrs = peaks
-        from pipeline.pretrain.engine import restore_step  # the engine's module imports transformers
+        from pipeline.pretrain.step.engine import restore_step  # the engine's module imports transformers
 
         restore_step(engine.lr_scheduler, start.step)
         event = {"resumed_from": str(start.checkpoint), "resume_load_seconds": round(time.perf_counter() - started, 3),

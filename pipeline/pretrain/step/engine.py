@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.compile_blocks import compile_blocks, compiles
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_section import offloads_optimizer
-from pipeline.pretrain.device_step import keep_step_on_device
-from pipeline.pretrain.model import parameter_groups
-from pipeline.pretrain.schedules import Schedule
+from pipeline.pretrain.model.compile_blocks import compile_blocks, compiles
+from pipeline.pretrain.model.hf_model import parameter_groups
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.schedules import Schedule
+from pipeline.pretrain.step.device_step import keep_step_on_device
 
 MIN_TRUST, MAX_TRUST = 0.01, 10.0
 """DeepSpeed FusedLamb's default `min_coeff` and `max_coeff`."""
@@ -115,7 +115,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     ds = copy.deepcopy(config.deepspeed)
     ds["zero_optimization"] = {**ds.get("zero_optimization", {}), "stage": t.zero_stage}
     precision_sections(ds, t.precision, t.zero_stage)
-    if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints.py)
+    if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints/storage.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
     # At ZeRO 0 the spike guard takes the gradient norm where DeepSpeed clips (device_step.py), which it calls only
