@@ -195,6 +195,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.plan.schedules import lr_schedule
     from pipeline.pretrain.step.engine import initialize_engine
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     # fp16 starts at a low loss scale: a first step skipped for overflow would compare nothing
     ds = {"fp16": {"initial_scale_power": 8}} if precision == "fp16" else {}
@@ -208,7 +209,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     phases, tokenizer = resolve_phases(config), toy_tokenizer(300)
     torch.manual_seed(0)
     engine = initialize_engine(build_model(config.model, tokenizer, 32), config, phases[0].plan(1),
-                               schedule=lr_schedule(config, phases))
+                               schedule=lr_schedule(config, phases), guard=SpikeGuard(config, device, 1))
     engine.train()
     batch = fixed_batch(device, tokenizer.vocab_size)
     loss = engine(**batch)["loss"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -104,3 +105,15 @@ def decode_documents(folder: Path, split: str, tokenizer_dir: Path) -> list[str]
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     ds = ShardedDataset(folder, split)
     return [tok.decode(ds[i]["input_ids"][1: ds[i]["length"] - 1]) for i in range(len(ds))]
+
+
+HOLD = ("import sys, time; from pipeline.common.folder_lock import FolderLock; FolderLock(sys.argv[1]).acquire(); "
+        "print('held', flush=True); time.sleep(120)")
+
+
+def holder_process(folder, **env) -> subprocess.Popen:
+    """A live process holding `folder` (common/folder_lock.py), with `env` added to its environment."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+    assert proc.stdout.readline().strip() == "held"
+    return proc

@@ -96,6 +96,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from pipeline.pretrain.step.engine import initialize_engine
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
     from pipeline.pretrain.model.hf_model import build_model
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.preflight import arithmetic_problems
@@ -115,7 +116,8 @@ def main() -> None:
         model = build_model(config.model, tokenizer_info(), SEQ_LEN)
         if stage == 0 and topology.is_main:
             torch.save(model.state_dict(), out / "initial.pt")
-        engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases))
+        engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases),
+                                   guard=SpikeGuard(config, "cpu", topology.world_size))
         engine.train()
         losses, lrs = [], []
         for step in range(STEPS):

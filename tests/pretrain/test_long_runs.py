@@ -275,7 +275,7 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
     import os
 
     from pipeline.common.topology import Topology
-    from pipeline.pretrain.checkpoints.storage import Checkpointer
+    from pipeline.pretrain.checkpoints.policy import Checkpointer
     from pipeline.pretrain.preflight import prepare_run
 
     config = run_with_checkpoints(tmp_path, roberta_shards, bpe_tokenizer_dir,
@@ -285,7 +285,7 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
         (checkpoints / name).mkdir()
         os.utime(checkpoints / name, (1000 + age, 1000 + age))
     plan = prepare_run(config, ['train.skip_steps=["9:9"]', "checkpoint.keep_set_aside=3"])
-    Checkpointer(checkpoints, Topology(0, 0, 1, False), log=None).confirm_start(plan)
+    Checkpointer(plan.config, Topology(0, 0, 1, False), reporter=None).confirm(plan)
     assert sorted(p.name for p in checkpoints.iterdir()) == [
         "rolled-back-step_00000006", "rolled-back-step_00000010", "rolled-back-step_00000012",
         "step_00000002", "step_00000004", "step_00000008"]  # the start (8) and every live checkpoint kept

@@ -20,7 +20,8 @@ from pipeline.pretrain.batches.masked_slots import (
     slot_count,
 )
 from pipeline.pretrain.batches.stretch_data import MaskedBatches
-from pipeline.pretrain.plan.masking import IGNORE_INDEX, MaskingConfig
+from pipeline.pretrain.config import MaskingConfig
+from pipeline.pretrain.plan.masking import IGNORE_INDEX
 from pipeline.pretrain.plan.stream import MicroBatchKey
 
 

@@ -206,7 +206,8 @@ def mix_plan(tmp_path: Path, weights: list[float], start=None):
 
     from pipeline.common.config_tree import build_config
     from pipeline.pretrain.config import PretrainConfig
-    from pipeline.pretrain.plan.run_plan import StartPoint, build_plan
+    from pipeline.pretrain.plan.record import StartPoint
+    from pipeline.pretrain.plan.run_plan import build_plan
     from pipeline.pretrain.plan.stream import CorpusLayout
 
     names = ["news", "wiki", "code"][: len(weights)]

@@ -13,10 +13,10 @@ import torch
 from pipeline.data.packers import make_packer
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.batches.masked_slots import masked_slots
-from pipeline.pretrain.config import ModelConfig
+from pipeline.pretrain.config import MaskingConfig, ModelConfig
 from pipeline.pretrain.model.hf_model import SPARSE_CLASSES, encode, hf_config
 from pipeline.pretrain.model.packed_attention import document_layout
-from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker, MaskingConfig
+from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker
 
 CLS, SEP, PAD = 0, 2, 1
 

@@ -276,7 +276,7 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     tokenizer = load_tokenizer(str(bpe_tokenizer_dir))
     info = describe_tokenizer(tokenizer, str(bpe_tokenizer_dir))
     for stretch, rate in zip(plan.stretches, (0.3, 0.05), strict=True):
-        feed = PretrainData.for_stretch(stretch, plan, tokenizer, info)
+        feed = PretrainData.for_stretch(stretch, stretch.plan(plan.world_size), plan, tokenizer, info)
         keys = [feed.stream.micro_batch(step, k) for step in range(stretch.start, stretch.end)
                 for k in range(feed.plan.accumulation)]
         assert masked_fraction(feed.train_batches, keys, tokenizer.all_special_ids) == pytest.approx(rate, abs=0.03)

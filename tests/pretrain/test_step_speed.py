@@ -100,7 +100,7 @@ def test_losses_stay_on_the_device_until_a_check_and_a_nan_anywhere_in_the_windo
     import torch.distributed as dist
 
     from pipeline.common.topology import free_port
-    from pipeline.pretrain.step.cadence import StepSync
+    from pipeline.pretrain.step.step_sync import StepSync
 
     for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)

@@ -1,4 +1,4 @@
-"""The config's `deepspeed` section: DeepSpeed's own further keys, checked against DeepSpeed's own config models.
+"""What the config knows of DeepSpeed's keys: the `deepspeed` section's further keys checked against DeepSpeed's models.
 
 The pipeline owns precision, the ZeRO stage, batch sizes, optimizer, schedule and clipping; the section
 may not set them (an old spelling is refused with the new one). Everything else passes to DeepSpeed as
