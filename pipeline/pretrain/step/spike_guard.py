@@ -183,6 +183,12 @@ class SpikeGuard:
         if self.mode == "rollback":
             self.skip_enabled.fill_(0.0)
 
+    def forget(self, steps: tuple[int, ...]) -> None:
+        """Outliers dealt with without a rollback (no checkpoint lay behind them): they no longer count towards one,
+        nor does the first of them anchor it (a host write, no read)."""
+        if steps:
+            self.outliers[torch.tensor([s % self.window for s in steps], device=self.outliers.device)] = NONE
+
     def readout(self) -> torch.Tensor | None:
         """What a check brings to the host with the losses (the same on every rank); starts a new count."""
         if not self.on:
