@@ -88,7 +88,9 @@ class Pretrainer:
                                  host=self.log.wait_shares, device=self.guard.readout)
             self.response = SpikeResponse(self.guard, self.checkpointer, self.log, self.info, topology)
             self.step = plan.start_step
-            self.log.open(self.tokenizer, self.step, parameters=sum(p.numel() for p in model.parameters()))
+            buckets = getattr(self.engine, "gradient_buckets", None)
+            self.log.open(self.tokenizer, self.step, parameters=sum(p.numel() for p in model.parameters()),
+                          allreduce_bytes=buckets.bytes_per_step if buckets else None)
         except BaseException:
             self.checkpointer.release()
             raise
