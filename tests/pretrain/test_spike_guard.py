@@ -99,18 +99,18 @@ def test_the_window_re_arms_whenever_what_it_measures_changes_however_the_run_ge
     assert len(warmup.stretches) > 1 and len({level_of(s, warmup.config) for s in warmup.stretches}) == 1
 
     g = guard()
-    g.enter(first)
+    assert not g.enter(first)  # a run's start: no window to drop, nothing to say
     judged(g, calm(8))
     saved = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.state_dict().items()}
-    g.enter(first)  # the same level: the window stays
+    assert not g.enter(first)  # the same level: the window stays
     assert judged(g, [(50.0, 1.0)], first=9) == [9]
     resumed = guard()  # a resume (or a rollback) onto the phase boundary: the checkpoint's window is phase a's
     resumed.load_state_dict(saved, step=8)
-    resumed.enter(second)
+    assert resumed.enter(second)  # a window dropped: the run says so
     assert judged(resumed, [(50.0, 1.0)] * 3, first=9) == []  # not judged again before min_steps
     old = guard()  # a checkpoint from before levels were kept: its window's level is unknown
     old.load_state_dict({**saved, "level": None}, step=8)
-    old.enter(first)
+    assert not old.enter(first)
     assert judged(old, [(50.0, 1.0)], first=9) == []
 
 

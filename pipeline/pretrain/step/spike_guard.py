@@ -167,12 +167,14 @@ class SpikeGuard:
         if self.on and not self.judges_in_step:
             self.judge(engine.get_global_grad_norm())
 
-    def enter(self, level: str) -> None:
+    def enter(self, level: str) -> bool:
         """The run trains at `level` (`level_of`) from now on: a window of another level (or of none known, as a
-        checkpoint from before levels were kept holds) starts empty."""
+        checkpoint from before levels were kept holds) starts empty. Whether a window of a known level was dropped."""
+        dropped = self.on and self.level is not None and level != self.level
         if level != self.level:
             self.reset_window()
         self.level = level
+        return dropped
 
     def reset_window(self) -> None:
         self.filled.zero_()
