@@ -22,6 +22,7 @@ from harness import ROOT, SHARED, BenchmarkRecord, Study, cpu_env, launch, metri
 
 from pipeline.commands import run_default as job
 from pipeline.common.run_layout import MainJobLayout, PretrainLayout
+from pipeline.pretrain.checkpoints.storage import newest_complete, verified_checkpoint
 from pipeline.pretrain.plan.ledger import RollbackEvent, UpdatesSkippedEvent, read_ledger
 
 CONFIG = "configs/main-job.json"
@@ -128,11 +129,12 @@ def mix_change(rec: BenchmarkRecord, out: Path, layout: MainJobLayout, steps: in
             time.sleep(0.5)
         first.send_signal(signal.SIGUSR1)  # stops after the step, with a checkpoint
         assert first.wait() == 0, (out / "mix-change-1.log").read_text()[-3000:]
-    stopped_at = max(r["step"] for r in metrics(run, "train/loss"))
+    _, record = verified_checkpoint(newest_complete(PretrainLayout(run).checkpoints))
+    stopped_at = record.step  # the step the signal's checkpoint holds (logs come every 5 steps)
     mix = json.dumps([{"path": str(layout.shards), "weight": 1}, {"path": str(second), "weight": 1}])
     launch(pretrain_command(CONFIG, [f"data.shards={mix}", *common]), env=cpu_env(1), log=out / "mix-change-2.log")
     losses = {r["step"]: r["train/loss"] for r in metrics(run, "train/loss")}
-    before = statistics.mean(v for s, v in losses.items() if stopped_at - 25 < s <= stopped_at)
+    before = statistics.mean(v for s, v in losses.items() if stopped_at - 25 < s <= stopped_at)  # 5 logs each
     after = statistics.mean(v for s, v in losses.items() if stopped_at < s <= stopped_at + 25)
     said = "the spike guard's window starts again" in (out / "mix-change-2.log").read_text()
     rec.table("rollback, a run resumed with a second corpus in its mix (the main job's recipe, 1 rank)", [
