@@ -121,10 +121,13 @@ class RetrievalTask:
         """BM25 (Lucene's variant, k1 1.5, b 0.75; English stop words) of every query against every document."""
         import bm25s
 
-        index = bm25s.BM25()
-        index.index(bm25s.tokenize(self.corpus, stopwords="en", show_progress=False), show_progress=False)
-        tokens = bm25s.tokenize(self.queries, stopwords="en", show_progress=False, return_ids=False)
         scores = np.zeros((len(self.queries), len(self.corpus)), dtype=np.float32)
+        corpus = bm25s.tokenize(self.corpus, stopwords="en", show_progress=False)
+        if not corpus.vocab:
+            return scores  # no word of two letters or more in the corpus: nothing for BM25 to match
+        index = bm25s.BM25()
+        index.index(corpus, show_progress=False)
+        tokens = bm25s.tokenize(self.queries, stopwords="en", show_progress=False, return_ids=False)
         for q, words in enumerate(tokens):
             known = [w for w in words if w in index.vocab_dict]
             if known:  # a query none of whose words is in the corpus scores 0 everywhere

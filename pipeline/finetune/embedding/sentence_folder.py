@@ -38,7 +38,8 @@ def build_sentence_model(source: str, *, pooling: Pooling, max_seq_len: int, fro
                          dropout: float | None = None):
     """A `SentenceTransformer` of `source`'s encoder (no head) and `pooling`; random weights of the same
     architecture `from_scratch`; `dropout` (None: the model's own) set on every dropout of the config."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 

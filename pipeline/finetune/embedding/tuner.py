@@ -114,7 +114,8 @@ class EmbeddingTuner:
                 adam_beta1=t.adam_betas[0], adam_beta2=t.adam_betas[1], adam_epsilon=t.adam_eps,
                 max_grad_norm=t.max_grad_norm, seed=self.seed, data_seed=self.seed,
                 bf16=t.precision == "bf16", fp16=t.precision == "fp16", save_strategy="no", eval_strategy="no",
-                logging_strategy="steps", logging_steps=1, report_to="none", disable_tqdm=not self.arm.is_main,
+                logging_strategy="steps", logging_steps=1, report_to="none", dataloader_pin_memory=False,
+                disable_tqdm=not self.arm.is_main,
                 batch_sampler=BatchSamplers.NO_DUPLICATES if self.family.no_duplicates else BatchSamplers.BATCH_SAMPLER)
             trainer = SentenceTransformerTrainer(model=self.model, args=args,
                                                  train_dataset=self.family.training_sets(self.data.train),
