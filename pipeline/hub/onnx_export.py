@@ -162,11 +162,14 @@ def refuse_unless_close(agreement: Agreement, path: Path) -> None:
                             "operator exported wrongly, or another model's file)")
 
 
-def session(path: Path):
+def session(path: Path, threads: int | None = None):
+    """An onnxruntime CPU session of `path` (`threads`: its intra-op threads; None: onnxruntime's default)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
