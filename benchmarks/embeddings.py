@@ -99,7 +99,7 @@ def probes(files: dict[str, Path], tasks: tuple[str, ...]):
                        [files["mrpc"]] if "mrpc" in tasks else [], [files["bbc"]] if "bbc" in tasks else [])
 
 
-MAIN = {"squad": "retrieval/squad/ndcg@10", "stsb": "sts/stsb/spearman", "mrpc": "pair_classification/mrpc/ap",
+MAIN = {"squad": "retrieval/squad/ndcg_at_10", "stsb": "sts/stsb/spearman", "mrpc": "pair_classification/mrpc/ap",
         "bbc": "clustering/bbc/v_measure"}
 
 
@@ -173,8 +173,8 @@ def st_parity(model: Path, files: dict[str, Path], ours: dict[str, float]) -> li
     pc = chosen.pair_classification["mrpc"]
     ap = BinaryClassificationEvaluator([t[0] for t in pc.texts], [t[1] for t in pc.texts], pc.labels)(st)
     pairs = [("SQuAD nDCG@10", ours[MAIN["squad"]], ir["cosine_ndcg@10"]),
-             ("SQuAD MRR@10", ours["retrieval/squad/mrr@10"], ir["cosine_mrr@10"]),
-             ("SQuAD Recall@100", ours["retrieval/squad/recall@100"], ir["cosine_recall@100"]),
+             ("SQuAD MRR@10", ours["retrieval/squad/mrr_at_10"], ir["cosine_mrr@10"]),
+             ("SQuAD Recall@100", ours["retrieval/squad/recall_at_100"], ir["cosine_recall@100"]),
              ("STS-B Spearman", ours[MAIN["stsb"]], sim["spearman_cosine"]),
              ("MRPC AP", ours[MAIN["mrpc"]], ap["cosine_ap"])]
     return [{"figure": name, "roberta-embed-eval": f"{x:.6f}", "sentence-transformers' evaluator": f"{y:.6f}",

@@ -107,7 +107,7 @@ def search_line(layout: MainJobLayout) -> str | None:
     reports = {arm: read_json(layout.finetune("search", arm).metrics) for arm in MAIN_JOB_ARMS}
     if not all(reports.values()):
         return None
-    arms = [f"{ARM_NAMES[arm]} {r['zero_shot_ndcg@10']:.3f} → {r['ndcg@10']:.3f}" for arm, r in reports.items()]
-    bm25 = reports["pretrained"]["bm25_ndcg@10"]
+    arms = [f"{ARM_NAMES[arm]} {r['zero_shot_ndcg_at_10']:.3f} → {r['ndcg_at_10']:.3f}" for arm, r in reports.items()]
+    bm25 = reports["pretrained"]["bm25_ndcg_at_10"]
     return (f"nDCG@10 (first sentence → the rest, dev docstrings), zero-shot → after one epoch: {'; '.join(arms)}; "
             f"BM25 {bm25:.3f}")

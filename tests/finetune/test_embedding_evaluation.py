@@ -94,8 +94,8 @@ def test_bm25_beside_retrieval_scores_word_overlap(tmp_path):
     overlap = write(tmp_path / "overlap.jsonl", [{"query": f"doc{i} {d.split()[2]}", "positive": d}
                                                  for i, d in enumerate(docs)])
     figures = bm25_probes(read_probes([overlap]))
-    assert figures["retrieval/overlap/bm25/ndcg@10"] == 1.0  # every document holds its own `docN` id word
-    assert figures["retrieval/overlap/bm25/recall@100"] == 1.0
+    assert figures["retrieval/overlap/bm25/ndcg_at_10"] == 1.0  # every document holds its own `docN` id word
+    assert figures["retrieval/overlap/bm25/recall_at_100"] == 1.0
 
 
 def test_pretraining_can_probe_a_live_masked_lm_without_writing_a_folder(tmp_path, files, bpe_tokenizer_dir):
@@ -110,7 +110,7 @@ def test_pretraining_can_probe_a_live_masked_lm_without_writing_a_folder(tmp_pat
     assert live.training  # left in the mode it was in
     encoder, _ = load_encoder(str(export), max_seq_len=48)
     assert figures == pytest.approx(score_probes(encoder.encode, probes), abs=1e-6)
-    assert {"retrieval/search/ndcg@10", "sts/sts/spearman", "clustering/clusters/v_measure"} <= figures.keys()
+    assert {"retrieval/search/ndcg_at_10", "sts/sts/spearman", "clustering/clusters/v_measure"} <= figures.keys()
 
 
 def test_a_runs_kept_revisions_are_scored_by_one_command_drawn_and_logged_as_curves(
@@ -124,7 +124,7 @@ def test_a_runs_kept_revisions_are_scored_by_one_command_drawn_and_logged_as_cur
                 "--out", str(out), "--tracking-uri", uri])
     curve = json.loads((out / "revisions.json").read_text())
     assert [p["step"] for p in curve] == [2, 4] and [p["validation_loss"] for p in curve] == [6.0, 5.5]
-    assert curve[0]["figures"]["retrieval/search/ndcg@10"] != curve[1]["figures"]["retrieval/search/ndcg@10"]
+    assert curve[0]["figures"]["retrieval/search/ndcg_at_10"] != curve[1]["figures"]["retrieval/search/ndcg_at_10"]
     assert (out / "embed-curve.png").stat().st_size > 1000
     client = MlflowClient(uri)
     run_id = client.search_runs([e.experiment_id for e in client.search_experiments()])[0].info.run_id

@@ -44,16 +44,23 @@ def test_a_kept_seed_is_a_sentence_transformers_folder_that_embeds_as_the_stage_
     from sentence_transformers import SentenceTransformer
 
     train, dev = pairs_files(tmp_path, make_documents(80, seed=5, min_words=9, max_words=30))
-    out = tmp_path / "run"
+    out, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
     finetune(["--config", "embed-pairs", "--model", str(export), "--seeds", "1", "--sweep",
-              "train.learning_rate=1e-4", *common_sets(out, train, dev)])
+              "train.learning_rate=1e-4", *common_sets(out, train, dev), "--set", "tracking.enabled=true",
+              "--set", f"tracking.uri={uri}"])
     report = json.loads((out / "metrics.json").read_text())
-    assert report["metric"] == "ndcg@10" and 0 <= report["ndcg@10"] <= 1
-    assert {"zero_shot_ndcg@10", "bm25_ndcg@10", "mrr@10", "recall@100", "selection_score"} <= report.keys()
+    assert report["metric"] == "ndcg_at_10" and 0 <= report["ndcg_at_10"] <= 1
+    assert {"zero_shot_ndcg_at_10", "bm25_ndcg_at_10", "mrr_at_10", "recall_at_100", "selection_score"} <= report.keys()
     best = out / json.loads((out / "best_model.json").read_text())["path"]
     info = json.loads((best / "pipeline_finetune.json").read_text())
     assert info["pooling"] == "mean" and info["equivalence"]["min_cosine"] >= 0.9999
     assert "SentenceTransformer(" in (best / "README.md").read_text()
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    seed_run = next(r for r in runs if r.info.run_name == "embed-pairs-pretrained-seed1")
+    assert {"eval/ndcg_at_10", "select/ndcg_at_10", "best/zero_shot_ndcg_at_10"} <= seed_run.data.metrics.keys()
 
     texts = [json.loads(line)["positive"] for line in dev.read_text().splitlines()]
     loaded = SentenceTransformer(str(best), local_files_only=True, device="cpu")
@@ -65,7 +72,7 @@ def test_a_kept_seed_is_a_sentence_transformers_folder_that_embeds_as_the_stage_
     from pipeline.finetune.embedding.records import read_pairs
 
     seed = json.loads((best.parent / "metrics.json").read_text())
-    assert score_retrieval(ours.encode, read_pairs(dev))["ndcg@10"] == pytest.approx(seed["ndcg@10"], abs=1e-6)
+    assert score_retrieval(ours.encode, read_pairs(dev))["ndcg_at_10"] == pytest.approx(seed["ndcg_at_10"], abs=1e-6)
 
 
 @pytest.mark.parametrize("task", ["embed-sts", "embed-simcse"])
@@ -79,7 +86,7 @@ def test_the_sts_and_simcse_configs_train_and_report_their_own_figure(tmp_path, 
     finetune(["--config", task, "--model", str(export), "--seeds", "1",
               *common_sets(out, tmp_path / "train.jsonl", tmp_path / "dev.jsonl")])
     report = json.loads((out / "metrics.json").read_text())
-    assert report["metric"] == ("spearman" if task == "embed-sts" else "ndcg@10")
+    assert report["metric"] == ("spearman" if task == "embed-sts" else "ndcg_at_10")
     assert f"zero_shot_{report['metric']}" in report
     assert (out / "seed_1" / "model" / "modules.json").is_file()
     pooling = json.loads((out / "seed_1" / "model" / "1_Pooling" / "config.json").read_text())["pooling_mode"]

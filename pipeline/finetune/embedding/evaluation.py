@@ -12,7 +12,7 @@ that defines it.
   clustering tasks score it.
 
 `score_probes` is the one entry point: an `encode` function and the files, read once into `Probes`, give a flat
-dict of figures (`retrieval/<name>/ndcg@10`, …). `probe_model` wraps a live model and tokenizer (pretraining's
+dict of figures (`retrieval/<name>/ndcg_at_10`, …). `probe_model` wraps a live model and tokenizer (pretraining's
 in-loop probes; nothing is written). `bm25_probes` gives the lexical figures beside the retrieval ones.
 """
 
@@ -38,7 +38,7 @@ Encode = Callable[[Sequence[str]], np.ndarray]
 """Texts → (n, width) float embeddings."""
 
 KINDS = ("retrieval", "sts", "pair_classification", "clustering")
-MAIN_SCORE = {"retrieval": "ndcg@10", "sts": "spearman", "pair_classification": "ap", "clustering": "v_measure"}
+MAIN_SCORE = {"retrieval": "ndcg_at_10", "sts": "spearman", "pair_classification": "ap", "clustering": "v_measure"}
 RETRIEVAL_DEPTH = 100
 """Documents kept per query: the deepest cut reported (Recall@100)."""
 
@@ -112,10 +112,10 @@ class RetrievalTask:
         def mean(values) -> float:
             return float(np.mean(list(values)))
 
-        return {"ndcg@10": mean(r["ndcg_cut_10"] for r in per_query.values()),
-                "mrr@10": mean(r["recip_rank"] for r in ranks.values()),
-                "recall@10": mean(r["recall_10"] for r in per_query.values()),
-                "recall@100": mean(r["recall_100"] for r in per_query.values())}
+        return {"ndcg_at_10": mean(r["ndcg_cut_10"] for r in per_query.values()),
+                "mrr_at_10": mean(r["recip_rank"] for r in ranks.values()),
+                "recall_at_10": mean(r["recall_10"] for r in per_query.values()),
+                "recall_at_100": mean(r["recall_100"] for r in per_query.values())}
 
     def bm25_scores(self) -> np.ndarray:
         """BM25 (Lucene's variant, k1 1.5, b 0.75; English stop words) of every query against every document."""

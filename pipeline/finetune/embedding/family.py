@@ -21,7 +21,7 @@ from pipeline.finetune.task_data import Split, TaskData
 from pipeline.finetune.task_family import TaskFamily
 from pipeline.finetune.tasks import TaskSpec
 
-RETRIEVAL_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100")
+RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
 KINDS = {"embed-pairs": "pairs", "embed-sts": "sts", "embed-simcse": "simcse"}
 COLUMNS = {"pairs": ("query", "positive", "negative"), "sts": ("sentence1", "sentence2"), "simcse": ("text",)}
 MIN_HALF_WORDS = 2

@@ -134,7 +134,7 @@ def read_clusters(path: str | Path) -> Split:
 def count_truncated(tokenizer, texts: list[str], max_len: int) -> int:
     """How many of `texts` are longer than `max_len` tokens, special tokens included."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
-    lengths = tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
+    lengths = tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
     return sum(len(ids) + special > max_len for ids in lengths)
 
 

@@ -10,10 +10,8 @@ from pathlib import Path
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.finetune.embedding.evaluation import MAIN_SCORE, Probes
 
-MTEB_NAMES = {"ndcg@10": "ndcg_at_10", "mrr@10": "mrr_at_10", "recall@10": "recall_at_10",
-              "recall@100": "recall_at_100", "spearman": "cosine_spearman", "ap": "cosine_ap",
-              "v_measure": "v_measure"}
-"""Each figure's name in MTEB's score dicts."""
+MTEB_NAMES = {"spearman": "cosine_spearman", "ap": "cosine_ap"}
+"""Each figure's name in MTEB's score dicts where it differs (the retrieval figures are named as MTEB names them)."""
 
 
 def split_figures(figures: dict[str, float]) -> dict[tuple[str, str, str], dict[str, float]]:
@@ -58,7 +56,7 @@ def mteb_records(figures: dict[str, float], probes: Probes, model: str, seconds:
                         "dataset_revision": file_digest(splits[(kind, name)].source), "mteb_version": None,
                         "evaluation_time": round(seconds, 3), "scorer": scorer,
                         "scores": {"test": [{"main_score": main, "hf_subset": "default", "languages": [],
-                                             **{MTEB_NAMES[k]: v for k, v in values.items()}}]}})
+                                             **{MTEB_NAMES.get(k, k): v for k, v in values.items()}}]}})
     return {"model": model, "results": results}
 
 
@@ -78,7 +76,7 @@ def log_to_mlflow(figures: dict[str, float], uri: str, *, experiment: str = "emb
     import time
 
     now = int(time.time() * 1000)
-    metrics = [Metric(f"embed/{key.replace('@', '_at_')}", float(value), now, step) for key, value in figures.items()]
+    metrics = [Metric(f"embed/{key}", float(value), now, step) for key, value in figures.items()]
     for start in range(0, len(metrics), 100):
         client.log_batch(run_id, metrics=metrics[start:start + 100])
     return run_id
