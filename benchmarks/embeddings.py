@@ -149,7 +149,7 @@ def finetune(a, out: Path, files: dict[str, Path], arm: str, task: str, model: P
 def st_parity(model: Path, files: dict[str, Path], ours: dict[str, float]) -> list[dict]:
     """MiniLM zero-shot through sentence-transformers' own evaluators on the same files, beside ours."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.evaluation import (
+    from sentence_transformers.sentence_transformer.evaluation import (
         BinaryClassificationEvaluator,
         EmbeddingSimilarityEvaluator,
         InformationRetrievalEvaluator,

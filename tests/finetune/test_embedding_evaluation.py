@@ -48,7 +48,7 @@ def sentence_folder(tmp_path_factory, wordpiece_tokenizer_dir):
 def test_our_figures_equal_sentence_transformers_own_evaluators_and_the_record_is_mteb_shaped(
         tmp_path, files, sentence_folder):
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.evaluation import (
+    from sentence_transformers.sentence_transformer.evaluation import (
         BinaryClassificationEvaluator,
         EmbeddingSimilarityEvaluator,
         InformationRetrievalEvaluator,
