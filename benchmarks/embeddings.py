@@ -280,7 +280,7 @@ def main() -> None:
 
 
 def measure(a, rec, export: Path, minilm: Path, out: Path) -> None:
-    from pipeline.pretrain.plateau import metrics_beside_plateau
+    from pipeline.pretrain.report.plateau import metrics_beside_plateau
 
     started = time.monotonic()
     files = make_data(a, out / "data")

@@ -65,7 +65,7 @@ def main(argv=None) -> None:
         parser.error("give a checkpoint (or training output folder) and --out, or --onnx FOLDER")
     quiet_frameworks(args.verbose)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidation needs no GPU
-    from pipeline.pretrain.export import export_checkpoint, export_revisions
+    from pipeline.pretrain.export.folder import export_checkpoint, export_revisions
 
     if not (args.all_checkpoints or args.steps):
         out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)

@@ -85,7 +85,7 @@ def log_to_mlflow(figures: dict[str, float], uri: str, *, experiment: str = "emb
 def score_revisions(run: str | Path, out: Path, score: Callable[[str], dict[str, float]]) -> list[dict]:
     """Every kept checkpoint of a pretraining run exported (once) under `out/revisions/` and scored by `score`;
     each revision's figures beside its step, tokens seen and validation loss, written to `out/revisions.json`."""
-    from pipeline.pretrain.export import export_revisions
+    from pipeline.pretrain.export.folder import export_revisions
 
     index = export_revisions(run, out / "revisions")
     curve = []
