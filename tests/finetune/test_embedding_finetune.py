@@ -91,3 +91,23 @@ def test_the_sts_and_simcse_configs_train_and_report_their_own_figure(tmp_path, 
     assert (out / "seed_1" / "model" / "modules.json").is_file()
     pooling = json.loads((out / "seed_1" / "model" / "1_Pooling" / "config.json").read_text())["pooling_mode"]
     assert pooling == ("cls" if task == "embed-simcse" else "mean")  # as each shipped config says
+
+
+def test_hard_negatives_and_the_cached_in_batch_loss_train_together(tmp_path, export):
+    """Pairs with and without a hard negative are batched apart; `embedding.cache_mini_batch` selects GradCache."""
+    documents = make_documents(50, seed=9, min_words=9, max_words=24)
+    rows = [{"query": " ".join(d.split()[:3]), "positive": " ".join(d.split()[3:]),
+             **({"negative": documents[i - 1]} if i % 2 else {})} for i, d in enumerate(documents)]
+    train, dev = (write_rows(tmp_path / f"{name}.jsonl", part) for name, part in (("train", rows[:40]),
+                                                                                  ("dev", rows[40:])))
+    out = tmp_path / "cached"
+    finetune(["--config", "embed-pairs", "--model", str(export), "--seeds", "1", *common_sets(out, train, dev),
+              "--set", "embedding.cache_mini_batch=4"])
+    info = json.loads((out / "seed_1" / "model" / "pipeline_finetune.json").read_text())
+    assert info["loss"] == "CachedMultipleNegativesRankingLoss"
+    assert 0 <= json.loads((out / "metrics.json").read_text())["ndcg_at_10"] <= 1
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
