@@ -20,7 +20,10 @@ script named here), exactly as a user would type it:
   8. launchers/finetune.py              both tasks, the export and a from-scratch baseline, through
                                         the fair protocol (--sweep: each arm's learning rate chosen on
                                         a held-out slice of train), 3 seeds, and a label-efficiency
-                                        curve (--labels-per-class 8,32); two runs at a time
+                                        curve (--labels-per-class 8,32); two runs at a time; and
+                                        docstring search (data_prep/make_embedded_task.py --search:
+                                        first sentence → the rest), both arms zero-shot and after one
+                                        epoch of contrastive fine-tuning, BM25 beside
   9. launchers/minimal_pairs.py         minimal pairs made from held-out text (data_prep/
                                         make_minimal_pairs.py), the export against a unigram model
  10. launchers/compare.py               the table of every run, loss curves, the label-efficiency plot
@@ -85,6 +88,7 @@ TASK_PLANS = {
     "word-order": TaskPlan("word-order", "train.learning_rate=3e-4,1e-3"),
 }
 assert tuple(TASK_PLANS) == MAIN_JOB_TASKS
+SEARCH_CONFIG = "docstring-search"
 
 
 class MainJob:
@@ -274,6 +278,8 @@ def make_tasks(job: MainJob, layout: MainJobLayout) -> None:
     job.run("7/10 task: word order", "task-word-order", "make_bigram_shift_task", "--corpus", layout.corpus,
             "--val-fraction", HELD_OUT_FRACTION, "--train-from", "training", "--max-train", "3000",
             "--out", layout.task("word-order"))
+    job.run("7/10 task: search", "task-search", "make_embedded_task", "--corpus", layout.corpus, "--search",
+            "--out", layout.task("search"))
     for task, plan in TASK_PLANS.items():
         job.run(f"7/10 token-count baseline: {task}", f"token-baseline-{task}", "token_baseline",
                 "--config", plan.config, *task_files(layout, task), "--json", layout.token_baseline(task))
@@ -289,7 +295,18 @@ def finetune_every_arm(job: MainJob, layout: MainJobLayout, sweep: list[str], en
     """Every task × arm through the fair protocol with a label-efficiency curve, two runs at a time."""
     runs = [finetune_run(layout, task, arm, layout.pretrain.export, sweep, LABELS_PER_CLASS)
             for task in TASK_PLANS for arm in MAIN_JOB_ARMS]
-    job.run_together("8/10 fine-tune both tasks, pretrained and from scratch", runs, env)
+    job.run_together("8/10 fine-tune both tasks and search, pretrained and from scratch",
+                     runs + [search_run(layout, arm) for arm in MAIN_JOB_ARMS], env)
+
+
+def search_run(layout: MainJobLayout, arm: str) -> tuple[str, str, list]:
+    """Docstring search for one arm: its zero-shot and BM25 figures, then one short contrastive fine-tuning
+    (configs/tasks/docstring-search.json; one seed, no sweep: a glance, not the protocol's full comparison)."""
+    return (f"finetune-search-{arm}", "finetune", [
+        "--config", SEARCH_CONFIG, "--model", layout.pretrain.export, "--seeds", "1",
+        *(["--from-scratch"] if arm == "from-scratch" else []), *task_files(layout, "search"),
+        "--set", f"train.output_dir={layout.finetune('search', arm).root}",
+        "--set", f"tracking.uri={layout.tracking_uri}", *FULL_OUTPUT])
 
 
 def finetune_run(layout: MainJobLayout, task: str, arm: str, model: Path, sweep: list[str],

@@ -220,7 +220,7 @@ class MainJobLayout:
         return PretrainLayout(self.root / "pretrain")
 
     def task(self, name: str) -> Path:
-        """One of `MAIN_JOB_TASKS` made from the corpus: train.jsonl, dev.jsonl."""
+        """One of `MAIN_JOB_TASKS` (or `search`) made from the corpus: train.jsonl, dev.jsonl."""
         return self.root / "tasks" / name
 
     @property

@@ -17,6 +17,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import FinetuneLayout
+from pipeline.finetune.embedding.config import EMBEDDING_TASKS, EmbeddingConfig
 from pipeline.finetune.tasks import GLUE_TASKS, QA_TASKS, SPAN_TASKS, task_spec
 from pipeline.pretrain.config import TrackingConfig
 from pipeline.pretrain.plan.batch_plan import BatchPlan
@@ -121,27 +122,30 @@ class FinetuneTrainConfig:
 @dataclass
 class FinetuneConfig:
     task: str = "sst2"
-    """A GLUE task name, `custom`, a token task (`ner`, `pos`, `token-custom`) or a QA task (`squad`, `qa-custom`)."""
+    """A GLUE task name, `custom`, a token task (`ner`, `pos`, `token-custom`), a QA task (`squad`, `qa-custom`) or
+    an embedding task (`embed-pairs`, `embed-sts`, `embed-simcse`)."""
     name: str | None = None
     """What tracking and the comparison table call this task; None: `task`. Name each custom task, so that two
     of them in one MLflow store keep their metrics apart (`keywords/accuracy`, not both `custom/accuracy`)."""
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="finetune"))
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    """Embedding tasks only: pooling, the loss's scale and cache, the STS score range (docs/embeddings.md)."""
 
     def __post_init__(self):
         """The task against its data section; the data's files are the preflight's (they may not exist here)."""
         problems = []
         add = problems.append
         d = self.data
-        if self.task in SPAN_TASKS:
+        if self.task in SPAN_TASKS or self.task in EMBEDDING_TASKS:
             problems += self._span_task_problems()
         elif self.task != "custom":
             try:
                 task_spec(self.task)
             except PipelineError:
                 add(f"task: {self.task!r} is not a GLUE task ({', '.join(GLUE_TASKS)}), 'custom', or one of "
-                    f"{', '.join(SPAN_TASKS)}")
+                    f"{', '.join(SPAN_TASKS + EMBEDDING_TASKS)}")
             if not d.glue_dir and not d.use_datasets:
                 add("data.glue_dir: required for a GLUE task (or set data.use_datasets=true)")
         else:
@@ -153,7 +157,7 @@ class FinetuneConfig:
         refuse(self, problems)
 
     def _span_task_problems(self) -> list[str]:
-        """A token-tagging or QA task's data section."""
+        """A token-tagging, QA or embedding task's data section: its own files."""
         problems = []
         add = problems.append
         d = self.data

@@ -1,7 +1,9 @@
-"""Which task family handles a task: sentence classification, token tagging or extractive QA."""
+"""Which task family handles a task: sentence classification, token tagging, extractive QA or embeddings."""
 
 from __future__ import annotations
 
+from pipeline.finetune.embedding.config import EMBEDDING_TASKS
+from pipeline.finetune.embedding.family import EmbeddingFamily
 from pipeline.finetune.qa_family import QuestionAnsweringFamily
 from pipeline.finetune.task_data import TaskData
 from pipeline.finetune.task_family import SequenceTask, TaskFamily
@@ -13,6 +15,8 @@ def task_family(data: TaskData, options=None) -> TaskFamily:
     """The family that handles `data`'s task; `options` is the config's data section (token and QA settings)."""
     if data.spec.name in TOKEN_TASKS:
         return TokenTaggingFamily(data, options)
+    if data.spec.name in EMBEDDING_TASKS:
+        return EmbeddingFamily(data, options)
     if data.spec.name in QA_TASKS:
         return QuestionAnsweringFamily(data, options)
     return SequenceTask(data.spec)

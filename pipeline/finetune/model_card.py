@@ -18,7 +18,8 @@ from pipeline.common.model_card import equivalence_text, figure, table, write_ca
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE, FinetuneLayout
 
 PIPELINE_TAGS = {"classification": "text-classification", "regression": "text-classification",
-                 "token-classification": "token-classification", "question-answering": "question-answering"}
+                 "token-classification": "token-classification", "question-answering": "question-answering",
+                 "embedding": "sentence-similarity"}
 """The Hugging Face task of each head the fine-tuning families save (`task_type` in the provenance)."""
 
 
@@ -63,7 +64,9 @@ def _write_card(model: Path, info: dict, report: dict, best: dict, baselines: li
     results = [EvalResult(task_type=kind, dataset_type=task, dataset_name=task, dataset_split="validation",
                           metric_type=name, metric_value=float(value))
                for name, value in info["metrics"].items() if isinstance(value, int | float) and "select_" not in name]
-    metadata = {"library_name": "transformers", "pipeline_tag": kind, "datasets": [task],
+    embedding = info.get("task_type") == "embedding"  # a Sentence-Transformers folder
+    metadata = {"library_name": "sentence-transformers" if embedding else "transformers", "pipeline_tag": kind,
+                "datasets": [task],
                 "base_model": None if scratch else info.get("source_model"), "eval_results": results,
                 "model_name": f"{task}-seed{info['seed']}",
                 "tags": [task, "roberta-pipeline", "from-scratch" if scratch else "fine-tuned"]}
@@ -75,9 +78,9 @@ def _write_card(model: Path, info: dict, report: dict, best: dict, baselines: li
     return write_card(model, metadata, f"{task}, seed {info['seed']}", [
         ("About", about), ("Protocol", _protocol_section(info, report, best, metric)),
         ("Dev figures", _figures_section(info, report, baselines, metric)),
-        ("Equivalence check", equivalence_text(info["equivalence"], _auto_class(arch)) if "equivalence" in info
-         else ""),
-        ("How to load", _loading_section(model, arch, kind))])
+        ("Equivalence check", "" if "equivalence" not in info else info["equivalence"]["summary"] if embedding
+         else equivalence_text(info["equivalence"], _auto_class(arch))),
+        ("How to load", _embedding_loading(model, info) if embedding else _loading_section(model, arch, kind))])
 
 
 def _protocol_section(info: dict, report: dict, best: dict, metric: str) -> str:
@@ -126,3 +129,12 @@ def _loading_section(model: Path, arch: str, kind: str) -> str:
             f"tokenizer = AutoTokenizer.from_pretrained(\"{folder}\")\n"
             f"run = pipeline(\"{kind}\", model=\"{folder}\")\n```\n\n"
             f"Or through the hub interface: `pipeline.hub.Encoder.from_pretrained(\"{folder}\")`.")
+
+
+def _embedding_loading(model: Path, info: dict) -> str:
+    folder = model.resolve()
+    return (f"```python\nfrom sentence_transformers import SentenceTransformer\n\n"
+            f"model = SentenceTransformer(\"{folder}\")  # {info.get('pooling', 'mean')} pooling, as the folder says\n"
+            f"embeddings = model.encode([\"a first text\", \"a second one\"])\n```\n\n"
+            f"Scored offline: `roberta-embed-eval --model {folder} --retrieval FILE`; for serving, "
+            f"`roberta-export --onnx {folder}` writes `onnx/model.onnx`, checked against this folder.")

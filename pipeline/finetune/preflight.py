@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.common.run_kernel import load_config
 from pipeline.finetune.config import BATCH_KEYS, FinetuneConfig
+from pipeline.finetune.embedding.config import EMBEDDING_TASKS
 from pipeline.finetune.tasks import SPAN_TASKS
 from pipeline.pretrain.plan.batch_plan import batch_problem
 
@@ -39,8 +40,9 @@ def preflight_problems(config: FinetuneConfig, world_size: int = 1, *, check_fil
 def file_problems(config: FinetuneConfig) -> list[str]:
     """The GLUE folder, or the task's files, that the config names and that are not there."""
     d = config.data
-    if config.task not in SPAN_TASKS and config.task != "custom":  # a GLUE task
+    own_files = (*SPAN_TASKS, *EMBEDDING_TASKS)
+    if config.task not in own_files and config.task != "custom":  # a GLUE task
         return [f"data.glue_dir: {d.glue_dir} is not a folder"] if d.glue_dir and not Path(d.glue_dir).is_dir() else []
-    names = ["train_file", "validation_file"] + (["test_file"] if config.task in SPAN_TASKS else [])
+    names = ["train_file", "validation_file"] + (["test_file"] if config.task in own_files else [])
     named = {name: getattr(d, name) for name in names if getattr(d, name)}
     return [f"data.{name}: {path} does not exist" for name, path in named.items() if not Path(path).is_file()]

@@ -1,4 +1,4 @@
-"""A fine-tuning config's task, read: GLUE (a folder or `datasets`), custom files, token tagging or QA.
+"""A fine-tuning config's task, read: GLUE (a folder or `datasets`), custom files, token tagging, QA or embeddings.
 
 Kept apart from the trainer so that what needs only the data (the token-count baseline) loads no
 model library.
@@ -7,6 +7,7 @@ model library.
 from __future__ import annotations
 
 from pipeline.finetune.config import FinetuneConfig
+from pipeline.finetune.embedding.config import EMBEDDING_TASKS
 from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
 from pipeline.finetune.tasks import QA_TASKS, TOKEN_TASKS, task_spec
 
@@ -16,6 +17,10 @@ def load_task(config: FinetuneConfig) -> TaskData:
     from pipeline.finetune.token_family import load_token_task
 
     d = config.data
+    if config.task in EMBEDDING_TASKS:
+        from pipeline.finetune.embedding.family import load_embedding_task
+
+        return load_embedding_task(config)
     if config.task in TOKEN_TASKS:
         return load_token_task(config.task, d)
     if config.task in QA_TASKS:

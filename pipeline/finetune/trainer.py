@@ -317,4 +317,5 @@ def train_or_reuse(training: Training, takes_over: SeedResult | None = None) -> 
     if takes_over is not None and training.arm.is_main:
         print(f"{training.label}: the chosen trial's training (same data, setting and seed), taken over; dev "
               "scored on its best epoch", flush=True)
-    return FineTuner(training).run(takes_over)
+    # A family with a trainer of its own (embeddings: sentence-transformers') names it; the others use this module's.
+    return getattr(training.family, "fine_tuner", FineTuner)(training).run(takes_over)

@@ -100,3 +100,14 @@ def minimal_pairs_line(layout: MainJobLayout) -> str | None:
         line += "; " + ", ".join(f"{g} {r['accuracy']:.2f}" + (f"/{unigram['groups'][g]['accuracy']:.2f}"
                                                                 if unigram else "") for g, r in groups.items())
     return line
+
+
+def search_line(layout: MainJobLayout) -> str | None:
+    """Docstring search, nDCG@10 on the dev docstrings: each arm zero-shot → after a short fine-tuning; BM25 beside."""
+    reports = {arm: read_json(layout.finetune("search", arm).metrics) for arm in MAIN_JOB_ARMS}
+    if not all(reports.values()):
+        return None
+    arms = [f"{ARM_NAMES[arm]} {r['zero_shot_ndcg_at_10']:.3f} → {r['ndcg_at_10']:.3f}" for arm, r in reports.items()]
+    bm25 = reports["pretrained"]["bm25_ndcg_at_10"]
+    return (f"nDCG@10 (first sentence → the rest, dev docstrings), zero-shot → after one epoch: {'; '.join(arms)}; "
+            f"BM25 {bm25:.3f}")
