@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None, seed_record: Path | None = None) -> None
     check_seed(layout, args.seed)  # before any work: a rerun resumes the pretraining already in `out`
     out.mkdir(parents=True, exist_ok=True)
     job = MainJob(out, args.verbose)
-    use_environment_extensions_dir()  # inherited by every stage: DeepSpeed's comm op is built once per environment
+    use_environment_extensions_dir()  # inherited by every stage: an op DeepSpeed JIT-builds is built once per venv
 
     make_data(job, layout, args.workers)
     if args.stop_after == "verify":
@@ -252,10 +252,6 @@ def pretrain(job: MainJob, layout: MainJobLayout, env: dict, *, ranks: int, seed
     """Step 5: configs/main-job.json on `ranks` DeepSpeed ranks into `pretrain/`, exported; `seed` sets
     train.seed, `overrides` are further `--set KEY=VALUE`s (a benchmark's recipe arm)."""
     deepspeed = Path(sys.executable).parent / "deepspeed"
-    extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")).expanduser()
-    if not any(extensions.glob("**/deepspeed_shm_comm*.so")):
-        print(f"\n(first pretraining in this environment: on CPU, DeepSpeed compiles its shared-memory comm op "
-              f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
     sets = [f"data.shards={layout.shards}", f"data.tokenizer={layout.tokenizer}",
             f"train.output_dir={layout.pretrain.root}", f"tracking.uri={layout.tracking_uri}",
             *([] if seed is None else [f"train.seed={seed}"]), *(overrides or [])]
