@@ -147,7 +147,7 @@ def goal_met(ratio: dict, goal: float) -> bool | None:
 
 def summarise(runs: list[dict], entropy: float, max_minutes: float) -> tuple[dict, list[dict]]:
     """Per recipe and margin, the median time to H − margin over seeds; the ratios to the budget; the table's rows."""
-    from pipeline.pretrain.plateau import beside_plateau
+    from pipeline.pretrain.report.plateau import beside_plateau
     from pipeline.tracking.loss_curve import EvalPoint
 
     targets, headline_margin = margin_targets(entropy), str(TARGET_MARGIN)
@@ -226,7 +226,7 @@ def main() -> None:
 
 
 def measure(a: argparse.Namespace, recipes: list[str], rec: harness.BenchmarkRecord) -> None:
-    from pipeline.pretrain.plateau import plateau_level
+    from pipeline.pretrain.report.plateau import plateau_level
 
     a.out = harness.work_dir("budget-time-to-loss", a.out)
     tokenizer, shards = harness.cli_data(a.out, [harness.IMDB], val_fraction=0.01, env=harness.cpu_env())

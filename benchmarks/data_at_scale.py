@@ -142,9 +142,9 @@ def resume_probe(shards: Path, tokenizer: Path, run_dir: Path, fraction: float =
 import json, time
 from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masking import build_masker
-from pipeline.pretrain.batches import PretrainData, shut_down_workers
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import build_masker
+from pipeline.pretrain.batches.stretch_data import PretrainData, shut_down_workers
 run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
                                       "train.output_dir={run_dir / 'probe'}", "train.max_steps=1000000000"],
                   world_size=1)  # the loader ends at max_steps: 90% of a large corpus's epoch lies past the config's
@@ -210,8 +210,8 @@ def index_at_scale(tokens: float, tokenizer: Path, work: Path) -> dict:
     probe = run_python(f"""
 import json, time, tracemalloc
 from pipeline.data.token_cache import TokenCache
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.stream import CorpusLayout, DataStream
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.stream import CorpusLayout, DataStream
 def start():
     cache = TokenCache("{out}", "train", "{work / 'unused-cache'}")
     corpus = CorpusLayout("x", "", 0, cache.layout.sizes, cache.layout.shards_per_block, cache.seq_len)

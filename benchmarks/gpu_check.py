@@ -170,7 +170,7 @@ def fixed_batch(device: str, vocab: int, rows: int = 4, seq_len: int = 32) -> di
     """One padded, 15%-masked batch of Zipf-distributed tokens, the same for every cell."""
     import torch
 
-    from pipeline.pretrain.masked_slots import masked_slots
+    from pipeline.pretrain.batches.masked_slots import masked_slots
 
     g = torch.Generator().manual_seed(0)
     zipf = 1.0 / torch.arange(1, vocab - 4, dtype=torch.float64)
@@ -191,10 +191,11 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     import torch
 
     from pipeline.pretrain import config as c
-    from pipeline.pretrain.engine import initialize_engine
-    from pipeline.pretrain.model import build_model
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
+    from pipeline.pretrain.step.engine import initialize_engine
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     # fp16 starts at a low loss scale: a first step skipped for overflow would compare nothing
     ds = {"fp16": {"initial_scale_power": 8}} if precision == "fp16" else {}
@@ -208,7 +209,7 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     phases, tokenizer = resolve_phases(config), toy_tokenizer(300)
     torch.manual_seed(0)
     engine = initialize_engine(build_model(config.model, tokenizer, 32), config, phases[0].plan(1),
-                               schedule=lr_schedule(config, phases))
+                               schedule=lr_schedule(config, phases), guard=SpikeGuard(config, device, 1))
     engine.train()
     batch = fixed_batch(device, tokenizer.vocab_size)
     loss = engine(**batch)["loss"]
@@ -279,8 +280,8 @@ def packed_difference(architecture: str, attention: str, device: str) -> dict[st
 
     from pipeline.data.packers import make_packer
     from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model import SPARSE_CLASSES, encode, first_position_id, hf_config
-    from pipeline.pretrain.packed_attention import document_layout
+    from pipeline.pretrain.model.hf_model import SPARSE_CLASSES, encode, first_position_id, hf_config
+    from pipeline.pretrain.model.packed_attention import document_layout
 
     info, seq_len = toy_tokenizer(300), 64
     keys = {**small_model(architecture), "num_hidden_layers": 3, "attn_implementation": attention}

@@ -230,7 +230,7 @@ def run_in_memory(config_path: str, profile_from: int | None = None) -> None:
     from plain_loop import PROFILED_STEPS, profiler, summary
 
     from pipeline.commands.pretrain import main
-    from pipeline.pretrain.batches import PretrainData
+    from pipeline.pretrain.batches.stretch_data import PretrainData
 
     real_loader, ready = PretrainData.loader, []
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -337,8 +337,8 @@ def utilisation(rates: dict[str, float], keys: dict[str, Any], seq_len: int, mad
     position, padding included)."""
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
     from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.flops import model_flops_per_token
-    from pipeline.pretrain.model import hf_config
+    from pipeline.pretrain.model.flops import model_flops_per_token
+    from pipeline.pretrain.model.hf_model import hf_config
 
     config = hf_config(ModelConfig(**keys), describe_tokenizer(load_tokenizer(made["tokenizer"])), seq_len)
     as_trained = rates["real_tokens_per_s"] * model_flops_per_token(config, seq_len, masked) / 1e12

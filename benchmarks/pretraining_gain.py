@@ -59,7 +59,7 @@ def main() -> None:
 
 
 def measure(a: argparse.Namespace, glue: Path, rec: harness.BenchmarkRecord) -> None:
-    from pipeline.pretrain.plateau import metrics_beside_plateau  # the loss beside the plateau's level
+    from pipeline.pretrain.report.plateau import metrics_beside_plateau  # the loss beside the plateau's level
     from pipeline.tracking.finetune_report import main_metric
 
     out = harness.work_dir("pretraining-gain", a.out)

@@ -16,7 +16,7 @@ from harness import ROOT, BenchmarkRecord, Study, cpu_env, launch, metrics, pret
 
 from pipeline.commands import run_default as job
 from pipeline.common.run_layout import MainJobLayout, PretrainLayout
-from pipeline.pretrain.run_ledger import RollbackEvent, UpdatesSkippedEvent, read_ledger
+from pipeline.pretrain.plan.ledger import RollbackEvent, UpdatesSkippedEvent, read_ledger
 
 CONFIG = "configs/main-job.json"
 ARMS = ("clean", "spike, guard off", "spike, skip", "spike, rollback", "clean, clipped at 1.0",
@@ -127,7 +127,7 @@ def guard_work_ms(steps: int = 2000) -> float:
     import torch
 
     from pipeline.pretrain.preflight import load_pretrain_config
-    from pipeline.pretrain.spike_guard import SpikeGuard
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = load_pretrain_config(ROOT / CONFIG, ["train.spike_guard=skip"], check_files=False)
     guard, loss, norm, started = SpikeGuard(config, "cpu", 1), torch.tensor(5.0), torch.tensor(1.0), 0.0

@@ -58,7 +58,7 @@ def parameter_tensors(vocab: int) -> dict[str, int]:
     from transformers import AutoModelForMaskedLM
 
     from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model import build_model, hf_config
+    from pipeline.pretrain.model.hf_model import build_model, hf_config
 
     info = toy_tokenizer(vocab)
     keys, seq_len = ModelConfig(**MODEL), SCALE.seq_len(False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sect
 
 def record_at(step: int, **fields):
     """A checkpoint record of `step` with placeholder model facts, for tests of the checkpoint files."""
-    from pipeline.pretrain.checkpoint_record import CheckpointRecord
+    from pipeline.pretrain.plan.record import CheckpointRecord
 
     return CheckpointRecord(**{"step": step, "config": {}, "architecture": "roberta", "seq_len": 64, "zero_stage": 0,
                                "precision": "fp32", "batch_plan": None, **fields})
@@ -68,8 +69,8 @@ def record_at(step: int, **fields):
 
 def plan_of(config, sequences: dict[str, int], world_size: int = 1, seq_len: int = 64):
     """The run plan of a config checked without files, each folder it names holding `sequences[path]` in one shard."""
-    from pipeline.pretrain.plan import build_plan
-    from pipeline.pretrain.stream import CorpusLayout
+    from pipeline.pretrain.plan.run_plan import build_plan
+    from pipeline.pretrain.plan.stream import CorpusLayout
 
     layouts = {path: CorpusLayout(Path(path).name, path, key, (n,), 1, seq_len)
                for key, (path, n) in enumerate(sequences.items())}
@@ -104,3 +105,15 @@ def decode_documents(folder: Path, split: str, tokenizer_dir: Path) -> list[str]
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     ds = ShardedDataset(folder, split)
     return [tok.decode(ds[i]["input_ids"][1: ds[i]["length"] - 1]) for i in range(len(ds))]
+
+
+HOLD = ("import sys, time; from pipeline.common.folder_lock import FolderLock; FolderLock(sys.argv[1]).acquire(); "
+        "print('held', flush=True); time.sleep(120)")
+
+
+def holder_process(folder, **env) -> subprocess.Popen:
+    """A live process holding `folder` (common/folder_lock.py), with `env` added to its environment."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+    assert proc.stdout.readline().strip() == "held"
+    return proc

@@ -31,7 +31,7 @@ def tiny_config(tokenizer, architecture: str, **extra):
 
 
 def save_export(tokenizer_dir: Path, out: Path, architecture: str = "roberta", seed: int = 0) -> Path:
-    """An export as `pipeline/pretrain/export.py` writes it: RobertaForMaskedLM / BertForPreTraining /
+    """An export as `pipeline/pretrain/export/folder.py` writes it: RobertaForMaskedLM / BertForPreTraining /
     ModernBertForMaskedLM + tokenizer."""
     import torch
     from transformers import AutoTokenizer, BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM
@@ -151,9 +151,9 @@ def save_pretraining_run(root: Path, shards: Path, tokenizer_dir: Path, architec
     from pipeline.common.config_tree import build_config
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.checkpoints import file_checksums, tag_for
+    from pipeline.pretrain.checkpoints.storage import file_checksums, tag_for
     from pipeline.pretrain.config import PretrainConfig
-    from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.model.hf_model import build_model
 
     layout = PretrainLayout(root)
     seq_len = json.loads((shards / "index.json").read_text())["seq_len"]

@@ -86,9 +86,9 @@ def test_a_shard_config_is_checked_as_its_command_line_will_be(tmp_path):
 
 def test_the_budget_recipe_keeps_crammings_choices_at_tiny_size():
     """configs/budget-tiny.json: tiny's model size (compared like for like), pre-LN, no dropout, a triangle."""
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
     from pipeline.pretrain.preflight import load_pretrain_config
-    from pipeline.pretrain.schedules import lr_schedule
 
     budget = load_pretrain_config(CONFIGS / "budget-tiny.json", check_files=False)
     tiny = load_pretrain_config(CONFIGS / "tiny.json", check_files=False)

@@ -37,8 +37,8 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import AblationLayout, ArmLayout, StudyLayout
 from pipeline.common.shipped_configs import find_config
 from pipeline.common.stage_commands import stage_command, stage_env
-from pipeline.pretrain import checkpoints
-from pipeline.pretrain.checkpoint_record import read_record
+from pipeline.pretrain.checkpoints import storage as checkpoints
+from pipeline.pretrain.plan.record import read_record
 
 
 class StudyStopped(Exception):

@@ -42,7 +42,7 @@ def main(argv=None) -> None:
 
     quiet_frameworks(args.verbose)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidation needs no GPU
-    from pipeline.pretrain.export import export_checkpoint, export_revisions
+    from pipeline.pretrain.export.folder import export_checkpoint, export_revisions
 
     if not (args.all_checkpoints or args.steps):
         out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)

@@ -81,8 +81,9 @@ def main(argv=None) -> None:
     from pipeline.common.shipped_configs import find_config
     from pipeline.pretrain.preflight import prepare_run
 
+    sets = overrides(args)
     try:  # the preflight: the config, this machine, its files, the checkpoint it starts from, and the run's plan
-        plan = prepare_run(find_config(args.config, "pretrain"), overrides(args), world_size=topology.world_size,
+        plan = prepare_run(find_config(args.config, "pretrain"), sets, world_size=topology.world_size,
                            cuda=topology.cuda)
     except PipelineError:
         if topology.rank != 0:  # every rank finds the same problems; one copy is enough

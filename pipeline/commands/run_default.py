@@ -56,7 +56,7 @@ from pipeline.common.shipped_configs import find_config
 from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.common.topology import free_port, use_environment_extensions_dir
 from pipeline.finetune.model_card import record_baselines
-from pipeline.pretrain.export_card import record_scores
+from pipeline.pretrain.export.card import record_scores
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.job_summary import render_summary, started_seed
 from pipeline.tracking.task_report import ARM_NAMES, task_arms, token_baseline

@@ -3,7 +3,7 @@
     python launchers/trace.py RUN_DIR --step N [--json]        (or: roberta-trace)
 
 Computed from the run's record (its newest checkpoint) and its shards, with nothing logged per step: the
-order is a function of the step (pipeline/pretrain/stream.py). Steps are numbered as the logs number them
+order is a function of the step (pipeline/pretrain/plan/stream.py). Steps are numbered as the logs number them
 (step N is the N-th optimizer step). `--json` prints one object per sequence and line:
 `{"documents": [{"corpus", "file", "line"}], "text": the decoded sequence}`, its special tokens kept
 (they mark the documents' boundaries), its padding left out. Shards made before the
@@ -37,8 +37,8 @@ def trace_step(run_dir: Path, step: int) -> tuple[list[dict], list[str]]:
     from pipeline.data.document_origins import OriginReader
     from pipeline.data.shard_reader import ShardedDataset
     from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.pretrain.plan.ledger import RollbackEvent, UpdatesSkippedEvent
     from pipeline.pretrain.preflight import recorded_plan
-    from pipeline.pretrain.run_ledger import RollbackEvent, UpdatesSkippedEvent
 
     plan = recorded_plan(run_dir)
     if not 1 <= step <= plan.end_step:

@@ -6,7 +6,8 @@ Two things keep a surviving rank from waiting on a dead one for torch's 30 minut
   config's `collective_timeout_s`, and gloo and NCCL both give up on an operation after it;
 - a `RankWatchdog` thread ends the process if one guarded section (an optimizer step, with its
   gradient all-reduce) lasts longer than that, whatever it is blocked in. It is the backstop for a
-  wait that no timeout covers.
+  wait that no timeout covers. `StepWatchdog` puts it around each training step after a process's
+  first, which carries one-off costs (workers starting, compilation).
 
 A rank killed on the same machine resets its sockets, so gloo on the survivors fails at once
 ("Connection reset by peer"); a rank that hangs (stopped, swapping, a dead node behind a switch)
@@ -23,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 
 from pipeline.common.errors import PipelineError
@@ -110,3 +111,24 @@ class RankWatchdog:
     def close(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=5)
+
+
+class StepWatchdog:
+    """With several ranks, a watchdog around each step after the process's first: a thread that ends this rank when
+    a step outlasts `timeout_s`, its message saying where a rerun resumes (`resume_hint`)."""
+
+    def __init__(self, first_step: int, rank: int, world_size: int, timeout_s: float, resume_hint: Callable[[], str]):
+        self.first_step, self.watchdog = first_step, None
+        if world_size > 1:
+            self.watchdog = RankWatchdog(timeout_s, lambda where: lost_rank_message(
+                rank, world_size, where, timeout_s, resume_hint(), f"the step has waited {timeout_s:g} s"))
+
+    def around(self, step: int) -> AbstractContextManager:
+        """Guard optimizer step `step` (0-based, about to run)."""
+        if self.watchdog is None or step <= self.first_step:
+            return nullcontext()
+        return self.watchdog.guard(f"at step {step + 1}")
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()

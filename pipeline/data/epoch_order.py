@@ -38,8 +38,10 @@ ROUNDS = 6
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a fast 64-bit hash (numpy's uint64 arithmetic wraps, which is what it needs)."""
+def splitmix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective, fast 64-bit hash whose outputs pass BigCrush as a counter RNG (numpy's
+    uint64 arithmetic wraps, which is what it needs). The one copy: the order's round function here, the masks'
+    draws (pretrain/plan/masking.py) and each micro batch's dropout seed use it."""
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
@@ -58,7 +60,7 @@ class KeyedPermutation:
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self._half, x & self._mask
         for k in self._keys:
-            left, right = right, left ^ (_mix(right ^ k) & self._mask)
+            left, right = right, left ^ (splitmix64(right ^ k) & self._mask)
         return (left << self._half) | right
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
@@ -94,7 +96,7 @@ class ShardLayout:
 def default_shards_per_block(shard_sizes: tuple[int, ...], seq_len: int) -> int:
     """Today's block for a folder: `BLOCK_TOKENS` of its largest shards, at least `MIN_BLOCK_SHARDS` of them.
 
-    A run records the value it started with (pretrain/plan.py), so a release that changes it leaves a
+    A run records the value it started with (pretrain/plan/run_plan.py), so a release that changes it leaves a
     resumed run's order alone.
     """
     longest = max(shard_sizes, default=1) * max(seq_len, 1)

@@ -18,8 +18,8 @@ from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import FinetuneLayout
 from pipeline.finetune.tasks import GLUE_TASKS, QA_TASKS, SPAN_TASKS, task_spec
-from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import TrackingConfig
+from pipeline.pretrain.plan.batch_plan import BatchPlan
 
 
 @dataclass

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 from pipeline.common.errors import PipelineError
 from pipeline.common.hub_names import local_or_hub
 from pipeline.common.run_layout import FINETUNE_PROVENANCE_FILE, FinetuneLayout, PretrainLayout
-from pipeline.pretrain.checkpoint_record import RECORD_FILE
-from pipeline.pretrain.checkpoints import resolve_checkpoint
-from pipeline.pretrain.export import PROVENANCE_FILE, exported_from, exported_identity
+from pipeline.pretrain.checkpoints.storage import resolve_checkpoint
+from pipeline.pretrain.export.folder import PROVENANCE_FILE, exported_from, exported_identity
+from pipeline.pretrain.plan.record import RECORD_FILE
 
 if TYPE_CHECKING:
     from pipeline.finetune.config import FinetuneConfig
@@ -150,7 +150,7 @@ def _export_into(checkpoint: Path, export_to: Path, model: str, is_main: bool, b
                             "train.output_dir, or delete the folder to redo it")
     if is_main and made_from != identity:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidating weights needs no GPU
-        from pipeline.pretrain.export import export_checkpoint
+        from pipeline.pretrain.export.folder import export_checkpoint
 
         export_checkpoint(checkpoint, export_to, overwrite=True)
         print(f"exported {checkpoint} to {export_to} (rank {os.environ.get('RANK', '0')})", flush=True)
@@ -160,7 +160,7 @@ def _export_into(checkpoint: Path, export_to: Path, model: str, is_main: bool, b
 
 def _export_cached(checkpoint: Path, cache_dir: Path) -> Path:
     """Export `checkpoint` once into the cache; later loads reuse the folder."""
-    from pipeline.pretrain.export import export_checkpoint
+    from pipeline.pretrain.export.folder import export_checkpoint
 
     identity = exported_identity(checkpoint)  # path and fingerprint: a retrained run's same-named step is another
     run = PretrainLayout.of_checkpoint(checkpoint)

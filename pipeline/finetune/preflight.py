@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.common.run_kernel import load_config
 from pipeline.finetune.config import BATCH_KEYS, FinetuneConfig
 from pipeline.finetune.tasks import SPAN_TASKS
-from pipeline.pretrain.batch_plan import batch_problem
+from pipeline.pretrain.plan.batch_plan import batch_problem
 
 
 def load_finetune_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,

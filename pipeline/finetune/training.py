@@ -28,7 +28,7 @@ from pipeline.finetune.model_source import ModelSource
 from pipeline.finetune.run_clock import RunClock
 from pipeline.finetune.task_data import Split, TaskData
 from pipeline.finetune.task_family import TaskFamily
-from pipeline.pretrain.batch_plan import BatchPlan
+from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.tracking.metrics import MetricsSink
 
 RESULT_NEUTRAL_SETTINGS = ("name", "train.output_dir", "train.eval_batch_size", "train.collective_timeout_s",

@@ -6,7 +6,7 @@
     fill_mask_examples(enc, texts, count=3)  # three held-out lines, one word masked, the top-3 fillings
 
 The validation loss says how well the model predicts on average; a model on the unigram plateau
-(pipeline/pretrain/plateau.py) guesses " the" or "." everywhere and gets only the share of those
+(pipeline/pretrain/report/plateau.py) guesses " the" or "." everywhere and gets only the share of those
 tokens right. The cloze accuracy says how often its first guess is the word, through the hub
 interface a user calls, on text the model never trained on.
 

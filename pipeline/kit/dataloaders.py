@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.masking import Masker, MaskingConfig
+from pipeline.pretrain.config import MaskingConfig
+from pipeline.pretrain.plan.masking import Masker
 
 
 def read_texts(texts: Sequence[str] | str | os.PathLike) -> list[str]:

@@ -77,7 +77,7 @@ def create_model_config(name: str, tokenizer=None, seq_len: int | None = None, *
     `tokenizer` (a tokenizer object or folder) sizes the vocabulary and special ids to it;
     `seq_len` sets the positions; `overrides` replace `ModelConfig` fields (e.g. `hidden_dropout_prob=0`).
     """
-    from pipeline.pretrain.model import hf_config
+    from pipeline.pretrain.model.hf_model import hf_config
 
     preset = get_preset(name)
     vocabulary = preset.vocabulary

@@ -19,13 +19,13 @@ from pipeline.common.config_tree import refuse
 from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.precision import Precision
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.deepspeed_section import (
+from pipeline.pretrain.deepspeed_keys import (
     deepspeed_key_problems,
     grad_scaler_problems,
     offloads_optimizer,
     owned_key_problems,
 )
-from pipeline.pretrain.masking import MaskingConfig
+from pipeline.pretrain.span_lengths import span_coverage_problem
 
 Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
@@ -33,7 +33,7 @@ Decay = Literal["linear", "polynomial", "cosine", "constant", "1-sqrt"]
 SpikeGuardMode = Literal["off", "skip", "rollback"]
 
 WSD_DECAYS = ("linear", "cosine", "1-sqrt")
-"""The decays `schedule.kind: wsd` offers (pipeline/pretrain/schedules.py computes them)."""
+"""The decays `schedule.kind: wsd` offers (pipeline/pretrain/plan/schedules.py computes them)."""
 
 MODERNBERT_KEYS = ("local_attention", "global_attn_every_n_layers", "global_rope_theta", "local_rope_theta",
                    "classifier_pooling")
@@ -225,6 +225,54 @@ def mix_problems(key: str, shards: str | list[CorpusSource], temperature: float 
 
 
 @dataclass
+class MaskingConfig:
+    """MLM masking: what is chosen, at which rate, and how it is corrupted (plan/masking.py's `Masker`)."""
+
+    mode: Literal["dynamic", "static"] = "dynamic"
+    probability: float = 0.15
+    """Fraction of tokens (unit token), of words (unit word) or of words covered by spans (unit span)."""
+    eval_probability: float | None = None
+    """The same fraction for validation (None: `probability`). ModernBERT trains at 0.3 and reports at 0.15, so
+    losses compare across recipes; every validation loss is logged beside its rate (`eval/mask_rate`)."""
+    mask_token_fraction: float = 0.8
+    random_token_fraction: float = 0.1
+    unit: Literal["token", "word", "span"] = "token"
+    """What is chosen: single tokens, whole words (all sub-tokens), or SpanBERT spans of whole words."""
+    span_p: float = 0.2
+    """unit span: span lengths in words are geometric with this p (SpanBERT: 0.2, mean 3.8 words)."""
+    span_max_words: int = 10
+    """unit span: the longest span, in words; the geometric distribution is truncated here and renormalised."""
+
+    def __post_init__(self):
+        problems = self.rate_problems("masking.probability", self.probability, "")
+        problems += self.rate_problems("masking.eval_probability", self.eval_probability,
+                                       " or null (the training rate)")
+        if min(self.mask_token_fraction, self.random_token_fraction) < 0 \
+                or self.mask_token_fraction + self.random_token_fraction > 1:
+            problems.append(f"masking.mask_token_fraction {self.mask_token_fraction} + masking.random_token_fraction "
+                            f"{self.random_token_fraction} must be non-negative and sum to at most 1")
+        if self.unit == "span" and not self._spans_valid:
+            problems.append(f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {self.span_p} and "
+                            f"{self.span_max_words}")
+        refuse(self, problems)
+
+    @property
+    def _spans_valid(self) -> bool:
+        return 0 < self.span_p <= 1 and self.span_max_words >= 1
+
+    def rate_problems(self, key: str, rate: float | None, null: str) -> list[str]:
+        """Why a masker of this section cannot mask at `rate`, the value of `key` (`null` says what None means): a
+        rate outside (0, 1), or one its spans cannot cover (the Masker relies on both)."""
+        if rate is None:
+            return []
+        if not 0 < rate < 1:
+            return [f"{key}: must be in (0, 1){null}, got {rate}"]
+        problem = self.unit == "span" and self._spans_valid and span_coverage_problem(key, rate, self.span_p,
+                                                                                       self.span_max_words)
+        return [problem] if problem else []
+
+
+@dataclass
 class OptimizerConfig:
     name: Literal["adamw", "lamb", "stableadamw"] = "adamw"
     """adamw; lamb (You et al. 2019) for very large batches: DeepSpeed's fused Lamb on GPU, ours on CPU; or
@@ -260,7 +308,7 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Linear warmup, then a decay over the remaining steps or warmup–stable–decay (pipeline/pretrain/schedules.py)."""
+    """Linear warmup, then a decay over the remaining steps or warmup–stable–decay (plan/schedules.py)."""
 
     kind: Literal["warmup-decay", "wsd"] = "warmup-decay"
     """warmup-decay: decay over every step after the warmup; wsd: hold the peak, decay over the last steps only."""
@@ -343,9 +391,9 @@ class TrainConfig:
     aside); without it such a skip is refused before any work (`--restart-from-scratch`)."""
     spike_guard: SpikeGuardMode = "off"
     """Judge each step's loss and gradient norm against the last steps' (the `guard` section; docs/long-runs.md):
-    off; skip: an outlier step's update is not applied (ZeRO 0 with optimizer.name adamw, fused); rollback: an
-    outlier, or a non-finite loss, sends the run back to its last checkpoint before it, that stretch's batches
-    skipped."""
+    off; skip: an outlier step's update is not applied (ZeRO 0 with optimizer.name adamw, fused); rollback:
+    `guard.rollback_after` outliers, or a non-finite loss, send the run back to its last checkpoint before them, the
+    spike's batches left out (spike_response.py)."""
     inject_spike: str | None = None
     """A drill: "STEP:FACTOR" multiplies step STEP's loss, and so its gradients, by FACTOR before the backward (a
     stand-in for a bad batch, to rehearse the guard; gradient clipping cuts it back to the clip norm)."""
@@ -422,14 +470,16 @@ class GuardConfig:
     """An outlier's loss or gradient norm lies more than this many deviations above the window's mean."""
     min_steps: int = 50
     """Steps the window must hold before the guard judges (a non-finite loss or norm counts from the first)."""
-    rollback_after: int = 1
-    """rollback: outliers among the last `window` steps that send the run back (a non-finite one always does)."""
+    rollback_after: int = 2
+    """rollback: outliers among the last `window` steps that send the run back (a non-finite one always does); the
+    default 2 lets a single false alarm cost nothing."""
     margin: int = 0
     """rollback: steps before the first outlier (down to the checkpoint) and after the last whose batches are left out
     with them; PaLM left out 200-500 batches around each spike."""
     max_rollbacks: int = 3
-    """rollback: the most rollbacks in the run (its ledger counts them, across resumes); at the next spike after
-    that the run stops, naming the steps."""
+    """rollback: the most rollbacks for one spike (the ledger's, across resumes: a rollback belongs to the previous
+    one's spike when its outliers come within `window` steps of the range that one left out); one more and the run
+    stops, naming the steps. A clean window re-arms it."""
 
     def __post_init__(self):
         problems = too_small("guard", self, 2, "window", "min_steps") + too_small("guard", self, 1, "rollback_after")
@@ -520,7 +570,7 @@ class PretrainConfig:
     """The spike guard's window, threshold and rollback bounds (train.spike_guard turns it on)."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     deepspeed: dict[str, Any] = field(default_factory=dict)
-    """DeepSpeed's own further keys (deepspeed_section.py checks them); precision and ZeRO stage are `train`'s."""
+    """DeepSpeed's own further keys (deepspeed_keys.py checks them); precision and ZeRO stage are `train`'s."""
     phases: list[PhaseConfig] = field(default_factory=list)
     """Train in phases, each on its own shard folder, batch, LR peak and warmup (empty: one phase, `data.shards`)."""
 
@@ -616,7 +666,7 @@ class PretrainConfig:
         return problems
 
     def _deepspeed_problems(self) -> list[str]:
-        """The `deepspeed` section (pipeline/pretrain/deepspeed_section.py) and the optimizers it cannot offload."""
+        """The `deepspeed` section (deepspeed_keys.py) and the optimizers it cannot offload."""
         ds, name = self.deepspeed, self.optimizer.name
         problems = owned_key_problems(ds)
         why = {"lamb": "DeepSpeed has no CPU Lamb for offloaded optimizer states",

@@ -3,8 +3,8 @@
 `prepare_run` builds the config (each section checks itself: config.py), then adds, in one ConfigError
 with every problem naming its key, the run's arithmetic on this world size (`arithmetic_problems`), what
 this machine lacks (`machine_problems`) and the files (`read_files`): shard indexes, the tokenizer,
-`model.init_from`'s folder and the checkpoint the run starts from. From those it builds the run's plan
-(plan.py), once. The command runs it before any process group, model or engine exists;
+`model.init_from`'s folder and the checkpoint the run starts from (checkpoints/policy.py). From those it
+builds the run's plan (plan/run_plan.py), once. The command runs it before any process group, model or engine exists;
 `load_pretrain_config(check_files=False)` checks a config whose data does not exist here (the ablation
 runner, tests of shipped configs).
 """
@@ -20,16 +20,16 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import load_config
 from pipeline.data.epoch_order import default_shards_per_block
 from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_tokenizer
-from pipeline.pretrain import checkpoints
-from pipeline.pretrain.batch_plan import batch_problem, ramp_problems
-from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.compile_blocks import inductor_problem
+from pipeline.pretrain.checkpoints.policy import find_start
 from pipeline.pretrain.config import PretrainConfig, named_corpora
-from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.plan import PlanError, RunPlan, StartPoint, build_plan
-from pipeline.pretrain.run_ledger import Ledger, read_ledger
-from pipeline.pretrain.schedules import wsd_decay_steps
-from pipeline.pretrain.stream import CorpusLayout
+from pipeline.pretrain.model.compile_blocks import inductor_problem
+from pipeline.pretrain.plan.batch_plan import batch_problem, ramp_problems
+from pipeline.pretrain.plan.ledger import Ledger, read_ledger
+from pipeline.pretrain.plan.phases import resolve_phases
+from pipeline.pretrain.plan.record import StartPoint
+from pipeline.pretrain.plan.run_plan import PlanError, RunPlan, build_plan
+from pipeline.pretrain.plan.schedules import wsd_decay_steps
+from pipeline.pretrain.plan.stream import CorpusLayout
 
 
 def prepare_run(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,
@@ -217,7 +217,7 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
     """The shard folders against each other, the tokenizer and the model, without loading shards."""
     problems = []
     if config.masking.unit != "token":
-        from pipeline.pretrain.masking import word_rule
+        from pipeline.pretrain.plan.masking import word_rule
 
         try:
             word_rule(tokenizer)
@@ -269,111 +269,6 @@ def mix_file_problems(key: str, found: list[tuple[str, dict]]) -> list[str]:
             if index[entry] != first_index[entry]]
 
 
-SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
-"""The model's shape: `model.*` keys that are also the HF config's names, so a checkpoint's `hf_config` holds them."""
-
-
-# A checkpoint holds an optimizer's state, a model of one architecture and shape, and an embedding table of one
-# vocabulary; loading it under a config that says otherwise fails deep inside DeepSpeed or torch (a StableAdamW
-# state under AdamW: `KeyError: 'step'` at the first step), or trains on with the wrong vocabulary. These checks
-# read only the checkpoint's record and a folder's `config.json`, and name both sides of each mismatch; the
-# checksums of a resume's files are the checkpointer's, when it loads them.
-def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_size: int,
-               ledger_skips: tuple[range, ...] = ()) -> tuple[
-        StartPoint | None, tuple[Path, ...], StartPoint | None, list[str]]:
-    """Where the run starts: its newest checkpoint whose record reads and that trained on no range the config or
-    the run's ledger skips (those after it are rolled back), else `train.anneal_from`'s, else step 0. Also the
-    anneal's source (it fixes the decay in every session), and the problems of the checkpoints against `config`
-    and the tokenizer (None: it did not load, a problem reported on its own). A skip that rolls back every kept
-    checkpoint is one of them, unless `train.restart_from_scratch` allows the restart."""
-    anneal_from, problems = None, []
-    if config.train.anneal_from:
-        try:
-            checkpoint = checkpoints.resolve_checkpoint(config.train.anneal_from)
-            anneal_from = StartPoint.at(checkpoint, read_record(checkpoint), world_size, anneal=True)
-        except PipelineError as err:
-            problems.append(f"train.anneal_from: {err}")
-        if anneal_from and checkpoint.resolve().is_relative_to(config.layout.checkpoints.resolve()):
-            problems.append(f"train.anneal_from {checkpoint} is inside this run's own train.output_dir; the anneal "
-                            "writes into its own folder: give it another train.output_dir")
-    rolled_back, own, untrained = [], None, []
-    skips = sorted(set(config.train.skipped()) | set(ledger_skips), key=lambda r: r.start)
-    if config.checkpoint.resume == "auto":
-        for folder in reversed(checkpoints.complete_checkpoints(config.layout.checkpoints)):
-            try:
-                record = read_record(folder)
-            except PipelineError:
-                continue  # a damaged record: the checkpointer sets it aside
-            # Not one that trained on a range the config or the ledger skips.
-            untrained = [r for r in skips if r.start < record.step and (r.start + 1, r.stop) not in record.skipped]
-            if not untrained:
-                own = StartPoint.at(folder, record, world_size)
-                break
-            rolled_back.append((folder, record.step))
-    if rolled_back and own is None and not config.train.restart_from_scratch:
-        problems.append(rollback_problem(config, untrained, rolled_back, anneal_from))
-    start = own or anneal_from
-    if start is not None:
-        problems += record_problems(config, start, tokenizer)
-    return start, tuple(folder for folder, _ in rolled_back), anneal_from, problems
-
-
-def rollback_problem(config: PretrainConfig, untrained: list[range], rolled_back: list[tuple[Path, int]],
-                     anneal_from: StartPoint | None) -> str:
-    """Why a skip that would roll back every kept checkpoint is refused: the checkpoint it needs, those kept, the
-    choices. `untrained`: the ranges the oldest kept checkpoint trained on; `rolled_back`: (folder, step), newest
-    first."""
-    first = min(untrained, key=lambda r: r.start)
-    ranges = ", ".join(f"{r.start + 1}:{r.stop}" for r in untrained)
-    every = config.checkpoint.every
-    needed = first.start // every * every  # the cadence's newest save at or before step A - 1
-    need = (f"a checkpoint from step {first.start} or earlier (the newest the cadence saved: "
-            f"{checkpoints.tag_for(needed)}, checkpoint.every {every})" if needed else
-            f"a checkpoint from step {first.start} or earlier, and none is ever saved that early (checkpoint.every "
-            f"{every})")
-    kept = ", ".join(f"{folder.name}" for folder, _ in reversed(rolled_back))
-    restart = (f"the anneal's source (train.anneal_from, step {anneal_from.step})" if anneal_from
-               else "step 0")
-    return (f"train.skip_steps {ranges}: a rollback to before step {first.start + 1} needs {need}; the kept "
-            f"checkpoints ({kept}, checkpoint.keep_last {config.checkpoint.keep_last}) all trained on those steps. "
-            f"Refused, so that the run does not start again from {restart} and set every checkpoint aside: pass "
-            f"--restart-from-scratch (train.restart_from_scratch true) if that is what you want, or leave the range "
-            f"out to go on from {rolled_back[0][0].name}; a larger checkpoint.keep_last keeps a checkpoint before "
-            f"the next spike")
-
-
-def record_problems(config: PretrainConfig, start: StartPoint, tokenizer: TokenizerInfo | None) -> list[str]:
-    """The optimizer, architecture, vocabulary and shape the start checkpoint was trained with, against `config`
-    (each one its record holds: a version-1 record may lack some)."""
-    record, checkpoint = start.record, start.checkpoint
-    recorded, hf = record.config, record.hf_config or {}
-    if not start.anneal:
-        where = f"checkpoint.resume auto: this run's checkpoint {checkpoint}"
-        fix = "a resume continues that run: set it back, or give this run another train.output_dir"
-    else:
-        where = f"train.anneal_from: checkpoint {checkpoint}"
-        fix = "an anneal continues the checkpoint's model and optimizer: set it to the checkpoint's"
-    problems = []
-    optimizer = (recorded.get("optimizer") or {}).get("name")
-    if optimizer is not None and optimizer != config.optimizer.name:
-        problems.append(f"{where} was trained with optimizer {optimizer}; this config says {config.optimizer.name} "
-                        f"(optimizer.name), whose state cannot be loaded from it; {fix}")
-    if record.architecture != config.model.architecture:
-        problems.append(f"{where} holds a {record.architecture} model; this config says "
-                        f"{config.model.architecture} (model.architecture); {fix}")
-    vocab = hf.get("vocab_size")
-    if tokenizer is not None and vocab is not None and vocab != tokenizer.vocab_size:
-        problems.append(f"{where} has a vocabulary of {vocab} tokens; data.tokenizer {config.data.tokenizer} has "
-                        f"{tokenizer.vocab_size}; train with the tokenizer the checkpoint was trained with")
-    if record.architecture == config.model.architecture and not config.model.init_from:  # init_from: its shape
-        for key in SHAPE_KEYS:
-            saved = hf.get(key)
-            if saved is not None and saved != getattr(config.model, key):
-                problems.append(f"{where} has {key} {saved}; this config says {getattr(config.model, key)} "
-                                f"(model.{key}); {fix}")
-    return problems
-
-
 def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len: int) -> list[str]:
     """Check `model.init_from` weights against the tokenizer and the shards before any weights are loaded.
 
@@ -383,7 +278,7 @@ def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len
     from transformers import AutoConfig
 
     from pipeline.common.hub_names import local_or_hub
-    from pipeline.pretrain.model import first_position_id
+    from pipeline.pretrain.model.hf_model import first_position_id
 
     source = config.model.init_from
     try:
@@ -404,7 +299,7 @@ def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len
     if hf.pad_token_id is not None and hf.pad_token_id != tokenizer.pad_id:
         problems.append(f"model.init_from {source}: its pad id is {hf.pad_token_id}, data.tokenizer's is "
                         f"{tokenizer.pad_id}; the special ids must agree")
-    # RoBERTa numbers positions from pad_id + 1 (see pipeline/pretrain/model.py hf_config).
+    # RoBERTa numbers positions from pad_id + 1 (see pipeline/pretrain/model/hf_model.py hf_config).
     needed = seq_len + first_position_id(config.model.architecture, tokenizer.pad_id)
     if hf.max_position_embeddings < needed:
         problems.append(f"model.init_from {source}: has {hf.max_position_embeddings} position embeddings, the "

@@ -106,7 +106,8 @@ def plot_curves(client, runs, out: Path) -> list[Path]:
             line, = ax.plot([m.step for m in history], [m.value for m in history], marker="." if len(history) <= 60
                             else None, label=name)
             if key == "eval/mlm_loss" and PLATEAU_KEY in r.data.metrics:
-                # The plateau's level (pipeline/pretrain/plateau.py): only a loss below it shows the model uses context.
+                # The plateau's level (pipeline/pretrain/report/plateau.py): only a loss below it shows the model
+                # uses context.
                 ax.axhline(r.data.metrics[PLATEAU_KEY], color=line.get_color(), linestyle="--", linewidth=1,
                            label=f"{name}: unigram entropy {r.data.metrics[PLATEAU_KEY]:.2f} (the plateau)")
         ax.set(title=title, xlabel=xlabel, ylabel=key)

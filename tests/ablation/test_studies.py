@@ -50,7 +50,7 @@ def test_the_architecture_study_matches_parameters_with_a_narrower_geglu():
     """GeGLU has three matrices to GELU's two: at 2/3 the width the arms' counts come out close."""
     from pipeline.data.tokenizer import TokenizerInfo
     from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.model.hf_model import build_model
 
     study = builtin_study("architecture", 32, 1e-3, intermediate_size=512)
     assert [a.name for a in study.arms] == ["roberta", "roberta-prelayernorm", "modernbert"]

@@ -124,8 +124,7 @@ def test_fine_tuned_model_a_full_disk_keeps_the_saved_model_and_a_rerun_saves(tm
 def test_a_real_full_file_system(tmp_path, bpe_tokenizer_dir):
     """The same outcomes on a real 1 MiB tmpfs, where torch.save and safetensors meet a real ENOSPC."""
     from pipeline.finetune.outputs import save_model
-    from pipeline.pretrain import checkpoints
-
+    from pipeline.pretrain.checkpoints import storage as checkpoints
     mount = tmp_path / "small"
     with small_filesystem(mount, "1m") as mounted:
         if not mounted:

@@ -11,11 +11,11 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.shard_index import load_index
 from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import MaskedBatches, RankKeys, train_loader
-from pipeline.pretrain.masked_slots import dense_labels
-from pipeline.pretrain.masking import Masker
-from pipeline.pretrain.stream import CorpusLayout, DataStream
+from pipeline.pretrain.batches.masked_slots import dense_labels
+from pipeline.pretrain.batches.stretch_data import MaskedBatches, RankKeys, train_loader
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import Masker
+from pipeline.pretrain.plan.stream import CorpusLayout, DataStream
 
 
 @pytest.fixture

@@ -36,8 +36,8 @@ def main() -> None:
 
     from pipeline.common.config_tree import ConfigError
     from pipeline.common.run_layout import PretrainLayout
-    from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.masked_slots import dense_labels
+    from pipeline.pretrain.checkpoints import storage as checkpoints
+    from pipeline.pretrain.batches.masked_slots import dense_labels
     from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
     from pipeline.pretrain.trainer import Pretrainer
 

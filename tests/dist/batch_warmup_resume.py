@@ -31,8 +31,8 @@ def main() -> None:
     topology = prepare_environment()
 
     from pipeline.common.run_layout import PretrainLayout
-    from pipeline.pretrain import checkpoints
-    from pipeline.pretrain.masked_slots import dense_labels
+    from pipeline.pretrain.checkpoints import storage as checkpoints
+    from pipeline.pretrain.batches.masked_slots import dense_labels
     from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import Pretrainer
 

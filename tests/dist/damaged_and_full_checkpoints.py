@@ -40,7 +40,7 @@ def main() -> None:
 
     from pipeline.common.errors import PipelineError
     from pipeline.common.run_layout import PretrainLayout
-    from pipeline.pretrain import checkpoints
+    from pipeline.pretrain.checkpoints import storage as checkpoints
     from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import run_pretraining
 

@@ -32,7 +32,7 @@ from pipeline.common.topology import prepare_environment  # noqa: E402
 
 def sequence_digests(batch) -> list[str]:
     """Each row's original tokens: the labels where the masker chose a position, the input elsewhere."""
-    from pipeline.pretrain.masked_slots import dense_labels
+    from pipeline.pretrain.batches.masked_slots import dense_labels
 
     ids, labels = batch["input_ids"].clone(), dense_labels(batch)
     chosen = labels != -100

@@ -7,13 +7,20 @@ CONFIG trains 16 steps, a checkpoint every 4, the guard's window 8 steps (judgin
 1. `clean`: the guard off.
 2. `skip`: `train.spike_guard skip` with a spike planted at step 10 (`train.inject_spike` 10:1e4); the weights,
    the AdamW moments and step counters are noted before and after steps 9 and 10.
-3. `rollback`: `train.spike_guard rollback`, spikes planted at steps 10, 14 and 15, `guard.max_rollbacks` 2: back
-   to step 8 (step 9 again, 10 left out), then to step 12 (13 again, 14 left out), then it gives up at 15 (its
-   message noted). `rollback-resumed`: the same folder rerun without a spike: it resumes at 12 and trains to the end.
-4. `rollback-after-2`: `guard.rollback_after` 2, spikes at 10 and 14: one outlier is watched, the second sends the
-   run back to step 8 (from before the first), leaving out 10-14, so step 12's checkpoint is set aside.
+3. `rollback`: `train.spike_guard rollback` after each outlier (`guard.rollback_after` 1), spikes planted at
+   steps 10, 14 and 15, `guard.max_rollbacks` 2: back to step 8 (step 9 again, 10 left out), then to step 12 (13
+   again, 14 left out: the same spike, within a window of 10), then it gives up at 15 (its message noted). On 2
+   ranks, rank 1 sees no checkpoint at all (a shared file system behind): rank 0 decides for both.
+   `rollback-resumed`: the same folder rerun without a spike: it resumes at 12 and trains to the end.
+4. `rollback-after-2`: the default `guard.rollback_after` 2, spikes at 10 and 14: one outlier is watched, the
+   second sends the run back to step 8 (from before the first), leaving out 10-14, so step 12's checkpoint is set
+   aside.
 5. `rollback-zero2`: `rollback` at ZeRO stage 2 (DeepSpeed's partitioned optimizer loaded again in the same
    process), a spike at step 10.
+6. `two-spikes`: `guard.max_rollbacks` 1, a NaN loss at step 3 (no checkpoint behind the run yet: its update is
+   left out and the run goes on), spikes at 6 and 15: two spikes a clean window apart, each rolled back once.
+7. `level-shift`: 8 steps, then the same folder resumed to 16 with another peak LR and every later loss tripled (a
+   change of level, not a spike): the window re-arms at the resume, so nothing is rolled back.
 
 Every rank writes `<name>-rank<r>.json`: the steps trained in order, with the sha256 of each sequence's original
 tokens, the LR of each, and (skip) the largest change of each state over steps 9 and 10.
@@ -38,13 +45,16 @@ FACTOR = 1e4
 
 
 class Spikes:
-    """A drill (spike_guard.Drill) planting a spike at each of several steps."""
+    """A drill (spike_guard.Drill) multiplying the loss at each of several steps (by `factors`, else FACTOR), or at
+    every step from `shift_from` on (a change of level)."""
 
-    def __init__(self, steps: set[int]):
-        self.steps = steps
+    def __init__(self, steps: set[int], factors: dict[int, float] | None = None, shift_from: int | None = None):
+        self.steps, self.factors, self.shift_from = steps, factors or {}, shift_from
 
     def scaled(self, loss, step: int):
-        return loss * FACTOR if step in self.steps else loss
+        if self.shift_from is not None and step >= self.shift_from:
+            return loss * 3.0
+        return loss * self.factors.get(step, FACTOR) if step in self.steps else loss
 
 
 def optimizer_state(engine) -> dict[str, list]:
@@ -71,7 +81,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from pipeline.pretrain.preflight import prepare_run
-    from pipeline.pretrain.spike_guard import GiveUp
+    from pipeline.pretrain.spike_response import GiveUp
     from pipeline.pretrain.trainer import Pretrainer
 
     root = Path(args.out_root)
@@ -92,13 +102,14 @@ def main() -> None:
                 self.changes[step] = largest_change(before, optimizer_state(self.engine))
             return lr
 
-    def run(name: str, *overrides: str, spikes: set[int] = frozenset(), watched: set[int] = frozenset()) -> None:
-        plan = prepare_run(args.config, [f"train.output_dir={root / name}", *overrides],
+    def run(name: str, *overrides: str, spikes: set[int] = frozenset(), watched: set[int] = frozenset(),
+            drill: Spikes | None = None, into: str | None = None) -> None:
+        plan = prepare_run(args.config, [f"train.output_dir={root / (into or name)}", *overrides],
                            world_size=topology.world_size)
         trainer = Recording(plan, topology)
         trainer.trained, trainer.lrs, trainer.changes, trainer.watched = [], {}, {}, watched
-        if spikes:
-            trainer.drill = Spikes(spikes)
+        if spikes or drill:
+            trainer.drill = drill or Spikes(spikes)
         stopped = None
         try:
             trainer.train()
@@ -109,13 +120,24 @@ def main() -> None:
 
     run("clean")
     run("skip", "train.spike_guard=skip", "train.inject_spike=10:1e4", watched={9, 10})
-    run("rollback", "train.spike_guard=rollback", "guard.max_rollbacks=2", spikes={10, 14, 15})
+    rollback = ("train.spike_guard=rollback", "guard.rollback_after=1")
+    if topology.rank == 1:  # this rank sees no checkpoint: only rank 0's view may decide
+        import pipeline.pretrain.spike_response as response
+
+        seen, response.complete_checkpoints = response.complete_checkpoints, lambda root: []
+    run("rollback", *rollback, "guard.max_rollbacks=2", spikes={10, 14, 15})
+    if topology.rank == 1:
+        response.complete_checkpoints = seen
     if topology.is_main:
         shutil.copytree(root / "rollback", root / "rollback-resumed", ignore=shutil.ignore_patterns("token_cache"))
     dist.barrier()
-    run("rollback-resumed", "train.spike_guard=rollback", "guard.max_rollbacks=2")
-    run("rollback-after-2", "train.spike_guard=rollback", "guard.rollback_after=2", spikes={10, 14})
-    run("rollback-zero2", "train.spike_guard=rollback", "train.zero_stage=2", spikes={10})
+    run("rollback-resumed", *rollback, "guard.max_rollbacks=2")
+    run("rollback-after-2", "train.spike_guard=rollback", spikes={10, 14})
+    run("rollback-zero2", *rollback, "train.zero_stage=2", spikes={10})
+    run("two-spikes", *rollback, "guard.max_rollbacks=1",
+        drill=Spikes({3, 6, 15}, factors={3: float("nan")}))
+    run("level-shift", *rollback, "train.max_steps=8")
+    run("level-shift-resumed", *rollback, "optimizer.lr=0.003", into="level-shift", drill=Spikes(set(), shift_from=9))
 
 
 if __name__ == "__main__":

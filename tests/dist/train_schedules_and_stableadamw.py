@@ -33,7 +33,7 @@ def main() -> None:
     import torch
 
     from pipeline.common.run_layout import PretrainLayout
-    from pipeline.pretrain import checkpoints
+    from pipeline.pretrain.checkpoints import storage as checkpoints
     from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import run_pretraining
 

@@ -34,18 +34,20 @@ def main() -> None:
     import torch
 
     from pipeline.common.run_layout import PretrainLayout
-    from pipeline.pretrain import checkpoints
+    from pipeline.pretrain.checkpoints import storage as checkpoints
     from pipeline.pretrain.preflight import prepare_run
     from pipeline.pretrain.trainer import Pretrainer, run_pretraining
 
     class RecordingHandOver(Pretrainer):
         """The full run, noting what the hand-over kept and changed."""
 
-        def _hand_over(self, stretch):
+        def start(self, plan, batches=None, *, handing_over=False):
+            if not handing_over:  # the run's start, not a hand-over
+                return super().start(plan, batches, handing_over=handing_over)
             engine = self.engine
             before = copy.deepcopy(engine.optimizer.state_dict()["state"])
             batch_before = [engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()]
-            batches = super()._hand_over(stretch)
+            batches = super().start(plan, batches, handing_over=handing_over)
             after = engine.optimizer.state_dict()["state"]
             moments = [float((before[i][k] - after[i][k]).abs().max()) for i in before
                        for k in ("exp_avg", "exp_avg_sq")]

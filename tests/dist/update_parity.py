@@ -59,7 +59,7 @@ def tokenizer_info():
 def build_hf_config():
     """The transformers config of the run's model (RoBERTa, 2 layers, hidden 64, no dropout)."""
     from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model import hf_config
+    from pipeline.pretrain.model.hf_model import hf_config
 
     return hf_config(ModelConfig(**TINY), tokenizer_info(), SEQ_LEN)
 
@@ -70,7 +70,7 @@ def micro_batch(step: int, index: int) -> dict[str, torch.Tensor]:
     Tokens follow a Zipf law, so there is something to learn (the unigram frequencies) and the
     gradients carry signal rather than noise that Adam would blow up.
     """
-    from pipeline.pretrain.masked_slots import masked_slots
+    from pipeline.pretrain.batches.masked_slots import masked_slots
 
     g = torch.Generator().manual_seed(1000 * step + index)
     zipf = 1.0 / torch.arange(1, VOCAB - 4, dtype=torch.float64)
@@ -95,11 +95,12 @@ def main() -> None:
     topology = prepare_environment()
     import torch.distributed as dist
 
-    from pipeline.pretrain.engine import initialize_engine
-    from pipeline.pretrain.model import build_model
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.step.engine import initialize_engine
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
+    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.preflight import arithmetic_problems
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.plan.schedules import lr_schedule
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,8 @@ def main() -> None:
         model = build_model(config.model, tokenizer_info(), SEQ_LEN)
         if stage == 0 and topology.is_main:
             torch.save(model.state_dict(), out / "initial.pt")
-        engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases))
+        engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases),
+                                   guard=SpikeGuard(config, "cpu", topology.world_size))
         engine.train()
         losses, lrs = [], []
         for step in range(STEPS):

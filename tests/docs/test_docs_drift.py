@@ -28,7 +28,7 @@ other; a file name such as `train.tsv` is not a key. Every ```json block is a pr
 (or a fragment of one, such as `"data": {...}`) or an ablation study file, and loads through the
 config tree without a problem.
 
-Names. Every repository path in an inline code span (`pipeline/pretrain/engine.py`, `configs/tiny.json`,
+Names. Every repository path in an inline code span (`pipeline/pretrain/step/engine.py`, `configs/tiny.json`,
 `tests/...`) exists, unless it holds a placeholder (`<task>`, `*`, `NNNN`); every dotted name under
 `pipeline.` (`pipeline.hub.Encoder`) imports.
 

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.common.errors import PipelineError
 from pipeline.kit import create_classification_dataloader, create_mlm_dataloader
-from pipeline.pretrain.masking import IGNORE_INDEX
+from pipeline.pretrain.plan.masking import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.config import OptimizerConfig, ScheduleConfig
-from pipeline.pretrain.phases import resolve_phases
+from pipeline.pretrain.plan.phases import resolve_phases
+from pipeline.pretrain.plan.schedules import Anneal, lr_schedule
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
-from pipeline.pretrain.schedules import Anneal, lr_schedule
 
 
 def anneal(decay: str, power: float = 1.0):

@@ -18,17 +18,17 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 
 from pipeline.data.shard_reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import (
+from pipeline.pretrain.batches.masked_slots import dense_labels
+from pipeline.pretrain.batches.stretch_data import (
     MaskedBatches,
     eval_keys,
     ignore_stop_signals,
     shut_down_workers,
     train_loader,
 )
-from pipeline.pretrain.masked_slots import dense_labels
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker
-from pipeline.pretrain.stream import DataStream
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker
+from pipeline.pretrain.plan.stream import DataStream
 
 
 def test_eval_batches_are_the_same_on_every_call_and_split_evenly():
@@ -50,7 +50,7 @@ def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_
     assert np.array_equal(cache.fields["input_ids"][rows], np.stack([source[i]["input_ids"] for i in rows]))
     masker = Masker(400, 4, (0, 1, 2, 3, 4), seed=0)
     batches = MaskedBatches(cache, masker, with_segments=False)
-    from pipeline.pretrain.batches import MicroBatchKey
+    from pipeline.pretrain.batches.stretch_data import MicroBatchKey
 
     batch = batches[MicroBatchKey(0, rows)]
     labels = dense_labels(batch).numpy()
@@ -62,7 +62,7 @@ def test_masked_batches_from_the_token_cache_match_the_shards(tmp_path, roberta_
 def test_pairs_batches_carry_segments_and_next_sentence_labels(tmp_path, pairs_shards):
     cache = TokenCache(pairs_shards, "train", tmp_path / "cache")
     masker = Masker(300, 4, (0, 1, 2, 3, 4), seed=0)
-    from pipeline.pretrain.batches import MicroBatchKey
+    from pipeline.pretrain.batches.stretch_data import MicroBatchKey
 
     batch = MaskedBatches(cache, masker, with_segments=True)[MicroBatchKey(0, np.arange(8))]
     lengths = cache.fields["length"][:8]

@@ -20,8 +20,8 @@ from disk_full import NO_SPACE, FakeEngine, files_under, fill_during_safetensors
 from helpers import record_at
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain import checkpoints
-from pipeline.pretrain.checkpoint_record import RECORD_FILE, read_record
+from pipeline.pretrain.checkpoints import storage as checkpoints
+from pipeline.pretrain.plan.record import RECORD_FILE, read_record
 
 run_folder = test_export_layout.run_folder  # a fixture: a run folder with one ZeRO-0 checkpoint
 world_of_one = disk_full.world_of_one  # a fixture: a gloo process group of one, in this process
@@ -93,7 +93,7 @@ def add_checksums(checkpoint) -> None:
 
 
 def test_export_refuses_a_damaged_checkpoint_with_the_message_resume_warns_with(run_folder, tmp_path):
-    from pipeline.pretrain.export import export_checkpoint
+    from pipeline.pretrain.export.folder import export_checkpoint
 
     checkpoint = run_folder["checkpoint"]
     add_checksums(checkpoint)
@@ -110,7 +110,7 @@ def test_export_refuses_a_damaged_checkpoint_with_the_message_resume_warns_with(
 
 
 def test_export_of_a_checkpoint_without_checksums_warns_that_it_cannot_be_verified(run_folder, tmp_path):
-    from pipeline.pretrain.export import export_checkpoint
+    from pipeline.pretrain.export.folder import export_checkpoint
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -120,7 +120,7 @@ def test_export_of_a_checkpoint_without_checksums_warns_that_it_cannot_be_verifi
 
 
 def test_export_a_full_disk_keeps_the_previous_export(run_folder, tmp_path, monkeypatch):
-    from pipeline.pretrain.export import export_checkpoint
+    from pipeline.pretrain.export.folder import export_checkpoint
 
     out = tmp_path / "export"
     export_checkpoint(run_folder["checkpoint"], out)

@@ -13,7 +13,7 @@ from helpers import PYTHON, ROOT
 
 SLOWED_LOADER = """
 import sys, time
-from pipeline.pretrain import batches
+from pipeline.pretrain.batches import stretch_data as batches
 gather, delay = batches.MaskedBatches.__getitem__, float(sys.argv.pop(1))
 def slowed(self, key):  # runs in the loader worker, forked after the patch
     time.sleep(delay)

@@ -186,7 +186,7 @@ def test_the_spike_guard_reads_nothing_back_between_logging_steps(counted, preci
 
 def test_an_item_planted_in_the_step_is_counted(tmp_path, process_group, roberta_shards, bpe_tokenizer_dir,
                                                 monkeypatch):
-    from pipeline.pretrain.cadence import StepSync
+    from pipeline.pretrain.step.step_sync import StepSync
 
     record = StepSync.record
 

@@ -11,12 +11,12 @@ from test_pretrain_distributed import write_config
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import PretrainData
-from pipeline.pretrain.masked_slots import dense_labels
-from pipeline.pretrain.masking import IGNORE_INDEX, build_masker, eval_probability
-from pipeline.pretrain.plateau import at_mask_rate
+from pipeline.pretrain.batches.masked_slots import dense_labels
+from pipeline.pretrain.batches.stretch_data import PretrainData
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import IGNORE_INDEX, build_masker, eval_probability
 from pipeline.pretrain.preflight import prepare_run
+from pipeline.pretrain.report.plateau import at_mask_rate
 
 
 def masked_fraction(batches, keys, special_ids) -> float:

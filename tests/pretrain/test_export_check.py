@@ -12,7 +12,7 @@ from model_folders import save_export, save_pretraining_run
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.output_agreement import RELATIVE_TOLERANCE
-from pipeline.pretrain.export import PROVENANCE_FILE, export_checkpoint
+from pipeline.pretrain.export.folder import PROVENANCE_FILE, export_checkpoint
 
 CASES = {  # architecture, shard fixture, tokenizer fixture, the rows the training path runs on
     "roberta-full": ("roberta", "roberta_shards", "bpe_tokenizer_dir", "full rows"),
@@ -69,7 +69,7 @@ def test_a_weight_reset_on_the_way_out_of_a_bf16_run_is_refused(request, tmp_pat
     runs in."""
     import torch
 
-    import pipeline.pretrain.export as export
+    import pipeline.pretrain.export.folder as export
 
     run = make_run(request, tmp_path, "roberta-doc-packed", precision="bf16")
     written = export.write_hf_folder
@@ -91,7 +91,7 @@ def test_an_export_with_another_tokenizer_than_the_shards_is_refused(request, tm
                                                                        wordpiece_tokenizer_dir, doc_packed_shards):
     import shutil
 
-    import pipeline.pretrain.export as export
+    import pipeline.pretrain.export.folder as export
     from pipeline.data.tokenizer import load_tokenizer
 
     run = make_run(request, tmp_path, "roberta-doc-packed")
@@ -118,7 +118,7 @@ def test_an_export_whose_config_unties_the_decoder_is_refused_and_nothing_is_wri
                                                                                       monkeypatch):
     """The saved config says the decoder is not tied to the embeddings; the safetensors hold it only tied, so
     transformers initialises it at random: the export mosaicml/examples #445 shipped."""
-    import pipeline.pretrain.export as export
+    import pipeline.pretrain.export.folder as export
 
     run = make_run(request, tmp_path, case)
     written = export.write_hf_folder
@@ -139,7 +139,7 @@ def test_an_export_whose_config_unties_the_decoder_is_refused_and_nothing_is_wri
 def test_a_position_shifted_on_the_training_path_is_refused(request, tmp_path, monkeypatch):
     """Doc-packed rows number their positions themselves; one off from what transformers computes (the offset
     mistake of transformers PR #47525) and the trained model is one the export cannot reproduce."""
-    import pipeline.pretrain.batches as batches
+    import pipeline.pretrain.batches.stretch_data as batches
 
     run = make_run(request, tmp_path, "roberta-doc-packed")
     made = batches.MaskedBatches
@@ -153,7 +153,7 @@ def test_a_position_shifted_on_the_training_path_is_refused(request, tmp_path, m
 def test_nan_logits_are_refused(request, tmp_path, monkeypatch):
     import torch
 
-    import pipeline.pretrain.export as export
+    import pipeline.pretrain.export.folder as export
 
     run = make_run(request, tmp_path, "modernbert-doc-packed")
     written = export.write_hf_folder
@@ -171,7 +171,7 @@ def test_nan_logits_are_refused(request, tmp_path, monkeypatch):
 def test_the_card_is_a_model_card_with_the_runs_facts_and_figures(request, tmp_path, doc_packed_shards):
     from huggingface_hub import ModelCard
 
-    from pipeline.pretrain.export_card import record_scores
+    from pipeline.pretrain.export.card import record_scores
 
     run = make_run(request, tmp_path, "roberta-doc-packed", steps=(2, 4), evaluations={2: 5.9, 4: 5.61})
     out = export_checkpoint(run, tmp_path / "export")
@@ -229,7 +229,7 @@ def test_the_card_of_a_continued_run_names_its_base_model(tmp_path, bpe_tokenize
 
 def test_a_card_rewritten_with_later_figures_leaves_the_exports_fingerprint(request, tmp_path):
     from pipeline.common.fingerprints import model_fingerprint
-    from pipeline.pretrain.export_card import record_scores
+    from pipeline.pretrain.export.card import record_scores
 
     out = export_checkpoint(make_run(request, tmp_path, "roberta-full"), tmp_path / "export")
     before = model_fingerprint(str(out))

@@ -25,7 +25,7 @@ def run_folder(tmp_path, bpe_tokenizer_dir, roberta_shards):
     from pipeline.common.config_tree import build_config
     from pipeline.data.tokenizer import describe_tokenizer
     from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model import SparseRobertaForMaskedLM, hf_config
+    from pipeline.pretrain.model.hf_model import SparseRobertaForMaskedLM, hf_config
 
     layout = PretrainLayout(tmp_path / "run")
     shutil.copytree(bpe_tokenizer_dir, layout.tokenizer)
@@ -46,7 +46,7 @@ def run_folder(tmp_path, bpe_tokenizer_dir, roberta_shards):
 def test_a_checkpoint_given_by_a_relative_path_finds_its_run_folder(run_folder, tmp_path, monkeypatch):
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.pretrain.export import export_checkpoint
+    from pipeline.pretrain.export.folder import export_checkpoint
 
     monkeypatch.chdir(run_folder["layout"].checkpoints)  # `launchers/export.py step_00000004 --out …`
     out = export_checkpoint("step_00000004", tmp_path / "export")

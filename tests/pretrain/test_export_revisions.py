@@ -11,7 +11,7 @@ from model_folders import save_pretraining_run
 
 from pipeline.commands.export import main as export_main
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.export import PROVENANCE_FILE, REVISIONS_INDEX, export_revisions
+from pipeline.pretrain.export.folder import PROVENANCE_FILE, REVISIONS_INDEX, export_revisions
 
 STEPS = (2, 4, 6)
 LOSSES = {2: 6.1, 4: 5.8, 6: 5.5}
@@ -68,7 +68,7 @@ def test_every_revision_loads_in_fill_mask_and_as_a_sequence_classifier(request,
 
 
 def test_chosen_steps_and_a_rerun_export_only_what_is_missing(run, tmp_path, monkeypatch):
-    import pipeline.pretrain.export as export
+    import pipeline.pretrain.export.folder as export
 
     root = tmp_path / "revisions"
     export_main([str(run / "checkpoints" / "step_00000004"), "--out", str(root), "--steps", "2,4"])

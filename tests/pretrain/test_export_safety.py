@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.export import consolidated_state_dict, load_checkpoint_file
+from pipeline.pretrain.export.folder import consolidated_state_dict, load_checkpoint_file
 
 
 class RunsCode:

@@ -1,4 +1,5 @@
-"""Faults during pretraining: kill -9, a kill while saving, a corrupt shard, a NaN loss."""
+"""Faults during pretraining: kill -9, a kill while saving, a second run on a live run's folder, a corrupt shard, a
+NaN loss."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, ROOT, tiny_pretrain_config
+from helpers import PYTHON, ROOT, holder_process, tiny_pretrain_config
 
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import free_port
@@ -58,7 +59,8 @@ def interrupted(tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
     killed_at = len(losses(root / "killed"))
     resumed = finish(configs["killed"])
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    return {"root": root, "configs": configs, "killed_at": killed_at, "resume_log": resumed.stdout + resumed.stderr}
+    return {"root": root, "configs": configs, "killed_at": killed_at, "resume_log": resumed.stdout + resumed.stderr,
+            "killed_pid": proc.pid}
 
 
 def test_kill_9_then_resume_repeats_the_uninterrupted_trajectory(interrupted):
@@ -70,6 +72,27 @@ def test_kill_9_then_resume_repeats_the_uninterrupted_trajectory(interrupted):
     # Each step exactly once (no batch repeated or skipped) and the same losses, bit for bit.
     assert [s for s, _ in killed] == list(range(1, 13))
     assert killed == full
+    # The killed run's lock named a dead process: taken over, and the ledger says from whom.
+    from pipeline.pretrain.plan.ledger import LockTakenOverEvent, read_ledger
+
+    taken = [e for e in read_ledger(PretrainLayout(root / "killed").ledger).events if isinstance(e, LockTakenOverEvent)]
+    assert len(taken) == 1 and taken[0].holder.startswith(f"pid {interrupted['killed_pid']} on ")
+    assert not (root / "killed" / "run.lock").exists()  # released at the end
+
+
+def test_a_second_run_on_a_live_runs_folder_is_refused_before_it_writes_anything(tmp_path, roberta_shards,
+                                                                                  bpe_tokenizer_dir):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps(tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "run")))
+    holder = holder_process(tmp_path / "run", SLURM_JOB_ID="77")  # a live run (a requeue's old job, say)
+    try:
+        refused = finish(config)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.returncode == 2
+    assert re.search(rf"another run holds this run folder: pid {holder.pid} on \S+, SLURM job 77", refused.stderr)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["run.lock"]  # no config, ledger, metrics or checkpoint
 
 
 def test_a_checkpoint_cut_short_while_saving_is_never_resumed_from(interrupted, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.pretrain.engine import MAX_TRUST, Lamb
+from pipeline.pretrain.step.optimizers import MAX_TRUST, Lamb
 
 
 def run_steps(optimizer_cls, weight: torch.Tensor, grads: list[torch.Tensor], **kwargs) -> torch.Tensor:

@@ -17,9 +17,9 @@ from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.data.shard_reader import ShardedDataset
-from pipeline.pretrain.checkpoint_record import read_record, write_record
-from pipeline.pretrain.checkpoints import newest_complete, tag_for
-from pipeline.pretrain.run_ledger import SetAsideEvent, SkipEvent, read_ledger
+from pipeline.pretrain.checkpoints.storage import newest_complete, tag_for
+from pipeline.pretrain.plan.ledger import SetAsideEvent, SkipEvent, read_ledger
+from pipeline.pretrain.plan.record import read_record, write_record
 
 STEPS = 12
 
@@ -176,8 +176,8 @@ def test_a_resume_with_an_edited_peak_lr_trains_at_it_not_at_the_checkpoints(ope
 
 @pytest.mark.slow
 def test_a_checkpoint_from_other_block_defaults_resumes_in_its_recorded_order(operations):
+    from pipeline.pretrain.plan.stream import DataStream
     from pipeline.pretrain.preflight import recorded_plan
-    from pipeline.pretrain.stream import DataStream
 
     record = read_record(newest_complete(PretrainLayout(operations / "mixed").checkpoints))
     assert {c.shards_per_block for c in record.corpora} == {3}  # the defaults the run started under, kept
@@ -275,7 +275,7 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
     import os
 
     from pipeline.common.topology import Topology
-    from pipeline.pretrain.checkpoints import Checkpointer
+    from pipeline.pretrain.checkpoints.policy import Checkpointer
     from pipeline.pretrain.preflight import prepare_run
 
     config = run_with_checkpoints(tmp_path, roberta_shards, bpe_tokenizer_dir,
@@ -285,7 +285,7 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
         (checkpoints / name).mkdir()
         os.utime(checkpoints / name, (1000 + age, 1000 + age))
     plan = prepare_run(config, ['train.skip_steps=["9:9"]', "checkpoint.keep_set_aside=3"])
-    Checkpointer(checkpoints, Topology(0, 0, 1, False), log=None).confirm_start(plan)
+    Checkpointer(plan.config, Topology(0, 0, 1, False), reporter=None).confirm(plan)
     assert sorted(p.name for p in checkpoints.iterdir()) == [
         "rolled-back-step_00000006", "rolled-back-step_00000010", "rolled-back-step_00000012",
         "step_00000002", "step_00000004", "step_00000008"]  # the start (8) and every live checkpoint kept

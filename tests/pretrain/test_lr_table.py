@@ -19,9 +19,8 @@ import torch
 
 from pipeline.common.config_tree import build_config
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.engine import lr_scheduler
-from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.schedules import Anneal, lr_schedule
+from pipeline.pretrain.plan.phases import resolve_phases
+from pipeline.pretrain.plan.schedules import Anneal, lr_schedule, lr_scheduler
 
 TABLE = json.loads((Path(__file__).parent / "lr_table.json").read_text())["cases"]
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 from test_masking import UNITS, make_masker, random_rows
 
-from pipeline.pretrain.batches import MaskedBatches
-from pipeline.pretrain.masked_slots import (
+from pipeline.pretrain.batches.masked_slots import (
     MARGIN_SIGMAS,
     SLOT_MULTIPLE,
     dense_labels,
@@ -20,8 +19,10 @@ from pipeline.pretrain.masked_slots import (
     slot_bound,
     slot_count,
 )
-from pipeline.pretrain.masking import IGNORE_INDEX, MaskingConfig
-from pipeline.pretrain.stream import MicroBatchKey
+from pipeline.pretrain.batches.stretch_data import MaskedBatches
+from pipeline.pretrain.config import MaskingConfig
+from pipeline.pretrain.plan.masking import IGNORE_INDEX
+from pipeline.pretrain.plan.stream import MicroBatchKey
 
 
 class Rows:

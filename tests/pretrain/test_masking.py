@@ -6,13 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.pretrain.masking import (
-    IGNORE_INDEX,
-    Masker,
-    MaskingConfig,
-    mask_statistics,
-    span_length_distribution,
-)
+from pipeline.pretrain.config import MaskingConfig
+from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker, mask_statistics
+from pipeline.pretrain.span_lengths import span_length_distribution
 
 SPECIAL = (0, 1, 2, 3, 4)  # <s> <pad> </s> <unk> <mask>
 MASK_ID, VOCAB = 4, 1000

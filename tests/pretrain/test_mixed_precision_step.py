@@ -23,10 +23,11 @@ spec.loader.exec_module(parity)
 
 def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[int]]:
     """Each weight's change after one engine step from the same start on the same batch; the optimizer's step counts."""
-    from pipeline.pretrain.engine import initialize_engine
-    from pipeline.pretrain.model import build_model
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
+    from pipeline.pretrain.step.engine import initialize_engine
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = parity.parity_config(1, stage)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
@@ -34,7 +35,8 @@ def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[i
     torch.manual_seed(0)
     model = build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN)
     before = {name: p.detach().float().clone() for name, p in model.named_parameters()}
-    engine = initialize_engine(model, config, phases[0].plan(1), schedule=lr_schedule(config, phases))
+    engine = initialize_engine(model, config, phases[0].plan(1), schedule=lr_schedule(config, phases),
+                               guard=SpikeGuard(config, "cpu", 1))
     engine.train()
     for index in range(parity.ACCUMULATION):
         engine.backward(engine(**parity.micro_batch(0, index))["loss"])
@@ -57,7 +59,7 @@ def test_bf16_at_zero_0_and_2_and_fp16_at_zero_0_take_the_step_fp32_takes(proces
 
 
 def test_zero_0_trains_fp32_masters_under_autocast_and_zero_1_to_3_keep_deepspeeds_bf16():
-    from pipeline.pretrain.engine import precision_sections
+    from pipeline.pretrain.step.engine import precision_sections
 
     for precision, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):
         ds = {precision: {"initial_scale_power": 8}} if precision == "fp16" else {}
@@ -78,15 +80,20 @@ def test_zero_0_trains_fp32_masters_under_autocast_and_zero_1_to_3_keep_deepspee
     assert ds == {"bf16": {"enabled": False}, "fp16": {"enabled": False}}
 
 
-def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_masters_and_moments(process_group,
-                                                                                                  tmp_path):
+def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_masters_and_moments_and_steps_fused(
+        process_group, tmp_path):
+    """Its optimizer groups hold `fused: None` (that release's default): the run's own fused kernel must come back,
+    or the first step fails where the spike guard's `found_inf` needs it (every ZeRO 0 AdamW step hands it one)."""
     import deepspeed
+    from helpers import record_at
 
-    from pipeline.pretrain.checkpoints import load_unfused_optimizer_state
-    from pipeline.pretrain.engine import deepspeed_config, initialize_engine, lr_scheduler, optimizer_groups
-    from pipeline.pretrain.model import build_model
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.checkpoints.storage import load_into
+    from pipeline.pretrain.model.hf_model import build_model, parameter_groups
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.record import StartPoint
+    from pipeline.pretrain.plan.schedules import lr_schedule, lr_scheduler
+    from pipeline.pretrain.step.engine import deepspeed_config, initialize_engine
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = parity.parity_config(1, 0)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16"))
@@ -99,8 +106,9 @@ def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_mas
     ds["optimizer"]["params"].pop("fused")
     torch.manual_seed(0)
     model = build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN)
-    earlier, *_ = deepspeed.initialize(model=model, model_parameters=optimizer_groups(model, config, cuda=False),
-                                       lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule), config=ds)
+    groups = parameter_groups(model, config.optimizer.weight_decay)
+    earlier, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=ds,
+                                       lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule))
     assert type(earlier.optimizer).__name__ == "FP16_UnfusedOptimizer"
     earlier.optimizer.optimizer.state.clear()  # as that release did: DeepSpeed's zero-gradient first step undone
     for index in range(2 * parity.ACCUMULATION):
@@ -112,12 +120,18 @@ def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_mas
 
     torch.manual_seed(1)
     engine = initialize_engine(build_model(config.model, parity.tokenizer_info(), parity.SEQ_LEN), config, plan,
-                               schedule=schedule)
-    engine.load_checkpoint(str(tmp_path), tag="step_00000002", load_optimizer_states=False)
-    load_unfused_optimizer_state(engine, tmp_path / "step_00000002")
+                               schedule=schedule, guard=SpikeGuard(config, "cpu", 1))
+    earlier_record = record_at(2, zero_stage=0, precision="bf16", version=2)
+    load_into(engine, StartPoint(tmp_path / "step_00000002", earlier_record, universal=False), is_main=True)
     params = [p for group in engine.optimizer.param_groups for p in group["params"]]
     assert all(torch.equal(p, m) for p, m in zip(params, masters, strict=True))  # not their bf16 copies
     assert all(p.dtype == torch.float32 for p in params)
     restored = [engine.optimizer.state[p]["exp_avg"] for p in params]
     assert all(torch.equal(a, b) for a, b in zip(restored, moments, strict=True))
     assert {int(engine.optimizer.state[p]["step"]) for p in params} == {2}
+    assert all(group["fused"] for group in engine.optimizer.param_groups)
+    for index in range(parity.ACCUMULATION):  # a step after the load, through the fused kernel and its found_inf
+        engine.backward(engine(**parity.micro_batch(2, index))["loss"])
+        engine.step()
+    assert {int(engine.optimizer.state[p]["step"]) for p in params} == {3}
+    assert not any(torch.equal(p, m) for p, m in zip(params, masters, strict=True))

@@ -13,10 +13,10 @@ from helpers import make_documents, tiny_pretrain_config, write_jsonl
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.data.shard_index import load_index
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.batches import PretrainData
-from pipeline.pretrain.masked_slots import dense_labels
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker
+from pipeline.pretrain.batches.masked_slots import dense_labels
+from pipeline.pretrain.batches.stretch_data import PretrainData
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
 
 
@@ -170,7 +170,7 @@ def test_a_mixed_run_logs_each_corpus_and_resumes_to_the_same_losses(tmp_path, r
     assert full[8]["eval/mlm_loss"] < full[4]["eval/mlm_loss"]
     # The plateau's level beside every loss: each corpus's validation unigram entropy, the mix's by share.
     from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.pretrain.plateau import validation_unigram_entropy
+    from pipeline.pretrain.report.plateau import validation_unigram_entropy
 
     specials = load_tokenizer(bpe_tokenizer_dir).all_special_ids
     levels = validation_unigram_entropy(roberta_shards, specials), validation_unigram_entropy(books, specials)
@@ -206,8 +206,9 @@ def mix_plan(tmp_path: Path, weights: list[float], start=None):
 
     from pipeline.common.config_tree import build_config
     from pipeline.pretrain.config import PretrainConfig
-    from pipeline.pretrain.plan import StartPoint, build_plan
-    from pipeline.pretrain.stream import CorpusLayout
+    from pipeline.pretrain.plan.record import StartPoint
+    from pipeline.pretrain.plan.run_plan import build_plan
+    from pipeline.pretrain.plan.stream import CorpusLayout
 
     names = ["news", "wiki", "code"][: len(weights)]
     config = tiny_pretrain_config(Path("x"), Path("tok"), tmp_path / "run", train={"max_steps": 12})
@@ -234,7 +235,7 @@ def batches(plan, steps: range) -> list[list[tuple[int, int, int]]]:
 def test_a_plain_resume_after_a_mix_change_sees_the_uninterrupted_batches(tmp_path, before, after):
     """The shares do not divide the batch of 16 evenly: a resume that started a new stretch would round each
     corpus's count afresh and draw other batches than the run that went on."""
-    from pipeline.pretrain.checkpoint_record import read_record, write_record
+    from pipeline.pretrain.plan.record import read_record, write_record
 
     def saved(plan, step: int):  # what a checkpoint at `step` records, through its file
         folder = tmp_path / f"record-{step}-{len(plan.stretches)}"

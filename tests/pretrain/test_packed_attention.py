@@ -12,11 +12,11 @@ import torch
 
 from pipeline.data.packers import make_packer
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.masked_slots import masked_slots
-from pipeline.pretrain.masking import IGNORE_INDEX, Masker, MaskingConfig
-from pipeline.pretrain.model import SPARSE_CLASSES, encode, hf_config
-from pipeline.pretrain.packed_attention import document_layout
+from pipeline.pretrain.batches.masked_slots import masked_slots
+from pipeline.pretrain.config import MaskingConfig, ModelConfig
+from pipeline.pretrain.model.hf_model import SPARSE_CLASSES, encode, hf_config
+from pipeline.pretrain.model.packed_attention import document_layout
+from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker
 
 CLS, SEP, PAD = 0, 2, 1
 
@@ -199,7 +199,7 @@ def test_a_packed_modernbert_row_equals_its_documents_run_alone(attention, bpe_t
     The window (8 tokens either side) is shorter than most documents, so a packed row that let the
     window cross a document boundary, or applied it from the row's start, would differ.
     """
-    from pipeline.pretrain.model import encode, first_position_id
+    from pipeline.pretrain.model.hf_model import encode, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     config = hf_config(ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64,
@@ -258,7 +258,7 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
 
 def test_flash_attention_inputs_for_modernbert_are_the_varlen_segments():
     """The GPU path (not run here): one flattened row, segments per document, no mask; the window goes to the kernel."""
-    from pipeline.pretrain.packed_attention import encoder_inputs
+    from pipeline.pretrain.model.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, 1, 1]])
     position_ids = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
@@ -291,7 +291,7 @@ needs_flex = pytest.mark.skipif(not _cpu_compiler(), reason="FlexAttention on CP
 @pytest.mark.parametrize("half_window", [None, 0, 2, 100])
 def test_the_flex_mask_rule_is_the_dense_masks_truth_table(half_window):
     """mask_mod over every (row, query, key) equals the SDPA path's block-diagonal mask (and window band)."""
-    from pipeline.pretrain.packed_attention import block_diagonal_mask, document_mask_mod, sliding_window_band
+    from pipeline.pretrain.model.packed_attention import block_diagonal_mask, document_mask_mod, sliding_window_band
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1], [0, 0, 0, 0, 0, 1, 1, 1]])
     b, q, kv = torch.arange(2)[:, None, None], torch.arange(8)[None, :, None], torch.arange(8)[None, None, :]
@@ -306,7 +306,7 @@ def test_the_flex_mask_rule_is_the_dense_masks_truth_table(half_window):
 def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
     from torch.nn.attention.flex_attention import BlockMask
 
-    from pipeline.pretrain.packed_attention import encoder_inputs
+    from pipeline.pretrain.model.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]])
     ids, positions = torch.zeros(1, 6, dtype=torch.long), torch.tensor([[0, 1, 2, 0, 1, 0]])
@@ -322,7 +322,7 @@ def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_the_dense_masks_are_made_on_the_documents_device(attention):
     """The meta device stands in for CUDA here: a mask made on the CPU beside GPU scores fails every step."""
-    from pipeline.pretrain.packed_attention import encoder_inputs
+    from pipeline.pretrain.model.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]], device="meta")
     ids, positions = torch.zeros(1, 6, dtype=torch.long, device="meta"), torch.zeros(1, 6, device="meta")
@@ -335,8 +335,8 @@ def test_the_dense_masks_are_made_on_the_documents_device(attention):
 def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_dir):
     """transformers' flex path ADDS a tensor mask to the scores: a boolean mask there is refused, not used."""
     from pipeline.common.errors import PipelineError
-    from pipeline.pretrain.model import encode
-    from pipeline.pretrain.packed_attention import block_diagonal_mask, check_flex_mask
+    from pipeline.pretrain.model.hf_model import encode
+    from pipeline.pretrain.model.packed_attention import block_diagonal_mask, check_flex_mask
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     window = {"local_attention": 4} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
@@ -361,7 +361,7 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     """The flex path, per document, against the SDPA path on each document alone (same weights)."""
     import copy
 
-    from pipeline.pretrain.model import encode, first_position_id
+    from pipeline.pretrain.model.hf_model import encode, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     window = {"local_attention": 16} if architecture == "modernbert" else {}  # a key of ModernBERT's alone

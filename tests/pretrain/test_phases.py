@@ -13,11 +13,11 @@ from test_pretrain_distributed import launch, step_losses, write_config
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.phases import Phase, phase_ends, resolve_phases
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.phases import Phase, phase_ends, resolve_phases
+from pipeline.pretrain.plan.record import read_record
+from pipeline.pretrain.plan.schedules import Schedule, lr_schedule, segments
 from pipeline.pretrain.preflight import load_pretrain_config
-from pipeline.pretrain.schedules import Schedule, lr_schedule, segments
 
 
 def phased_config(tmp_path: Path, short: Path, long: Path, tokenizer: Path, **sections) -> dict:
@@ -265,7 +265,7 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     from test_eval_masking import masked_fraction
 
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.batches import PretrainData
+    from pipeline.pretrain.batches.stretch_data import PretrainData
     from pipeline.pretrain.preflight import prepare_run
 
     data = phased_config(tmp_path, roberta_shards, roberta_shards, bpe_tokenizer_dir,
@@ -276,7 +276,7 @@ def test_each_stretch_masks_at_its_phases_rate(tmp_path, roberta_shards, bpe_tok
     tokenizer = load_tokenizer(str(bpe_tokenizer_dir))
     info = describe_tokenizer(tokenizer, str(bpe_tokenizer_dir))
     for stretch, rate in zip(plan.stretches, (0.3, 0.05), strict=True):
-        feed = PretrainData.for_stretch(stretch, plan, tokenizer, info)
+        feed = PretrainData.for_stretch(stretch, stretch.plan(plan.world_size), plan, tokenizer, info)
         keys = [feed.stream.micro_batch(step, k) for step in range(stretch.start, stretch.end)
                 for k in range(feed.plan.accumulation)]
         assert masked_fraction(feed.train_batches, keys, tokenizer.all_special_ids) == pytest.approx(rate, abs=0.03)

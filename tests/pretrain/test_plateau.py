@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.data.shard_reader import ShardedDataset
-from pipeline.pretrain.plateau import (
+from pipeline.pretrain.report.plateau import (
     copy_floor_nats,
     plateau_level,
     token_counts,

@@ -10,11 +10,13 @@ from helpers import ROOT, run_script, tiny_pretrain_config
 
 from pipeline.common.config_tree import ConfigError, apply_overrides, parse_override
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.batch_plan import BatchPlan
 from pipeline.pretrain.config import ScheduleConfig
-from pipeline.pretrain.engine import Lamb, client_optimizer, deepspeed_config, optimizer_groups
+from pipeline.pretrain.model.hf_model import parameter_groups
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.schedules import Schedule, segments
 from pipeline.pretrain.preflight import load_pretrain_config
-from pipeline.pretrain.schedules import Schedule, segments
+from pipeline.pretrain.step.engine import deepspeed_config
+from pipeline.pretrain.step.optimizers import Lamb, client_optimizer
 
 
 def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
@@ -206,7 +208,7 @@ def test_schedule_warms_up_linearly_then_decays_to_the_end_ratio():
 
 def test_lamb_is_deepspeeds_fused_lamb_on_gpu_and_ours_on_cpu(tmp_path, roberta_shards, bpe_tokenizer_dir):
     from pipeline.data.tokenizer import TokenizerInfo
-    from pipeline.pretrain.model import build_model
+    from pipeline.pretrain.model.hf_model import build_model
 
     data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", optimizer={"name": "lamb"},
                                 train={"zero_stage": 2})
@@ -221,11 +223,12 @@ def test_lamb_is_deepspeeds_fused_lamb_on_gpu_and_ours_on_cpu(tmp_path, roberta_
     assert "optimizer" not in cpu and cpu["zero_allow_untested_optimizer"] is True
 
     model = build_model(config.model, TokenizerInfo("t", "sha256:0", 400, 0, 2, 1, 4, "{}"), seq_len=64)
-    decay, no_decay = optimizer_groups(model, config, cuda=True)
+    decay, no_decay = parameter_groups(model, config.optimizer.weight_decay)
+    assert client_optimizer([decay, no_decay], config, cuda=True) is None  # DeepSpeed's FusedLamb
     # FusedLamb's trust ratio clamped to [1, 1] is no trust ratio: biases and LayerNorm take Adam's step.
     assert (no_decay["max_coeff"], no_decay["min_coeff"], no_decay["weight_decay"]) == (1.0, 1.0, 0.0)
-    assert "max_coeff" not in decay and client_optimizer([decay, no_decay], config, cuda=True) is None
-    ours = client_optimizer(optimizer_groups(model, config, cuda=False), config, cuda=False)
+    assert "max_coeff" not in decay
+    ours = client_optimizer(parameter_groups(model, config.optimizer.weight_decay), config, cuda=False)
     assert isinstance(ours, Lamb) and ours.defaults["bias_correction"] is True
     assert [g["weight_decay"] for g in ours.param_groups] == [0.01, 0.0]
 
@@ -272,7 +275,7 @@ def test_modernbert_keys_are_checked_and_refused_for_the_other_architectures(tmp
 
 
 def test_modernbert_presets_have_the_published_shape_and_30_percent_masking():
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     base = load_pretrain_config(ROOT / "configs/modernbert-base.json", world_size=8, cuda=True, check_files=False)
     m = base.model

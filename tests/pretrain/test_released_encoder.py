@@ -17,7 +17,7 @@ from model_folders import save_export, save_headless_bert
 
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.model import build_model
+from pipeline.pretrain.model.hf_model import build_model
 from pipeline.pretrain.preflight import load_pretrain_config
 
 
@@ -86,8 +86,8 @@ def test_bert_without_nsp_takes_full_shards_and_refuses_them_with_nsp(tmp_path, 
 def test_bert_without_nsp_trains_on_doc_packed_rows(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir):
     """Doc-packed rows carry document ids and positions, no segments: the MLM loss trains through them."""
     from pipeline.data.token_cache import TokenCache
-    from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
-    from pipeline.pretrain.masking import Masker
+    from pipeline.pretrain.batches.stretch_data import MaskedBatches, MicroBatchKey
+    from pipeline.pretrain.plan.masking import Masker
 
     shards = wordpiece_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir, "doc-packed")
     tokenizer = load_tokenizer(wordpiece_tokenizer_dir)

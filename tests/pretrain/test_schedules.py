@@ -13,9 +13,8 @@ from test_phases import load
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.pretrain.config import ScheduleConfig
-from pipeline.pretrain.engine import lr_scheduler, restore_step
-from pipeline.pretrain.phases import resolve_phases
-from pipeline.pretrain.schedules import Schedule, lr_schedule, segments
+from pipeline.pretrain.plan.phases import resolve_phases
+from pipeline.pretrain.plan.schedules import Schedule, lr_schedule, lr_scheduler, restore_step, segments
 
 
 def lr_multiplier(step: int, s: ScheduleConfig, steps: int) -> float:

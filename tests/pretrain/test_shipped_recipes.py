@@ -114,7 +114,7 @@ def test_the_tiny_variant_of_each_recipe_is_valid_on_two_cpu_ranks(name, tmp_pat
 
 def test_the_nvidia_recipe_keeps_its_two_phases_steps_batches_and_warmups():
     """DeepLearningExamples' BERT: 7,038 steps of 65,536 × 128 at 6e-3, then 1,563 of 32,768 × 512 at 4e-3."""
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     phases = resolve_phases(load_recipe("nvidia-bert-large-lamb"))
     assert [(p.steps, p.global_batch_size, p.lr, p.warmup_steps, p.seq_len) for p in phases] == [
@@ -125,8 +125,8 @@ def test_the_nvidia_recipe_keeps_its_two_phases_steps_batches_and_warmups():
 
 def test_the_modernbert_recipe_spends_the_anchors_token_budgets():
     """1.719T tokens at 4,608 × 1,024, then 250B and 50B at 576 × 8,192 (each stage's max_duration)."""
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
 
     config = load_recipe("modernbert-base")
     tokens = [p.steps * p.global_batch_size * p.seq_len for p in resolve_phases(config)]
@@ -145,8 +145,8 @@ def test_the_modernbert_recipe_spends_the_anchors_token_budgets():
 def test_the_mmbert_recipe_lowers_masking_and_flattens_language_sampling_phase_by_phase():
     """mmBERT: 30% → 15% → 5% masking, temperatures 0.7 → 0.5 → 0.3 over a growing set of languages, 2.3T tokens
     at 4,608 × 1,024, then 600B and 100B at 4,608 × 8,192, all at 8e-4 until the last phase decays."""
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import lr_schedule
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
 
     config = load_recipe("mmbert-base")
     phases = resolve_phases(config)
@@ -170,7 +170,7 @@ def test_the_mmbert_plan_gives_each_phase_its_temperature_shares_of_the_corpora(
     """Each phase draws corpus c with probability N_c^τ / Σ N^τ, N the corpora's training sequences."""
     from helpers import plan_of
 
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     config = load_recipe("mmbert-base")
     sizes = {"english": 8_000_000, "high-resource": 2_000_000, "mid-resource": 200_000, "low-resource": 20_000}
@@ -186,8 +186,8 @@ def test_the_mmbert_plan_gives_each_phase_its_temperature_shares_of_the_corpora(
 def test_the_ettin_decay_goes_on_from_the_end_of_its_source_recipe_on_other_data():
     """Ettin: 8e-4 held through pre-training, then 1 − √ down to half in mid-training (ettin-encoder-base); the
     decay recipe anneals from that run's last checkpoint, 1 − √ from 4e-4 to 0.04 of it, at 15% masking."""
-    from pipeline.pretrain.phases import resolve_phases
-    from pipeline.pretrain.schedules import Anneal, lr_schedule
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import Anneal, lr_schedule
 
     source, decay = load_recipe("ettin-encoder-base"), load_recipe("ettin-encoder-base-decay")
     phases = resolve_phases(source)

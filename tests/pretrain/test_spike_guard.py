@@ -1,6 +1,7 @@
-"""The spike guard (`train.spike_guard`): what it calls an outlier, what `skip` leaves out, how `rollback` goes back
-and when it gives up, on 1 and 2 ranks; where config.py refuses it; what the ledger keeps of it. Its device reads
-are counted with every other step's (test_device_reads.py)."""
+"""The spike guard (`train.spike_guard`): what it calls an outlier, when its window re-arms, what `skip` leaves out,
+how `rollback` goes back, how many times for one spike and when it gives up, on 1 and 2 ranks; where config.py
+refuses it; what the ledger keeps of it. Its device reads are counted with every other step's
+(test_device_reads.py)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,21 @@ from test_pretrain_distributed import DEEPSPEED, launch, write_config
 
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.checkpoints import newest_complete
+from pipeline.pretrain.checkpoints.storage import newest_complete
 from pipeline.pretrain.config import DataConfig, GuardConfig, PretrainConfig, TrainConfig
-from pipeline.pretrain.run_ledger import (
+from pipeline.pretrain.plan.ledger import (
     GaveUpEvent,
+    Ledger,
     RollbackEvent,
     SetAsideEvent,
     SkipEvent,
     UpdatesSkippedEvent,
     read_ledger,
 )
-from pipeline.pretrain.spike_guard import GiveUp, SpikeGuard
+from pipeline.pretrain.plan.record import read_record
+from pipeline.pretrain.spike_response import GiveUp, SpikeResponse, spike_rollbacks
+from pipeline.pretrain.step.spike_guard import SpikeGuard, level_of
+from pipeline.pretrain.step.step_sync import CheckedLosses
 
 STEPS = 16
 
@@ -69,23 +73,120 @@ def test_an_outlier_is_a_loss_or_norm_far_above_the_window_and_a_spike_does_not_
     assert (later.count, later.since, later.window) == (0, (), (5, 9, 10, 11, 12))
 
 
-def test_a_lasting_change_of_level_is_followed_and_a_new_phase_starts_an_empty_window():
+def test_a_lasting_change_of_level_is_followed():
     g = guard()
     judged(g, calm(8))
     after = judged(g, calm(40, loss=7.0), first=9)  # each outlier enters the window at the bar, which rises
     assert after and max(after) < 9 + 20, after
-    g.reset_window()
-    assert judged(g, [(20.0, 1.0)] * 3 + [(5.0, 1.0)], first=49) == []  # not judged again before min_steps
+
+
+def test_the_window_re_arms_whenever_what_it_measures_changes_however_the_run_gets_there(tmp_path, roberta_shards,
+                                                                                         bpe_tokenizer_dir):
+    """A new phase, a mix or a config edited at a resume: the window starts empty and judges again after
+    min_steps. A batch warmup's next batch, or the same stretch loaded again (a rollback), keeps it."""
+    from pipeline.pretrain.preflight import prepare_run
+
+    written = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "x")
+    del written["data"]["shards"]
+    written["phases"] = [{"name": name, "shards": str(roberta_shards), "steps_fraction": 0.5} for name in "ab"]
+    config = write_config(tmp_path / "c.json", written)
+    plan = prepare_run(config)
+    first, second = (level_of(s, plan.config) for s in plan.stretches)
+    edited = prepare_run(config, ["optimizer.lr=0.01"])
+    assert len({first, second, level_of(edited.stretches[0], edited.config)}) == 3
+    warmup = prepare_run(config, ["phases=[]", f"data.shards={json.dumps(str(roberta_shards))}",
+                                  "train.batch_warmup_tokens=1024", "train.batch_warmup_start=4"])
+    assert len(warmup.stretches) > 1 and len({level_of(s, warmup.config) for s in warmup.stretches}) == 1
+
+    g = guard()
+    g.enter(first)
+    judged(g, calm(8))
+    saved = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.state_dict().items()}
+    g.enter(first)  # the same level: the window stays
+    assert judged(g, [(50.0, 1.0)], first=9) == [9]
+    resumed = guard()  # a resume (or a rollback) onto the phase boundary: the checkpoint's window is phase a's
+    resumed.load_state_dict(saved, step=8)
+    resumed.enter(second)
+    assert judged(resumed, [(50.0, 1.0)] * 3, first=9) == []  # not judged again before min_steps
+    old = guard()  # a checkpoint from before levels were kept: its window's level is unknown
+    old.load_state_dict({**saved, "level": None}, step=8)
+    old.enter(first)
+    assert judged(old, [(50.0, 1.0)], first=9) == []
+
+
+def check(g: SpikeGuard, step: int) -> CheckedLosses:
+    """What a check after `step` steps brings to the host of the guard's figures."""
+    return CheckedLosses(5.0, {}, 5.0, step, 0.0, guard=g.readout().tolist())
+
+
+class Noted:
+    """The checkpointer's and the run log's part in a response, recorded: the ledger's notes and the reports."""
+
+    def __init__(self):
+        self.notes, self.reports = [], []
+
+    def carry_out(self, plan, response, info):
+        self.notes += response.events
+        return response
+
+    def responded(self, response, step, config):
+        self.reports.append((response.action, response.spike.since))
+
+
+def respond(g: SpikeGuard, config: PretrainConfig, ledger: Ledger | None = None) -> tuple[SpikeResponse, Noted, object]:
+    from types import SimpleNamespace
+
+    from pipeline.common.topology import Topology
+
+    noted = Noted()
+    plan = SimpleNamespace(config=config, ledger=ledger or Ledger(Path("ledger.jsonl")), end_step=100)
+    return SpikeResponse(g, noted, noted, info=None, topology=Topology(0, 0, 1, False)), noted, plan
 
 
 def test_skip_stops_a_run_whose_updates_it_mostly_leaves_out():
     g = guard()
+    response, noted, plan = respond(g, PretrainConfig(data=DataConfig(shards="s", tokenizer="t"),
+                                                      train=TrainConfig(spike_guard="skip"),
+                                                      guard=GuardConfig(window=8, min_steps=4)))
     assert judged(g, calm(4) + [(5.0, float("nan"))] * 4) == [5, 6, 7, 8]
-    g.stop_if_diverging(g.verdict(g.readout().tolist(), 8), 8)  # half the window's updates: it goes on
+    assert response.after_check(plan, check(g, 8), 8).action == "skip"  # half the window's updates: it goes on
+    assert noted.notes == [UpdatesSkippedEvent((5, 6, 7, 8), 4, 8)]
     judged(g, [(5.0, float("nan"))], first=9)
     with pytest.raises(GiveUp, match=r"the updates of 5 of the last 8 steps were left out \(steps 5-9\): the loss "
                                      r"has moved, not spiked"):
-        g.stop_if_diverging(g.verdict(g.readout().tolist(), 9), 9)
+        response.after_check(plan, check(g, 9), 9)
+    assert noted.reports[-1] == ("give up", (9,)) and isinstance(noted.notes[-1], GaveUpEvent)
+    assert noted.notes[-1].outliers == (5, 6, 7, 8, 9)
+
+
+def test_rollback_watches_a_single_outlier_by_default_and_goes_on_where_no_checkpoint_lies_behind(tmp_path):
+    """The default rollback_after 2: one outlier costs nothing. A second (or a non-finite loss) with no checkpoint
+    of the run before it: nothing to go back to, so its update is left out where the step can, and the run goes on."""
+    config = PretrainConfig(data=DataConfig(shards="s", tokenizer="t"), train=TrainConfig(
+        spike_guard="rollback", output_dir=str(tmp_path / "run")), guard=GuardConfig(window=8, min_steps=4))
+    assert config.guard.rollback_after == 2
+    g = guard("rollback")
+    g.can_skip = True
+    response, noted, plan = respond(g, config)
+    assert judged(g, calm(4) + [(5.0, 100.0)]) == [5]  # left out in the step: no checkpoint is behind the run
+    assert response.after_check(plan, check(g, 5), 5).action == "go on" and noted.notes == []
+    assert judged(g, [(float("nan"), 1.0)], first=6) == [6]
+    assert response.after_check(plan, check(g, 6), 6).action == "no rollback target"
+    assert noted.reports[-1] == ("no rollback target", (6,))
+    assert noted.notes == [UpdatesSkippedEvent((6,), 1, 6)]
+    g.checkpoint_behind()  # from now on an outlier's update stands, and a rollback goes back to the checkpoint
+    judged(g, [(5.0, 100.0)], first=7)
+    assert g.skip.item() == 0
+
+
+def test_max_rollbacks_counts_the_rollbacks_of_one_spike():
+    """A rollback belongs to the previous one's spike when its outliers come within a window of the range that one
+    left out: a clean window between two spikes re-arms the bound."""
+    ledger = Ledger(Path("l")).with_events([RollbackEvent(10, 10, (10,), 0, "step_00000008", 10),
+                                            RollbackEvent(14, 14, (14,), 0, "step_00000012", 14)])
+    assert spike_rollbacks(ledger, first=15, window=8) == 2  # 15 is 1 after 14, and 14 is 4 after 10
+    assert spike_rollbacks(ledger, first=30, window=8) == 0  # 16 steps after: a clean window, a new spike
+    assert spike_rollbacks(ledger, first=22, window=8) == 2 and spike_rollbacks(ledger, first=23, window=8) == 0
 
 
 def test_an_fp16_overflow_is_left_to_the_loss_scaler():
@@ -97,7 +198,7 @@ def test_an_fp16_overflow_is_left_to_the_loss_scaler():
 def test_the_verdict_leaves_the_whole_update_out_inside_fused_adamw(scaled):
     """`found_inf` is the verdict (fp32, bf16), or the verdict combined with fp16's GradScaler's own: either leaves the
     update out, and only an overflow moves the loss scale."""
-    from pipeline.pretrain.device_step import skip_updates_on
+    from pipeline.pretrain.step.device_step import skip_updates_on
 
     param = torch.nn.Parameter(torch.ones(4))
     optimizer, verdict = torch.optim.AdamW([param], lr=0.1, fused=True), torch.zeros(())
@@ -128,7 +229,8 @@ def test_the_verdict_leaves_the_whole_update_out_inside_fused_adamw(scaled):
 def test_the_window_is_in_the_checkpoint():
     g, other = guard(), guard()
     judged(g, calm(8))
-    other.load_state_dict({k: v.clone() for k, v in g.state_dict().items()}, step=8)
+    other.load_state_dict({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.state_dict().items()},
+                          step=8)
     assert judged(g, [(5.0, 100.0)], first=9) == judged(other, [(5.0, 100.0)], first=9) == [9]
     fresh = guard(window=16)
     fresh.load_state_dict(g.state_dict(), step=8)  # another window length: it starts empty
@@ -178,8 +280,8 @@ def test_a_resume_leaves_a_rollbacks_range_out(tmp_path, roberta_shards, bpe_tok
     step 2, before the guard's rollback (9-10), whose range the ledger keeps."""
     from helpers import record_at
 
-    from pipeline.pretrain.checkpoint_record import write_record
-    from pipeline.pretrain.checkpoints import tag_for
+    from pipeline.pretrain.checkpoints.storage import tag_for
+    from pipeline.pretrain.plan.record import write_record
     from pipeline.pretrain.preflight import prepare_run
 
     run = tmp_path / "run"
@@ -314,3 +416,25 @@ def test_a_step_trained_again_after_a_rollback_has_its_first_loss(runs, name):
         for clean, rolled in zip(runs.results("clean"), runs.results(name), strict=True):
             assert trained(rolled) == [*range(1, 11), 9, *range(11, STEPS + 1)]
             assert all(batch(rolled, s) == batch(clean, s) for s in range(11, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_two_spikes_a_clean_window_apart_are_each_rolled_back_and_a_nan_before_any_checkpoint_is_left_out(runs):
+    """`guard.max_rollbacks` 1 bounds each spike, not the run. The NaN at step 3 has no checkpoint behind it to go
+    back to: its update is left out and the run goes on."""
+    for two in runs.results("two-spikes"):
+        # 6: back to 4 (5 again, 6 left out); 15, a clean window after 6: back to 12 (13, 14 again, 15 left out)
+        assert trained(two) == [*range(1, 7), 5, *range(7, 16), 13, 14, 16] and two["gave_up"] is None
+    ledger = runs.ledger("two-spikes")
+    assert [type(e) for e in ledger] == [UpdatesSkippedEvent, RollbackEvent, RollbackEvent]
+    assert ledger[0].steps == (3,)
+    assert [(e.first, e.last, e.to) for e in ledger[1:]] == [(6, 6, "step_00000004"), (15, 15, "step_00000012")]
+
+
+@pytest.mark.slow
+def test_a_change_of_level_at_a_resume_re_arms_the_window_rather_than_rolling_back(runs):
+    """The resume changes the peak LR and every later loss is tripled: the window of the first session's level would
+    call each step an outlier and roll back, again and again, to a checkpoint of that level."""
+    for shifted in runs.results("level-shift-resumed"):
+        assert trained(shifted) == list(range(9, 17)) and shifted["gave_up"] is None
+    assert runs.ledger("level-shift") == []

@@ -15,8 +15,9 @@ import torch
 from helpers import tiny_pretrain_config
 from test_phases import load
 
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.engine import client_optimizer, deepspeed_config
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.step.engine import deepspeed_config
+from pipeline.pretrain.step.optimizers import client_optimizer
 
 EPS = 1e-8
 

@@ -56,7 +56,7 @@ def reference_run(initial: dict[str, torch.Tensor], world_size: int):
     """The textbook loop: per step, the mean of the micro batches' losses, clipped, AdamW, LR schedule."""
     from transformers import RobertaForMaskedLM
 
-    from pipeline.pretrain.masked_slots import dense_labels
+    from pipeline.pretrain.batches.masked_slots import dense_labels
 
     model = RobertaForMaskedLM(parity.build_hf_config())
     model.load_state_dict(initial)

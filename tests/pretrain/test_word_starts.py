@@ -11,7 +11,8 @@ from helpers import make_documents, tiny_pretrain_config
 from pipeline.common.config_tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.pretrain.masking import Masker, MaskingConfig, word_rule, word_start_table
+from pipeline.pretrain.config import MaskingConfig
+from pipeline.pretrain.plan.masking import Masker, word_rule, word_start_table
 from pipeline.pretrain.preflight import load_pretrain_config
 
 

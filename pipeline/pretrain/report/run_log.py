@@ -1,8 +1,9 @@
 """What a pretraining run reports: messages and a progress bar on screen, events and metrics in metrics.jsonl and
 MLflow, and the throughput, MFU and data-wait share behind them.
 
-The loop (trainer.py) says what happened; this says it. Rank 0 reports; the other ranks hold a sink that
-drops everything (tracking/metrics.py), so the loop never asks which rank it is on.
+The loop (trainer.py) says what happened; this says it, and decides when: the step metrics every
+`train.log_every` steps and at the end. Rank 0 reports; the other ranks hold a sink that drops everything
+(tracking/metrics.py), so the loop never asks which rank it is on. The validation losses are validation.py's.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.config_tree import flatten, to_dict
 from pipeline.common.run_kernel import run_tags
 from pipeline.common.topology import Topology
-from pipeline.pretrain.batches import PretrainData
-from pipeline.pretrain.cadence import CheckedLosses
-from pipeline.pretrain.device_step import loss_scale
-from pipeline.pretrain.flops import mfu, model_flops_per_token
-from pipeline.pretrain.masking import eval_probability
-from pipeline.pretrain.plan import RunPlan
-from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
-from pipeline.pretrain.run_ledger import GaveUpEvent, RollbackEvent
+from pipeline.pretrain.batches.stretch_data import PretrainData
+from pipeline.pretrain.model.flops import mfu, model_flops_per_token
+from pipeline.pretrain.plan.ledger import GaveUpEvent, RollbackEvent
+from pipeline.pretrain.plan.run_plan import RunPlan
+from pipeline.pretrain.step.device_step import loss_scale
+from pipeline.pretrain.step.step_sync import CheckedLosses
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.sinks import open_metrics
 
@@ -33,17 +32,17 @@ class RunLog:
 
     def __init__(self, plan: RunPlan, topology: Topology):
         self.plan, self.config, self.is_main = plan, plan.config, topology.is_main
+        self.log_every, self.end_step = plan.config.train.log_every, plan.end_step
         self.metrics = MetricsSink()
         self.progress: tqdm | None = None
-        self._entropies: dict[str, float] = {}
-        """Validation unigram entropy per shard folder (the plateau's level), computed at the first evaluation."""
+        self._closed = False
         self._session_wait_share: float | None = None
         """The session's wait share of the rank that waited most, as of the last check."""
 
     def open(self, tokenizer, step: int, parameters: int) -> None:
-        """Rank 0: the config and a tokenizer copy in the run folder; metrics.jsonl and MLflow opened."""
+        """Rank 0: the config and a tokenizer copy in the run folder; metrics.jsonl and MLflow opened, tagged with the
+        stretch the run starts in."""
         c, layout = self.config, self.config.layout
-        self.tokenizer = tokenizer
         if not self.is_main:
             return
         layout.root.mkdir(parents=True, exist_ok=True)
@@ -51,10 +50,11 @@ class RunLog:
         if not layout.tokenizer.exists():
             with staged_folder(layout.tokenizer) as tmp:
                 tokenizer.save_pretrained(tmp)
-        tags = run_tags("pretrain", self.plan.world_size, gradient_accumulation=self.data.plan.accumulation,
-                        parameters=parameters, output_dir=layout.root.resolve())
+        stretch = self.plan.stretch_at(step)
+        tags = run_tags("pretrain", self.plan.world_size, parameters=parameters, output_dir=layout.root.resolve(),
+                        gradient_accumulation=stretch.plan(self.plan.world_size).accumulation)
         if c.phases:
-            tags["phase"] = self.data.stretch.phase.name
+            tags["phase"] = stretch.phase.name
         self.metrics = open_metrics(True, jsonl=layout.metrics, resume_step=step, tracking=c.tracking,
                                     run_name=c.tracking.run_name or layout.root.resolve().name,
                                     state_file=layout.tracking, tags=tags, params=flatten(to_dict(c)))
@@ -64,10 +64,12 @@ class RunLog:
         if self.is_main:
             tqdm.write(message)
 
-    def report(self, step: int, event: dict[str, Any], message: str) -> None:
-        """An event in the metrics, and its message on screen."""
+    def report(self, step: int, event: dict[str, Any], message: str | None = None) -> None:
+        """An event in the metrics (written through at once), and its message on screen."""
         self.metrics.event(event, step)
-        self.say(message)
+        self.metrics.flush()
+        if message:
+            self.say(message)
 
     def use(self, data: PretrainData, hf_config, *, handed_over_at: int | None = None) -> None:
         """Report on `data`'s stretch from now on (its MFU from `hf_config`); announce it when a hand-over starts it."""
@@ -90,8 +92,11 @@ class RunLog:
                     + (f", mix {shares})" if data.mixed else ")"))
 
     def start(self, step: int) -> None:
-        """The loop begins at `step`: the progress bar starts, and the throughput since the last log (`window`) and
-        over this session (`session`)."""
+        """Training starts at `step` (the run's start, or a rollback's): the progress bar stands there, and the
+        throughput since the last log (`window`) and over this session (`session`) is counted from the first."""
+        if self.progress is not None:
+            self._advance(step)
+            return
         self.window, self.session = ThroughputWindow(), ThroughputWindow()
         if self.is_main:
             self.progress = tqdm(total=self.plan.end_step, initial=step, desc="pretrain", unit="step",
@@ -107,15 +112,21 @@ class RunLog:
         what it gives the loop's next check (`StepSync.check`), which gathers every rank's."""
         return [self.window.wait_share, self.session.wait_share]
 
-    def losses(self, checked: CheckedLosses, step: int, lr: float, engine, log: bool) -> None:
-        """The losses brought to the host after `step` steps; logged (with the window's rates) when `log`. The wait
-        shares are the largest of any rank's (`checked.ranks`, from `wait_shares`): the slowest loader holds up
-        every rank's step, so a slow one on another node must not read as compute."""
+    def due(self, step: int) -> bool:
+        """Whether the step metrics are logged after `step` steps: every `train.log_every` and at the end."""
+        return step % self.log_every == 0 or step >= self.end_step
+
+    def after_step(self, step: int, checked: CheckedLosses | None, lr: float, engine) -> None:
+        """The losses a check brought to the host after `step` steps, logged (with the window's rates) when due.
+        The wait shares are the largest of any rank's (`checked.ranks`, from `wait_shares`): the slowest loader
+        holds up every rank's step, so a slow one on another node must not read as compute."""
+        if checked is None:
+            return
         for window in (self.window, self.session):
             window.add(tokens=checked.tokens)
         if checked.ranks:
             self._session_wait_share = max(r[1] for r in checked.ranks)
-        if not log:
+        if not self.due(step):
             return
         tokens_per_s, samples_per_s, wait_share = self.window.rates()
         if checked.ranks:
@@ -162,6 +173,24 @@ class RunLog:
                            "spike_nonfinite": spike.nonfinite, "spike_action": "skipped" if skip else "watched"},
                     f"step{'s' * (spike.count > 1)} {named}: {what} ({bar})")
 
+    def responded(self, response, step: int, config) -> None:
+        """What the spike guard's response (spike_response.py `Response`) did after `step` steps."""
+        self.outliers(response.spike, step, config)
+        if response.action == "no rollback target":
+            self.no_rollback_target(response.spike, step, left_out=response.left_out)
+        elif response.action == "roll back":
+            self.rolled_back(response.events[-1], response.rollbacks, step)
+        elif response.action == "give up":
+            self.gave_up(response.events[-1])
+
+    def no_rollback_target(self, spike, step: int, *, left_out: bool) -> None:
+        """`rollback` found outliers (spike_guard.py `Spike`) before any checkpoint of this run lies behind them."""
+        what = ("their updates were left out" if left_out else
+                "their updates stand (this step cannot leave one out: ZeRO 0 with fused AdamW can)")
+        self.report(step, {"spike_outliers": list(spike.since), "spike_action": "no rollback target"},
+                    f"spike guard: outliers at steps {', '.join(map(str, spike.since))} and no checkpoint of this run "
+                    f"before them to roll back to: {what}; the run goes on")
+
     def rolled_back(self, event: RollbackEvent, rollbacks: int, step: int) -> None:
         """The spike guard rolled the run back after `step` steps (`rollbacks` in all)."""
         self.metrics.log({"guard/rollbacks": rollbacks}, step)
@@ -177,22 +206,6 @@ class RunLog:
     def _advance(self, step: int) -> None:
         if self.progress is not None:
             self.progress.update(step - self.progress.n)
-
-    def evaluation(self, totals, step: int) -> None:
-        """The validation losses of every rank (`PretrainData.evaluate`), beside each corpus's unigram plateau."""
-        levels = None
-        if self.is_main:  # each corpus's unigram plateau: a loss means little without it (plateau.py says why)
-            for source in self.data.corpora:
-                if source.path not in self._entropies:  # once per folder: a bincount over its validation shards
-                    self._entropies[source.path] = plateau_level(source.path, self.tokenizer)
-            levels = [self._entropies[source.path] for source in self.data.corpora]
-        metrics = {**self.data.eval_metrics(totals, levels), "eval/mask_rate": eval_probability(self.config.masking)}
-        self.metrics.log(metrics, step)
-        self.metrics.flush()
-        per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
-                             for s in self.data.corpora if self.data.mixed)
-        self.say(f"step {step}: eval MLM loss{at_mask_rate(metrics)} {metrics_beside_plateau(metrics)}"
-                 f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
 
     def summary(self, step: int) -> None:
         """The session's throughput, MFU and share of time spent waiting for data (of the rank that waited most,
@@ -217,6 +230,10 @@ class RunLog:
                    self.data.plan.world_size)
 
     def close(self, status: str) -> None:
+        """The progress bar and the metrics closed with the run's `status` (again: nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         if self.progress is not None:
             self.progress.close()
             self.progress = None

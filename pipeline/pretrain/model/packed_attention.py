@@ -123,7 +123,8 @@ def check_flex_mask(mask, where: str = "attention_mask") -> None:
     raise PipelineError(
         f"{where}: attn_implementation flex_attention was given a dense mask {shape}; transformers' flex path "
         f"adds a tensor mask to the attention scores instead of masking them, so results would be silently "
-        f"wrong. Give a BlockMask (pipeline.pretrain.packed_attention.document_block_mask) or a 2-D padding mask.")
+        f"wrong. Give a BlockMask (pipeline.pretrain.model.packed_attention.document_block_mask) or a 2-D padding "
+        "mask.")
 
 
 def encoder_inputs(input_ids: torch.Tensor, document_ids: torch.Tensor, position_ids: torch.Tensor,

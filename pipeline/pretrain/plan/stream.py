@@ -32,8 +32,8 @@ from itertools import accumulate
 import numpy as np
 
 from pipeline.data.epoch_order import EpochOrder, ShardLayout
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masking import TRAIN_STREAM
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import TRAIN_STREAM
 
 _ORDER, _MIX = 1, 2  # RNG salts: a corpus's epoch order, a step's shuffle
 

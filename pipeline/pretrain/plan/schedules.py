@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # nothing at run time: the preflight's checks import this module
+    import torch
+
     from pipeline.pretrain.config import PretrainConfig, ScheduleConfig
-    from pipeline.pretrain.phases import Phase
+    from pipeline.pretrain.plan.phases import Phase
 
 # The decay shapes of p ∈ [0, 1]: 1 at p = 0, 0 at p = 1. "cosine" and "1-sqrt" are WSD's (Hägele et al.
 # 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations").
@@ -133,10 +135,29 @@ def lr_schedule(config: PretrainConfig, phases: list[Phase], anneal: Anneal | No
         return Schedule(tuple(part for p in phases for part in segments(
             config.schedule, start=p.start, end=p.end, warmup=p.warmup_steps, peak=p.lr / config.optimizer.lr,
             decay_steps=p.decay_steps)))
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     source = lr_schedule(anneal.source, resolve_phases(anneal.source))
     start = source.multiplier(anneal.start) * anneal.source.optimizer.lr / config.optimizer.lr
     s = config.schedule
     return Schedule((Segment(start=anneal.start, end=anneal.start + anneal.steps, shape=s.decay, high=start,
                              low=s.end_lr_ratio, power=s.power),))
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule) -> torch.optim.lr_scheduler.LambdaLR:
+    """Each group's base LR × `schedule.multiplier(step)` (schedules.py, the one owner of the LR)."""
+    # A function, not the Schedule object: LambdaLR saves a callable object's __dict__ in its state and puts it back
+    # on load, which would replace this run's segments with the checkpoint's (an anneal's source, say).
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return LambdaLR(optimizer, lambda step: schedule.multiplier(step))
+
+
+def restore_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
+    """Put a loaded scheduler at optimizer step `step`; its LambdaLR sets each group's LR from the run's schedule.
+
+    A resume restores the step, not the LR the checkpoint's optimizer saved: the two differ for an anneal (the
+    source run's schedule saved it) and for a resume with another train.max_steps.
+    """
+    scheduler.last_epoch = step - 1
+    scheduler.step()

@@ -40,105 +40,26 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pipeline.common.config_tree import refuse
 from pipeline.common.errors import PipelineError
+from pipeline.data.epoch_order import splitmix64
+from pipeline.pretrain.config import MaskingConfig
+from pipeline.pretrain.span_lengths import mean_span_words, span_length_distribution
 
 IGNORE_INDEX = -100
 """Label of positions that are not predicted (the value PyTorch's cross-entropy ignores)."""
 
 TRAIN_STREAM, EVAL_STREAM = 1, 2
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_SECOND = np.uint64(0x94D049BB133111EB)
+"""Salts a masked position's second draw (its 80/10/10 kind and random token)."""
 # Salts that separate the span draws (gap, length, 80/10/10 kind, phase) from each other and from the token draws.
 _GAP, _LENGTH, _KIND, _PHASE = (np.uint64(s) for s in (0x243F6A8885A308D3, 0x13198A2E03707344,
                                                         0xA4093822299F31D0, 0x082EFA98EC4E6C89))
 
 
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser: a bijective 64-bit mix whose outputs pass BigCrush as a counter RNG."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
-
-
 def _uniform(bits: np.ndarray) -> np.ndarray:
     """Top 53 bits → float64 in [0, 1)."""
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-
-
-def span_length_distribution(p: float, max_words: int) -> np.ndarray:
-    """P(length = 1 … max_words): geometric(p) truncated at `max_words` and renormalised, as SpanBERT does."""
-    weights = p * (1 - p) ** np.arange(max_words)
-    return weights / weights.sum()
-
-
-def mean_span_words(p: float, max_words: int) -> float:
-    """The mean span length in words of `span_length_distribution(p, max_words)`."""
-    return float(span_length_distribution(p, max_words) @ np.arange(1, max_words + 1))
-
-
-def span_coverage_problem(key: str, probability: float, p: float, max_words: int) -> str | None:
-    """Why spans of this length cannot cover `probability` (the value of `key`) of the words, or None.
-
-    Spans are separated by at least one word, so spans of m words on average cover at most m / (m + 1).
-    """
-    mean = mean_span_words(p, max_words)
-    most = mean / (mean + 1)
-    if probability <= most:
-        return None
-    return (f"{key} {probability} is more than spans of {mean:.2f} words on average "
-            f"(masking.span_p {p}, masking.span_max_words {max_words}) can cover with a word "
-            f"between them ({most:.3f}); lower it or lengthen the spans")
-
-
-@dataclass
-class MaskingConfig:
-    """The config's `masking` section, declared here beside the masker that reads it (config.py uses it)."""
-
-    mode: Literal["dynamic", "static"] = "dynamic"
-    probability: float = 0.15
-    """Fraction of tokens (unit token), of words (unit word) or of words covered by spans (unit span)."""
-    eval_probability: float | None = None
-    """The same fraction for validation (None: `probability`). ModernBERT trains at 0.3 and reports at 0.15, so
-    losses compare across recipes; every validation loss is logged beside its rate (`eval/mask_rate`)."""
-    mask_token_fraction: float = 0.8
-    random_token_fraction: float = 0.1
-    unit: Literal["token", "word", "span"] = "token"
-    """What is chosen: single tokens, whole words (all sub-tokens), or SpanBERT spans of whole words."""
-    span_p: float = 0.2
-    """unit span: span lengths in words are geometric with this p (SpanBERT: 0.2, mean 3.8 words)."""
-    span_max_words: int = 10
-    """unit span: the longest span, in words; the geometric distribution is truncated here and renormalised."""
-
-    def __post_init__(self):
-        problems = self.rate_problems("masking.probability", self.probability, "")
-        problems += self.rate_problems("masking.eval_probability", self.eval_probability,
-                                       " or null (the training rate)")
-        if min(self.mask_token_fraction, self.random_token_fraction) < 0 \
-                or self.mask_token_fraction + self.random_token_fraction > 1:
-            problems.append(f"masking.mask_token_fraction {self.mask_token_fraction} + masking.random_token_fraction "
-                            f"{self.random_token_fraction} must be non-negative and sum to at most 1")
-        if self.unit == "span" and not self._spans_valid:
-            problems.append(f"masking.span_p must be in (0, 1] and masking.span_max_words ≥ 1, got {self.span_p} and "
-                            f"{self.span_max_words}")
-        refuse(self, problems)
-
-    @property
-    def _spans_valid(self) -> bool:
-        return 0 < self.span_p <= 1 and self.span_max_words >= 1
-
-    def rate_problems(self, key: str, rate: float | None, null: str) -> list[str]:
-        """Why a masker of this section cannot mask at `rate`, the value of `key` (`null` says what None means): a
-        rate outside (0, 1), or one its spans cannot cover (the Masker relies on both)."""
-        if rate is None:
-            return []
-        if not 0 < rate < 1:
-            return [f"{key}: must be in (0, 1){null}, got {rate}"]
-        problem = self.unit == "span" and self._spans_valid and span_coverage_problem(key, rate, self.span_p,
-                                                                                       self.span_max_words)
-        return [problem] if problem else []
 
 
 class Masker:
@@ -202,7 +123,7 @@ class Masker:
 
         # A second, independent draw for the chosen positions only: which corruption, which token.
         rows_i, cols_i = np.nonzero(chosen)
-        second = splitmix64(bits[rows_i, cols_i] ^ _M2)
+        second = splitmix64(bits[rows_i, cols_i] ^ _SECOND)
         if m.unit == "span":  # one draw per span, keyed by the span's slot in its row
             kind = _uniform(splitmix64(keys[rows_i] ^ ((span_slot[rows_i, cols_i] + np.uint64(1)) * _GOLDEN) ^ _KIND))
         else:

@@ -1,4 +1,4 @@
-"""The config's `deepspeed` section: DeepSpeed's own further keys, checked against DeepSpeed's own config models.
+"""What the config knows of DeepSpeed's keys: the `deepspeed` section's further keys checked against DeepSpeed's models.
 
 The pipeline owns precision, the ZeRO stage, batch sizes, optimizer, schedule and clipping; the section
 may not set them (an old spelling is refused with the new one). Everything else passes to DeepSpeed as
@@ -23,7 +23,7 @@ DERIVED_DEEPSPEED_KEYS = {
     "optimizer": "the optimizer section",
     "scheduler": "the schedule section",
     "gradient_clipping": "train.gradient_clipping",
-    "torch_autocast": "train.precision (at ZeRO 0, bf16 and fp16 train under autocast: pipeline/pretrain/engine.py)",
+    "torch_autocast": "train.precision (at ZeRO 0, bf16 and fp16 train under autocast: step/engine.py)",
 }
 
 # Modules whose upper-case string constants name DeepSpeed's config keys (those a version lacks are skipped).
@@ -68,7 +68,7 @@ def owned_key_problems(ds: dict[str, Any]) -> list[str]:
 
 
 GRAD_SCALER_KEYS = ("initial_scale_power", "loss_scale_window")
-"""The `fp16` keys torch's GradScaler takes at ZeRO 0 (pipeline/pretrain/device_step.py builds it from them)."""
+"""The `fp16` keys torch's GradScaler takes at ZeRO 0 (pipeline/pretrain/step/device_step.py builds it from them)."""
 
 
 def grad_scaler_problems(ds: dict[str, Any], precision: str, zero_stage: int) -> list[str]:

@@ -24,7 +24,6 @@ and the same document mask (the kernels compute the same attention); the record 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +33,10 @@ import torch
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.output_agreement import RELATIVE_TOLERANCE, Agreement, compare_logits, refuse_unless_within
-from pipeline.pretrain.checkpoint_facts import CheckpointFacts
-from pipeline.pretrain.masked_slots import dense_labels
-from pipeline.pretrain.masking import EVAL_STREAM, IGNORE_INDEX
+from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.pretrain.batches.masked_slots import dense_labels
+from pipeline.pretrain.export.facts import CheckpointFacts
+from pipeline.pretrain.plan.masking import EVAL_STREAM, IGNORE_INDEX
 
 CHECK_ROWS = 8
 """Validation sequences in the checked batch (the first ones, as the run's evaluation takes them)."""
@@ -66,36 +66,26 @@ class _FirstRows:
         return len(self.fields["input_ids"])
 
 
-def validation_batch(facts: CheckpointFacts, tokenizer) -> dict[str, torch.Tensor]:
+def validation_batch(facts: CheckpointFacts, tokenizer, info: TokenizerInfo) -> dict[str, torch.Tensor]:
     """The first validation micro batch of the phase that trained the checkpoint's last step (of a mix, its first
     corpus's), masked as the run's evaluation masks it."""
-    from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.batches import MaskedBatches, MicroBatchKey
-    from pipeline.pretrain.masking import build_masker
-    from pipeline.pretrain.model import first_position_id
+    from pipeline.pretrain.batches.stretch_data import MaskedBatches, MicroBatchKey
+    from pipeline.pretrain.model.hf_model import first_position_id
+    from pipeline.pretrain.plan.masking import build_masker
 
     c = facts.config
-    rows = _FirstRows(check_phase(facts).data.corpora()[0].path, CHECK_ROWS)
-    info = describe_tokenizer(tokenizer)
+    rows = _FirstRows(facts.phase.data.corpora()[0].path, CHECK_ROWS)
     masker = build_masker(c.masking, tokenizer, info.vocab_size, info.mask_id, c.train.seed, evaluation=True)
     batches = MaskedBatches(rows, masker, with_segments=facts.architecture == "bert",
                             position_offset=first_position_id(facts.architecture, info.pad_id))
     return batches[MicroBatchKey(0, np.arange(len(rows)), EVAL_STREAM)]
 
 
-def check_phase(facts: CheckpointFacts):
-    """The phase that trained the checkpoint's last step (past the end: an anneal's, the last)."""
-    from pipeline.pretrain.phases import resolve_phases
-
-    phases = resolve_phases(facts.config)
-    return next((p for p in phases if p.start < facts.step <= p.end), phases[-1])
-
-
 def trained_seq_len(facts: CheckpointFacts) -> int:
     """The sequence length the trainer sized positions for: the longest of the shard folders the config names
     (those still readable), at least the checkpoint's own."""
     from pipeline.data.shard_index import load_index
-    from pipeline.pretrain.phases import resolve_phases
+    from pipeline.pretrain.plan.phases import resolve_phases
 
     lengths = [facts.seq_len]
     for source in {s.path for p in resolve_phases(facts.config) for s in p.data.corpora()}:
@@ -106,37 +96,21 @@ def trained_seq_len(facts: CheckpointFacts) -> int:
     return max(lengths)
 
 
-def training_model(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], tokenizer):
-    """The training class as the trainer built it, holding `state`, in fp32 and eval mode; and its kernel."""
-    from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.model import SPARSE_CLASSES, build_model, load_trained_weights, use_phase_rope
+def training_path(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], info: TokenizerInfo,
+                  batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float, str]:
+    """The masked positions' logits and the MLM loss from the training class on the run's path, in fp32; and that
+    path in words."""
+    from pipeline.pretrain.model.hf_model import training_model
 
     trained_with = facts.config.model.attn_implementation
     attention = trained_with if trained_with in CPU_ATTENTION else "sdpa"
-    if facts.config.model.init_from:  # its shape is the folder's, which may be a hub name: the record's
-        cls = SPARSE_CLASSES[facts.architecture]
-        model = cls(cls.config_class.from_dict({**hf_config, "attn_implementation": attention}))
-        if facts.architecture == "bert":  # a training switch the record's config does not hold: the run's
-            model.next_sentence_loss = facts.config.model.next_sentence_loss
-    else:
-        config = dataclasses.replace(facts.config.model, attn_implementation=attention)
-        model = build_model(config, describe_tokenizer(tokenizer), trained_seq_len(facts))
-        use_phase_rope(model, check_phase(facts), lambda _: None)
     try:
-        model = load_trained_weights(model, state, facts.folder)
+        model = training_model(facts.config.model, hf_config, info, trained_seq_len(facts), facts.phase, state,
+                               attention, facts.folder)
     except RuntimeError as err:  # a tensor of another shape than the config's model has
         raise PipelineError(f"the export of {facts.folder} refused: its weights do not fit the model the run's "
                             f"config builds ({str(err).splitlines()[-1].strip()}); the config or the checkpoint is "
                             "not the run's") from None
-    kernel = attention if attention == trained_with else f"{attention} (the run used {trained_with})"
-    return model.float().eval(), kernel
-
-
-def training_path(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], tokenizer,
-                  batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float, str]:
-    """The masked positions' logits and the MLM loss from the training class on the run's path, in fp32; and that
-    path in words."""
-    model, kernel = training_model(facts, hf_config, state, tokenizer)
     with torch.no_grad():
         logits = model.masked_logits(**batch)
         out = model(**batch)
@@ -145,6 +119,7 @@ def training_path(facts: CheckpointFacts, hf_config: dict, state: dict[str, torc
             else "padded rows" if "attention_mask" in batch else "full rows")
     if "token_type_ids" in batch:
         rows += " of segment pairs"
+    kernel = attention if attention == trained_with else f"{attention} (the run used {trained_with})"
     trained = "" if facts.precision == "fp32" else f", its {facts.precision} run's fp32 weights"
     return logits, loss, (f"training forward ({type(model).__name__} built from the run's config: MLM head at "
                           f"masked positions only), {rows}, {kernel}{trained}")
@@ -190,21 +165,19 @@ def exported_outputs(folder: Path, batch: dict[str, torch.Tensor], pad_id: int) 
     return out.logits[labels != IGNORE_INDEX], float(out.loss)
 
 
-def tokenizer_problem(tokenizer, facts: CheckpointFacts, what: str) -> str | None:
-    """Why `tokenizer` is not the one the run's shards were made with (fingerprints compared), or None."""
+def tokenizer_problem(fingerprint: str, facts: CheckpointFacts, what: str) -> str | None:
+    """Why the tokenizer of `fingerprint` is not the one the run's shards were made with, or None."""
     from pipeline.data.shard_index import load_index
-    from pipeline.data.tokenizer import describe_tokenizer
 
-    folder = check_phase(facts).data.corpora()[0].path
+    folder = facts.phase.data.corpora()[0].path
     try:
         made_with = load_index(folder)["tokenizer"]
     except PipelineError as err:
         raise PipelineError(f"the export is checked on the run's validation shards, which cannot be read: {err}. "
                             "Restore the shard folder the run's config names") from None
-    found = describe_tokenizer(tokenizer).fingerprint
-    if found == made_with["fingerprint"]:
+    if fingerprint == made_with["fingerprint"]:
         return None
-    return (f"{what} is not the tokenizer the run's shards {folder} were made with: its fingerprint is {found}, "
+    return (f"{what} is not the tokenizer the run's shards {folder} were made with: its fingerprint is {fingerprint}, "
             f"the shards' {made_with['fingerprint']} ({made_with['name']}). A model is useless with another "
             "tokenizer's ids; restore the run's tokenizer/ folder (a copy of data.tokenizer)")
 
@@ -245,19 +218,34 @@ class ExportCheck:
             "tolerance": self.loss_tolerance}, "tokenizer_fingerprint": self.tokenizer_fingerprint}
 
 
-def check_export(facts: CheckpointFacts, hf_config: dict, state: dict[str, torch.Tensor], folder: Path,
-                 tokenizer) -> ExportCheck:
-    """Both paths on the checkpoint's first validation batch, compared; an exported tokenizer that is not the
-    shards' is refused first."""
-    from transformers import AutoTokenizer
+class ExportProof:
+    """The proof an export of one checkpoint must pass: the run's tokenizer the shards' (refused before any weight is
+    read), then, once the folder is written, the checked batch through both paths."""
 
-    from pipeline.data.tokenizer import describe_tokenizer
+    def __init__(self, facts: CheckpointFacts, tokenizer):
+        from pipeline.data.tokenizer import describe_tokenizer
 
-    exported_tokenizer = AutoTokenizer.from_pretrained(folder)
-    if problem := tokenizer_problem(exported_tokenizer, facts, f"the tokenizer saved in the export ({folder})"):
-        raise PipelineError(f"the export of {facts.folder} refused: {problem}")
-    batch = validation_batch(facts, tokenizer)
-    reference, reference_loss, path = training_path(facts, hf_config, state, tokenizer, batch)
-    exported, exported_loss = exported_outputs(folder, batch, tokenizer.pad_token_id)
-    return ExportCheck(compare_logits(reference, exported, "fp32", path), reference_loss, exported_loss,
-                       describe_tokenizer(exported_tokenizer).fingerprint)
+        self.facts, self.tokenizer, self.info = facts, tokenizer, describe_tokenizer(tokenizer)
+        if problem := tokenizer_problem(self.info.fingerprint, facts,
+                                        f"the run's tokenizer ({tokenizer.name_or_path})"):
+            raise PipelineError(f"the export of {facts.folder} refused: {problem}")
+
+    def check(self, folder: Path, state: dict[str, torch.Tensor], hf_config: dict) -> ExportCheck:
+        """Both paths on the checkpoint's first validation batch, compared; refused beyond the tolerance (an exported
+        tokenizer that is not the shards' first). `hf_config`: the exported model's (the shape of an init_from
+        run's training model)."""
+        from transformers import AutoTokenizer
+
+        from pipeline.data.tokenizer import describe_tokenizer
+
+        facts = self.facts
+        exported_fingerprint = describe_tokenizer(AutoTokenizer.from_pretrained(folder)).fingerprint
+        if problem := tokenizer_problem(exported_fingerprint, facts, f"the tokenizer saved in the export ({folder})"):
+            raise PipelineError(f"the export of {facts.folder} refused: {problem}")
+        batch = validation_batch(facts, self.tokenizer, self.info)
+        reference, reference_loss, path = training_path(facts, hf_config, state, self.info, batch)
+        exported, exported_loss = exported_outputs(folder, batch, self.tokenizer.pad_token_id)
+        check = ExportCheck(compare_logits(reference, exported, "fp32", path), reference_loss, exported_loss,
+                            exported_fingerprint)
+        check.refuse_unless_passed(f"the export of {facts.folder}")
+        return check

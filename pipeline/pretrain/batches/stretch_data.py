@@ -25,13 +25,13 @@ from torch.utils.data import DataLoader
 
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.data.tokenizer import TokenizerInfo
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.masked_slots import masked_count, masked_slots, slot_bound
-from pipeline.pretrain.masking import EVAL_STREAM, Masker, build_masker
-from pipeline.pretrain.model import first_position_id
-from pipeline.pretrain.packed_attention import document_layout
-from pipeline.pretrain.plan import RunPlan, Stretch
-from pipeline.pretrain.stream import DataStream, MicroBatchKey
+from pipeline.pretrain.batches.masked_slots import masked_count, masked_slots, slot_bound
+from pipeline.pretrain.model.hf_model import first_position_id
+from pipeline.pretrain.model.packed_attention import document_layout
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.masking import EVAL_STREAM, Masker, build_masker
+from pipeline.pretrain.plan.run_plan import RunPlan, Stretch
+from pipeline.pretrain.plan.stream import DataStream, MicroBatchKey
 
 
 class MaskedBatches(torch.utils.data.Dataset):
@@ -189,14 +189,16 @@ class PretrainData:
                                          position_offset=position_offset)
 
     @classmethod
-    def for_stretch(cls, stretch: Stretch, run: RunPlan, tokenizer, info: TokenizerInfo) -> PretrainData:
-        """The data of one of the `run`'s stretches: its batch plan, a masker at its phase's masking rate, and
-        validation masks at the run's one rate (`masking.eval_probability`), so every phase's losses compare."""
+    def for_stretch(cls, stretch: Stretch, plan: BatchPlan, run: RunPlan, tokenizer,
+                    info: TokenizerInfo) -> PretrainData:
+        """The data of one of the `run`'s stretches at its batch `plan` on this world size: a masker at its phase's
+        masking rate, and validation masks at the run's one rate (`masking.eval_probability`), so every phase's
+        losses compare."""
         config, seed = run.config, run.config.train.seed
         masking = dataclasses.replace(config.masking, probability=stretch.phase.masking_probability)
         masker = build_masker(masking, tokenizer, info.vocab_size, info.mask_id, seed)
         eval_masker = build_masker(config.masking, tokenizer, info.vocab_size, info.mask_id, seed, evaluation=True)
-        return cls(stretch, stretch.plan(run.world_size), masker, seed=seed, cache_dir=config.cache_dir,
+        return cls(stretch, plan, masker, seed=seed, cache_dir=config.cache_dir,
                    tokenizer_fingerprint=info.fingerprint,
                    with_segments=config.model.architecture == "bert",  # where the shards hold pairs
                    # doc-packed rows restart positions per document from the first position id

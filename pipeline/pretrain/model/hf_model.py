@@ -14,6 +14,7 @@ The batch names the masked positions in a fixed number of slots (masked_slots.py
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,11 +36,11 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.masking import IGNORE_INDEX
-from pipeline.pretrain.packed_attention import FLEX, check_flex_mask, encoder_inputs
+from pipeline.pretrain.model.packed_attention import FLEX, check_flex_mask, encoder_inputs
+from pipeline.pretrain.plan.masking import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from pipeline.pretrain.phases import Phase
+    from pipeline.pretrain.plan.phases import Phase
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
                     "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "initializer_range")
@@ -229,6 +230,32 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
     return built
 
 
+def training_model(model: ModelConfig, hf: dict, tokenizer: TokenizerInfo, seq_len: int, phase: Phase,
+                   state: dict[str, torch.Tensor], attention: str, source: str | Path) -> torch.nn.Module:
+    """The training class as the trainer built it, with `attention`, holding `state`, in fp32 and eval mode: from the
+    model section (positions for `seq_len`, `phase`'s RoPE bases), or for a `model.init_from` run from the shape
+    its record keeps (`hf`: the folder's, which may be a hub name)."""
+    if model.init_from:
+        cls = SPARSE_CLASSES[model.architecture]
+        built = cls(cls.config_class.from_dict({**hf, "attn_implementation": attention}))
+        if model.architecture == "bert":  # a training switch the record's config does not hold: the run's
+            built.next_sentence_loss = model.next_sentence_loss
+    else:
+        built = build_model(dataclasses.replace(model, attn_implementation=attention), tokenizer, seq_len)
+        use_phase_rope(built, phase, lambda _: None)
+    return load_trained_weights(built, state, source).float().eval()
+
+
+def exported_model(architecture: str, hf: dict | None, model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int,
+                   state: dict[str, torch.Tensor], source: str | Path) -> tuple[torch.nn.Module, dict]:
+    """transformers' own class of `architecture` (what a user's `from_pretrained` builds) holding `state`, and its
+    config: `hf` as a checkpoint's record keeps it (an init_from folder's own shape), or for one written before
+    records held it (None), rebuilt from the model section."""
+    hf = hf or hf_config(model, tokenizer, seq_len).to_dict()
+    cls = EXPORT_CLASSES[architecture]
+    return load_trained_weights(cls(cls.config_class.from_dict(hf)), state, source), hf
+
+
 def load_trained_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> torch.nn.Module:
     """`model` holding the consolidated weights `state` (every key but the tied ones required, none unexpected),
     its tied weights tied again."""
@@ -270,7 +297,7 @@ def created_head_note(model: torch.nn.Module, missing_keys, source: str) -> str 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Optimizer groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa).
 
-    LAMB also skips its trust ratio in the second group (`engine.Lamb`). Norms are found
+    LAMB also skips its trust ratio in the second group (`step/lamb.py`). Norms are found
     by module type, not by name: every name in the pre-LN model contains "roberta_prelayernorm".
     """
     norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}

@@ -1,49 +1,47 @@
-"""The spike guard: each step's loss and gradient norm judged on the device against the last steps', and what the
-run does about an outlier (`train.spike_guard`): nothing (`off`), leave its update out (`skip`), or go back to the
-newest checkpoint before it and leave that stretch's batches out (`rollback`).
+"""The spike guard's judgement: each step's loss and gradient norm judged on the device against the last steps'
+(`train.spike_guard`). What the run does about an outlier is spike_response.py's.
 
 A step is an outlier when its loss or its gradient norm lies more than `guard.threshold` deviations above the mean
 of the last `guard.window` steps (once `guard.min_steps` are held: OLMo-core's skip-step optimizer), or when either
 is not finite. An outlier enters the window clipped to that bar, so a spike does not lift the bar for the next one,
-while a lasting change of level is followed; a new phase starts an empty window. The loss is every rank's mean (one
-scalar all-reduce a step, on the device) and the norm DeepSpeed's global one, so every rank judges alike.
+while a lasting change of level is followed. The window re-arms (starts empty, and judges again after
+`guard.min_steps`) whenever what it measures changes: a new phase, however the run arrives there (a hand-over, a
+resume or a rollback onto a phase boundary), or a resume whose mix, batch, optimizer, schedule, masking or model
+differs from the run that filled the window (`level_of`). The loss is every rank's mean (one scalar all-reduce a
+step, on the device) and the norm DeepSpeed's global one, so every rank judges alike.
 
 Nothing is read back between logging steps: the verdict, the window and the outliers found stay in device tensors,
-and `readout` joins them to the losses' one all-reduce and copy at a check (cadence.py), where `verdict` turns them
-into what the loop does. A step is judged between its gradient norm and its update:
-- at ZeRO 0 in its clipping (device_step.py), which hands a `skip` verdict to torch's fused AdamW as `found_inf`:
-  the kernel leaves the whole update out, weights, moments and step counter alike;
+and `readout` joins them to the losses' one all-reduce and copy at a check (step_sync.py), where `verdict` turns them
+into a `Spike` for spike_response.py. A step is judged between its gradient norm and its update:
+- at ZeRO 0 in its clipping (device_step.py), which hands the verdict to torch's fused AdamW as `found_inf`: the
+  kernel leaves the whole update out, weights, moments and step counter alike. `skip` leaves every outlier's update
+  out; `rollback` does so only while no checkpoint lies behind the run to roll back to (`checkpoint_behind`);
 - at ZeRO 1-3 after DeepSpeed's step, on its norm: `rollback` only (config.py refuses `skip` there).
-
-A rollback goes back to the newest checkpoint before the first outlier, trains again up to it and leaves out the
-batches from the first outlier through the last (`guard.margin` more on each side), as `--skip-steps` would: the
-run's ledger records it, later checkpoints are set aside, and the same process goes on (`Pretrainer._roll_back`).
-The order and dropout are functions of the step, so the steps trained again reach the state the spike met exactly;
-what changes is the batches it meets. (Leaving out everything from the checkpoint, as PaLM did by hand, would cost
-up to `checkpoint.every` batches a rollback: a margin leaves out as many as wanted.) The window goes back with the
-checkpoint, which holds it (`state_dict`), so a resumed run judges as an uninterrupted one.
+The window goes back with a checkpoint, which holds it (`state_dict`), so a resumed run judges as an uninterrupted
+one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from pipeline.common.errors import PipelineError
-from pipeline.data.tokenizer import TokenizerInfo
-from pipeline.pretrain.checkpoint_record import read_record
-from pipeline.pretrain.checkpoints import complete_checkpoints
+from pipeline.common.config_tree import to_dict
 from pipeline.pretrain.config import PretrainConfig, spike_drill
-from pipeline.pretrain.plan import RunPlan, build_plan
-from pipeline.pretrain.preflight import find_start
-from pipeline.pretrain.run_ledger import GaveUpEvent, Ledger, RollbackEvent
+from pipeline.pretrain.plan.run_plan import Stretch
 
 MIN_DEVIATION = 1e-3
 """The least deviation, as a share of the window's mean: a flat window must not call every rise an outlier."""
 NONE = -1
 """No step (a slot of the outlier ring that names none)."""
+LEVEL_SECTIONS = ("model", "masking", "optimizer", "schedule")
+"""The config's sections that set the level of the loss and the gradient norm (with the stretch's phase, corpora,
+shares and batch, and the training precision)."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +77,14 @@ class Spike:
     """The first and last outlier known: since the last check, or in the window."""
 
 
-class GiveUp(PipelineError):
-    """The guard stops the run; its event goes in the ledger."""
-
-    def __init__(self, event: GaveUpEvent):
-        super().__init__(event.why)
-        self.event = event
+def level_of(stretch: Stretch, config: PretrainConfig) -> str:
+    """What the window measures the level of: the stretch's phase, corpora and shares, and the config's sections that
+    move a loss or a norm (`LEVEL_SECTIONS`, the global batch, the precision). Not the stretch's own batch: a batch
+    warmup's hand-overs keep their window."""
+    what = {"phase": stretch.phase.index, "corpora": stretch.keys, "shares": [str(s) for s in stretch.shares],
+            "batch": config.train.global_batch_size, "precision": config.train.precision,
+            **{name: to_dict(getattr(config, name)) for name in LEVEL_SECTIONS}}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class SpikeGuard:
@@ -93,8 +93,7 @@ class SpikeGuard:
     def __init__(self, config: PretrainConfig, device: torch.device | str, world_size: int):
         t, g = config.train, config.guard
         self.mode, self.world_size = t.spike_guard, world_size
-        self.window, self.threshold, self.min_steps, self.rollback_after = (g.window, g.threshold, g.min_steps,
-                                                                            g.rollback_after)
+        self.window, self.threshold, self.min_steps = g.window, g.threshold, g.min_steps
         self.judges_in_step = t.zero_stage == 0
         # An fp16 overflow is its loss scaler's to skip (and halve the scale for): not a spike.
         self.nonfinite_is_outlier = t.precision != "fp16"
@@ -109,6 +108,12 @@ class SpikeGuard:
         """Since the last check: outliers, non-finite ones, the first and the last."""
         self.skip = torch.zeros((), device=device)
         """The verdict on the step being taken: 1 leaves its update out (torch's `found_inf`)."""
+        self.skip_enabled = torch.tensor(float(self.on), device=device)
+        """Whether an outlier's update is left out: always with `skip`; with `rollback` until a checkpoint lies behind
+        the run (a host write, no read)."""
+        self.can_skip = False
+        """Whether the step can leave an update out (device_step.py: ZeRO 0 with torch's fused AdamW)."""
+        self.level: str | None = None
         self._slots = torch.arange(g.window, device=device)
         self._step, self._loss, self._last_check = 0, None, 0
 
@@ -144,7 +149,7 @@ class SpikeGuard:
         outlier = finite & judged & (x > bar).any()
         if self.nonfinite_is_outlier:
             outlier = outlier | ~finite
-        self.skip.copy_(outlier)
+        self.skip.copy_(outlier * self.skip_enabled)
         kept = torch.where(judged, torch.minimum(x, bar), x)  # an outlier enters at the bar
         written = (self._slots == self.slot) & finite
         self.history.copy_(torch.where(written, kept[:, None], self.history))
@@ -162,11 +167,21 @@ class SpikeGuard:
         if self.on and not self.judges_in_step:
             self.judge(engine.get_global_grad_norm())
 
+    def enter(self, level: str) -> None:
+        """The run trains at `level` (`level_of`) from now on: a window of another level (or of none known, as a
+        checkpoint from before levels were kept holds) starts empty."""
+        if level != self.level:
+            self.reset_window()
+        self.level = level
+
     def reset_window(self) -> None:
-        """A new phase: its loss and norm have their own level, so the window starts empty (and judges again after
-        `guard.min_steps`)."""
         self.filled.zero_()
         self.slot.zero_()
+
+    def checkpoint_behind(self) -> None:
+        """A checkpoint now lies behind the run: `rollback` goes back to it rather than leaving an update out."""
+        if self.mode == "rollback":
+            self.skip_enabled.fill_(0.0)
 
     def readout(self) -> torch.Tensor | None:
         """What a check brings to the host with the losses (the same on every rank); starts a new count."""
@@ -187,75 +202,24 @@ class SpikeGuard:
         known = [s for s in (*window, first, last) if s != NONE and s > 0]
         return Spike(count, nonfinite, since, window, min(known, default=None), max(known, default=None))
 
-    def rolls_back(self, spike: Spike) -> bool:
-        """rollback: a non-finite loss or norm, or `guard.rollback_after` outliers among the last `window` steps."""
-        return self.mode == "rollback" and (spike.nonfinite > 0 or len(spike.window) >= self.rollback_after)
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds (nothing with the guard off): the window, the outlier ring and their level."""
+        if not self.on:
+            return {}
+        return {"history": self.history, "filled": self.filled, "slot": self.slot, "outliers": self.outliers,
+                "level": self.level}
 
-    def stop_if_diverging(self, spike: Spike, at_step: int) -> None:
-        """skip: raise GiveUp when more than half the window's updates were left out; the loss has moved, not
-        spiked, and leaving out every update would stall the run."""
-        if self.mode == "skip" and len(spike.window) > self.window // 2:
-            raise gave_up(spike, at_step, (
-                f"spike guard: the updates of {len(spike.window)} of the last {self.window} steps were left out "
-                f"(steps {spike.window[0]}-{spike.window[-1]}): the loss has moved, not spiked; stopping without "
-                f"saving. Lower optimizer.lr or raise schedule.warmup_steps, or use train.spike_guard rollback"))
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """What a checkpoint holds: the window and the outlier ring."""
-        return {"history": self.history, "filled": self.filled, "slot": self.slot, "outliers": self.outliers}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor] | None, step: int) -> None:
-        """The window a checkpoint after `step` steps held; none (the guard was off, or its window had another
-        length): an empty one, as at a run's start."""
+    def load_state_dict(self, state: dict[str, Any] | None, step: int, *, behind: bool = False) -> None:
+        """The window a checkpoint after `step` steps held; none (the guard was off, or its window had another length):
+        an empty one, as at a run's start. `behind`: that checkpoint is the run's own, now behind it."""
         self._last_check = step
-        if state is None or state["history"].shape != self.history.shape:
+        if behind:
+            self.checkpoint_behind()
+        if not state or state["history"].shape != self.history.shape:
             self.reset_window()
             self.outliers.fill_(NONE)
+            self.level = None
             return
-        for name, tensor in self.state_dict().items():
-            tensor.copy_(state[name])
-
-
-def gave_up(spike: Spike, at_step: int, why: str) -> GiveUp:
-    outliers = spike.window or spike.since
-    return GiveUp(GaveUpEvent(outliers, spike.nonfinite, why, at_step))
-
-
-def rollback_event(plan: RunPlan, spike: Spike, at_step: int) -> RollbackEvent:
-    """Where the rollback after `spike`, found after `at_step` steps, goes: the newest of this run's checkpoints before
-    its first outlier, and the steps it leaves out, from its first outlier through its last with `guard.margin` more
-    on each side (none before the checkpoint). Raises GiveUp when the run has rolled back `guard.max_rollbacks` times,
-    or no checkpoint precedes the outlier."""
-    g, first, last = plan.config.guard, spike.first, spike.last
-    span = f"steps {first}-{last}" if first != last else f"step {first}"
-    by_hand = f"--skip-steps {max(first - g.margin, 1)}:{last + g.margin}"
-    what = (f"{spike.nonfinite} non-finite loss or gradient norm" if spike.nonfinite else
-            f"{len(spike.window)} outlier{'s' * (len(spike.window) != 1)} (loss or gradient norm above the last "
-            f"{g.window} steps' mean + {g.threshold:g} deviations)")
-    if plan.ledger.rollbacks >= g.max_rollbacks:
-        raise gave_up(spike, at_step, (
-            f"spike guard: {what} at {span}, after {plan.ledger.rollbacks} rollbacks (guard.max_rollbacks "
-            f"{g.max_rollbacks}, counted in {plan.ledger.path}); stopping without saving. Trace the batches "
-            f"(roberta-trace {plan.config.train.output_dir} --step {first}), then lower optimizer.lr or raise "
-            f"schedule.warmup_steps, skip them by hand ({by_hand}), or rerun with --set "
-            f"guard.max_rollbacks={g.max_rollbacks + 1}"))
-    kept = [(folder, step) for folder in complete_checkpoints(plan.config.layout.checkpoints)
-            if (step := read_record(folder).step) < first]
-    if not kept:
-        raise gave_up(spike, at_step, (
-            f"spike guard: {what} at {span}, and no checkpoint of this run precedes step {first} to roll back to; "
-            f"stopping without saving. Rerun with {by_hand} --restart-from-scratch to "
-            f"train again from step 0 without those batches, or lower optimizer.lr or raise schedule.warmup_steps"))
-    folder, step = kept[-1]
-    return RollbackEvent(max(step + 1, first - g.margin), min(last + g.margin, plan.end_step),
-                         tuple(sorted({*spike.window, *spike.since})), spike.nonfinite, folder.name, at_step)
-
-
-def plan_after_rollback(plan: RunPlan, ledger: Ledger, info: TokenizerInfo) -> RunPlan:
-    """The run planned again with `ledger`'s skips (a rollback's among them): its start is the newest checkpoint that
-    trained on none of them, the later ones are rolled back, as at a resume with `--skip-steps`."""
-    config = plan.config
-    start, rolled_back, anneal_from, problems = find_start(config, info, plan.world_size, ledger.skipped)
-    if problems or start is None:
-        raise PipelineError(f"spike guard: the rollback cannot start ({'; '.join(problems) or 'no checkpoint'})")
-    return build_plan(config, plan.world_size, plan.layouts, start, rolled_back, anneal_from, ledger)
+        for name in ("history", "filled", "slot", "outliers"):
+            getattr(self, name).copy_(state[name])
+        self.level = state.get("level")

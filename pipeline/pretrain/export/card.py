@@ -15,8 +15,9 @@ from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.config_tree import to_dict
 from pipeline.common.model_card import equivalence_text, figure, table, write_card
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE
-from pipeline.pretrain.checkpoint_facts import CheckpointFacts
 from pipeline.pretrain.config import named_corpora
+from pipeline.pretrain.export.facts import CheckpointFacts
+from pipeline.pretrain.report.plateau import at_mask_rate, metrics_beside_plateau
 
 
 def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[str, Any]:
@@ -71,19 +72,22 @@ def write_export_card(folder: Path, record: dict[str, Any], shown_as: Path | Non
     """Render the card of the export in `folder` from its record; `shown_as`: the path the card's loading code
     names (the folder's final place, when it is written in a staging folder); default `folder`."""
     config = json.loads((folder / "config.json").read_text())
-    t = record["training"]
+    t, equivalence = record["training"], record["equivalence"]
     metadata = {"library_name": "transformers", "pipeline_tag": "fill-mask", "base_model": t["init_from"],
                 "datasets": [d["name"] for d in t["data"]], "tags": [t["architecture"], "masked-lm",
                                                                       "roberta-pipeline"]}
     continued = f", continued from `{t['init_from']}`" if t["init_from"] else ""
     intro = (f"A {t['architecture']} encoder pretrained by masked language modelling with roberta-pipeline"
              f"{continued}: step {t['step']:,} of {t['max_steps']:,}, from checkpoint `{record['checkpoint']}`.")
+    model, training = _model_rows(config, t), _training_rows(t)
+    loss_and_tokenizer, loading = _loss_and_tokenizer_text(equivalence), _loading_section(
+        shown_as or folder, t["tokenizer"]["mask_token"])
+    figures = _figure_rows(t, record.get("scores", {}))
     return write_card(folder, metadata, t["name"], [
-        ("About", intro), ("Model", _model_section(config, t)), ("Training", _training_section(t)),
-        ("Figures", _figures_section(t, record.get("scores", {}))),
-        ("Equivalence check", equivalence_text(record["equivalence"], "AutoModelForMaskedLM")
-         + _loss_and_tokenizer_text(record["equivalence"])),
-        ("How to load", _loading_section(shown_as or folder, t["tokenizer"]["mask_token"]))])
+        ("About", intro), ("Model", table(("", ""), model)), ("Training", table(("", ""), training)),
+        ("Figures", table(("figure", "this model (its baseline)"), figures) + "\n\n" + FIGURES_NOTE),
+        ("Equivalence check", equivalence_text(equivalence, "AutoModelForMaskedLM") + loss_and_tokenizer),
+        ("How to load", loading)])
 
 
 def _loss_and_tokenizer_text(equivalence: dict) -> str:
@@ -97,16 +101,15 @@ def _loss_and_tokenizer_text(equivalence: dict) -> str:
             f"(`{equivalence['tokenizer_fingerprint']}`).")
 
 
-def _model_section(config: dict, t: dict) -> str:
-    rows = [("class", (config.get("architectures") or ["?"])[0]), ("layers", config["num_hidden_layers"]),
+def _model_rows(config: dict, t: dict) -> list[tuple[str, Any]]:
+    return [("class", (config.get("architectures") or ["?"])[0]), ("layers", config["num_hidden_layers"]),
             ("hidden size", config["hidden_size"]), ("attention heads", config["num_attention_heads"]),
             ("intermediate size", config["intermediate_size"]), ("parameters", f"{t['parameters']:,}"),
             ("sequence length trained", t["seq_len"]), ("attention (training)", t["attn_implementation"]),
             ("tokenizer", f"{t['tokenizer']['kind']}, vocabulary {t['tokenizer']['vocab_size']:,}")]
-    return table(("", ""), rows)
 
 
-def _training_section(t: dict) -> str:
+def _training_rows(t: dict) -> list[tuple[str, Any]]:
     weights = len(t["data"]) > 1 and all(d["weight"] is not None for d in t["data"])
     data = ", ".join(f"`{d['name']}` ({d['path']}" + (f", weight {d['weight']:g})" if weights else ")")
                      for d in t["data"])
@@ -123,12 +126,15 @@ def _training_section(t: dict) -> str:
     if t["phases"]:
         rows.append(("phases", ", ".join(f"{p['name']} ({p['steps_fraction']:g} of the steps, {p['shards']})"
                                          for p in t["phases"])))
-    return table(("", ""), rows)
+    return rows
 
 
-def _figures_section(t: dict, scores: dict) -> str:
-    from pipeline.pretrain.plateau import at_mask_rate, metrics_beside_plateau
+FIGURES_NOTE = ("A loss at the unigram entropy is what predicting word frequencies alone gives; the margin below it is "
+                "what the model learned from context.")
 
+
+def _figure_rows(t: dict, scores: dict) -> list[tuple[str, str]]:
+    """The validation loss beside its plateau, and the cloze and minimal-pair scores beside their baselines."""
     v = t["validation"]
     rows = [(f"validation MLM loss{at_mask_rate(v)} (step {v['step']:,})", metrics_beside_plateau(v)) if v
             else ("validation MLM loss", "not evaluated")]
@@ -140,9 +146,7 @@ def _figures_section(t: dict, scores: dict) -> str:
         rows.append(("minimal pairs", f"{pairs['model']['overall']['accuracy']:.3f} (unigram model: "
                                       f"{figure(unigram and unigram['overall']['accuracy'])}; "
                                       f"{pairs['model']['overall']['pairs']:,} pairs)"))
-    note = ("A loss at the unigram entropy is what predicting word frequencies alone gives; the margin below it "
-            "is what the model learned from context.")
-    return table(("figure", "this model (its baseline)"), rows) + "\n\n" + note
+    return rows
 
 
 def _loading_section(folder: Path, mask: str) -> str:

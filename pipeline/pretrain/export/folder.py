@@ -20,15 +20,11 @@ import torch
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
+from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
-from pipeline.pretrain.checkpoint_facts import CheckpointFacts, checkpoint_facts
-from pipeline.pretrain.checkpoint_record import RECORD_FILE
-from pipeline.pretrain.checkpoints import (
-    check_intact,
-    complete_checkpoints,
-    resolve_checkpoint,
-    tag_for,
-)
+from pipeline.pretrain.checkpoints.storage import complete_checkpoints, tag_for
+from pipeline.pretrain.export.facts import CheckpointFacts, checkpoint_facts
+from pipeline.pretrain.plan.record import RECORD_FILE, read_record
 
 PROVENANCE_FILE = EXPORT_PROVENANCE_FILE
 """An export's record: the checkpoint and pretraining MLflow run it came from (fine-tuning runs link to them),
@@ -45,7 +41,7 @@ def provenance(facts: CheckpointFacts) -> dict:
 
 def exported_identity(checkpoint: Path) -> tuple[str, str]:
     """What an export of `checkpoint` records of it: its path and its fingerprint."""
-    return str(checkpoint), checkpoint_facts(checkpoint).fingerprint
+    return str(checkpoint), checkpoint_fingerprint(read_record(checkpoint))
 
 
 def exported_from(folder: Path) -> tuple[str, str] | None:
@@ -104,57 +100,34 @@ def consolidated_state_dict(checkpoint: Path, zero_stage: int) -> dict[str, torc
 def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """Write the HF model folder for checkpoint (or output folder) `path` to `out`, proven; return `out`.
 
-    The folder is written beside `out`, checked (`export_check.py`: one validation batch through the
-    training-time model, rebuilt from the run's config, in fp32, and through the folder loaded by
+    The folder is written beside `out`, checked (check.py: the run's tokenizer first, then one validation batch
+    through the training-time model, rebuilt from the run's config, in fp32, and through the folder loaded by
     `AutoModelForMaskedLM`: their logits and MLM losses, and the folder's tokenizer against the shards'), and only
     then renamed into place with the figures in `pipeline_export.json` and a model card; beyond the tolerance it
     is refused.
     """
-    from pipeline.pretrain.export_card import training_record, write_export_card
-    from pipeline.pretrain.export_check import check_export, tokenizer_problem
-    from pipeline.pretrain.model import EXPORT_CLASSES, load_trained_weights
+    from transformers import AutoTokenizer
 
-    checkpoint = resolve_checkpoint(path).resolve()  # absolute: its name is the tag DeepSpeed loads by
-    check_intact(checkpoint)  # a damaged file is refused with the message resume warns with
+    from pipeline.pretrain.export.card import training_record, write_export_card
+    from pipeline.pretrain.export.check import ExportProof
+    from pipeline.pretrain.model.hf_model import exported_model
+
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise PipelineError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
-    facts = checkpoint_facts(checkpoint)
-    tokenizer = run_tokenizer(facts)
-    if problem := tokenizer_problem(tokenizer, facts, f"the run's tokenizer ({tokenizer.name_or_path})"):
-        raise PipelineError(f"the export of {checkpoint} refused: {problem}")  # before the weights are read
-    hf = trained_hf_config(facts, tokenizer)
-    state = consolidated_state_dict(checkpoint, facts.zero_stage)
-    cls = EXPORT_CLASSES[facts.architecture]
-    model = load_trained_weights(cls(cls.config_class.from_dict(hf)), state, checkpoint)
+    facts = checkpoint_facts(path)  # a damaged file is refused with the message resume warns with
+    proof = ExportProof(facts, AutoTokenizer.from_pretrained(facts.tokenizer))  # the tokenizer: before any weight
+    state = consolidated_state_dict(facts.folder, facts.zero_stage)
+    model, hf = exported_model(facts.architecture, facts.hf_config, facts.config.model, proof.info, facts.seq_len,
+                               state, facts.folder)
     with staged_folder(out) as tmp:
-        write_hf_folder(model, tokenizer, tmp)
-        check = check_export(facts, hf, state, tmp, tokenizer)
-        check.refuse_unless_passed(f"the export of {checkpoint}")
+        write_hf_folder(model, proof.tokenizer, tmp)
+        check = proof.check(tmp, state, hf)
         record = {**provenance(facts), "equivalence": check.record(),
-                  "training": training_record(facts, tokenizer, sum(p.numel() for p in model.parameters()))}
+                  "training": training_record(facts, proof.tokenizer, sum(p.numel() for p in model.parameters()))}
         write_json_atomic(tmp / PROVENANCE_FILE, record)
         write_export_card(tmp, record, shown_as=out.resolve())
     return out
-
-
-def run_tokenizer(facts: CheckpointFacts):
-    """The run's own copy of the tokenizer; a loose checkpoint falls back to the one its config names."""
-    from transformers import AutoTokenizer
-
-    own_copy = facts.run.tokenizer if facts.run and facts.run.tokenizer.is_dir() else None
-    return AutoTokenizer.from_pretrained(own_copy or facts.config.data.tokenizer)
-
-
-def trained_hf_config(facts: CheckpointFacts, tokenizer) -> dict:
-    """The trained model's transformers config as a dict: as built (an init_from folder's own shape), or for
-    checkpoints written before the record held it, rebuilt from the model section."""
-    if facts.hf_config is not None:
-        return facts.hf_config
-    from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.model import hf_config
-
-    return hf_config(facts.config.model, describe_tokenizer(tokenizer), facts.seq_len).to_dict()
 
 
 def write_hf_folder(model, tokenizer, folder: Path) -> None:

@@ -19,7 +19,9 @@ import math
 import numpy as np
 import torch
 
-from pipeline.pretrain.masking import IGNORE_INDEX, MaskingConfig, span_length_distribution
+from pipeline.pretrain.config import MaskingConfig
+from pipeline.pretrain.plan.masking import IGNORE_INDEX
+from pipeline.pretrain.span_lengths import span_length_distribution
 
 SLOT_MULTIPLE = 64
 """Slot counts are multiples of this: whole tiles for the head's matrix multiplies."""

@@ -29,35 +29,13 @@ import numpy as np
 
 from pipeline.common.config_tree import build_config, to_dict
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.batch_plan import BatchPlan, RampSegment, batch_ramp
-from pipeline.pretrain.checkpoint_record import CheckpointRecord, StretchRecord
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.phases import Phase, resolve_phases
-from pipeline.pretrain.run_ledger import Ledger
-from pipeline.pretrain.schedules import Anneal, Schedule, lr_schedule
-from pipeline.pretrain.stream import CorpusLayout, DataStream, drawn, shares_of
-
-
-@dataclass(frozen=True)
-class StartPoint:
-    """A complete checkpoint the run starts from: its own, or (`anneal`) the anneal's source, only read."""
-
-    checkpoint: Path
-    record: CheckpointRecord
-    universal: bool
-    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint (checkpoints.py)."""
-    anneal: bool = False
-
-    @property
-    def step(self) -> int:
-        return self.record.step
-
-    @classmethod
-    def at(cls, folder: Path, record: CheckpointRecord, world_size: int, *, anneal: bool = False) -> StartPoint:
-        """Starting from `folder` on `world_size` ranks: per-rank optimizer partitions load only on the number of
-        ranks that wrote them, and through the universal checkpoint elsewhere."""
-        universal = record.world_size != world_size and any(folder.glob("*optim_states.pt"))
-        return cls(folder, record, universal, anneal)
+from pipeline.pretrain.plan.batch_plan import BatchPlan, RampSegment, batch_ramp
+from pipeline.pretrain.plan.ledger import Ledger
+from pipeline.pretrain.plan.phases import Phase, resolve_phases
+from pipeline.pretrain.plan.record import CheckpointRecord, StartPoint, StretchRecord
+from pipeline.pretrain.plan.schedules import Anneal, Schedule, lr_schedule
+from pipeline.pretrain.plan.stream import CorpusLayout, DataStream, drawn, shares_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,8 +204,7 @@ def build_plan(config: PretrainConfig, world_size: int, layouts: dict[str, Corpu
     if problems:
         raise PlanError(problems)
     spans[-1] = dataclasses.replace(spans[-1], end=end_step)  # an anneal runs on past the source run's end
-    history = _history(start, spans, recorded) if start else []
-    stretches = _join(history, spans, start.step if start else 0)
+    stretches = _stretches(start, spans, recorded)
     recorded_skips = {range(a - 1, b) for a, b in start.record.skipped} if start and not start.anneal else set()
     skipped = tuple(sorted(set(config.train.skipped()) | recorded_skips | set(ledger.skipped), key=lambda r: r.start))
     problems = [f"train.skip_steps: {r.start + 1}:{r.stop} goes past the run's last step {end_step}"
@@ -269,19 +246,21 @@ def config_spans(config: PretrainConfig, phases: list[Phase], layouts: dict[str,
     return spans
 
 
-def _history(start: StartPoint, spans: list[Stretch], recorded: dict[int, CorpusLayout]) -> list[Stretch]:
-    """The stretches before the start: the record's, or (version 1, none recorded) the config's own."""
-    cut = start.step
-    if not start.record.stretches:
-        return _join([], [dataclasses.replace(s, end=min(s.end, cut)) for s in spans if s.start < cut], 0)
-    return [Stretch(index=i, start=r.start, end=min(r.end, cut),
-                    phase=next((s.phase for s in spans if s.start <= r.start < s.end), spans[-1].phase),
-                    global_batch_size=r.global_batch_size, corpora=tuple(recorded[k] for k in r.corpora),
-                    shares=r.shares, first_draws=r.first_draws)
-            for i, r in enumerate(start.record.stretches) if r.start < cut]
+def _stretches(start: StartPoint | None, spans: list[Stretch], recorded: dict[int, CorpusLayout]) -> list[Stretch]:
+    """Every stretch of the run: before the start, the record's; from it, the config's `spans`. A version-1 record
+    kept no stream: the config's own stretches stand in for its history."""
+    history, cut = [], 0
+    if start is not None and start.record.stretches:
+        cut = start.step
+        history = [Stretch(index=i, start=r.start, end=min(r.end, cut),
+                           phase=next((s.phase for s in spans if s.start <= r.start < s.end), spans[-1].phase),
+                           global_batch_size=r.global_batch_size, corpora=tuple(recorded[k] for k in r.corpora),
+                           shares=r.shares, first_draws=r.first_draws)
+                   for i, r in enumerate(start.record.stretches) if r.start < cut]
+    return _continue(history, spans, cut)
 
 
-def _join(history: list[Stretch], spans: list[Stretch], cut: int) -> list[Stretch]:
+def _continue(history: list[Stretch], spans: list[Stretch], cut: int) -> list[Stretch]:
     """`history`, then the config's spans from step `cut` on, each corpus starting where the stream left it."""
     stretches = list(history)
     draws: dict[int, int] = {}

@@ -3,21 +3,24 @@
 `<output_dir>/ledger.jsonl` outlives every checkpoint: a checkpoint records only its own past, and a
 rollback deletes or sets aside the checkpoints that knew of an earlier skip. So the ledger is what keeps
 a skipped range skipped: every resume reads it (preflight.py), and the plan skips its ranges with the
-config's and the start checkpoint's (plan.py). Events are only appended; the file is rewritten whole
+config's and the start checkpoint's (run_plan.py). Events are only appended; the file is rewritten whole
 through an atomic rename each time, so a kill leaves the old ledger or the new one, never half a line.
 
     {"event": "skip", "steps": "6501:6550", "at_step": 6000, "time": "…"}
         steps A to B (1-based, inclusive) are left out from now on; the run stood at `at_step`
     {"event": "set_aside", "folder": "rolled-back-step_00007000", "why": "rolled-back", "at_step": 6000, "time": "…"}
-        a checkpoint moved aside (checkpoints.py): it trained on a skipped range, or its files are damaged
+        a checkpoint moved aside (checkpoints/policy.py): it trained on a skipped range, or its files are damaged
     {"event": "updates_skipped", "steps": [6512, 6530], "count": 2, "at_step": 6600, "time": "…"}
-        the spike guard left these steps' updates out (`train.spike_guard skip`; spike_guard.py); `count`
-        outliers since the last check, of which the window still named `steps`
+        the spike guard left these steps' updates out (`train.spike_guard skip`, or `rollback` while no
+        checkpoint lies behind the run; spike_response.py); `count` outliers since the last check, of which
+        the window still named `steps`
     {"event": "rollback", "steps": "6001:6530", "outliers": [6512, 6530], "nonfinite": 0, "to": "step_00006000",
      "at_step": 6600, "time": "…"}
         the spike guard went back to checkpoint `to`; steps A to B are left out from now on, as a skip's are
     {"event": "gave_up", "outliers": [6512], "nonfinite": 0, "why": "…", "at_step": 6600, "time": "…"}
         the spike guard stopped the run: `why` says what a person should do
+    {"event": "lock_taken_over", "holder": "pid 4242 on node07, SLURM job 991", "at_step": 6000, "time": "…"}
+        the run folder's lock was held by a process that had died (a kill -9, a node lost): this run took it over
 
 An event kind this release does not know (a newer release wrote it) is refused by name rather than
 passed over, since it may be one that changes what the run trains on.
@@ -125,7 +128,19 @@ class GaveUpEvent:
                 "at_step": self.at_step, "time": self.time}
 
 
-LedgerEvent = SkipEvent | SetAsideEvent | UpdatesSkippedEvent | RollbackEvent | GaveUpEvent
+@dataclass(frozen=True)
+class LockTakenOverEvent:
+    """The run folder's lock was held by `holder`, a process that had died; this run took it over at `at_step`."""
+
+    holder: str
+    at_step: int
+    time: str = ""
+
+    def to_json(self) -> dict:
+        return {"event": "lock_taken_over", "holder": self.holder, "at_step": self.at_step, "time": self.time}
+
+
+LedgerEvent = SkipEvent | SetAsideEvent | UpdatesSkippedEvent | RollbackEvent | GaveUpEvent | LockTakenOverEvent
 
 
 @dataclass(frozen=True)
@@ -196,6 +211,8 @@ def _event(path: Path, n: int, line: str) -> LedgerEvent:
                 raise ValueError(f"steps {data['steps']!r} is not a range A:B with 1 ≤ A ≤ B")
             return RollbackEvent(first, last, tuple(int(s) for s in data["outliers"]), int(data["nonfinite"]),
                                  str(data["to"]), int(data["at_step"]), str(data.get("time", "")))
+        if kind == "lock_taken_over":
+            return LockTakenOverEvent(str(data["holder"]), int(data["at_step"]), str(data.get("time", "")))
         if kind == "gave_up":
             return GaveUpEvent(tuple(int(s) for s in data["outliers"]), int(data["nonfinite"]), str(data["why"]),
                                int(data["at_step"]), str(data.get("time", "")))

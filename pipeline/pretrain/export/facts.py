@@ -14,8 +14,9 @@ from pipeline.common.config_tree import build_config
 from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoint_record import CheckpointRecord, read_record
+from pipeline.pretrain.checkpoints.storage import verified_checkpoint
 from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.plan.record import CheckpointRecord
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,25 @@ class CheckpointFacts:
     run: PretrainLayout | None
     """The run folder holding the checkpoint (None: a loose checkpoint)."""
 
+    @property
+    def tokenizer(self) -> Path | str:
+        """The run's own copy of the tokenizer; for a loose checkpoint, the one its config names."""
+        own_copy = self.run.tokenizer if self.run and self.run.tokenizer.is_dir() else None
+        return own_copy or self.config.data.tokenizer
 
-def checkpoint_facts(checkpoint: Path) -> CheckpointFacts:
-    """Read a complete checkpoint's record and its run's validation record."""
-    record = read_record(checkpoint)
+    @property
+    def phase(self):
+        """The phase that trained the checkpoint's last step (past the end: an anneal's, the last)."""
+        from pipeline.pretrain.plan.phases import resolve_phases
+
+        phases = resolve_phases(self.config)
+        return next((p for p in phases if p.start < self.step <= p.end), phases[-1])
+
+
+def checkpoint_facts(path: str | Path) -> CheckpointFacts:
+    """A complete, intact checkpoint (or a run's newest: `verified_checkpoint`), its record's facts and its run's
+    validation record."""
+    checkpoint, record = verified_checkpoint(path)
     config, problems = build_config(PretrainConfig, record.config)
     if problems:
         raise PipelineError(f"checkpoint {checkpoint}: the config in its record no longer reads: "

@@ -1,4 +1,5 @@
-"""What a checkpoint remembers: one typed, versioned record, its `complete.json`, written and read here only.
+"""What a checkpoint remembers: one typed, versioned record, its `complete.json`, written and read here only; and a
+checkpoint as a run starts from it (`StartPoint`), checked against the run's config.
 
 It holds the run as trained up to its step: the config, the model's shape, the batch of its last step,
 the data stream's history (each corpus's layout and every stretch's batch, shares and starting draws:
@@ -17,12 +18,16 @@ import json
 from dataclasses import asdict, dataclass, fields
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.batch_plan import BatchPlan
-from pipeline.pretrain.stream import CorpusLayout
+from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.plan.stream import CorpusLayout
+
+if TYPE_CHECKING:
+    from pipeline.data.tokenizer import TokenizerInfo
+    from pipeline.pretrain.config import PretrainConfig
 
 RECORD_FILE = "complete.json"
 RECORD_VERSION = 3
@@ -75,6 +80,67 @@ class CheckpointRecord:
         out = asdict(self)
         out["stretches"] = [{**asdict(s), "shares": [str(x) for x in s.shares]} for s in self.stretches]
         return out
+
+
+SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
+"""The model's shape: `model.*` keys that are also the HF config's names, so a checkpoint's `hf_config` holds them."""
+
+
+# A checkpoint holds an optimizer's state, a model of one architecture and shape, and an embedding table of one
+# vocabulary; loading it under a config that says otherwise fails deep inside DeepSpeed or torch (a StableAdamW
+# state under AdamW: `KeyError: 'step'` at the first step), or trains on with the wrong vocabulary. `problems` reads
+# only the record and names both sides of each mismatch.
+@dataclass(frozen=True)
+class StartPoint:
+    """A complete checkpoint the run starts from: its own, or (`anneal`) the anneal's source, only read."""
+
+    checkpoint: Path
+    record: CheckpointRecord
+    universal: bool
+    """Written by another number of ranks: loaded through DeepSpeed's universal checkpoint (checkpoints/)."""
+    anneal: bool = False
+
+    @property
+    def step(self) -> int:
+        return self.record.step
+
+    @classmethod
+    def at(cls, folder: Path, record: CheckpointRecord, world_size: int, *, anneal: bool = False) -> StartPoint:
+        """Starting from `folder` on `world_size` ranks: per-rank optimizer partitions load only on the number of
+        ranks that wrote them, and through the universal checkpoint elsewhere."""
+        universal = record.world_size != world_size and any(folder.glob("*optim_states.pt"))
+        return cls(folder, record, universal, anneal)
+
+    def problems(self, config: PretrainConfig, tokenizer: TokenizerInfo | None) -> list[str]:
+        """The optimizer, architecture, vocabulary and shape this checkpoint was trained with, against `config` (each
+        one its record holds: a version-1 record may lack some)."""
+        record, checkpoint = self.record, self.checkpoint
+        recorded, hf = record.config, record.hf_config or {}
+        if not self.anneal:
+            where = f"checkpoint.resume auto: this run's checkpoint {checkpoint}"
+            fix = "a resume continues that run: set it back, or give this run another train.output_dir"
+        else:
+            where = f"train.anneal_from: checkpoint {checkpoint}"
+            fix = "an anneal continues the checkpoint's model and optimizer: set it to the checkpoint's"
+        problems = []
+        optimizer = (recorded.get("optimizer") or {}).get("name")
+        if optimizer is not None and optimizer != config.optimizer.name:
+            problems.append(f"{where} was trained with optimizer {optimizer}; this config says "
+                            f"{config.optimizer.name} (optimizer.name), whose state cannot be loaded from it; {fix}")
+        if record.architecture != config.model.architecture:
+            problems.append(f"{where} holds a {record.architecture} model; this config says "
+                            f"{config.model.architecture} (model.architecture); {fix}")
+        vocab = hf.get("vocab_size")
+        if tokenizer is not None and vocab is not None and vocab != tokenizer.vocab_size:
+            problems.append(f"{where} has a vocabulary of {vocab} tokens; data.tokenizer {config.data.tokenizer} "
+                            f"has {tokenizer.vocab_size}; train with the tokenizer the checkpoint was trained with")
+        if record.architecture == config.model.architecture and not config.model.init_from:  # init_from: its shape
+            for key in SHAPE_KEYS:
+                saved = hf.get(key)
+                if saved is not None and saved != getattr(config.model, key):
+                    problems.append(f"{where} has {key} {saved}; this config says {getattr(config.model, key)} "
+                                    f"(model.{key}); {fix}")
+        return problems
 
 
 def write_record(folder: Path, record: CheckpointRecord) -> None:

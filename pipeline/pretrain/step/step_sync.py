@@ -1,27 +1,20 @@
-"""The loop's step-by-step helpers: when it logs, evaluates and saves, what the ranks agree on after each step,
-and the watchdog around a step.
-
-`Cadence` answers, for the step just finished, "log, evaluate, save, stop?" from the config's
-periods alone. The last step always logs; it neither evaluates nor saves here, because the
-run's end does both once (`Pretrainer._finish`). `StepGuard` wraps a step in the rank watchdog (with
-several ranks), skipping the first step of a process, which carries one-off costs (workers starting,
-compilation).
+"""What the ranks agree on after each step.
 
 `StepSync` keeps device→host syncs as few as the loop allows. Every step, the ranks vote on a stop
 request: a host value, so it goes through a gloo group (the default group on CPU, a gloo subgroup
 beside NCCL on GPU) and never waits on the device. The losses stay on the device, summed over the
-steps since the last check, and come to the host in one all-reduce only when the loop needs them: to
-log, before an evaluation or a checkpoint, and at the end. The same all-reduce gathers a few host
-figures from every rank (the loader's wait share) and the spike guard's device figures (spike_guard.py),
-so no rank's is lost and no collective is added. A non-finite loss is still caught before anything is
-saved, because the window's sum is non-finite if any of its steps was.
+steps since the last check, and come to the host in one all-reduce only when a component asks for them
+(the run log at a logging step, the validation and the checkpointer at theirs: each says when it is due)
+or a stop is voted. The same all-reduce gathers a few host figures from every rank (the loader's wait
+share) and the spike guard's device figures (spike_guard.py), so no rank's is lost and no collective is
+added. A non-finite loss is still caught before anything is saved, because the window's sum is non-finite
+if any of its steps was.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,64 +22,6 @@ import torch
 import torch.distributed as dist
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.lost_rank import RankWatchdog, lost_rank_message
-from pipeline.common.topology import Topology
-
-
-@dataclass(frozen=True)
-class Due:
-    """What the loop does after one step."""
-
-    log: bool
-    evaluate: bool
-    save: bool
-
-    @property
-    def any(self) -> bool:
-        return self.log or self.evaluate or self.save
-
-
-@dataclass(frozen=True)
-class Cadence:
-    """The loop's periods, in optimizer steps, and the step it ends at."""
-
-    end_step: int
-    log_every: int
-    eval_every: int
-    """0: evaluate only at the end."""
-    save_every: int
-
-    def due(self, step: int) -> Due:
-        """After optimizer step `step` (1-based: the number of steps done)."""
-        last = self.done(step)
-        return Due(log=step % self.log_every == 0 or last,
-                   evaluate=bool(self.eval_every) and step % self.eval_every == 0 and not last,
-                   save=step % self.save_every == 0 and not last)
-
-    def done(self, step: int) -> bool:
-        return step >= self.end_step
-
-
-class StepGuard:
-    """With several ranks, a watchdog around each step after the process's first: a thread that ends this rank when
-    a step outlasts `timeout_s`, its message saying where a rerun resumes (`resume_hint`)."""
-
-    def __init__(self, first_step: int, topology: Topology, timeout_s: float, resume_hint: Callable[[], str]):
-        self.first_step, self.watchdog = first_step, None
-        if topology.world_size > 1:
-            self.watchdog = RankWatchdog(timeout_s, lambda where: lost_rank_message(
-                topology.rank, topology.world_size, where, timeout_s, resume_hint(),
-                f"the step has waited {timeout_s:g} s"))
-
-    def around(self, step: int) -> AbstractContextManager:
-        """Guard optimizer step `step` (0-based, about to run)."""
-        if self.watchdog is None or step <= self.first_step:
-            return nullcontext()
-        return self.watchdog.guard(f"at step {step + 1}")
-
-    def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.close()
 
 
 @dataclass
@@ -102,6 +37,8 @@ class CheckedLosses:
     """Each rank's host values given to the check (`StepSync.check`), by rank."""
     guard: list[float] = field(default_factory=list)
     """The spike guard's values given to the check, as the ranks' mean (they are the same on every rank)."""
+    stop: bool = False
+    """A rank was asked to stop (the vote of this step)."""
 
     def nonfinite_error(self, step: int, newest: Path | None) -> PipelineError:
         """What stops a run whose loss became non-finite by `step`, naming its last good checkpoint `newest`."""
@@ -117,8 +54,11 @@ class CheckedLosses:
 class StepSync:
     """Stop votes every step; losses accumulated on the device and reduced only at checks."""
 
-    def __init__(self, world_size: int):
-        self.world_size = world_size
+    def __init__(self, world_size: int, due: Sequence[Callable[[int], bool]] = (),
+                 host: Callable[[], Sequence[float]] = tuple, device: Callable[[], torch.Tensor | None] = lambda: None):
+        """`due`: when each component wants the losses (after a step, 1-based); `host` and `device`: each rank's host
+        figures and the guard's device figures a check gathers with them."""
+        self.world_size, self.due, self.host, self.device = world_size, tuple(due), host, device
         self._vote_group = None
         if world_size > 1 and dist.get_backend() != "gloo":
             self._vote_group = dist.new_group(backend="gloo")  # every rank calls this, in the same order
@@ -137,6 +77,15 @@ class StepSync:
         self._window = self._loss if self._window is None else self._window + self._loss
         self._tokens += tokens
         self._first_step = step if self._first_step is None else self._first_step
+
+    def after_step(self, step: int, stop_requested: bool) -> CheckedLosses | None:
+        """After `step` steps: the ranks' stop vote, and when a component is due or a stop is voted, the check."""
+        stop = self.stop_requested(stop_requested)
+        if not stop and not any(due(step) for due in self.due):
+            return None
+        checked = self.check(self.host(), self.device())
+        checked.stop = stop
+        return checked
 
     def stop_requested(self, local: bool) -> bool:
         """True on every rank when any rank has a stop request: one host all-reduce, no device sync."""

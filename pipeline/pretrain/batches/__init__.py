@@ -1,0 +1,1 @@
+"""The batches: a stretch's micro batches gathered, masked and loaded, and its validation batches."""

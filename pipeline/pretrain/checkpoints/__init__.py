@@ -1,0 +1,1 @@
+"""Checkpoints: their storage (folders, records, checksums) apart from the policy of when to save and where to start."""
