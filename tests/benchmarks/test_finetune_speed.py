@@ -49,25 +49,28 @@ def test_a_small_run_times_both_sides_and_records_them(tmp_path, bpe_tokenizer_d
     record = json.loads((out / "finetune_speed.json").read_text())
     times, phases, accuracy = record["results"]["tables"]
     (row,) = times["rows"]
-    assert row["model"] == "tiny" and row["pipeline tracking"].startswith("on")
+    assert row["model"] == "tiny" and row["MLflow"] == "on on both sides (a new MLflow store each)"
     assert float(row["pipeline wall s"]) > 0 and float(row["HF wall s"]) > 0
     assert float(row["pipeline CPU s"]) > 0 and float(row["HF CPU s"]) > 0
     assert 0 <= float(row["pipeline dev accuracy"]) <= 1 and 0 <= float(row["HF dev accuracy (best epoch)"]) <= 1
     (spent,) = phases["rows"]  # the run's own clock: its phases add up to its total, within the process's CPU time
-    shares = [float(v) for k, v in spent.items() if k not in ("model", "pipeline tracking", "total")]
+    shares = [float(v) for k, v in spent.items() if k not in ("model", "MLflow", "total")]
     assert float(spent["training steps"]) > 0 and float(spent["tracking"]) > 0
     assert abs(sum(shares) - float(spent["total"])) < 0.05 and float(spent["total"]) <= float(row["pipeline CPU s"])
     (topics,) = accuracy["rows"]
     assert topics["weight decay"] == "0.1" and len(topics["pipeline seeds"].split()) == 1
     assert abs(float(topics["pipeline − HF"]) - (float(topics["pipeline dev accuracy"])
                                                  - float(topics["HF dev accuracy"]))) < 0.0015
-    assert set(record["results"]["headline"]) == {"tiny, pipeline tracking on: HF ÷ pipeline, whole run (CPU time)",
-                                                  "tiny: dev accuracy, pipeline − HF at the same settings (medians)"}
+    assert set(record["results"]["headline"]) == {
+        "tiny, tracking on on both sides (a new MLflow store each): HF ÷ pipeline, whole run (CPU time)",
+        "tiny: dev accuracy, pipeline − HF at the same settings (medians)"}
     assert record["machine"]["cpu_model"] and record["load_start"] and record["load_end"]
     # Both sides trained the seed in full: the pipeline kept its best epoch's model, HF saved its own.
     runs = out / "runs" / "tiny" / "tracking-on"
     assert (runs / "pipeline" / "seed_1" / "model" / "config.json").exists()
     assert (runs / "hf" / "seed_1" / "config.json").exists()
+    for side in ("pipeline", "hf"):  # each side tracked into a store of its own
+        assert (runs / side / "mlflow.db").stat().st_size > 0
 
 
 def test_a_model_without_a_name_is_refused_before_anything_runs(tmp_path):
