@@ -41,7 +41,7 @@ def test_a_small_run_times_both_sides_and_records_them(tmp_path, bpe_tokenizer_d
     done = subprocess.run(
         [sys.executable, "benchmarks/finetune_speed.py", "--model", f"tiny={model}",
          "--glue", str(tiny_sst2(tmp_path / "glue", 24, 8)), "--train", "24", "--dev", "8", "--epochs", "1",
-         "--seeds", "1", "--max-seq-len", "16", "--tracking", "on", "--out", str(out),
+         "--seeds", "1", "--max-seq-len", "16", "--tracking", "on", "--repeats", "1", "--out", str(out),
          "--topics", str(tiny_topics(tmp_path / "topics.jsonl", 40)), "--topic-train", "24", "--topic-dev", "8",
          "--topic-seeds", "1", "--weight-decays", "0.1"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "BENCHMARK_RESULTS_DIR": str(out)})
