@@ -102,7 +102,7 @@ def hf_model_config(recipe: str, config: PretrainConfig, tokenizer_info, seq_len
 def decay_parameter_names(model) -> list[str]:
     """The parameters the pipeline decays (`parameter_groups`), by name, for `Trainer.get_decay_parameter_names`:
     Trainer's own rule skips every name holding "layernorm", every encoder parameter of the pre-LN RoBERTa."""
-    from pipeline.pretrain.model.hf_model import parameter_groups
+    from pipeline.pretrain.step.optimizers import parameter_groups
 
     decay = {id(p) for p in parameter_groups(model, 0.0)[0]["params"]}
     return [name for name, p in model.named_parameters() if id(p) in decay]

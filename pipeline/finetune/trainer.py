@@ -27,7 +27,7 @@ from pipeline.finetune.run_clock import Phase
 from pipeline.finetune.select_split import SELECT
 from pipeline.finetune.task_data import Split
 from pipeline.finetune.training import RERUN_HINT, Training
-from pipeline.pretrain.model.hf_model import parameter_groups
+from pipeline.pretrain.step.optimizers import parameter_groups
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.model_store import record_in_model_store, task_datasets
 from pipeline.tracking.sinks import open_metrics

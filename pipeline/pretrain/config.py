@@ -275,9 +275,9 @@ class MaskingConfig:
 @dataclass
 class OptimizerConfig:
     name: Literal["adamw", "lamb", "stableadamw"] = "adamw"
-    """adamw; lamb (You et al. 2019) for very large batches: DeepSpeed's fused Lamb on GPU, ours on CPU; or
-    stableadamw (Wortsman et al. 2023; ModernBERT): AdamW whose step size is divided by each tensor's update RMS
-    when it exceeds 1, from torch-optimi."""
+    """adamw (torch's fused); lamb (You et al. 2019) for very large batches; or stableadamw (Wortsman et al. 2023;
+    ModernBERT): AdamW whose step size is divided by each tensor's update RMS when it exceeds 1 (step/optimizers.py
+    has both)."""
     lr: float = 6e-4
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-6
@@ -391,7 +391,7 @@ class TrainConfig:
     aside); without it such a skip is refused before any work (`--restart-from-scratch`)."""
     spike_guard: SpikeGuardMode = "off"
     """Judge each step's loss and gradient norm against the last steps' (the `guard` section; docs/long-runs.md):
-    off; skip: an outlier step's update is not applied (ZeRO 0 with optimizer.name adamw, fused); rollback:
+    off; skip: an outlier step's update is not applied (ZeRO 0; AdamW fused); rollback:
     `guard.rollback_after` outliers, or a non-finite loss, send the run back to its last checkpoint before them, the
     spike's batches left out (spike_response.py)."""
     inject_spike: str | None = None
@@ -602,12 +602,11 @@ class PretrainConfig:
         """Where the spike guard's remedy can work: a skip inside torch's fused AdamW, a rollback to a kept checkpoint
         from before the first outlier."""
         t, o, c, g = self.train, self.optimizer, self.checkpoint, self.guard
-        if t.spike_guard == "skip" and (t.zero_stage != 0 or o.name != "adamw" or o.fused is False):
-            why = (f"train.zero_stage {t.zero_stage}" if t.zero_stage != 0 else f"optimizer.name {o.name}"
-                   if o.name != "adamw" else "optimizer.fused false")
-            return [f"train.spike_guard skip: an outlier's update is left out inside torch's fused AdamW (its "
-                    f"found_inf), which only ZeRO stage 0 with optimizer.name adamw runs, got {why}; use "
-                    "train.spike_guard rollback"]
+        if t.spike_guard == "skip" and (t.zero_stage != 0 or (o.name == "adamw" and o.fused is False)):
+            why = f"train.zero_stage {t.zero_stage}" if t.zero_stage != 0 else "optimizer.fused false"
+            return [f"train.spike_guard skip: an outlier's update is left out inside the optimizer's step (its "
+                    f"found_inf), which only ZeRO stage 0 hands it, with torch's fused AdamW, LAMB or StableAdamW; "
+                    f"got {why}; use train.spike_guard rollback"]
         if t.spike_guard != "rollback":
             return []
         if c.resume == "never":

@@ -97,8 +97,11 @@ class SpikeResponse:
             decided = [rollback(plan, spike, step) if self.topology.is_main else None]
             if self.topology.world_size > 1:
                 dist.broadcast_object_list(decided, src=0)
+            if decided[0] is not None:
+                return decided[0]
+            self.guard.forget(spike.window)
             skipped = (UpdatesSkippedEvent(spike.since, spike.count, step),) if self.guard.can_skip else ()
-            return decided[0] or Response("no rollback target", spike, skipped, left_out=self.guard.can_skip)
+            return Response("no rollback target", spike, skipped, left_out=self.guard.can_skip)
         if spike is not None and spike.count and self.guard.mode == "skip":
             skipped = UpdatesSkippedEvent(spike.since, spike.count, step)
             if len(spike.window) <= g.window // 2:

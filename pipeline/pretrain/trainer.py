@@ -88,7 +88,9 @@ class Pretrainer:
                                  host=self.log.wait_shares, device=self.guard.readout)
             self.response = SpikeResponse(self.guard, self.checkpointer, self.log, self.info, topology)
             self.step = plan.start_step
-            self.log.open(self.tokenizer, self.step, parameters=sum(p.numel() for p in model.parameters()))
+            buckets = getattr(self.engine, "gradient_buckets", None)
+            self.log.open(self.tokenizer, self.step, parameters=sum(p.numel() for p in model.parameters()),
+                          allreduce_bytes=buckets.bytes_per_step if buckets else None)
         except BaseException:
             self.checkpointer.release()
             raise
@@ -148,7 +150,9 @@ class Pretrainer:
         batches = self.data.loader(rank=self.topology.rank, start_step=self.step)
         use_phase_rope(self.engine.module, stretch.phase, self.log.say)
         set_batch_plan(self.engine, self.data.plan)
-        self.guard.enter(level_of(stretch, self.config))
+        if self.guard.enter(level_of(stretch, self.config)):
+            self.log.say(f"step {self.step}: the spike guard's window starts again (the phase, mix or recipe changed); "
+                         f"it judges after guard.min_steps steps")
         self.log.use(self.data, self.engine.module.config, handed_over_at=self.step if handing_over else None)
         return batches
 

@@ -1,4 +1,5 @@
-"""Test harness: the pipeline's DeepSpeed engine for 50 steps under ZeRO 0, then ZeRO 2, in one launch.
+"""Test harness: the pipeline's DeepSpeed engine for 50 steps under ZeRO 0, then ZeRO 2, in one launch; on several
+ranks, ZeRO 0's bucketed all-reduce too.
 
     torchrun --nproc_per_node 2 tests/dist/update_parity.py OUT
     python tests/dist/update_parity.py OUT
@@ -9,11 +10,17 @@ as the trainer steps it. Rank 0 writes, per stage, every micro batch's loss and 
 (`zero{stage}.json`) and the final weights (`zero{stage}.pt`), plus the initial weights (`initial.pt`).
 tests/pretrain/test_update_parity.py replays the same micro batches through a plain
 `torch.optim.AdamW` loop over transformers' `RobertaForMaskedLM` and compares.
+
+On several ranks ZeRO 0 reduces gradients in buckets started during the backward (step/gradient_buckets.py), here
+cut small (16 KiB) so that a 2-layer model has several: rank 0 also writes the first step's reduced gradients in
+fp32 and in a bf16 run (`gradients-{precision}.pt`), the buckets' bytes per step and the order in which the last
+boundary backward found buckets ready and started them (`buckets.json`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -102,10 +109,17 @@ def main() -> None:
     from pipeline.pretrain.preflight import arithmetic_problems
     from pipeline.pretrain.plan.schedules import lr_schedule
 
+    from pipeline.pretrain.step import gradient_buckets
+
+    gradient_buckets.BUCKET_BYTES = 16 * 1024
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stage in (0, 2):
+    buckets = {}
+    for stage, precision in ((0, "fp32"), (2, "fp32"), (0, "bf16")):
+        if precision == "bf16" and topology.world_size == 1:
+            break
         config = parity_config(topology.world_size, stage)
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
         # its own checks ran when it was built
         problems = arithmetic_problems(config, world_size=topology.world_size, cuda=topology.cuda)
         assert not problems, problems
@@ -127,17 +141,28 @@ def main() -> None:
                 index = plan.micro_batch_index(topology.rank, micro)
                 loss = engine(**micro_batch(step, index))["loss"]
                 engine.backward(loss)
+                if step == 0 and micro == plan.accumulation - 1 and stage == 0 and topology.world_size > 1:
+                    reduced = {n: p.grad.detach().clone() for n, p in engine.module.named_parameters()}
+                    if topology.is_main:
+                        torch.save(reduced, out / f"gradients-{precision}.pt")
+                    buckets[precision] = {"bytes": engine.gradient_buckets.bytes_per_step,
+                                          "buckets": len(engine.gradient_buckets.buckets),
+                                          "events": engine.gradient_buckets.events}
                 engine.step()
                 mine[index] = loss.item()
+            if precision == "bf16":
+                break  # the first step's gradients are what it is run for
             gathered = [None] * topology.world_size
             dist.all_gather_object(gathered, mine)
             losses.append([merged for _, merged in sorted({k: v for d in gathered for k, v in d.items()}.items())])
-        if topology.is_main:
+        if topology.is_main and precision == "fp32":
             (out / f"zero{stage}.json").write_text(json.dumps({"losses": losses, "lr": lrs,
                                                                "world_size": topology.world_size}))
             torch.save({k: v.detach().clone() for k, v in engine.module.state_dict().items()}, out / f"zero{stage}.pt")
         dist.barrier()
         del engine
+    if topology.is_main and buckets:
+        (out / "buckets.json").write_text(json.dumps(buckets))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Between logging steps a training step reads nothing back from the device, on every precision, ZeRO stage and
-architecture.
+"""Between logging steps a training step reads nothing back from the device, on every precision, ZeRO stage,
+architecture and shipped optimizer.
 
 A read makes the host wait until the device has run everything queued, so it cannot queue the next kernels
 meanwhile. Each case trains a 2-layer model through `Pretrainer.train`, and over its steps after the first two
@@ -73,7 +73,7 @@ def boolean_index(args) -> bool:
 
 
 def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: str, precision: str, stage: int,
-                   monkeypatch, guard: str = "off") -> DeviceReads:
+                   monkeypatch, guard: str = "off", optimizer: str = "adamw") -> DeviceReads:
     """Train a 2-layer model for WARM_STEPS + COUNTED_STEPS steps (logging only at the end) through
     `Pretrainer.train`, counting reads in the last COUNTED_STEPS calls of its `train_step`; with the spike `guard`
     judging from the third step (and, with `skip`, a spike planted at SPIKE_AT)."""
@@ -88,6 +88,7 @@ def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: st
     # fp16's first loss scale of 2^16 would turn the planted spike into an overflow, which is its scaler's to skip.
     scale = {"deepspeed": {"fp16": {"initial_scale_power": 0}}} if precision == "fp16" and guard == "skip" else {}
     data = tiny_pretrain_config(shards, tokenizer, folder, model=model, guard={"window": 4, "min_steps": 2}, **scale,
+                                optimizer={"name": optimizer},
                                 train={"precision": precision, "zero_stage": stage, "log_every": 100,
                                        "max_steps": WARM_STEPS + COUNTED_STEPS, "export": False, "eval_sequences": 8,
                                        **guarded},
@@ -134,16 +135,17 @@ def paused(reads: DeviceReads, function, *args):
 def counted(tmp_path_factory, process_group, roberta_shards, bpe_tokenizer_dir, pairs_shards,
             wordpiece_tokenizer_dir):
     """Each case's reads, counted once (the engine test and the head test read the same runs)."""
-    cache: dict[tuple[str, str, int, str], DeviceReads] = {}
+    cache: dict[tuple[str, str, int, str, str], DeviceReads] = {}
 
-    def count(architecture: str, precision: str, stage: int, guard: str = "off") -> DeviceReads:
-        key = architecture, precision, stage, guard
+    def count(architecture: str, precision: str, stage: int, guard: str = "off",
+              optimizer: str = "adamw") -> DeviceReads:
+        key = architecture, precision, stage, guard, optimizer
         if key not in cache:
             shards, tokenizer = ((pairs_shards, wordpiece_tokenizer_dir) if architecture == "bert"
                                  else (roberta_shards, bpe_tokenizer_dir))
             with pytest.MonkeyPatch.context() as monkeypatch:
                 folder = tmp_path_factory.mktemp("run") / "out"
-                cache[key] = train_counting(folder, shards, tokenizer, *key[:3], monkeypatch, guard)
+                cache[key] = train_counting(folder, shards, tokenizer, *key[:3], monkeypatch, guard, optimizer)
                 cache[key].folder = folder
         return cache[key]
 
@@ -182,6 +184,17 @@ def test_the_spike_guard_reads_nothing_back_between_logging_steps(counted, preci
     records = [json.loads(line) for line in (reads.folder / "metrics.jsonl").read_text().splitlines()]
     if guard == "skip":  # the planted spike was judged and left out inside the counted steps, read at the end
         assert [r["spike_outliers"] for r in records if "spike_outliers" in r] == [[SPIKE_AT]]
+
+
+RECIPE_OPTIMIZERS = [("lamb", "bf16"), ("lamb", "fp16"), ("stableadamw", "bf16"), ("stableadamw", "fp16")]
+
+
+@pytest.mark.parametrize(("optimizer", "precision"), RECIPE_OPTIMIZERS, ids=[f"{o}-{p}" for o, p in RECIPE_OPTIMIZERS])
+def test_the_recipes_optimizers_read_nothing_back_between_logging_steps(counted, optimizer, precision):
+    """LAMB and StableAdamW at ZeRO 0, where the recipes run them (fp16: torch's GradScaler hands them `found_inf`),
+    with the spike guard's rollback on."""
+    reads = counted("roberta", precision, 0, "rollback", optimizer)
+    assert not reads.at("engine"), f"{optimizer} {precision}: {reads.at('engine')} over {COUNTED_STEPS} steps"
 
 
 def test_an_item_planted_in_the_step_is_counted(tmp_path, process_group, roberta_shards, bpe_tokenizer_dir,

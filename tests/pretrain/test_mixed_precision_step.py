@@ -88,11 +88,12 @@ def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_mas
     from helpers import record_at
 
     from pipeline.pretrain.checkpoints.storage import load_into
-    from pipeline.pretrain.model.hf_model import build_model, parameter_groups
+    from pipeline.pretrain.model.hf_model import build_model
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.plan.record import StartPoint
     from pipeline.pretrain.plan.schedules import lr_schedule, lr_scheduler
     from pipeline.pretrain.step.engine import deepspeed_config, initialize_engine
+    from pipeline.pretrain.step.optimizers import parameter_groups
     from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = parity.parity_config(1, 0)

@@ -14,9 +14,10 @@ from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.batches.masked_slots import masked_slots, slot_bound
 from pipeline.pretrain.config import MaskingConfig, ModelConfig
 from pipeline.pretrain.model.flops import training_flops_per_token
-from pipeline.pretrain.model.hf_model import build_model, encode, first_position_id, parameter_groups
+from pipeline.pretrain.model.hf_model import build_model, encode, first_position_id
 from pipeline.pretrain.model.packed_attention import document_layout
 from pipeline.pretrain.plan.masking import IGNORE_INDEX
+from pipeline.pretrain.step.optimizers import parameter_groups
 
 TOKENIZER = TokenizerInfo("test", "sha256:0", 500, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,

@@ -1,5 +1,6 @@
-"""StableAdamW (torch-optimi) as `optimizer.name stableadamw`: its update clipping and weight decay against the
-definition on hand-computed cases, and how the pipeline hands it to DeepSpeed.
+"""StableAdamW as `optimizer.name stableadamw` (step/optimizers.py): its update clipping and weight decay against the
+definition on hand-computed cases, the same steps as torch-optimi's (the reference ModernBERT trained with), a step
+left out at `found_inf`, and how the pipeline hands it to DeepSpeed.
 
 The definition (Wortsman et al. 2023, "Stable and low-precision training", Algorithm 2): Adam's
 bias-corrected moments m̂, v̂; per tensor RMS = √mean(g² / v̂); the step's LR is lr / max(1, RMS); weights
@@ -27,7 +28,7 @@ def stableadamw(tmp_path, params: list[torch.nn.Parameter], weight_decay: float,
                                 optimizer={"name": "stableadamw", "lr": lr, "betas": [0.9, 0.99], "eps": EPS,
                                            "weight_decay": weight_decay, **optimizer})
     config = load(tmp_path, data, check_files=False)
-    return client_optimizer([{"params": params, "weight_decay": weight_decay}], config, cuda=False)
+    return client_optimizer([{"params": params, "weight_decay": weight_decay}], config)
 
 
 def two_steps(optimizer, param, grads):
@@ -82,13 +83,42 @@ def test_weight_decay_is_decoupled_and_fully_decoupled_follows_the_schedule_not_
     assert full.item() == pytest.approx(2.0 * (1 - 0.5 * 1e-4), abs=1e-7)  # (lr_t / peak) · λ, not lr_t · λ
 
 
+@pytest.mark.parametrize("decouple_lr", [False, True])
+def test_its_steps_are_torch_optimis_with_nothing_read_back_and_a_step_left_out_changes_nothing(tmp_path,
+                                                                                                 decouple_lr):
+    from optimi import StableAdamW as Reference
+
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(7))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    optimizer = stableadamw(tmp_path, ours, weight_decay=0.1, lr=1e-2, decouple_lr=decouple_lr)
+    reference = Reference([{"params": theirs, "weight_decay": 0.1}], lr=1e-2, betas=(0.9, 0.99), eps=EPS,
+                          decouple_lr=decouple_lr, max_lr=1e-2 if decouple_lr else None, kahan_sum=False,
+                          foreach=False, triton=False)
+    for step in range(12):
+        grads = [torch.randn_like(p) * (30 if step == 6 else 1) for p in ours]  # step 6's update is clipped
+        for p, q, g in zip(ours, theirs, grads, strict=True):
+            p.grad, q.grad = g.clone(), g.clone()
+        optimizer.step()
+        reference.step()
+    assert max(float((p - q).abs().max()) for p, q in zip(ours, theirs, strict=True)) < 1e-6
+    before = [p.detach().clone() for p in ours] + [s["exp_avg_sq"].clone() for s in optimizer.state.values()]
+    step = optimizer.param_groups[0]["step"].clone()
+    optimizer.found_inf = torch.tensor(1.0)  # as torch's GradScaler or the spike guard hands it over
+    for p in ours:
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    after = [p.detach() for p in ours] + [s["exp_avg_sq"] for s in optimizer.state.values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert torch.equal(step, optimizer.param_groups[0]["step"])
+
+
 def test_deepspeed_gets_it_as_a_client_optimizer_allowed_under_zero(tmp_path):
     data = tiny_pretrain_config("shards", "tok", tmp_path / "out", optimizer={"name": "stableadamw"},
                                 train={"zero_stage": 2})
     config = load(tmp_path, data, check_files=False, world_size=2)
-    for cuda in (False, True):
-        ds = deepspeed_config(config, BatchPlan.derive(16, 4, 2), cuda=cuda)
-        assert "optimizer" not in ds and ds["zero_allow_untested_optimizer"] is True
+    ds = deepspeed_config(config, BatchPlan.derive(16, 4, 2))
+    assert "optimizer" not in ds and ds["zero_allow_untested_optimizer"] is True
 
 
 def test_stableadamw_settings_are_checked_up_front(tmp_path):

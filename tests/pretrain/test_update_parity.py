@@ -7,6 +7,11 @@ LayerNorms) and the loop below (transformers' `RobertaForMaskedLM` with its own 
 batches and masks. Every micro batch's loss at every step, and every parameter at the end, agree to
 1e-4 relative: the sparse head, the parameter groups, the schedule, the clipping and the gradient
 averaging over ranks and micro steps are each the textbook ones.
+
+On two ranks ZeRO 0 reduces its gradients in buckets started while the backward runs (step/gradient_buckets.py): the
+first step's reduced gradients equal the mean over all four micro batches on one process (fp32: to rounding; bf16,
+whose buckets travel in bf16: to bf16's), the first bucket starts before the backward has made the last one ready,
+and bf16 sends half fp32's bytes.
 """
 
 from __future__ import annotations
@@ -138,3 +143,35 @@ def test_fifty_steps_give_the_same_losses_and_weights_as_a_plain_adamw_loop(engi
     assert 0 < clipped
     first, last = (sum(map(sum, rows)) / sum(map(len, rows)) for rows in (losses[:5], losses[-5:]))
     assert last < first - 0.4
+
+
+def one_process_gradients(initial: dict[str, torch.Tensor], autocast: bool) -> dict[str, torch.Tensor]:
+    """The first step's gradient, the mean over the four micro batches two ranks share, on one process (bf16: the
+    forward under autocast, as the engine runs it)."""
+    from pipeline.pretrain.model.hf_model import SparseRobertaForMaskedLM
+
+    model = SparseRobertaForMaskedLM(parity.build_hf_config())
+    model.load_state_dict(initial)
+    model.train()
+    for index in range(2 * parity.ACCUMULATION):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(**parity.micro_batch(0, index))["loss"]
+        (loss / (2 * parity.ACCUMULATION)).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_zero_0_on_two_ranks_reduces_in_buckets_during_the_backward_to_one_processes_gradients(engine_runs):
+    run = engine_runs[2]
+    initial = torch.load(engine_runs[1] / "initial.pt")
+    buckets = json.loads((run / "buckets.json").read_text())
+    for precision, bound in (("fp32", 1e-5), ("bf16", 1e-2)):
+        reduced, reference = torch.load(run / f"gradients-{precision}.pt"), one_process_gradients(
+            initial, autocast=precision == "bf16")
+        worst = max(relative(reduced[n], g) for n, g in reference.items())
+        assert worst < bound, f"{precision}: the reduced gradients are {worst:.2g} from one process's"
+        events = [tuple(e) for e in buckets[precision]["events"]]
+        assert buckets[precision]["buckets"] > 2
+        last_ready = max(i for i, (what, _) in enumerate(events) if what == "ready")
+        assert events.index(("started", 0)) < last_ready  # communication began while the backward still ran
+    assert buckets["bf16"]["bytes"] * 2 == buckets["fp32"]["bytes"]

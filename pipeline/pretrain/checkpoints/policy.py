@@ -205,9 +205,8 @@ class Checkpointer:
     def note(self, ledger: Ledger, events: Sequence[LedgerEvent]) -> Ledger:
         """`ledger` with `events` added: rank 0 appends them to the run's ledger, read afresh (this session's start
         may have added to it since the preflight read it); the other ranks hold them in memory."""
-        if self.topology.is_main:
-            return read_ledger(ledger.path).append(list(events))
-        return ledger.with_events(list(events))
+        is_main = self.topology.is_main
+        return (read_ledger(ledger.path) if is_main else ledger).append(list(events), write=is_main)
 
     def resume_hint(self) -> str:
         """Where a rerun of the same command resumes (the newest complete checkpoint), in words."""

@@ -20,6 +20,25 @@ from pipeline.pretrain.export.facts import CheckpointFacts
 from pipeline.pretrain.report.plateau import at_mask_rate, metrics_beside_plateau
 
 
+def write_record_and_card(folder: Path, facts: CheckpointFacts, equivalence: dict[str, Any], tokenizer,
+                          parameters: int, shown_as: Path | None = None) -> None:
+    """An export's record (`pipeline_export.json`: the checkpoint and pretraining run it came from, what trained it,
+    its equivalence check) and the card rendered from it, in `folder`."""
+    record = {**provenance(facts), "equivalence": equivalence, "training": training_record(facts, tokenizer,
+                                                                                           parameters)}
+    write_json_atomic(folder / EXPORT_PROVENANCE_FILE, record)
+    write_export_card(folder, record, shown_as=shown_as)
+
+
+def provenance(facts: CheckpointFacts) -> dict:
+    """Where the export came from: the checkpoint (path, step, fingerprint) and its pretraining MLflow run."""
+    tracking = facts.run.tracking if facts.run else None
+    run = json.loads(tracking.read_text()) if tracking and tracking.exists() else {}
+    return {"checkpoint": str(facts.folder.resolve()), "step": facts.step,
+            "checkpoint_fingerprint": facts.fingerprint,
+            "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
+
+
 def training_record(facts: CheckpointFacts, tokenizer, parameters: int) -> dict[str, Any]:
     """What the card says of the training, kept in `pipeline_export.json` so the card can be rendered again."""
     c = facts.config

@@ -23,20 +23,12 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
 from pipeline.pretrain.checkpoints.storage import complete_checkpoints, tag_for
-from pipeline.pretrain.export.facts import CheckpointFacts, checkpoint_facts
+from pipeline.pretrain.export.facts import checkpoint_facts
 from pipeline.pretrain.plan.record import RECORD_FILE, read_record
 
 PROVENANCE_FILE = EXPORT_PROVENANCE_FILE
 """An export's record: the checkpoint and pretraining MLflow run it came from (fine-tuning runs link to them),
 what trained it, and its equivalence check."""
-
-
-def provenance(facts: CheckpointFacts) -> dict:
-    tracking = facts.run.tracking if facts.run else None
-    run = json.loads(tracking.read_text()) if tracking and tracking.exists() else {}
-    return {"checkpoint": str(facts.folder.resolve()), "step": facts.step,
-            "checkpoint_fingerprint": facts.fingerprint,
-            "pretrain_run_id": run.get("run_id"), "tracking_uri": run.get("uri")}
 
 
 def exported_identity(checkpoint: Path) -> tuple[str, str]:
@@ -108,7 +100,7 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     """
     from transformers import AutoTokenizer
 
-    from pipeline.pretrain.export.card import training_record, write_export_card
+    from pipeline.pretrain.export.card import write_record_and_card
     from pipeline.pretrain.export.check import ExportProof
     from pipeline.pretrain.model.hf_model import exported_model
 
@@ -123,10 +115,8 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     with staged_folder(out) as tmp:
         write_hf_folder(model, proof.tokenizer, tmp)
         check = proof.check(tmp, state, hf)
-        record = {**provenance(facts), "equivalence": check.record(),
-                  "training": training_record(facts, proof.tokenizer, sum(p.numel() for p in model.parameters()))}
-        write_json_atomic(tmp / PROVENANCE_FILE, record)
-        write_export_card(tmp, record, shown_as=out.resolve())
+        write_record_and_card(tmp, facts, check.record(), proof.tokenizer, sum(p.numel() for p in model.parameters()),
+                              shown_as=out.resolve())
     return out
 
 

@@ -166,11 +166,14 @@ class Ledger:
         now = datetime.now(UTC).isoformat(timespec="seconds")
         return Ledger(self.path, self.events + tuple(dataclasses.replace(e, time=e.time or now) for e in events))
 
-    def append(self, events: list[LedgerEvent]) -> Ledger:
-        """The ledger with `events` added at the end, written atomically (rank 0 only)."""
+    def append(self, events: list[LedgerEvent], *, write: bool = True) -> Ledger:
+        """The ledger with `events` added at the end, written atomically (rank 0); without `write` only in memory
+        (what the other ranks hold)."""
         if not events:
             return self
         ledger = self.with_events(events)
+        if not write:
+            return ledger
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path, "".join(json.dumps(e.to_json()) + "\n" for e in ledger.events))
         return ledger

@@ -39,9 +39,10 @@ class RunLog:
         self._session_wait_share: float | None = None
         """The session's wait share of the rank that waited most, as of the last check."""
 
-    def open(self, tokenizer, step: int, parameters: int) -> None:
+    def open(self, tokenizer, step: int, parameters: int, allreduce_bytes: int | None = None) -> None:
         """Rank 0: the config and a tokenizer copy in the run folder; metrics.jsonl and MLflow opened, tagged with the
-        stretch the run starts in."""
+        stretch the run starts in and the bytes a rank sends into the gradient all-reduce a step (None: one rank, or
+        DeepSpeed's own all-reduce at ZeRO 1-3)."""
         c, layout = self.config, self.config.layout
         if not self.is_main:
             return
@@ -52,7 +53,8 @@ class RunLog:
                 tokenizer.save_pretrained(tmp)
         stretch = self.plan.stretch_at(step)
         tags = run_tags("pretrain", self.plan.world_size, parameters=parameters, output_dir=layout.root.resolve(),
-                        gradient_accumulation=stretch.plan(self.plan.world_size).accumulation)
+                        gradient_accumulation=stretch.plan(self.plan.world_size).accumulation,
+                        gradient_allreduce_bytes=allreduce_bytes)
         if c.phases:
             tags["phase"] = stretch.phase.name
         self.metrics = open_metrics(True, jsonl=layout.metrics, resume_step=step, tracking=c.tracking,

@@ -8,11 +8,13 @@ still does on the host in a step, and what is done here instead:
   tensors; no read): torch's multi-tensor norm and clip do it in a few kernels, and the norm stays a device
   tensor for the run log (`engine.get_global_grad_norm()`, which DeepSpeed leaves None at ZeRO 0 in fp32) and
   for the spike guard, which judges the step there, between its norm and its update (spike_guard.py). A step
-  whose norm is not finite, or that the guard leaves out, reaches torch's fused AdamW as `found_inf`
-  (`skip_updates_on`), whose kernel then leaves the whole update out; an optimizer without that switch gets zero
-  gradients instead. DeepSpeed would apply a non-finite gradient at ZeRO 0: a NaN in one batch would reach
-  every weight;
-- ZeRO 0 on one rank flattens every gradient, "averages" it over that one rank and copies it back: off;
+  whose norm is not finite, or that the guard leaves out, reaches the optimizer as `found_inf`
+  (`skip_updates_on`: torch's fused AdamW, LAMB and StableAdamW take it), which then leaves the whole update
+  out; a non-finite gradient is zeroed first where the optimizer computes the left-out update anyway.
+  DeepSpeed would apply a non-finite gradient at ZeRO 0: a NaN in one batch would reach every weight;
+- ZeRO 0 on one rank flattens every gradient, "averages" it over that one rank and copies it back: off; on
+  several it all-reduces every gradient after the whole backward in one fp32 buffer: bucketed instead, each
+  bucket started while the backward runs, in bf16 for a bf16 run (gradient_buckets.py);
 - ZeRO 0 in fp16 scales the loss with torch's GradScaler built with DeepSpeed's defaults, whatever the
   `fp16` section says, and saves it in no checkpoint: built from the section here, and its state goes into
   the checkpoint (`extra_state`);
@@ -23,9 +25,8 @@ still does on the host in a step, and what is done here instead:
   reaches the weights.
 
 What still reads: ZeRO 1/2 in fp32 ask once a step whether the norm is finite, to skip a non-finite step
-(in `step()` itself, whose other work is not replaceable piecemeal), ZeRO 3 likewise, DeepSpeed's own fp16
-(ZeRO 1-3) checks for overflow, and fp16 at ZeRO 0 with an optimizer other than fused AdamW (GradScaler asks
-whether it found an overflow: torch's behaviour for optimizers without `found_inf` support).
+(in `step()` itself, whose other work is not replaceable piecemeal), ZeRO 3 likewise, and DeepSpeed's own
+fp16 (ZeRO 1-3) checks for overflow. No shipped config trains so.
 tests/pretrain/test_device_reads.py counts them on CPU.
 """
 
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.pretrain.config import PretrainConfig
+from pipeline.pretrain.step.gradient_buckets import reduce_in_buckets
 from pipeline.pretrain.step.spike_guard import SpikeGuard
 
 DEFAULT_SCALER_KEYS = {"initial_scale_power": 16, "loss_scale_window": 1000}
@@ -60,14 +62,22 @@ def keep_step_on_device(engine, config: PretrainConfig, guard: SpikeGuard) -> No
         engine.clip_fp32_gradients = partial(clip_gradients, engine, guard, leave_out)
         if dist.get_world_size() == 1:
             engine.enable_backward_allreduce = False
+        else:
+            engine.gradient_buckets = reduce_in_buckets(engine, t.precision)
     elif t.zero_stage in (1, 2) and t.precision != "fp16":  # DeepSpeed's fp16 reads its overflow check anyway
         engine.optimizer.unscale_and_clip_grads = types.MethodType(unscale_and_clip_grads, engine.optimizer)
 
 
 def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer's step takes `found_inf` and leaves the whole update out at 1 (torch's fused Adam and
-    AdamW, as GradScaler uses them)."""
+    """Whether the optimizer's step takes `found_inf` and leaves the whole update out at 1, as GradScaler uses it:
+    torch's fused Adam and AdamW, and LAMB and StableAdamW (optimizers.py)."""
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def needs_finite_gradients(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a step it leaves out must still be handed finite gradients: torch's fused kernel skips a left-out
+    update whole; the others compute it and scale it by 0, and NaN × 0 is NaN."""
+    return not optimizer.defaults.get("fused", False)
 
 
 def clip_gradients(engine, guard: SpikeGuard, leave_out: torch.Tensor | None) -> None:
@@ -89,7 +99,7 @@ def clip_gradients(engine, guard: SpikeGuard, leave_out: torch.Tensor | None) ->
     nonfinite = ~torch.isfinite(norm)
     if leave_out is not None:
         leave_out.copy_(torch.maximum(guard.skip, nonfinite.float()))
-    else:
+    if leave_out is None or needs_finite_gradients(engine.optimizer):
         for grad in grads:  # NaN × 0 is NaN: the gradients are filled, not scaled
             grad.masked_fill_(nonfinite, 0.0)
 
@@ -122,8 +132,8 @@ def unscale_and_clip_grads(self, grad_groups_flat: list, total_norm) -> None:
     parts = [part for grad in grad_groups_flat for part in (grad if isinstance(grad, list) else [grad])]
     if takes_found_inf(self.optimizer):  # the whole update left out, moments and step counter alike
         self.optimizer.found_inf = (~valid).float()
-    else:  # NaN × 0 is NaN: the gradients are filled, not scaled
-        for part in parts:
+    if not takes_found_inf(self.optimizer) or needs_finite_gradients(self.optimizer):
+        for part in parts:  # NaN × 0 is NaN: the gradients are filled, not scaled
             part.data.masked_fill_(~valid, 0.0)
     if self.clip_grad == 0.0 and self.loss_scale == 1.0:
         return

@@ -1,8 +1,8 @@
 """The DeepSpeed engine: its config derived from ours, the optimizer and its groups, and the LR scheduler.
 
-LAMB is DeepSpeed's fused `Lamb` on GPU and ours (`Lamb`) on CPU, which DeepSpeed has no build of;
-StableAdamW is torch-optimi's (the one ModernBERT trained with) on both. Where DeepSpeed builds none,
-the optimizer is passed as a client optimizer, with `zero_allow_untested_optimizer` under ZeRO. Under
+AdamW is torch's fused one, which DeepSpeed builds from its config; LAMB and StableAdamW are ours
+(optimizers.py: multi-tensor, no host read), passed as client optimizers, with
+`zero_allow_untested_optimizer` under ZeRO. Under
 ZeRO 1–3 they are given flat partitions, so LAMB's trust ratio and StableAdamW's update clipping are
 computed per partition, not per tensor; the pipeline warns so. Which of DeepSpeed's precision paths each
 precision takes, and why, is `precision_sections`'s; device_step.py keeps the rest of the step on the device.
@@ -20,11 +20,10 @@ import torch
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_keys import offloads_optimizer
 from pipeline.pretrain.model.compile_blocks import compile_blocks, compiles
-from pipeline.pretrain.model.hf_model import parameter_groups
 from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.schedules import Schedule, lr_scheduler
 from pipeline.pretrain.step.device_step import keep_step_on_device
-from pipeline.pretrain.step.optimizers import MAX_TRUST, MIN_TRUST, client_optimizer
+from pipeline.pretrain.step.optimizers import client_optimizer, parameter_groups
 from pipeline.pretrain.step.spike_guard import SpikeGuard
 
 FLAT_PARTITIONS_CAVEAT = (
@@ -32,11 +31,10 @@ FLAT_PARTITIONS_CAVEAT = (
     "groups, so {what} is computed per partition, not per {unit}; use {fix} for the per-{unit} {what} of the paper")
 
 
-def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
-                     cuda: bool = False) -> dict[str, Any]:
+def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bool = False) -> dict[str, Any]:
     """The user's `deepspeed` section plus what the pipeline derives: batch sizes, precision, optimizer, clipping.
 
-    Without an `optimizer` entry (LAMB on CPU, StableAdamW) DeepSpeed takes the client optimizer instead.
+    Without an `optimizer` entry (LAMB, StableAdamW: optimizers.py) DeepSpeed takes the client optimizer instead.
     """
     o, t = config.optimizer, config.train
     ds = copy.deepcopy(config.deepspeed)
@@ -64,9 +62,6 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
         native_fp16 = t.precision == "fp16" and t.zero_stage > 0
         fused = {"fused": True} if (o.fused if o.fused is not None else not native_fp16) and not offload else {}
         ds["optimizer"] = {"type": "AdamW", "params": {**common, "torch_adam": not offload, **fused}}
-    elif o.name == "lamb" and cuda:
-        ds["optimizer"] = {"type": "Lamb", "params": {**common, "bias_correction": True,
-                                                      "max_coeff": MAX_TRUST, "min_coeff": MIN_TRUST}}
     if o.name in ("lamb", "stableadamw") and t.zero_stage > 0:
         ds.setdefault("zero_allow_untested_optimizer", True)
     # Its throughput timer synchronises the device at every forward and every step; the pipeline times steps itself.
@@ -124,12 +119,12 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
     if optimizer == "stableadamw" and t.zero_stage > 0:
         warnings.warn(FLAT_PARTITIONS_CAVEAT.format(name=optimizer, how=how, what="update clipping", unit="tensor",
                                                     fix="ZeRO stage 0"), stacklevel=2)
-    derived = deepspeed_config(config, plan, load_universal, cuda)
+    derived = deepspeed_config(config, plan, load_universal)
     groups = parameter_groups(model, config.optimizer.weight_decay)
     engine, *_ = deepspeed.initialize(
         model=model,
         model_parameters=groups,
-        optimizer=client_optimizer(groups, config, cuda),
+        optimizer=client_optimizer(groups, config),
         lr_scheduler=lambda optimizer: lr_scheduler(optimizer, schedule),
         config=derived,
     )

@@ -1,5 +1,20 @@
-"""The optimizers DeepSpeed does not build from its config, handed to it as client optimizers: our LAMB on CPU,
-where DeepSpeed's fused `Lamb` has no build, and torch-optimi's StableAdamW anywhere (engine.py)."""
+"""LAMB and StableAdamW as the step needs them: each group in a few multi-tensor kernels, nothing read back to the
+host, and a step left out on the device when `found_inf` says so (engine.py hands them to DeepSpeed as client
+optimizers; AdamW is torch's fused one).
+
+Written out rather than taken from a library because each available one reads the host every step:
+- StableAdamW: torch-optimi's (0.3, the one ModernBERT trained with) takes `.item()` of its step count and, in its
+  multi-tensor form, of every tensor's update RMS. This one computes the same update (the tests hold it to
+  torch-optimi's on the same steps) with the step count and the RMS on the device.
+- LAMB: DeepSpeed's fused `Lamb` has no CPU build, and under fp16's loss scaler at ZeRO 0 it cannot take
+  `found_inf`, so torch's GradScaler reads the host to decide whether to step. `timm.optim.Lamb` (1.0.31) has the
+  right semantics but `import timm` needs torchvision, which would replace the installed torch;
+  `torch_optimizer.Lamb` (0.3.0, unmaintained) applies the trust ratio to biases and LayerNorm too.
+Both advertise `_step_supports_amp_scaling`, as torch's fused AdamW does: GradScaler then hands them `found_inf`
+instead of reading it, and the spike guard's verdict reaches them the same way (device_step.py). A step left out
+changes nothing: weights, moments and step count stay (its gradients must be finite: device_step.py zeroes a
+non-finite one first, since NaN × 0 is NaN).
+"""
 
 from __future__ import annotations
 
@@ -8,27 +23,75 @@ import torch
 from pipeline.pretrain.config import PretrainConfig
 
 MIN_TRUST, MAX_TRUST = 0.01, 10.0
-"""DeepSpeed FusedLamb's default `min_coeff` and `max_coeff`."""
+"""The trust ratio's clamp (DeepSpeed FusedLamb's default `min_coeff` and `max_coeff`)."""
 
 
-class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning") for CPU runs, where DeepSpeed's fused
-    `Lamb` has no build. The two well-known torch ones were checked here (torch 2.13 CPU) in November 2026:
-    - `timm.optim.Lamb` (timm 1.0.31) has the right semantics (bias correction switch, no trust ratio
-      where weight decay is 0), but `import timm` needs torchvision, and pip resolves torchvision
-      0.29 to a CUDA torch 2.14 that would replace the installed one: too heavy a price for 60 lines.
-    - `torch_optimizer.Lamb` (0.3.0, unmaintained since 2021, needs pytorch-ranger) imports, but
-      applies the trust ratio to every parameter, biases and LayerNorm included, with no per-group
-      switch, and skips bias correction unless `debias=True`.
-    So this is written out, as the LAMB paper's Algorithm 2 (and NVIDIA's NVLAMB, timm): Adam moments
-    with explicit bias correction, m̂ / (√v̂ + ε), plus decoupled weight decay, scaled per parameter
-    tensor by the trust ratio ‖w‖ / ‖update‖ clamped to [`min_trust`, `max_trust`] (DeepSpeed's
-    `min_coeff`/`max_coeff`, 0.01 and 10, so both paths clamp alike). Parameter groups with weight
-    decay 0 (biases and LayerNorm, `model.parameter_groups`) get no trust ratio: their update is
-    Adam's, as in timm and the LAMB paper's BERT setup. One known difference from DeepSpeed's CUDA
-    kernel: it folds bias correction into the step size (lr·√(1-β₂ᵗ)/(1-β₁ᵗ)) after the trust ratio,
-    so its early steps in the decayed groups are smaller until that factor reaches 1.
-    """
+class DeviceStepOptimizer(torch.optim.Optimizer):
+    """An optimizer whose groups step in multi-tensor kernels, leaving the step out at `found_inf`."""
+
+    _step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            if any(p.dtype != torch.float32 for p in params):  # the engine's masters are fp32 at every precision
+                raise TypeError(f"{type(self).__name__} steps fp32 parameters (master weights); got " +
+                                ", ".join(sorted({str(p.dtype) for p in params})))
+            keep = torch.ones((), device=params[0].device) if found_inf is None else 1 - found_inf.to(params[0])
+            grads = [p.grad for p in params]
+            if grad_scale is not None:  # GradScaler's gradients not yet unscaled
+                grads = torch._foreach_div(grads, grad_scale.to(params[0]))
+            self._step_group(group, params, grads, keep)
+        return loss
+
+    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
+                    keep: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _step_count(self, group: dict, params: list[torch.Tensor]) -> torch.Tensor:
+        """The group's step count, a float tensor on its parameters' device; an earlier release's LAMB kept it per
+        tensor, as a host int."""
+        step = group.get("step")
+        if step is None:
+            step = self.state[params[0]].get("step", 0)
+        if not isinstance(step, torch.Tensor) or step.device != params[0].device:
+            step = torch.as_tensor(step, dtype=torch.float32).to(params[0].device)
+        group["step"] = step
+        return step
+
+    def _moments(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states, strict=True):
+            if "exp_avg" not in state:
+                state.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+
+
+def moving_averages(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], grads: list[torch.Tensor],
+                    first: torch.Tensor, second: torch.Tensor) -> list[torch.Tensor]:
+    """m ← m + first·(g - m), v ← v + second·(g² - v), in place (weights of 0 leave them as they were); returns g²."""
+    squares = torch._foreach_mul(grads, grads)
+    for averages, targets, weight in ((exp_avgs, grads, first), (exp_avg_sqs, squares, second)):
+        moves = torch._foreach_sub(targets, averages)
+        torch._foreach_mul_(moves, weight)
+        torch._foreach_add_(averages, moves)
+    return squares
+
+
+class Lamb(DeviceStepOptimizer):
+    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning"), as the paper's Algorithm 2 and NVIDIA's
+    NVLAMB: Adam moments with explicit bias correction, m̂ / (√v̂ + ε), plus decoupled weight decay, scaled per
+    parameter tensor by the trust ratio ‖w‖ / ‖update‖ clamped to [`min_trust`, `max_trust`]. Parameter groups with
+    weight decay 0 (biases and LayerNorm, `model.parameter_groups`) get no trust ratio: their update is Adam's, as in
+    timm and the LAMB paper's BERT setup. The step count is a device tensor per group (`step`)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.01, bias_correction: bool = True, min_trust: float = MIN_TRUST,
@@ -37,67 +100,94 @@ class Lamb(torch.optim.Optimizer):
                         min_trust=min_trust, max_trust=max_trust)
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                self._step_group(group, params)
-        return loss
-
-    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
-        """One group's update in multi-tensor (`torch._foreach_*`) operations: a few kernels for the whole group
-        instead of a dozen per tensor, and no value read back to the host (the step count is a host int)."""
-        if any(p.dtype != torch.float32 for p in params):  # the engine's masters are fp32 at every precision
-            raise TypeError("Lamb steps fp32 parameters (master weights); got " +
-                            ", ".join(sorted({str(p.dtype) for p in params})))
+    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
+                    keep: torch.Tensor) -> None:
         beta1, beta2 = group["betas"]
-        states = [self.state[p] for p in params]
-        for p, state in zip(params, states, strict=True):
-            if not state:
-                state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-            state["step"] += 1
-        grads = [p.grad.float() for p in params]
-        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m ← β₁m + (1-β₁)g
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-        step = states[0]["step"]  # the group's tensors step together
-        correction1, correction2 = (1 - beta1 ** step, 1 - beta2 ** step) if group["bias_correction"] else (1.0, 1.0)
+        step = self._step_count(group, params)
+        step.add_(keep)
+        exp_avgs, exp_avg_sqs = self._moments(params)
+        moving_averages(exp_avgs, exp_avg_sqs, grads, (1 - beta1) * keep, (1 - beta2) * keep)
+        if group["bias_correction"]:
+            correction1, correction2 = 1 - torch.pow(beta1, step), 1 - torch.pow(beta2, step)
+        else:
+            correction1 = correction2 = torch.ones((), device=step.device)
         denominators = torch._foreach_div(exp_avg_sqs, correction2)
         torch._foreach_sqrt_(denominators)
         torch._foreach_add_(denominators, group["eps"])
         updates = torch._foreach_div(exp_avgs, correction1)
         torch._foreach_div_(updates, denominators)
+        scale = -group["lr"] * keep.expand(len(params))
         if group["weight_decay"]:
             torch._foreach_add_(updates, params, alpha=group["weight_decay"])
             w_norms, u_norms = torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates))
             # A zero norm (fresh zero-initialised tensor, or no update) leaves the step unscaled.
             trust = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, torch.ones_like(w_norms))
-            torch._foreach_mul_(updates, list(trust.clamp(group["min_trust"], group["max_trust"]).unbind()))
-        torch._foreach_add_(params, updates, alpha=-group["lr"])
+            scale = scale * trust.clamp(group["min_trust"], group["max_trust"])
+        torch._foreach_mul_(updates, list(scale.unbind()))
+        torch._foreach_add_(params, updates)
 
 
-def client_optimizer(groups: list[dict], config: PretrainConfig, cuda: bool) -> torch.optim.Optimizer | None:
-    """Our LAMB on CPU, torch-optimi's StableAdamW anywhere; None where DeepSpeed builds it from its config. Also
-    what DeepSpeed's fused Lamb needs of the `groups` (model.parameter_groups: decayed, then not) to skip the trust
-    ratio in the no-decay group."""
+class StableAdamW(DeviceStepOptimizer):
+    """StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale vision-language
+    models"), as torch-optimi computes it: moving averages with debiased betas, and each tensor's step size divided
+    by its update's RMS when that exceeds 1 (AdaFactor's update clipping); weight decay decoupled, or with
+    `decouple_lr` fully decoupled from the LR (weight_decay × LR / `max_lr` a step). The step count is a device
+    tensor per group (`step`, where torch-optimi keeps it, so its checkpoints load)."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-6,
+                 weight_decay: float = 1e-2, decouple_lr: bool = False, max_lr: float | None = None):
+        if decouple_lr and max_lr is None:
+            max_lr = lr
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decouple_lr=decouple_lr,
+                        max_lr=max_lr)
+        super().__init__(params, defaults)
+
+    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
+                    keep: torch.Tensor) -> None:
+        beta1, beta2 = group["betas"]
+        step = self._step_count(group, params)
+        step.add_(keep)
+        # torch-optimi's debiased beta (β^t - β) / (β^t - 1): its moving averages need no bias correction after
+        beta1_hat, beta2_hat = ((torch.pow(b, step) - b) / (torch.pow(b, step) - 1) for b in (beta1, beta2))
+        exp_avgs, exp_avg_sqs = self._moments(params)
+        squares = moving_averages(exp_avgs, exp_avg_sqs, grads, (1 - beta1_hat) * keep, (1 - beta2_hat) * keep)
+        # Each tensor's update RMS, √mean(g² / max(v, ε²)): a mean of non-negative values is their 1-norm / size.
+        torch._foreach_div_(squares, torch._foreach_clamp_min(exp_avg_sqs, group["eps"] ** 2))
+        sizes = torch.tensor([g.numel() for g in grads], dtype=torch.float32, device=step.device)
+        rms = (torch.stack(torch._foreach_norm(squares, 1)) / sizes).sqrt()
+        lrs = group["lr"] / rms.clamp(min=1.0) * keep
+        if group["weight_decay"]:
+            decay = lrs / group["max_lr"] if group["decouple_lr"] else lrs
+            torch._foreach_mul_(params, list((1 - decay * group["weight_decay"]).unbind()))
+        denominators = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denominators, group["eps"])
+        updates = torch._foreach_div(exp_avgs, denominators)
+        torch._foreach_mul_(updates, list((-lrs).unbind()))
+        torch._foreach_add_(params, updates)
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Optimizer groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa).
+
+    LAMB also skips its trust ratio in the second group. Norms are found
+    by module type, not by name: every name in the pre-LN model contains "roberta_prelayernorm".
+    """
+    norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if name.endswith("bias") or id(param) in norms or param.ndim < 2 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def client_optimizer(groups: list[dict], config: PretrainConfig) -> torch.optim.Optimizer | None:
+    """LAMB or StableAdamW over `groups` (model.parameter_groups: decayed, then not); None for AdamW, which DeepSpeed
+    builds from its config."""
     o = config.optimizer
-    if o.name == "lamb" and cuda:
-        # FusedLamb has no per-group switch for the trust ratio; clamped to [1, 1] it is none.
-        groups[1].update(max_coeff=1.0, min_coeff=1.0)
     if o.name == "stableadamw":
-        from optimi import StableAdamW
-
-        # foreach off: DeepSpeed hands ZeRO's flat partitions over one by one anyway, and the for-loop is
-        # the reference path; kahan_sum off: DeepSpeed keeps fp32 master weights under bf16.
         return StableAdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                           decouple_lr=o.decouple_lr, max_lr=o.lr if o.decouple_lr else None, kahan_sum=False,
-                           foreach=False, triton=False)
-    if o.name != "lamb" or cuda:
-        return None
-    return Lamb(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, bias_correction=True)
+                           decouple_lr=o.decouple_lr, max_lr=o.lr if o.decouple_lr else None)
+    if o.name == "lamb":
+        return Lamb(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, bias_correction=True)
+    return None

@@ -167,12 +167,14 @@ class SpikeGuard:
         if self.on and not self.judges_in_step:
             self.judge(engine.get_global_grad_norm())
 
-    def enter(self, level: str) -> None:
+    def enter(self, level: str) -> bool:
         """The run trains at `level` (`level_of`) from now on: a window of another level (or of none known, as a
-        checkpoint from before levels were kept holds) starts empty."""
+        checkpoint from before levels were kept holds) starts empty. Whether a window of a known level was dropped."""
+        dropped = self.on and self.level is not None and level != self.level
         if level != self.level:
             self.reset_window()
         self.level = level
+        return dropped
 
     def reset_window(self) -> None:
         self.filled.zero_()
@@ -182,6 +184,12 @@ class SpikeGuard:
         """A checkpoint now lies behind the run: `rollback` goes back to it rather than leaving an update out."""
         if self.mode == "rollback":
             self.skip_enabled.fill_(0.0)
+
+    def forget(self, steps: tuple[int, ...]) -> None:
+        """Outliers dealt with without a rollback (no checkpoint lay behind them): they no longer count towards one,
+        nor does the first of them anchor it (a host write, no read)."""
+        if steps:
+            self.outliers[torch.tensor([s % self.window for s in steps], device=self.outliers.device)] = NONE
 
     def readout(self) -> torch.Tensor | None:
         """What a check brings to the host with the losses (the same on every rank); starts a new count."""
