@@ -232,7 +232,6 @@ def measure(a: argparse.Namespace, recipes: list[str], rec: harness.BenchmarkRec
     tokenizer, shards = harness.cli_data(a.out, [harness.IMDB], val_fraction=0.01, env=harness.cpu_env())
     entropy = plateau_level(shards, tokenizer)
     print(f"unigram entropy of the validation tokens (the plateau's level): {entropy:.3f} nats", flush=True)
-    harness.build_comm_op()  # before any clock starts, so no run's time includes a compile
     seeds = [int(s) for s in a.seeds.split(",")]
     baseline_seeds = [int(s) for s in (a.baseline_seeds or a.seeds).split(",")]
     runs = []

@@ -222,10 +222,18 @@ def pipeline_sets(recipe: dict) -> dict:
 
 
 def finetune(model: str, tokenizer, train: list[dict], dev: list[dict], num_labels: int, recipe: dict, seed: int,
-             out: str, *, save: bool = False, progress: bool = True) -> tuple[list[float], float]:
-    """(dev accuracy after each epoch, seconds of `Trainer.train`) of run_glue's way on `encode`d examples."""
+             out: str, *, save: bool = False, progress: bool = True,
+             report_to: tuple[str, ...] = ()) -> tuple[list[float], float]:
+    """(dev accuracy after each epoch, seconds of `Trainer.train`) of run_glue's way on `encode`d examples;
+    `report_to`: Trainer's trackers (`("mlflow",)`: its MLflow callback, which reads MLFLOW_TRACKING_URI)."""
     import numpy as np
-    from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer, TrainingArguments
+    from transformers import (
+        AutoModelForSequenceClassification,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
 
     accuracies: list[float] = []
 
@@ -239,8 +247,9 @@ def finetune(model: str, tokenizer, train: list[dict], dev: list[dict], num_labe
         warmup_steps=recipe["warmup_ratio"],  # transformers 5: a fraction below 1 is a ratio of the total steps
         weight_decay=recipe["weight_decay"], adam_beta1=recipe["betas"][0], adam_beta2=recipe["betas"][1],
         adam_epsilon=recipe["eps"], max_grad_norm=recipe["max_grad_norm"], seed=seed, eval_strategy="epoch",
-        save_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+        save_strategy="no", logging_strategy="no", report_to=list(report_to), use_cpu=True, dataloader_num_workers=0,
         disable_tqdm=not progress)
+    set_seed(seed)  # before the model, as run_glue.py does: the new head's weights are the seed's
     hf = AutoModelForSequenceClassification.from_pretrained(model, num_labels=num_labels)
     trainer = Trainer(model=hf, args=args, train_dataset=train, eval_dataset=dev,
                       data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy)

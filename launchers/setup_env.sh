@@ -28,6 +28,8 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   fi
   echo "setup: installing roberta-pipeline and its dependencies"
   "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
+  # MLflow's schema migrations, once: every new sqlite store starts as a copy (pipeline/tracking/sqlite_store.py)
+  "$VENV/bin/python" -m pipeline.tracking.sqlite_store
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

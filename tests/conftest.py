@@ -112,14 +112,13 @@ def process_group():
 
     saved = dict(os.environ)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from pipeline.common.topology import prepare_environment
+    from pipeline.common.topology import init_process_group, prepare_environment
 
-    prepare_environment()
-    import deepspeed
+    topology = prepare_environment()
     import deepspeed.comm
 
     assert not dist.is_initialized()
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_process_group(topology, timeout_s=600)  # as the trainer starts it: no shared-memory comm op built
     yield
     deepspeed.comm.destroy_process_group()  # DeepSpeed's own too, so that the next module's world is a new one
     os.environ.clear()

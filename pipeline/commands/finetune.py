@@ -28,6 +28,8 @@ on dev beside the full split as `label_curve` in metrics.json.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import sys
 
@@ -84,6 +86,11 @@ def build_sweep(args: argparse.Namespace, world_size: int):
 @exit_on_pipeline_error
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # At the interpreter's exit, its last garbage collection walks every object still alive (torch's,
+    # transformers'): 1.2 s of CPU measured on 2 cores, after the run's files are written and closed. Frozen, they
+    # are left to the operating system (gc.freeze: never collected again, so only at exit).
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     from pipeline.common.shipped_configs import find_config
     from pipeline.common.topology import current_topology
     from pipeline.finetune.preflight import load_finetune_config

@@ -20,12 +20,13 @@ script named here), exactly as a user would type it:
   8. launchers/finetune.py              both tasks, the export and a from-scratch baseline, through
                                         the fair protocol (--sweep: each arm's learning rate chosen on
                                         a held-out slice of train), 3 seeds, and a label-efficiency
-                                        curve (--labels-per-class 8,32); two runs at a time; and
+                                        curve (--labels-per-class 8,32); and
                                         docstring search (data_prep/make_embedded_task.py --search:
                                         first sentence → the rest), both arms zero-shot and after one
                                         epoch of contrastive fine-tuning, BM25 beside
   9. launchers/minimal_pairs.py         minimal pairs made from held-out text (data_prep/
                                         make_minimal_pairs.py), the export against a unigram model
+     (steps 6-9 run as processes two at a time: the short ones beside the fine-tuning runs)
  10. launchers/compare.py               the table of every run, loss curves, the label-efficiency plot
 Reruns reuse what is complete (the shard stage verifies and skips its finished shards;
 pretraining resumes from its newest checkpoint; finished seeds and trials are skipped); --fresh
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None, seed_record: Path | None = None) -> None
     check_seed(layout, args.seed)  # before any work: a rerun resumes the pretraining already in `out`
     out.mkdir(parents=True, exist_ok=True)
     job = MainJob(out, args.verbose)
-    use_environment_extensions_dir()  # inherited by every stage: DeepSpeed's comm op is built once per environment
+    use_environment_extensions_dir()  # inherited by every stage: an op DeepSpeed JIT-builds is built once per venv
 
     make_data(job, layout, args.workers)
     if args.stop_after == "verify":
@@ -198,16 +199,17 @@ def main(argv: list[str] | None = None, seed_record: Path | None = None) -> None
     # One thread per process: two on two cores otherwise fight over them (measured 2× slower).
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     pretrain(job, layout, env, ranks=args.ranks, seed=args.seed)
-    job.run("6/10 cloze check", "cloze", "cloze", "--model", layout.pretrain.export, "--shards", layout.shards,
-            "--json", layout.cloze, env=env)
-    record_scores(layout.pretrain.export, cloze=read_json(layout.cloze))  # into the export's card
     if args.stop_after == "pretrain":
+        job.run("6/10 cloze check", *cloze_run(layout), env=env)
+        record_scores(layout.pretrain.export, cloze=read_json(layout.cloze))  # into the export's card
         print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
         return
     make_tasks(job, layout)
-    finetune_every_arm(job, layout, args.sweep, env)
+    make_minimal_pairs(job, layout)
+    check_and_finetune(job, layout, args.sweep, env)
+    record_scores(layout.pretrain.export, cloze=read_json(layout.cloze),  # into the export's card
+                  minimal_pairs=read_json(layout.minimal_pairs_result))
     record_arm_baselines(layout)
-    score_minimal_pairs(job, layout, env)
     job.run("10/10 compare", "compare", "compare", "--uri", layout.tracking_uri, "--out", layout.compare,
             *FULL_OUTPUT)
     from pipeline.tracking.label_curve_plot import plot_label_curves
@@ -256,10 +258,6 @@ def pretrain(job: MainJob, layout: MainJobLayout, env: dict, *, ranks: int, seed
     """Step 5: configs/main-job.json on `ranks` DeepSpeed ranks into `pretrain/`, exported; `seed` sets
     train.seed, `overrides` are further `--set KEY=VALUE`s (a benchmark's recipe arm)."""
     deepspeed = Path(sys.executable).parent / "deepspeed"
-    extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")).expanduser()
-    if not any(extensions.glob("**/deepspeed_shm_comm*.so")):
-        print(f"\n(first pretraining in this environment: on CPU, DeepSpeed compiles its shared-memory comm op "
-              f"into {extensions} once, about 70 s on 2 idle cores)", flush=True)
     sets = [f"data.shards={layout.shards}", f"data.tokenizer={layout.tokenizer}",
             f"train.output_dir={layout.pretrain.root}", f"tracking.uri={layout.tracking_uri}",
             *([] if seed is None else [f"train.seed={seed}"]), *(overrides or [])]
@@ -269,8 +267,7 @@ def pretrain(job: MainJob, layout: MainJobLayout, env: dict, *, ranks: int, seed
 
 
 def make_tasks(job: MainJob, layout: MainJobLayout) -> None:
-    """Both fine-tuning tasks from the corpus, and each one's token-count baseline (seconds): beside the arms,
-    it shows whether a task needs pretraining at all."""
+    """Both fine-tuning tasks from the corpus."""
     job.run("7/10 task: keywords", "task-keywords", "make_embedded_task", "--corpus", layout.corpus,
             "--out", layout.task("keywords"))
     # Dev from the held-out documents only; train from the documents pretraining reads (as text, never
@@ -280,23 +277,40 @@ def make_tasks(job: MainJob, layout: MainJobLayout) -> None:
             "--out", layout.task("word-order"))
     job.run("7/10 task: search", "task-search", "make_embedded_task", "--corpus", layout.corpus, "--search",
             "--out", layout.task("search"))
-    for task, plan in TASK_PLANS.items():
-        job.run(f"7/10 token-count baseline: {task}", f"token-baseline-{task}", "token_baseline",
-                "--config", plan.config, *task_files(layout, task), "--json", layout.token_baseline(task))
+
+
+def token_baseline_runs(layout: MainJobLayout) -> list[tuple[str, str, list]]:
+    """Each task's token-count baseline (seconds): beside the arms, it shows whether a task needs pretraining at
+    all; as `MainJob.run_together` takes them."""
+    return [(f"token-baseline-{task}", "token_baseline", ["--config", plan.config, *task_files(layout, task),
+                                                          "--json", layout.token_baseline(task)])
+            for task, plan in TASK_PLANS.items()]
+
+
+def cloze_run(layout: MainJobLayout) -> tuple[str, str, list]:
+    """The cloze check of the export, as `MainJob.run_together` takes it."""
+    return ("cloze", "cloze", ["--model", layout.pretrain.export, "--shards", layout.shards, "--json", layout.cloze])
+
+
+def check_and_finetune(job: MainJob, layout: MainJobLayout, sweep: list[str], env: dict) -> None:
+    """Steps 6–9, two processes at a time: the export's cloze check and minimal pairs, the token-count baselines,
+    and every task × arm through the fair protocol with a label-efficiency curve.
+
+    The short single-process stages run beside the fine-tuning instead of before and after it, each with a core
+    otherwise idle; the longest runs go first, so that the short ones fill the end.
+    """
+    runs = [finetune_run(layout, task, arm, layout.pretrain.export, sweep, LABELS_PER_CLASS)
+            for task in TASK_PLANS for arm in MAIN_JOB_ARMS]
+    runs += [search_run(layout, arm) for arm in MAIN_JOB_ARMS]
+    runs += [minimal_pairs_run(layout), cloze_run(layout), *token_baseline_runs(layout)]
+    job.run_together("6–9/10 cloze check, minimal pairs, token-count baselines; fine-tune both tasks and search, "
+                     "pretrained and from scratch", runs, env)
 
 
 def task_files(layout: MainJobLayout, task: str) -> list[str]:
     folder = layout.task(task)
     return ["--set", f"data.train_file={folder / 'train.jsonl'}",
             "--set", f"data.validation_file={folder / 'dev.jsonl'}"]
-
-
-def finetune_every_arm(job: MainJob, layout: MainJobLayout, sweep: list[str], env: dict) -> None:
-    """Every task × arm through the fair protocol with a label-efficiency curve, two runs at a time."""
-    runs = [finetune_run(layout, task, arm, layout.pretrain.export, sweep, LABELS_PER_CLASS)
-            for task in TASK_PLANS for arm in MAIN_JOB_ARMS]
-    job.run_together("8/10 fine-tune both tasks and search, pretrained and from scratch",
-                     runs + [search_run(layout, arm) for arm in MAIN_JOB_ARMS], env)
 
 
 def search_run(layout: MainJobLayout, arm: str) -> tuple[str, str, list]:
@@ -323,14 +337,25 @@ def finetune_run(layout: MainJobLayout, task: str, arm: str, model: Path, sweep:
         *FULL_OUTPUT])
 
 
-def score_minimal_pairs(job: MainJob, layout: MainJobLayout, env: dict) -> None:
-    """Minimal pairs from the held-out documents, scored by the export and by a unigram model of the corpus."""
-    job.run("9/10 minimal pairs from held-out text", "minimal-pairs-make", "make_minimal_pairs",
+def make_minimal_pairs(job: MainJob, layout: MainJobLayout) -> None:
+    """Minimal pairs from the held-out documents (a fraction of a second)."""
+    job.run("7/10 minimal pairs from held-out text", "minimal-pairs-make", "make_minimal_pairs",
             "--input", layout.corpus, "--held-out-fraction", HELD_OUT_FRACTION, "--per-phenomenon", "100",
             "--out", layout.minimal_pairs)
-    job.run("9/10 minimal pairs: export vs unigram", "minimal-pairs", "minimal_pairs",
-            "--model", layout.pretrain.export, "--pairs", layout.minimal_pairs, "--group-by", "phenomenon",
-            "--corpus", layout.corpus, "--out", layout.minimal_pairs_result, env=env)
+
+
+def minimal_pairs_run(layout: MainJobLayout) -> tuple[str, str, list]:
+    """The minimal pairs scored by the export and by a unigram model of the corpus, as `MainJob.run_together`
+    takes it."""
+    return ("minimal-pairs", "minimal_pairs", ["--model", layout.pretrain.export, "--pairs", layout.minimal_pairs,
+                                               "--group-by", "phenomenon", "--corpus", layout.corpus,
+                                               "--out", layout.minimal_pairs_result])
+
+
+def score_minimal_pairs(job: MainJob, layout: MainJobLayout, env: dict) -> None:
+    """Minimal pairs made and scored, one after the other, into the export's card."""
+    make_minimal_pairs(job, layout)
+    job.run("9/10 minimal pairs: export vs unigram", *minimal_pairs_run(layout), env=env)
     record_scores(layout.pretrain.export, minimal_pairs=read_json(layout.minimal_pairs_result))
 
 

@@ -156,6 +156,11 @@ class FinetuneLayout:
         """Where a pretraining checkpoint given as `--model` is exported (once, by rank 0)."""
         return self.root / "source_model"
 
+    @property
+    def timings(self) -> Path:
+        """Where the run's time went: CPU and wall seconds per phase (`pipeline/finetune/run_clock.py`)."""
+        return self.root / "timings.json"
+
     def seed(self, seed: int) -> SeedLayout:
         return SeedLayout(self.root / f"seed_{seed}", seed)
 

@@ -118,5 +118,26 @@ def init_process_group(topology: Topology, timeout_s: float) -> None:
     from datetime import timedelta
 
     deepspeed = import_deepspeed()
+    if not topology.cuda:
+        skip_shared_memory_comm_op()
     deepspeed.init_distributed(dist_backend="nccl" if topology.cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+
+
+SHARED_MEMORY_COMM_OP = "deepspeed_shm_comm"
+"""DeepSpeed's CPU shared-memory all-reduce op (`ShareMemCommBuilder.NAME`)."""
+
+
+def skip_shared_memory_comm_op() -> None:
+    """Keep DeepSpeed from building (or loading) its CPU shared-memory comm op when the process group starts.
+
+    DeepSpeed's CPU backend JIT-compiles that op on its first start in an environment (40-70 s on 2 cores, inside the
+    first pretraining's clock), but calls it only from `inference_all_reduce`, its tensor-parallel inference path:
+    training's all-reduces, all-gathers and reduce-scatters go through torch.distributed (gloo here) either way.
+    Marked incompatible, the op is neither built nor loaded and nothing else changes; benchmarks/cpu_allreduce.py
+    measures both all-reduces. `deepspeed.ops.__compatible_ops__` is DeepSpeed's one dict of which ops may load
+    (probed on first access, then kept), which its backend reads when it starts.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHARED_MEMORY_COMM_OP] = False
 

@@ -1,4 +1,4 @@
-"""Official GLUE metrics, computed with scikit-learn and scipy."""
+"""Official GLUE metrics: the classification ones from a confusion matrix (numpy), correlations by scipy."""
 
 from __future__ import annotations
 
@@ -6,24 +6,59 @@ import numpy as np
 
 
 def metric(name: str, predictions: np.ndarray, labels: np.ndarray) -> float:
-    """One metric by its official name (`accuracy`, `f1`, `matthews_correlation`, `pearson`, …)."""
-    from scipy.stats import pearsonr, spearmanr
-    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+    """One metric by its official name (`accuracy`, `f1`, `matthews_correlation`, `pearson`, …).
 
+    The classification metrics are scikit-learn's formulas (`accuracy_score`, `f1_score` binary and macro,
+    `matthews_corrcoef`; a test holds them to scikit-learn's values), counted here from one confusion matrix:
+    importing `sklearn.metrics` costs about 1 s of CPU (it imports scipy.stats), more than a small model's
+    fine-tuning spends on all its evaluations.
+    """
     base = name.removesuffix("_matched").removesuffix("_mismatched")
+    if base in ("pearson", "spearman"):
+        from scipy.stats import pearsonr, spearmanr
+
+        return float((pearsonr if base == "pearson" else spearmanr)(predictions, labels)[0])
+    classes, counts = confusion(labels, predictions)
     if base == "accuracy":
-        return float(accuracy_score(labels, predictions))
-    if base == "f1":
-        return float(f1_score(labels, predictions))
+        return float(np.trace(counts) / counts.sum())
+    if base == "f1":  # binary: class 1 is the positive one
+        positive = np.flatnonzero(classes == 1)
+        return float(f1_per_class(counts)[positive[0]]) if positive.size else 0.0
     if base == "f1_macro":
-        return float(f1_score(labels, predictions, average="macro"))
+        return float(f1_per_class(counts).mean())
     if base == "matthews_correlation":
-        return float(matthews_corrcoef(labels, predictions))
-    if base == "pearson":
-        return float(pearsonr(predictions, labels)[0])
-    if base == "spearman":
-        return float(spearmanr(predictions, labels)[0])
+        return matthews(counts)
     raise ValueError(f"unknown metric {name!r}")
+
+
+def confusion(labels: np.ndarray, predictions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the classes in the labels or the predictions, sorted; counts with true classes as rows)."""
+    labels, predictions = np.asarray(labels).ravel(), np.asarray(predictions).ravel()
+    if labels.shape != predictions.shape or not labels.size:
+        raise ValueError(f"metrics: {labels.size} labels against {predictions.size} predictions")
+    classes, index = np.unique(np.concatenate([labels, predictions]), return_inverse=True)
+    n = len(classes)
+    counts = np.bincount(index[: labels.size] * n + index[labels.size:], minlength=n * n).reshape(n, n)
+    return classes, counts
+
+
+def f1_per_class(counts: np.ndarray) -> np.ndarray:
+    """Each class's F1, 2·tp / (true + predicted), 0 where the class is neither (scikit-learn's zero_division)."""
+    true, predicted = counts.sum(axis=1).astype(np.float64), counts.sum(axis=0).astype(np.float64)
+    denominator = true + predicted
+    return np.divide(2.0 * np.diag(counts), denominator, out=np.zeros_like(denominator), where=denominator > 0)
+
+
+def matthews(counts: np.ndarray) -> float:
+    """Matthews correlation (Gorodkin's multiclass form, as scikit-learn computes it); 0 when it is undefined."""
+    true, predicted = counts.sum(axis=1).astype(np.float64), counts.sum(axis=0).astype(np.float64)
+    samples, correct = predicted.sum(), float(np.trace(counts))
+    cov_true_pred = correct * samples - np.dot(true, predicted)
+    cov_pred = samples**2 - np.dot(predicted, predicted)
+    cov_true = samples**2 - np.dot(true, true)
+    if cov_pred * cov_true == 0:
+        return 0.0
+    return float(cov_true_pred / np.sqrt(cov_pred * cov_true))
 
 
 def task_metrics(metric_names: tuple[str, ...], dev_predictions: dict[str, np.ndarray],

@@ -26,8 +26,12 @@ def save_model(folder: Path, model, tokenizer, provenance: dict, *, check_batch:
     """The HF folder (safetensors, config, tokenizer, provenance), swapped into place whole once it is proven:
     `check_batch` through `model` (in memory, in `precision`) and through the saved folder agree, their figures
     recorded in the provenance; beyond the tolerance nothing is written (`saved_model_check.py`)."""
+    from pipeline.common.topology import import_deepspeed
     from pipeline.finetune.saved_model_check import check_saved_model
 
+    # save_pretrained unwraps the model through accelerate, which imports DeepSpeed wherever it is installed, and
+    # DeepSpeed imports mlflow (1-2 s of CPU), unless it was imported the pipeline's way first.
+    import_deepspeed()
     with staged_folder(folder) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -18,6 +18,7 @@ from pipeline.finetune.families import task_family
 from pipeline.finetune.label_curve import check_curve_task, label_curve
 from pipeline.finetune.model_card import write_finetune_cards
 from pipeline.finetune.outputs import summarize, write_best_model
+from pipeline.finetune.run_clock import RunClock, summary_line
 from pipeline.finetune.sweep import Selection, Sweep, select_setting
 from pipeline.finetune.task_loading import load_task
 from pipeline.finetune.trainer import train_or_reuse
@@ -36,13 +37,14 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
     """
     from pipeline.common.topology import current_topology
 
+    clock = RunClock()  # what ran before (the process, its imports, the config checks) is its start-up
     topology = current_topology()
     # What is alive now (the frameworks' modules, above all) lives to the end: frozen out of the collector's
     # sight, the full collection after each training (accelerate's `free_memory`) stops re-scanning it.
     gc.collect()
     gc.freeze()
     try:
-        return _run_finetuning(config, model, seeds, from_scratch, sweep, labels_per_class or [])
+        return _run_finetuning(config, model, seeds, from_scratch, sweep, labels_per_class or [], clock)
     except Exception as err:
         if topology.world_size == 1 or not is_lost_peer(err):
             raise
@@ -53,11 +55,11 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
 
 
 def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
-                    sweep: Sweep | None, labels_per_class: list[int]) -> dict:
+                    sweep: Sweep | None, labels_per_class: list[int], clock: RunClock) -> dict:
     data = load_task(config)  # every problem with the data surfaces here, before any model is loaded
     if labels_per_class:
         check_curve_task(data)
-    arm = open_arm(config, model, from_scratch, seeds)
+    arm = open_arm(config, model, from_scratch, seeds, clock)
     if sweep is None:
         selection, training = None, Training(arm.config, data, task_family(data, arm.config.data), arm, seeds[0])
     else:
@@ -75,7 +77,7 @@ def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_s
 def _report(arm: Arm, training: Training, seeds: list[int], results: dict[int, dict], curve: list[dict],
             selection: Selection | None) -> dict:
     """`metrics.json` (medians over seeds, the curve, the selection), `best_model.json`, the seeds' model cards,
-    and the run's MLflow figures."""
+    the run's MLflow figures, and where the run's time went (`timings.json`, and one line on screen)."""
     data, metric, layout = training.data, training.family.main_metric, arm.config.layout
     source, parent = arm.source, arm.parent
     summary = summarize(list(results.values()), data.spec.metrics)
@@ -97,6 +99,9 @@ def _report(arm: Arm, training: Training, seeds: list[int], results: dict[int, d
         if selection is not None:
             parent.set_tags({"chosen_setting": " ".join(selection.chosen.overrides)})
         parent.log_artifact(layout.metrics)
-    parent.close()
+    with arm.clock.phase("tracking"):
+        parent.close()
     arm.processes.wait_for_everyone()
+    if arm.is_main:
+        print(summary_line(arm.clock.write(layout.timings)), flush=True)
     return report

@@ -148,21 +148,13 @@ class SequenceTask(TaskFamily):
         return [path]
 
     def _confusion(self, path: Path, split: str, predictions: np.ndarray, labels: np.ndarray) -> Path:
-        import matplotlib
+        from pipeline.finetune.confusion_figure import draw_confusion
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from sklearn.metrics import ConfusionMatrixDisplay
-
-        n = self.spec.num_labels
-        fig, ax = plt.subplots(figsize=(4 + 0.4 * n, 3.5 + 0.4 * n))
-        ConfusionMatrixDisplay.from_predictions(labels, predictions, labels=list(range(n)),
-                                                display_labels=list(self.spec.class_names), ax=ax, colorbar=False)
-        ax.set_title(f"{self.spec.name} dev{'' if split == 'dev' else ' ' + split}")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        n = self.spec.num_labels  # every class, in the task's order, whether or not dev has it
+        counts = np.bincount(np.asarray(labels, dtype=np.int64) * n + np.asarray(predictions, dtype=np.int64),
+                             minlength=n * n).reshape(n, n)
+        return draw_confusion(path, counts, self.spec.class_names,
+                              f"{self.spec.name} dev{'' if split == 'dev' else ' ' + split}")
 
 
 def load_head_model(auto_class, source: str, from_scratch: bool, **kwargs) -> torch.nn.Module:

@@ -9,6 +9,7 @@ sweep trial, a label-curve point): the `Training` says its name, tags and whethe
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pipeline.common.lost_rank import RankWatchdog, lost_rank_message
 from pipeline.common.run_kernel import seed_everything
 from pipeline.finetune.accelerator import bare_model, build_accelerator
 from pipeline.finetune.outputs import save_model
+from pipeline.finetune.run_clock import Phase
 from pipeline.finetune.select_split import SELECT
 from pipeline.finetune.task_data import Split
 from pipeline.finetune.training import RERUN_HINT, Training
@@ -76,6 +78,17 @@ class LengthSorted(torch.utils.data.Dataset):
         return restored
 
 
+def charged(phase: Phase):
+    """A `FineTuner` method whose time goes to `phase` of the run's clock (`run_clock.py`)."""
+    def wrap(method):
+        @functools.wraps(method)
+        def charged_method(self: FineTuner, *args, **kwargs):
+            with self.arm.clock.phase(phase):
+                return method(self, *args, **kwargs)
+        return charged_method
+    return wrap
+
+
 class FineTuner:
     """One `Training`: `setup()` builds its accelerator, model, data and optimizer; `fit()` trains and keeps the
     best epoch; `validate()` scores the dev splits; `save()` writes its folder, `complete.json` last."""
@@ -91,6 +104,7 @@ class FineTuner:
                 rank, self.plan.world_size, f"in {self.label}, {where}", timeout, RERUN_HINT,
                 f"a micro batch has waited {timeout:g} s"))
 
+    @charged("model set-up")
     def setup(self) -> None:
         from transformers import get_linear_schedule_with_warmup
         from transformers.trainer_pt_utils import LengthGroupedSampler
@@ -142,6 +156,7 @@ class FineTuner:
         return torch.utils.data.DataLoader(dataset, batch_size=self.config.train.eval_batch_size,
                                            collate_fn=self.family.collator(self.tokenizer))
 
+    @charged("tracking")
     def _open_metrics(self) -> MetricsSink:
         training, arm = self.training, self.arm
         params = {**flatten(to_dict(self.config)), "model": arm.source.path, "seed": self.seed,
@@ -201,6 +216,7 @@ class FineTuner:
         self.metrics.log({f"eval/{k}": v for k, v in self.best_evaluation.metrics.items()}, result.best_epoch)
         return result
 
+    @charged("training steps")
     def _train_epoch(self, progress) -> float:
         acc, t = self.accelerator, self.config.train
         self.model.train()
@@ -223,6 +239,7 @@ class FineTuner:
                 progress.update(1)
         return acc.gather(torch.stack(losses).mean()[None]).mean().item()
 
+    @charged("evaluation")
     @torch.no_grad()
     def validate(self, loaders: dict | None = None) -> Evaluation:
         """Score the dev splits (or the given `loaders`, by split name) with the task's metrics."""
@@ -231,6 +248,7 @@ class FineTuner:
             predictions[name], labels[name] = self._predict(loader)
         return Evaluation(self.family.metrics(predictions, labels), predictions, labels)
 
+    @charged("evaluation")
     @torch.no_grad()
     def _predict(self, loader) -> tuple[np.ndarray, np.ndarray | None]:
         self.model.eval()
@@ -246,6 +264,7 @@ class FineTuner:
         unsort = loader.dataset.unsort
         return unsort(torch.cat(preds).numpy()), unsort(torch.cat(golds).numpy()) if golds else None
 
+    @charged("saving")
     def save(self, result: SeedResult) -> None:
         """The best epoch's weights as an HF folder, reports, test predictions; `complete.json` last."""
         acc, out = self.accelerator, self.out
@@ -272,11 +291,13 @@ class FineTuner:
             for path in artifacts:
                 self.metrics.log_artifact(path)
             if self.training.keeps_weights:
-                record_in_model_store(self.metrics, out.model, task_datasets(self.data),
-                                      self.config.tracking.registered_model)
+                with self.arm.clock.phase("tracking"):
+                    record_in_model_store(self.metrics, out.model, task_datasets(self.data),
+                                          self.config.tracking.registered_model)
             self.training.mark_complete({"metrics": result.best, "best_epoch": result.best_epoch,
                                          "processes": acc.num_processes})
-        self.metrics.close()
+        with self.arm.clock.phase("tracking"):
+            self.metrics.close()  # waits while its thread sends what is left
         acc.wait_for_everyone()
         acc.free_memory()  # drop the prepared model and optimizer before the next seed
         if self.watchdog:

@@ -25,6 +25,7 @@ from pipeline.common.run_kernel import run_tags
 from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.model_source import ModelSource
+from pipeline.finetune.run_clock import RunClock
 from pipeline.finetune.task_data import Split, TaskData
 from pipeline.finetune.task_family import TaskFamily
 from pipeline.pretrain.plan.batch_plan import BatchPlan
@@ -61,6 +62,8 @@ class Arm:
     processes: Any
     """accelerate's `PartialState` (`accelerator.processes`): the main process, the barrier."""
     parent: MetricsSink = field(default_factory=MetricsSink)
+    clock: RunClock = field(default_factory=RunClock)
+    """Where the run's time goes (`run_clock.py`): every training charges its phases to it."""
     _tokenizer: Any = field(default=None, init=False, repr=False)
     _encodings: dict = field(default_factory=dict, init=False, repr=False)
 
@@ -92,7 +95,8 @@ class Arm:
     def encoded(self, family: TaskFamily, split, max_seq_len: int):
         key = (id(family), id(split), max_seq_len)
         if key not in self._encodings:  # the value holds the family and split too, so their ids are never reused
-            self._encodings[key] = (family, split, family.encode(split, self.tokenizer, max_seq_len))
+            with self.clock.phase("tokenization"):
+                self._encodings[key] = (family, split, family.encode(split, self.tokenizer, max_seq_len))
         return self._encodings[key][2]
 
 
@@ -210,10 +214,11 @@ def holds_pretrained_seeds(root: Path) -> bool:
     return False
 
 
-def open_arm(config: FinetuneConfig, model: str, from_scratch: bool, seeds: list[int]) -> Arm:
+def open_arm(config: FinetuneConfig, model: str, from_scratch: bool, seeds: list[int],
+             clock: RunClock | None = None) -> Arm:
     """The run's `Arm`: its processes (as many as the launcher started), the model (a pretraining checkpoint is
     exported once, by the main process, into the run's `source_model/`), the config fit to the model's positions,
-    and the run's MLflow run, every training's parent."""
+    the run's MLflow run, every training's parent, and the run's `clock` (a new one if None)."""
     from pipeline.common.topology import current_topology
     from pipeline.finetune.accelerator import processes
     from pipeline.finetune.model_source import cap_seq_len, resolve_model_source
@@ -229,11 +234,12 @@ def open_arm(config: FinetuneConfig, model: str, from_scratch: bool, seeds: list
                                   barrier=group.wait_for_everyone, keep_export=holds_pretrained_seeds(layout.root),
                                   what="--model")
     config = cap_seq_len(config, source.path, say=is_main)  # the families cut their inputs at data.max_seq_len
-    arm, listed = Arm(config, source, from_scratch, group), ",".join(map(str, seeds))
-    arm.parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{config.task_name}-{arm.kind}",
-                              tags=run_tags("finetune-summary", world_size, task=config.task_name, seeds=listed,
-                                            from_scratch=str(from_scratch).lower(), model=source.path,
-                                            pretrain_run_id=source.pretrain_run_id,
-                                            pretrain_checkpoint=source.pretrain_checkpoint),
-                              params={**flatten(to_dict(config)), "model": source.path, "seeds": listed})
+    arm, listed = Arm(config, source, from_scratch, group, clock=clock or RunClock()), ",".join(map(str, seeds))
+    with arm.clock.phase("tracking"):
+        arm.parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{config.task_name}-{arm.kind}",
+                                  tags=run_tags("finetune-summary", world_size, task=config.task_name, seeds=listed,
+                                                from_scratch=str(from_scratch).lower(), model=source.path,
+                                                pretrain_run_id=source.pretrain_run_id,
+                                                pretrain_checkpoint=source.pretrain_checkpoint),
+                                  params={**flatten(to_dict(config)), "model": source.path, "seeds": listed})
     return arm

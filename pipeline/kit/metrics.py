@@ -1,12 +1,12 @@
 """Classification metrics for notebooks: precision/recall/F1, confusion matrix, and a model-over-loader evaluation.
 
-scikit-learn computes everything; accuracy goes through the fine-tuning metrics
+scikit-learn counts and computes precision/recall/F1, `pipeline/finetune/confusion_figure.py` draws the confusion
+matrix, and accuracy goes through the fine-tuning metrics
 (`pipeline/finetune/metrics.py`), so a Kit evaluation and a fine-tuning run report the same number.
 """
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Sequence
 
@@ -42,22 +42,9 @@ def compute_confusion_matrix(y_true: Sequence[int], y_pred: Sequence[int], num_c
     classes = list(range(num_classes)) if num_classes else _classes(y_true, y_pred, label_names)
     matrix = confusion_matrix(y_true, y_pred, labels=classes)
     if png is not None:
-        import matplotlib
+        from pipeline.finetune.confusion_figure import draw_confusion
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from sklearn.metrics import ConfusionMatrixDisplay
-
-        from pipeline.common.atomic_files import write_atomic
-
-        fig, ax = plt.subplots(figsize=(4 + 0.4 * len(classes), 3.5 + 0.4 * len(classes)))
-        ConfusionMatrixDisplay(matrix, display_labels=list(label_names) if label_names else classes).plot(
-            ax=ax, colorbar=False)
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=100)
-        plt.close(fig)
-        write_atomic(png, buffer.getvalue())
+        draw_confusion(png, matrix, list(label_names) if label_names else [str(c) for c in classes])
     return matrix
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.tracking.metrics import MetricsSink, Number
+from pipeline.tracking.sqlite_store import start_from_template
 
 MAX_BATCH = 1000
 """Metrics per `log_batch` request (MLflow's own limit)."""
@@ -103,6 +104,7 @@ class MlflowSink(MetricsSink):
     def _start(self, experiment: str, run_name: str | None, tags: dict[str, str]) -> None:
         from mlflow.tracking import MlflowClient
 
+        start_from_template(self.uri)  # a new sqlite store: copied, not migrated (seconds per run)
         self.client = MlflowClient(self.uri)
         previous = json.loads(self.state_file.read_text()) if self.state_file and self.state_file.exists() else {}
         if previous.get("uri") == self.uri and previous.get("run_id"):

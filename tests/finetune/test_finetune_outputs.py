@@ -90,6 +90,8 @@ def test_the_saved_model_reproduces_the_dev_metrics_exactly(finetuned, small_tas
     assert provenance["metrics"] == complete["metrics"] and provenance["source_model"] == small_task["model"]
     assert {"pretrain_run_id", "pretrain_checkpoint"} <= set(provenance)
     assert list((out / "seed_1" / "model").glob("*.safetensors"))
+    spent = json.loads((out / "timings.json").read_text())["cpu_s"]  # where the run's time went
+    assert spent["training steps"] > 0 and spent["evaluation"] > 0 and spent["saving"] > 0
 
 
 def test_the_saved_model_is_proven_and_carries_a_model_card_with_its_protocol(finetuned, small_task):
