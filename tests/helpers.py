@@ -59,6 +59,20 @@ def tiny_pretrain_config(shards: Path, tokenizer: Path, output_dir: Path, **sect
     return config
 
 
+def probe_files(root: Path, documents: list[str]) -> dict[str, list[str]]:
+    """Probe files in `root` made from `documents`: minimal pairs (word order reversed), a search file (first words
+    → the rest) and an STS file, by the config key that takes each."""
+    texts = [d for d in documents if len(d.split()) >= 12][:16]
+    files = {"minimal_pairs": [{"sentence_good": " ".join(t.split()[:8]),
+                                "sentence_bad": " ".join(reversed(t.split()[:8]))} for t in texts],
+             "retrieval": [{"query": " ".join(t.split()[:4]), "positive": " ".join(t.split()[4:])} for t in texts],
+             "sts": [{"sentence1": a, "sentence2": b, "score": float(i % 6)}
+                     for i, (a, b) in enumerate(zip(texts, texts[1:] + texts[:1], strict=True))]}
+    for kind, records in files.items():
+        (root / f"{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return {kind: [str(root / f"{kind}.jsonl")] for kind in files}
+
+
 def record_at(step: int, **fields):
     """A checkpoint record of `step` with placeholder model facts, for tests of the checkpoint files."""
     from pipeline.pretrain.plan.record import CheckpointRecord

@@ -104,8 +104,9 @@ def cloze_accuracy(encoder, texts: Iterable[str], mask_rate: float = 0.15, seed:
     return cloze_score(encoder, texts, mask_rate, seed, max_texts).accuracy
 
 
-def validation_texts(shards: str | Path, tokenizer, min_chars: int = 40) -> list[str]:
-    """The documents (or pieces of them) of a shard folder's validation split, decoded, in order.
+def validation_texts(shards: str | Path, tokenizer, min_chars: int = 40, limit: int | None = None) -> list[str]:
+    """The documents (or pieces of them) of a shard folder's validation split, decoded, in order; the first
+    `limit` of them (None: all).
 
     Each sequence is cut at its special tokens (`<s>`, `</s>`, padding), so packed rows give one
     text per document piece; pieces shorter than `min_chars` are left out.
@@ -123,6 +124,8 @@ def validation_texts(shards: str | Path, tokenizer, min_chars: int = 40) -> list
             text = tokenizer.decode(piece.tolist(), clean_up_tokenization_spaces=False).strip() if len(piece) else ""
             if len(text) >= min_chars:
                 texts.append(text)
+            if len(texts) == limit:
+                return texts
     return texts
 
 

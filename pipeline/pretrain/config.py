@@ -525,6 +525,42 @@ class TrackingConfig:
 
 
 @dataclass
+class ProbesConfig:
+    """Cheap probes of what the model can do, run at each evaluation beside the validation loss and logged as curves
+    (report/probes.py). All off by default; each file's stem names its metrics (`probe/retrieval/<stem>/…`)."""
+
+    cloze_texts: int = 0
+    """Validation texts of the (first) corpus with 15% of their tokens blanked: top-1 fill accuracy, beside the
+    accuracy of always guessing the most frequent blanked token (the plateau's). 0: no cloze probe."""
+    minimal_pairs: list[str] = field(default_factory=list)
+    """JSONL files of {sentence_good, sentence_bad}: the share of pairs whose good sentence the model scores higher
+    (pseudo-log-likelihood: one forward per token, so keep them to a few hundred pairs)."""
+    retrieval: list[str] = field(default_factory=list)
+    """Pairs files ({query, positive, negative?}): zero-shot nDCG@10, MRR@10 and recall by exact search over every
+    positive and negative, with BM25's figures beside."""
+    sts: list[str] = field(default_factory=list)
+    """Scored pairs files ({sentence1, sentence2, score} with scores in [0, 5]): Spearman's correlation of cosine."""
+    pooling: Literal["mean", "cls"] = "mean"
+    """How retrieval and STS pool the token vectors into one."""
+
+    def __post_init__(self):
+        problems = too_small("probes", self, 0, "cloze_texts")
+        for kind in ("minimal_pairs", "retrieval", "sts"):
+            stems = [Path(path).name.split(".")[0] for path in getattr(self, kind)]
+            for stem in stems:
+                problems += name_problems(f"probes.{kind}", stem, "the file's name before its first '.' names its "
+                                                                   "metrics")
+            if len(set(stems)) < len(stems):
+                problems.append(f"probes.{kind}: two files share a name before their first '.' ({', '.join(stems)}); "
+                                f"their metrics would collide")
+        refuse(self, problems)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.cloze_texts or self.minimal_pairs or self.retrieval or self.sts)
+
+
+@dataclass
 class PhaseConfig:
     """One phase of a run in phases (BERT: 90% of the steps at 128 tokens, then 10% at 512); see phases.py."""
 
@@ -569,6 +605,8 @@ class PretrainConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     """The spike guard's window, threshold and rollback bounds (train.spike_guard turns it on)."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    probes: ProbesConfig = field(default_factory=ProbesConfig)
+    """What the model can do, probed at each evaluation (off unless a probe is named)."""
     deepspeed: dict[str, Any] = field(default_factory=dict)
     """DeepSpeed's own further keys (deepspeed_keys.py checks them); precision and ZeRO stage are `train`'s."""
     phases: list[PhaseConfig] = field(default_factory=list)

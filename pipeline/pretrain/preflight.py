@@ -3,10 +3,10 @@
 `prepare_run` builds the config (each section checks itself: config.py), then adds, in one ConfigError
 with every problem naming its key, the run's arithmetic on this world size (`arithmetic_problems`), what
 this machine lacks (`machine_problems`) and the files (`read_files`): shard indexes, the tokenizer,
-`model.init_from`'s folder and the checkpoint the run starts from (checkpoints/policy.py). From those it
-builds the run's plan (plan/run_plan.py), once. The command runs it before any process group, model or engine exists;
-`load_pretrain_config(check_files=False)` checks a config whose data does not exist here (the ablation
-runner, tests of shipped configs).
+`model.init_from`'s folder, the probe files and the checkpoint the run starts from (checkpoints/policy.py).
+From those it builds the run's plan (plan/run_plan.py), once. The command runs it before any process group,
+model or engine exists; `load_pretrain_config(check_files=False)` checks a config whose data does not exist here
+(the ablation runner, tests of shipped configs).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pipeline.pretrain.plan.record import StartPoint
 from pipeline.pretrain.plan.run_plan import PlanError, RunPlan, build_plan
 from pipeline.pretrain.plan.schedules import wsd_decay_steps
 from pipeline.pretrain.plan.stream import CorpusLayout
+from pipeline.pretrain.report.probes import probe_problems
 
 
 def prepare_run(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,
@@ -173,6 +174,8 @@ def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = Tr
             problems.append(f"data.tokenizer: {err}")
     if info is not None:
         problems += data_problems(config, tokenizer, info, indexes)
+    if check_data:
+        problems += probe_problems(config.probes)
     start, rolled_back, anneal_from, more = find_start(config, info, world_size, ledger.skipped)
     layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
     return problems + more, layouts, start, rolled_back, anneal_from, ledger

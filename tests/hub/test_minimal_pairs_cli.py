@@ -7,9 +7,10 @@ import json
 import pytest
 from helpers import run_script
 
-from pipeline.commands.minimal_pairs import Pair, accuracy, main, pair_scores, read_pairs, summarize
+from pipeline.commands.minimal_pairs import main
 from pipeline.common.errors import PipelineError
 from pipeline.data.minimal_pair_maker import make_pairs
+from pipeline.hub.minimal_pairs import Pair, accuracy, pair_scores, read_pairs, summarize
 
 TEXTS = ["The model is quiet and the river is long. The tokens are seven in a batch. An encoder has read this "
          "document. These rivers were long and orange. The corpus was read by a model in an hour."]

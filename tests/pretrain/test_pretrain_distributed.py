@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import PYTHON, ROOT, tiny_pretrain_config
+from helpers import PYTHON, ROOT, probe_files, tiny_pretrain_config
 
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.common.topology import free_port
@@ -88,20 +88,22 @@ def test_exports_from_every_zero_stage_hold_the_same_weights(zero_stage_runs):
 
 
 @pytest.fixture(scope="module")
-def tracked_runs(tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
+def tracked_runs(tmp_path_factory, roberta_shards, bpe_tokenizer_dir, documents):
     """A bf16 ZeRO-2 run under `deepspeed` with MLflow; the same run stopped by SIGUSR1, resumed under torchrun."""
     root = tmp_path_factory.mktemp("tracked")
     uri = f"sqlite:///{root / 'mlflow.db'}"
 
-    def config(name: str) -> Path:
+    def config(name: str, **probes) -> Path:
         return write_config(root / f"{name}.json", tiny_pretrain_config(
             roberta_shards, bpe_tokenizer_dir, root / name,
             data={"num_workers": 1, "cache_dir": str(root / "cache")},
             train={"max_steps": 40, "eval_every": 10, "zero_stage": 2, "precision": "bf16"},
             checkpoint={"every": 10, "keep_last": 2},
-            tracking={"enabled": True, "uri": uri, "experiment": "tests", "flush_seconds": 0.5}))
+            tracking={"enabled": True, "uri": uri, "experiment": "tests", "flush_seconds": 0.5}, probes=probes))
 
-    full_log = launch(DEEPSPEED, "launchers/pretrain.py", "--config", config("full"))
+    # The full run probes at each evaluation; the stopped one does not, and its losses equal the full run's.
+    full_log = launch(DEEPSPEED, "launchers/pretrain.py", "--config", config("full", cloze_texts=16,
+                                                                              **probe_files(root, documents)))
 
     stopped = launch(DEEPSPEED, "launchers/pretrain.py", "--config", config("stopped"), wait=False)
     metrics = PretrainLayout(root / "stopped").metrics
@@ -136,13 +138,31 @@ def test_tiny_config_trains_and_the_loss_falls(tracked_runs):
     assert kept == ["step_00000030", "step_00000040"]
 
 
+def test_each_evaluation_probes_the_live_model_into_metrics_and_mlflow_curves(tracked_runs):
+    from mlflow.tracking import MlflowClient
+
+    layout = PretrainLayout(tracked_runs["root"] / "full")
+    evals = [r for r in map(json.loads, layout.metrics.read_text().splitlines()) if "eval/mlm_loss" in r]
+    names = ("probe/cloze/top1", "probe/cloze/constant", "probe/minimal_pairs/minimal_pairs",
+             "probe/retrieval/retrieval/ndcg_at_10", "probe/retrieval/retrieval/bm25/ndcg_at_10",
+             "probe/sts/sts/spearman")
+    for record in evals:
+        assert all(0 <= record[name] <= 1 for name in names[:-1]) and -1 <= record[names[-1]] <= 1, record
+    assert "step 40: probes: cloze top-1 " in tracked_runs["full_log"]
+    client = MlflowClient(tracked_runs["uri"])
+    run_id = json.loads(layout.tracking.read_text())["run_id"]
+    for name in names:
+        assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [10, 20, 30, 40], name
+
+
 def test_a_run_stopped_by_sigusr1_checkpoints_and_resumes_to_the_same_losses(tracked_runs):
     root, stopped_at = tracked_runs["root"], tracked_runs["stopped_at"]
     assert 3 <= stopped_at < 40 and f"stopped by SIGUSR1 after step {stopped_at}" in tracked_runs["stop_log"]
     assert f"resumed from {root / 'stopped' / 'checkpoints' / f'step_{stopped_at:08d}'}" in tracked_runs["resume_log"]
     full, resumed = step_losses(root / "full"), step_losses(root / "stopped")
     assert sorted(resumed) == list(range(1, 41))
-    # Same data order, masks and dropout after the resume; bf16 ZeRO-2 restores exactly. Measured: 0.
+    # Same data order, masks and dropout after the resume, and the full run's probes changed nothing; bf16 ZeRO-2
+    # restores exactly. Measured: 0.
     assert max(abs(full[s] - resumed[s]) for s in full) < 1e-6
 
 

@@ -1,5 +1,6 @@
 """The validation losses: every `train.eval_every` steps and at the run's end, each corpus's loss on its fixed
-validation batches beside its unigram plateau (plateau.py: a loss means little without it), logged and shown."""
+validation batches beside its unigram plateau (plateau.py: a loss means little without it), and the configured
+probes of what the model can do (probes.py), logged and shown."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pipeline.pretrain.batches.stretch_data import PretrainData
 from pipeline.pretrain.plan.masking import eval_probability
 from pipeline.pretrain.plan.run_plan import RunPlan
 from pipeline.pretrain.report.plateau import at_mask_rate, metrics_beside_plateau, plateau_level
+from pipeline.pretrain.report.probes import QualityProbes, probes_line
 from pipeline.pretrain.report.run_log import RunLog
 
 
@@ -21,6 +23,9 @@ class Validation:
         self.topology, self.log, self.tokenizer = topology, log, tokenizer
         self._entropies: dict[str, float] = {}
         """Validation unigram entropy per shard folder (the plateau's level), computed at its first evaluation."""
+        probes = plan.config.probes
+        self.probes = QualityProbes(probes, tokenizer, plan.stretches[0].corpora[0].path, self.mask_rate) \
+            if probes.any else None
 
     def due(self, step: int) -> bool:
         """Whether the run evaluates after `step` steps (its end evaluates once more itself)."""
@@ -40,9 +45,12 @@ class Validation:
                     self._entropies[source.path] = plateau_level(source.path, self.tokenizer)
             levels = [self._entropies[source.path] for source in data.corpora]
         metrics = {**data.eval_metrics(totals, levels), "eval/mask_rate": self.mask_rate}
-        self.log.metrics.log(metrics, step)
+        probed = self.probes.run(engine.module) if self.probes else {}
+        self.log.metrics.log({**metrics, **probed}, step)
         self.log.metrics.flush()
         per_corpus = "".join(f", {s.name} {metrics_beside_plateau(metrics, f'eval/{s.name}/')}"
                              for s in data.corpora if data.mixed)
         self.log.say(f"step {step}: eval MLM loss{at_mask_rate(metrics)} {metrics_beside_plateau(metrics)}"
                      f"{per_corpus}, perplexity {metrics['eval/perplexity']:.2f}")
+        if probed:
+            self.log.say(f"step {step}: probes: {probes_line(probed)}")
