@@ -79,12 +79,13 @@ def main(argv=None) -> None:
 
     topology = prepare_environment()
     from pipeline.common.shipped_configs import find_config
+    from pipeline.hub.quality_probes import QualityProbes, probe_problems
     from pipeline.pretrain.preflight import prepare_run
 
     sets = overrides(args)
     try:  # the preflight: the config, this machine, its files, the checkpoint it starts from, and the run's plan
         plan = prepare_run(find_config(args.config, "pretrain"), sets, world_size=topology.world_size,
-                           cuda=topology.cuda)
+                           cuda=topology.cuda, file_checks=[probe_problems])
     except PipelineError:
         if topology.rank != 0:  # every rank finds the same problems; one copy is enough
             raise SystemExit(2) from None
@@ -104,7 +105,7 @@ def main(argv=None) -> None:
     quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.pretrain.trainer import run_pretraining
 
-    result = run_pretraining(plan, topology)
+    result = run_pretraining(plan, topology, make_probes=QualityProbes)
     # Tear the process group down before the interpreter does: left to exit, gloo's worker threads were
     # once destroyed while joinable on a rank that had finished ("terminate called without an active
     # exception", SIGABRT after a clean run). Only after a finished run: with a lost peer it could block.

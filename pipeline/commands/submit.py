@@ -74,12 +74,13 @@ def sets(overrides: list[str]) -> str:
 
 
 def pretrain_scripts(args) -> tuple[Path, list[str]]:
+    from pipeline.hub.quality_probes import probe_problems
     from pipeline.pretrain.preflight import load_pretrain_config
 
     procs = procs_per_node(args)
     config_file = find_config(args.config, "pretrain")
     config = load_pretrain_config(config_file, args.set, world_size=args.nodes * procs, cuda=args.gpus_per_node > 0,
-                                  check_files=not args.no_check_files)
+                                  check_files=not args.no_check_files, file_checks=[probe_problems])
     out = config.layout.root.resolve()
     values = common_values(args, args.job_name or f"pretrain-{out.name}", out / "slurm")
     values.update(nodes=args.nodes, procs=procs, signal_seconds=args.signal_seconds,

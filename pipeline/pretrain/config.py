@@ -527,7 +527,8 @@ class TrackingConfig:
 @dataclass
 class ProbesConfig:
     """Cheap probes of what the model can do, run at each evaluation beside the validation loss and logged as curves
-    (report/probes.py). All off by default; each file's stem names its metrics (`probe/retrieval/<stem>/…`)."""
+    (pipeline/hub/quality_probes.py). All off by default; each file's stem names its metrics
+    (`probe/retrieval/<stem>/…`)."""
 
     cloze_texts: int = 0
     """Validation texts of the (first) corpus with 15% of their tokens blanked: top-1 fill accuracy, beside the

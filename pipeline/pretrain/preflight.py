@@ -3,8 +3,9 @@
 `prepare_run` builds the config (each section checks itself: config.py), then adds, in one ConfigError
 with every problem naming its key, the run's arithmetic on this world size (`arithmetic_problems`), what
 this machine lacks (`machine_problems`) and the files (`read_files`): shard indexes, the tokenizer,
-`model.init_from`'s folder, the probe files and the checkpoint the run starts from (checkpoints/policy.py).
-From those it builds the run's plan (plan/run_plan.py), once. The command runs it before any process group,
+`model.init_from`'s folder and the checkpoint the run starts from (checkpoints/policy.py), and whatever
+`file_checks` its caller adds (the command's: the probe files, pipeline/hub/quality_probes.py). From those it
+builds the run's plan (plan/run_plan.py), once. The command runs it before any process group,
 model or engine exists; `load_pretrain_config(check_files=False)` checks a config whose data does not exist here
 (the ablation runner, tests of shipped configs).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.common.config_tree import ConfigError, SectionProblems
@@ -30,27 +32,29 @@ from pipeline.pretrain.plan.record import StartPoint
 from pipeline.pretrain.plan.run_plan import PlanError, RunPlan, build_plan
 from pipeline.pretrain.plan.schedules import wsd_decay_steps
 from pipeline.pretrain.plan.stream import CorpusLayout
-from pipeline.pretrain.report.probes import probe_problems
+
+FileChecks = Sequence[Callable[[PretrainConfig], list[str]]]
+"""More files to check with the rest, each check's problems naming their key."""
 
 
-def prepare_run(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,
-                cuda: bool = False) -> RunPlan:
+def prepare_run(path: str | Path, overrides: list[str] = (), *, world_size: int = 1, cuda: bool = False,
+                file_checks: FileChecks = ()) -> RunPlan:
     """The checked config and its plan for a run of `world_size` ranks; all problems in one error."""
-    return _preflight(path, overrides, world_size, cuda, check_files=True)[1]
+    return _preflight(path, overrides, world_size, cuda, True, file_checks)[1]
 
 
 def load_pretrain_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1, cuda: bool = False,
-                         check_files: bool = True) -> PretrainConfig:
+                         check_files: bool = True, file_checks: FileChecks = ()) -> PretrainConfig:
     """Read, override and check a pretraining config for a run of `world_size` ranks; all problems in one error.
 
     With `check_files` the files are read and the run planned (when every key and type is right: a wrong
     value's default stands in for it, and would send the checks to the wrong files).
     """
-    return _preflight(path, overrides, world_size, cuda, check_files)[0]
+    return _preflight(path, overrides, world_size, cuda, check_files, file_checks)[0]
 
 
-def _preflight(path, overrides, world_size: int, cuda: bool,
-               check_files: bool) -> tuple[PretrainConfig, RunPlan | None]:
+def _preflight(path, overrides, world_size: int, cuda: bool, check_files: bool,
+               file_checks: FileChecks) -> tuple[PretrainConfig, RunPlan | None]:
     found = []
 
     def checks(config: PretrainConfig, typed: bool) -> list[str]:
@@ -58,7 +62,7 @@ def _preflight(path, overrides, world_size: int, cuda: bool,
         if check_files and typed:
             more, *files = read_files(config, world_size)
             found.append(files)
-            problems += more
+            problems += more + [problem for check in file_checks for problem in check(config)]
         return problems
 
     config = load_config(PretrainConfig, path, overrides, checks)
@@ -174,8 +178,6 @@ def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = Tr
             problems.append(f"data.tokenizer: {err}")
     if info is not None:
         problems += data_problems(config, tokenizer, info, indexes)
-    if check_data:
-        problems += probe_problems(config.probes)
     start, rolled_back, anneal_from, more = find_start(config, info, world_size, ledger.skipped)
     layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
     return problems + more, layouts, start, rolled_back, anneal_from, ledger

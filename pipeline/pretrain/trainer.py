@@ -59,7 +59,7 @@ def seed_micro_batch(seed: int, step: int, micro_index: int) -> None:
 class Pretrainer:
     """Carries out one run's plan on this rank: the engine, the current stretch's data, and the components beside."""
 
-    def __init__(self, plan: RunPlan, topology: Topology):
+    def __init__(self, plan: RunPlan, topology: Topology, make_probes=None):
         config = plan.config
         self.config, self.topology = config, topology
         init_process_group(topology, config.train.collective_timeout_s)
@@ -83,7 +83,7 @@ class Pretrainer:
             self.engine = initialize_engine(model, config, plan.stretch_at(plan.start_step).plan(topology.world_size),
                                             bool(plan.start and plan.start.universal), schedule=plan.schedule,
                                             guard=self.guard)
-            self.validation = Validation(plan, topology, self.log, self.tokenizer)
+            self.validation = Validation(plan, topology, self.log, self.tokenizer, make_probes)
             self.sync = StepSync(topology.world_size, due=(self.log.due, self.validation.due, self.checkpointer.due),
                                  host=self.log.wait_shares, device=self.guard.readout)
             self.response = SpikeResponse(self.guard, self.checkpointer, self.log, self.info, topology)
@@ -214,10 +214,11 @@ class Pretrainer:
         return RunResult(self.step, stopped_by, export_dir)
 
 
-def run_pretraining(plan: RunPlan, topology: Topology) -> RunResult:
+def run_pretraining(plan: RunPlan, topology: Topology, make_probes=None) -> RunResult:
+    """`plan` carried out on this rank; `make_probes` builds the in-loop probes that `probes` configures."""
     trainer = None
     try:
-        trainer = Pretrainer(plan, topology)
+        trainer = Pretrainer(plan, topology, make_probes)
         return trainer.train()
     except Exception as err:
         if trainer is not None:

@@ -11,9 +11,9 @@ import torch
 from helpers import probe_files, tiny_pretrain_config
 
 from pipeline.common.config_tree import ConfigError, SectionProblems
+from pipeline.hub.quality_probes import QualityProbes, probe_problems
 from pipeline.pretrain.config import ProbesConfig
 from pipeline.pretrain.preflight import load_pretrain_config
-from pipeline.pretrain.report.probes import QualityProbes, probes_line
 
 
 def write_jsonl(path, records):
@@ -56,7 +56,7 @@ def test_live_probes_equal_the_offline_figures_of_the_saved_model_and_keep_train
     for key, value in embedded.items():
         assert figures[f"probe/{key}"] == pytest.approx(value, abs=1e-6), key
     assert 0 <= figures["probe/retrieval/retrieval/bm25/ndcg_at_10"] <= 1  # BM25 beside the model
-    line = probes_line(figures)
+    line = QualityProbes.line(figures)
     assert line.startswith("cloze top-1 ") and "minimal pairs minimal_pairs " in line
     assert "retrieval nDCG@10 " in line and "(BM25 " in line and "sts Spearman " in line
 
@@ -79,7 +79,7 @@ def test_a_bad_probe_file_is_refused_at_load_naming_the_key_file_and_line(tmp_pa
                                                       probes={"minimal_pairs": [bad_pairs],
                                                               "retrieval": [str(tmp_path / "missing.jsonl")]})))
     with pytest.raises(ConfigError) as refused:
-        load_pretrain_config(config)
+        load_pretrain_config(config, file_checks=[probe_problems])
     message = str(refused.value)
     assert f"probes.minimal_pairs: {bad_pairs}:2: 'sentence_bad' must be a non-empty string" in message
     assert "probes.retrieval: " in message and "missing.jsonl" in message

@@ -11,7 +11,9 @@ after the fact). Configured under `probes` (config.py), all off by default:
 
 Every rank runs the same probes on the live model (under ZeRO 3 each forward gathers the weights on all ranks) and
 rank 0 logs them, as `probe/...` metrics in metrics.jsonl and MLflow beside `eval/mlm_loss`. The files are read
-and checked before the run starts (preflight.py: `probe_problems`).
+and checked before the run starts: the pretraining command hands `probe_problems` to the preflight and
+`QualityProbes` to the trainer, whose validation (pipeline/pretrain/report/validation.py) calls it, so that
+pretraining imports nothing from the layers above it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.config import ProbesConfig
+from pipeline.hub.minimal_pairs import accuracy, pair_scores, read_pairs
+from pipeline.pretrain.config import PretrainConfig, ProbesConfig
 
 
 def stem(path: str) -> str:
@@ -29,8 +32,10 @@ def stem(path: str) -> str:
     return Path(path).name.split(".")[0]
 
 
-def probe_problems(probes: ProbesConfig) -> list[str]:
-    """Each probe file read and checked, its problem naming the key; nothing is kept."""
+def probe_problems(config: PretrainConfig) -> list[str]:
+    """Each of `config.probes`' files read and checked, its problem naming the key; nothing is kept (a preflight
+    file check: pipeline/pretrain/preflight.py)."""
+    probes = config.probes
     problems = []
     for kind, read in (("minimal_pairs", _read_minimal_pairs), ("retrieval", _read_embedding_files),
                        ("sts", _read_embedding_files)):
@@ -43,13 +48,11 @@ def probe_problems(probes: ProbesConfig) -> list[str]:
 
 
 def _read_minimal_pairs(_kind: str, path: str):
-    from pipeline.hub.minimal_pairs import read_pairs
-
     return read_pairs(path)
 
 
 def _read_embedding_files(kind: str, path: str):
-    from pipeline.finetune.embedding.evaluation import read_probes
+    from pipeline.finetune.embedding.evaluation import read_probes  # sentence-transformers: only where asked for
 
     return read_probes(**{kind: [path]})
 
@@ -106,24 +109,23 @@ class QualityProbes:
 
     @staticmethod
     def _minimal_pairs(encoder, pairs) -> float:
-        from pipeline.hub.minimal_pairs import accuracy, pair_scores
-
         return accuracy(pair_scores(pairs, encoder.score))["accuracy"]
 
-
-def probes_line(metrics: dict[str, float]) -> str:
-    """The probes' figures in one line for the screen: the main figure of each, BM25 and the plateau beside."""
-    parts = []
-    if "probe/cloze/top1" in metrics:
-        parts.append(f"cloze top-1 {metrics['probe/cloze/top1']:.3f} (most frequent token "
-                     f"{metrics['probe/cloze/constant']:.3f})")
-    for key, value in metrics.items():
-        kind, _, rest = key.removeprefix("probe/").partition("/")
-        if kind == "minimal_pairs":
-            parts.append(f"minimal pairs {rest} {value:.3f}")
-        elif kind == "retrieval" and rest.endswith("/ndcg_at_10") and "/bm25/" not in rest:
-            name = rest.removesuffix("/ndcg_at_10")
-            parts.append(f"{name} nDCG@10 {value:.3f} (BM25 {metrics[f'probe/retrieval/{name}/bm25/ndcg_at_10']:.3f})")
-        elif kind == "sts" and rest.endswith("/spearman"):
-            parts.append(f"{rest.removesuffix('/spearman')} Spearman {value:.3f}")
-    return ", ".join(parts)
+    @staticmethod
+    def line(metrics: dict[str, float]) -> str:
+        """The probes' figures in one line for the screen: the main figure of each, BM25 and the plateau beside."""
+        parts = []
+        if "probe/cloze/top1" in metrics:
+            parts.append(f"cloze top-1 {metrics['probe/cloze/top1']:.3f} (most frequent token "
+                         f"{metrics['probe/cloze/constant']:.3f})")
+        for key, value in metrics.items():
+            kind, _, rest = key.removeprefix("probe/").partition("/")
+            if kind == "minimal_pairs":
+                parts.append(f"minimal pairs {rest} {value:.3f}")
+            elif kind == "retrieval" and rest.endswith("/ndcg_at_10") and "/bm25/" not in rest:
+                name = rest.removesuffix("/ndcg_at_10")
+                bm25 = metrics[f"probe/retrieval/{name}/bm25/ndcg_at_10"]
+                parts.append(f"{name} nDCG@10 {value:.3f} (BM25 {bm25:.3f})")
+            elif kind == "sts" and rest.endswith("/spearman"):
+                parts.append(f"{rest.removesuffix('/spearman')} Spearman {value:.3f}")
+        return ", ".join(parts)
