@@ -254,9 +254,9 @@ def test_shipped_task_configs_load_and_bad_ones_list_every_problem(tmp_path):
     for name in ("train", "dev", "test"):
         (tmp_path / name).write_text("x O\n")
     files = [f"data.train_file={tmp_path / 'train'}", f"data.validation_file={tmp_path / 'dev'}"]
-    configs = sorted((ROOT / "configs" / "tasks").glob("*.json"))
-    assert {p.stem for p in configs} == {"ner", "pos", "squad", "token-custom", "qa-custom"}
-    for path in configs:
+    configs = [ROOT / "configs" / "tasks" / f"{name}.json" for name in ("ner", "pos", "squad", "token-custom",
+                                                                          "qa-custom")]
+    for path in configs:  # the token and QA families' (tests/test_shipped_configs.py loads every shipped config)
         test = [f"data.test_file={tmp_path / 'test'}"] if "custom" not in path.stem else []
         config = load_finetune_config(path, [*files, *test])
         assert config.task == path.stem
