@@ -18,18 +18,11 @@ pretraining imports nothing from the layers above it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from pipeline.common.errors import PipelineError
 from pipeline.hub.minimal_pairs import accuracy, pair_scores, read_pairs
-from pipeline.pretrain.config import PretrainConfig, ProbesConfig
-
-
-def stem(path: str) -> str:
-    """A probe file's name in its metrics: its name before the first '.' (config.py checks they are distinct)."""
-    return Path(path).name.split(".")[0]
+from pipeline.pretrain.config import PretrainConfig, ProbesConfig, file_metric_name
 
 
 def probe_problems(config: PretrainConfig) -> list[str]:
@@ -68,7 +61,7 @@ class QualityProbes:
         if probes.cloze_texts and not self.cloze_texts:
             raise PipelineError(f"probes.cloze_texts: {shards} has no validation text of 40 characters or more to "
                                 f"blank; set probes.cloze_texts to 0, or shard with a validation split")
-        self.minimal_pairs = {stem(path): _read_minimal_pairs("minimal_pairs", path) for path in probes.minimal_pairs}
+        self.minimal_pairs = {file_metric_name(path): read_pairs(path) for path in probes.minimal_pairs}
         self.embedding = None
         self.bm25: dict[str, float] = {}
         if probes.retrieval or probes.sts:

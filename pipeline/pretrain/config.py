@@ -49,6 +49,12 @@ def name_problems(key: str, name: str | None, why: str) -> list[str]:
             f"({why})"]
 
 
+def file_metric_name(path: str | Path) -> str:
+    """An evaluation file's name in its metrics (`probe/retrieval/<name>/…`, roberta-embed-eval's records): its
+    file name before the first '.'."""
+    return Path(path).name.split(".")[0]
+
+
 def too_small(prefix: str, section: object, minimum: int, *names: str) -> list[str]:
     """`<prefix>.<name>: must be ≥ minimum, got …` for each of the section's `names` below `minimum` (None: unset)."""
     return [f"{prefix}.{name}: must be ≥ {minimum}, got {value}" for name in names
@@ -547,7 +553,7 @@ class ProbesConfig:
     def __post_init__(self):
         problems = too_small("probes", self, 0, "cloze_texts")
         for kind in ("minimal_pairs", "retrieval", "sts"):
-            stems = [Path(path).name.split(".")[0] for path in getattr(self, kind)]
+            stems = [file_metric_name(path) for path in getattr(self, kind)]
             for stem in stems:
                 problems += name_problems(f"probes.{kind}", stem, "the file's name before its first '.' names its "
                                                                    "metrics")

@@ -53,19 +53,20 @@ class PooledEncoder:
         # Shortest first, so each batch pads to about its own length (as sentence-transformers' encode does).
         order = np.argsort([len(t) for t in texts], kind="stable")
         device = next(self.model.parameters()).device
-        out = np.zeros((len(texts), 0), dtype=np.float32)
-        for start in range(0, len(texts), self.batch_size):
-            rows = order[start:start + self.batch_size]
-            batch = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True,
-                                   max_length=self.max_seq_len, return_tensors="pt")
-            batch = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask",
-                                                                        "token_type_ids")}
-            hidden = self.model(**batch).last_hidden_state
-            vectors = pool(hidden, batch["attention_mask"], self.pooling).float().cpu().numpy()
-            if out.shape[1] == 0:
-                out = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
-            out[rows] = vectors
-        self.model.train(was_training)
+        parts = []
+        try:
+            for start in range(0, len(texts), self.batch_size):
+                batch = self.tokenizer([texts[i] for i in order[start:start + self.batch_size]], padding=True,
+                                       truncation=True, max_length=self.max_seq_len, return_tensors="pt")
+                batch = {k: v.to(device) for k, v in batch.items()
+                         if k in ("input_ids", "attention_mask", "token_type_ids")}
+                hidden = self.model(**batch).last_hidden_state
+                parts.append(pool(hidden, batch["attention_mask"], self.pooling).float().cpu().numpy())
+        finally:
+            self.model.train(was_training)
+        out = np.zeros((len(texts), parts[0].shape[1] if parts else 0), dtype=np.float32)
+        if parts:
+            out[order] = np.concatenate(parts)
         return out
 
 
@@ -136,15 +137,13 @@ def load_encoder(model: str | Path, *, pooling: Pooling | None = None, max_seq_l
     `PipelineError` naming it. A Sentence-Transformers folder's own pooling and length apply unless given."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from pipeline.finetune.model_source import resolve_model_source
+    from pipeline.finetune.model_source import position_limit, resolve_model_source
 
     source = resolve_model_source(model, what="--model")
     found = sentence_folder(source.path)
     folder = str(found.transformer) if found else source.path
     if not Path(folder, "config.json").is_file() and Path(folder).exists():
         raise PipelineError(f"--model {model}: {folder} holds no config.json; not a model folder")
-    from pipeline.finetune.model_source import position_limit
-
     tokenizer, config = AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
     # A Sentence-Transformers folder's length is its own (sentence-transformers 6 keeps it as the tokenizer's
     # `model_max_length`, earlier versions in sentence_bert_config.json); elsewhere the positions, at most 512.

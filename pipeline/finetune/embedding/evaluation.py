@@ -33,6 +33,7 @@ from pipeline.finetune.embedding.records import (
     warn_truncated,
 )
 from pipeline.finetune.task_data import Split
+from pipeline.pretrain.config import file_metric_name
 
 Encode = Callable[[Sequence[str]], np.ndarray]
 """Texts → (n, width) float embeddings."""
@@ -67,7 +68,7 @@ def read_probes(retrieval: Sequence[str | Path] = (), sts: Sequence[str | Path] 
     def named(paths, read):
         out = {}
         for path in paths:
-            name = Path(path).name.split(".")[0]
+            name = file_metric_name(path)
             out[name if name not in out else str(path)] = read(path)
         return out
 

@@ -49,7 +49,7 @@ class GradientBuckets:
                  bucket_bytes: int | None = None):
         self.dtype, self.world_size = DTYPES[precision], world_size
         bucket_bytes = bucket_bytes or BUCKET_BYTES
-        size = torch.tensor([], dtype=self.dtype).element_size()
+        self.element_size = size = torch.tensor([], dtype=self.dtype).element_size()
         self.buckets: list[Bucket] = []
         for param in reversed([p for p in params if p.requires_grad]):
             if not self.buckets or sum(p.numel() for p in self.buckets[-1].params) * size >= bucket_bytes:
@@ -65,8 +65,7 @@ class GradientBuckets:
     @property
     def bytes_per_step(self) -> int:
         """What one rank sends into the all-reduce a step (each gradient once, in the buckets' dtype)."""
-        size = torch.tensor([], dtype=self.dtype).element_size()
-        return sum(p.numel() for p in self.bucket_of) * size
+        return sum(p.numel() for p in self.bucket_of) * self.element_size
 
     def arm(self, boundary: bool) -> None:
         """Before a micro-step's backward: only the accumulation boundary's sends its gradients."""

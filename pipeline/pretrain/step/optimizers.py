@@ -49,11 +49,14 @@ class DeviceStepOptimizer(torch.optim.Optimizer):
             grads = [p.grad for p in params]
             if grad_scale is not None:  # GradScaler's gradients not yet unscaled
                 grads = torch._foreach_div(grads, grad_scale.to(params[0]))
-            self._step_group(group, params, grads, keep)
+            step = self._step_count(group, params)
+            step.add_(keep)
+            self._step_group(group, params, grads, keep, step, *self._moments(params))
         return loss
 
-    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
-                    keep: torch.Tensor) -> None:
+    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor], keep: torch.Tensor,
+                    step: torch.Tensor, exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor]) -> None:
+        """One group's update: `step` already counts this step (unless left out), the moments are its state."""
         raise NotImplementedError
 
     def _step_count(self, group: dict, params: list[torch.Tensor]) -> torch.Tensor:
@@ -100,12 +103,9 @@ class Lamb(DeviceStepOptimizer):
                         min_trust=min_trust, max_trust=max_trust)
         super().__init__(params, defaults)
 
-    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
-                    keep: torch.Tensor) -> None:
+    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor], keep: torch.Tensor,
+                    step: torch.Tensor, exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]
-        step = self._step_count(group, params)
-        step.add_(keep)
-        exp_avgs, exp_avg_sqs = self._moments(params)
         moving_averages(exp_avgs, exp_avg_sqs, grads, (1 - beta1) * keep, (1 - beta2) * keep)
         if group["bias_correction"]:
             correction1, correction2 = 1 - torch.pow(beta1, step), 1 - torch.pow(beta2, step)
@@ -142,14 +142,11 @@ class StableAdamW(DeviceStepOptimizer):
                         max_lr=max_lr)
         super().__init__(params, defaults)
 
-    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
-                    keep: torch.Tensor) -> None:
+    def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor], keep: torch.Tensor,
+                    step: torch.Tensor, exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor]) -> None:
         beta1, beta2 = group["betas"]
-        step = self._step_count(group, params)
-        step.add_(keep)
         # torch-optimi's debiased beta (β^t - β) / (β^t - 1): its moving averages need no bias correction after
         beta1_hat, beta2_hat = ((torch.pow(b, step) - b) / (torch.pow(b, step) - 1) for b in (beta1, beta2))
-        exp_avgs, exp_avg_sqs = self._moments(params)
         squares = moving_averages(exp_avgs, exp_avg_sqs, grads, (1 - beta1_hat) * keep, (1 - beta2_hat) * keep)
         # Each tensor's update RMS, √mean(g² / max(v, ε²)): a mean of non-negative values is their 1-norm / size.
         torch._foreach_div_(squares, torch._foreach_clamp_min(exp_avg_sqs, group["eps"] ** 2))
