@@ -198,6 +198,10 @@ MAIN_JOB_ARMS = ("pretrained", "from-scratch")
 MAIN_JOB_CONFIG = "main-job"
 """The main job's pretraining recipe: configs/main-job.json."""
 
+MAIN_JOB_RECIPE = ((MAIN_JOB_CONFIG, "pretrain"), ("word-order", "finetune"))
+"""The shipped configs (name, kind) behind the seed benchmark's figures: the pretraining recipe and the word-order
+task's fine-tuning (configs/glue/word-order.json), whose gain over scratch it judges."""
+
 
 @dataclass(frozen=True)
 class MainJobLayout:

@@ -11,7 +11,7 @@ import json
 import shlex
 from pathlib import Path
 
-from pipeline.common.run_layout import MAIN_JOB_CONFIG, MainJobLayout
+from pipeline.common.run_layout import MAIN_JOB_RECIPE, MainJobLayout
 from pipeline.common.shipped_configs import find_config
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.task_report import minimal_pairs_line, search_line, task_arms, task_findings, task_rows
@@ -39,18 +39,23 @@ def last_eval(metrics_jsonl: Path) -> dict | None:
 
 
 def recipe_fingerprint() -> str:
-    """sha256 of the shipped configs/main-job.json: a seed record measured on another recipe is told apart."""
-    return hashlib.sha256(find_config(MAIN_JOB_CONFIG, "pretrain").read_bytes()).hexdigest()
+    """sha256 of the shipped configs the seed benchmark judges (configs/main-job.json, then the word-order task's):
+    a seed record measured on another recipe is told apart."""
+    digest = hashlib.sha256()
+    for name, kind in MAIN_JOB_RECIPE:
+        digest.update(find_config(name, kind).read_bytes())
+    return digest.hexdigest()
 
 
 def seed_spread(record: Path | None) -> str | None:
     """The recipe's spread over pretraining seeds as the seed benchmark's `record` says it (its one owner), or None
-    without one; a record measured on another configs/main-job.json says so."""
+    without one; a record measured on another recipe (`MAIN_JOB_RECIPE`'s configs) says so."""
     data = (read_json(record) if record else None) or {}
     entry = (data.get("results") or {}).get("headline", {}).get(SEED_SPREAD)
     if not isinstance(entry, dict):
         return None
-    stale = "" if data.get("recipe_sha256") == recipe_fingerprint() else " (measured on another configs/main-job.json)"
+    stale = ("" if data.get("recipe_sha256") == recipe_fingerprint()
+             else " (measured on another recipe: configs/main-job.json or configs/glue/word-order.json)")
     return f"{entry['value']}{stale}"
 
 

@@ -216,14 +216,16 @@ def test_the_summary_names_the_runs_seed_and_the_recipes_spread_from_the_seed_be
     (run_folder / "pretrain" / "config.json").write_text(json.dumps({"train": {"seed": 3, "max_steps": 800}}))
     assert "pretraining seed     3 (--seed N picks another)" in summary() and "recipe's spread" not in summary()
     sentence = "5 pretraining seeds: word order +9.0 [+2.0 – +14.0] points over scratch"
-    shipped = hashlib.sha256(find_config("main-job", "pretrain").read_bytes()).hexdigest()
+    shipped = hashlib.sha256(find_config("main-job", "pretrain").read_bytes()
+                             + find_config("word-order", "finetune").read_bytes()).hexdigest()
     seed_record.write_text(json.dumps({"recipe_sha256": shipped, "results": {"headline": {
         SEED_SPREAD: {"value": sentence}, "word-order gain, worst seed": {"value": "+2.0 points"}}}}))
     assert f"the recipe's spread  {sentence} (benchmarks/main_job_seeds.py)" in summary()
     assert "recipe's spread" not in render_summary(run_folder)  # no record named (an installed package's job)
     seed_record.write_text(json.dumps({"recipe_sha256": "0" * 64, "results": {"headline": {
         SEED_SPREAD: {"value": sentence}}}}))
-    assert f"{sentence} (measured on another configs/main-job.json)" in summary()
+    stale = "(measured on another recipe: configs/main-job.json or configs/glue/word-order.json)"
+    assert f"{sentence} {stale}" in summary()
     assert len(summary().splitlines()) <= 42
 
 
