@@ -113,6 +113,11 @@ class MainJob:
             raise SystemExit(f"main job stopped: step '{step}' failed (exit {code}); full output in {log}")
         print(f"   ({self.seconds[name]:.1f} s; full output in {log.relative_to(self.out)})", flush=True)
 
+    def run_one(self, step: str, run: tuple[str, str, list], env: dict) -> None:
+        """One stage given as `run_together` takes it (`(name, stage, args)`), run alone."""
+        name, stage, args = run
+        self.run(step, name, stage, *args, env=env)
+
     def run_together(self, step: str, runs: list[tuple[str, str, list]], env: dict, at_once: int = 2) -> None:
         """Run several stages (`(name, stage, args)`) `at_once` at a time, one line each on screen as it ends.
 
@@ -200,7 +205,7 @@ def main(argv: list[str] | None = None, seed_record: Path | None = None) -> None
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     pretrain(job, layout, env, ranks=args.ranks, seed=args.seed)
     if args.stop_after == "pretrain":
-        job.run("6/10 cloze check", *cloze_run(layout), env=env)
+        job.run_one("6/10 cloze check", cloze_run(layout), env=env)
         record_scores(layout.pretrain.export, cloze=read_json(layout.cloze))  # into the export's card
         print(f"\nmain job stopped after pretraining in {job.elapsed():.0f} s; outputs in {out}")
         return
@@ -355,7 +360,7 @@ def minimal_pairs_run(layout: MainJobLayout) -> tuple[str, str, list]:
 def score_minimal_pairs(job: MainJob, layout: MainJobLayout, env: dict) -> None:
     """Minimal pairs made and scored, one after the other, into the export's card."""
     make_minimal_pairs(job, layout)
-    job.run("9/10 minimal pairs: export vs unigram", *minimal_pairs_run(layout), env=env)
+    job.run_one("9/10 minimal pairs: export vs unigram", minimal_pairs_run(layout), env=env)
     record_scores(layout.pretrain.export, minimal_pairs=read_json(layout.minimal_pairs_result))
 
 
