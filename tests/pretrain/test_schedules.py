@@ -5,6 +5,7 @@ takes the new schedule's LR at its step."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -179,3 +180,15 @@ def test_schedule_mistakes_name_their_keys(tmp_path, schedule, expected):
     data["schedule"] = schedule
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.").replace("(", r"\(")):
         load(tmp_path, data, check_files=False)
+
+
+def test_putting_a_new_run_at_step_zero_warns_of_nothing():
+    """A restored step is no step taken: torch's warning of a scheduler stepped before its optimizer stays out of
+    every rank's log."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restore_step(scheduler, 0)
+        restore_step(scheduler, 3)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5 ** 3)
