@@ -55,7 +55,13 @@ from pathlib import Path
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.console import run_logged
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
-from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_CONFIG, MAIN_JOB_TASKS, MainJobLayout
+from pipeline.common.run_layout import (
+    MAIN_JOB_ARMS,
+    MAIN_JOB_CONFIG,
+    MAIN_JOB_TASKS,
+    WORD_ORDER_CONFIG,
+    MainJobLayout,
+)
 from pipeline.common.shipped_configs import find_config
 from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.common.topology import free_port, use_environment_extensions_dir
@@ -86,7 +92,7 @@ class TaskPlan:
 
 TASK_PLANS = {
     "keywords": TaskPlan("embedded-docs", "train.learning_rate=3e-4,1e-3,3e-3"),
-    "word-order": TaskPlan("word-order", "train.learning_rate=3e-4,1e-3"),
+    "word-order": TaskPlan(WORD_ORDER_CONFIG, "train.learning_rate=3e-4,1e-3"),
 }
 assert tuple(TASK_PLANS) == MAIN_JOB_TASKS
 SEARCH_CONFIG = "docstring-search"

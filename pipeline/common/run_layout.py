@@ -198,9 +198,12 @@ MAIN_JOB_ARMS = ("pretrained", "from-scratch")
 MAIN_JOB_CONFIG = "main-job"
 """The main job's pretraining recipe: configs/main-job.json."""
 
-MAIN_JOB_RECIPE = ((MAIN_JOB_CONFIG, "pretrain"), ("word-order", "finetune"))
+WORD_ORDER_CONFIG = "word-order"
+"""The word-order task's fine-tuning recipe: configs/glue/word-order.json."""
+
+MAIN_JOB_RECIPE = ((MAIN_JOB_CONFIG, "pretrain"), (WORD_ORDER_CONFIG, "finetune"))
 """The shipped configs (name, kind) behind the seed benchmark's figures: the pretraining recipe and the word-order
-task's fine-tuning (configs/glue/word-order.json), whose gain over scratch it judges."""
+task's fine-tuning, whose gain over scratch it judges."""
 
 
 @dataclass(frozen=True)

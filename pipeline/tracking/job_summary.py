@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from pipeline.common.run_layout import MAIN_JOB_RECIPE, MainJobLayout
-from pipeline.common.shipped_configs import find_config
+from pipeline.common.shipped_configs import find_config, shipped_root
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.task_report import minimal_pairs_line, search_line, task_arms, task_findings, task_rows
 
@@ -38,24 +38,28 @@ def last_eval(metrics_jsonl: Path) -> dict | None:
     return last
 
 
+def recipe_files() -> list[Path]:
+    """The shipped configs the seed benchmark judges (`MAIN_JOB_RECIPE`), in its order."""
+    return [find_config(name, kind) for name, kind in MAIN_JOB_RECIPE]
+
+
 def recipe_fingerprint() -> str:
-    """sha256 of the shipped configs the seed benchmark judges (configs/main-job.json, then the word-order task's):
-    a seed record measured on another recipe is told apart."""
+    """sha256 of `recipe_files()`, one after the other: a seed record measured on another recipe is told apart."""
     digest = hashlib.sha256()
-    for name, kind in MAIN_JOB_RECIPE:
-        digest.update(find_config(name, kind).read_bytes())
+    for path in recipe_files():
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
 def seed_spread(record: Path | None) -> str | None:
     """The recipe's spread over pretraining seeds as the seed benchmark's `record` says it (its one owner), or None
-    without one; a record measured on another recipe (`MAIN_JOB_RECIPE`'s configs) says so."""
+    without one; a record measured on another recipe (`recipe_files()`) says so, naming them."""
     data = (read_json(record) if record else None) or {}
     entry = (data.get("results") or {}).get("headline", {}).get(SEED_SPREAD)
     if not isinstance(entry, dict):
         return None
-    stale = ("" if data.get("recipe_sha256") == recipe_fingerprint()
-             else " (measured on another recipe: configs/main-job.json or configs/glue/word-order.json)")
+    shown = " or ".join(f"configs/{path.relative_to(shipped_root()).as_posix()}" for path in recipe_files())
+    stale = "" if data.get("recipe_sha256") == recipe_fingerprint() else f" (measured on another recipe: {shown})"
     return f"{entry['value']}{stale}"
 
 

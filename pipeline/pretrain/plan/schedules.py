@@ -25,6 +25,7 @@ An anneal is one more segment. The engine's scheduler is a LambdaLR over
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -159,8 +160,6 @@ def restore_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> Non
     A resume restores the step, not the LR the checkpoint's optimizer saved: the two differ for an anneal (the
     source run's schedule saved it) and for a resume with another train.max_steps.
     """
-    import warnings
-
     scheduler.last_epoch = step - 1
     with warnings.catch_warnings():  # torch warns of a step before optimizer.step(): this restores one, takes none
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
