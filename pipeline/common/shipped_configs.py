@@ -31,6 +31,11 @@ def shipped_names(kind: Kind) -> list[str]:
     return sorted({p.stem for folder in FOLDERS[kind] for p in (root / folder).glob("*.json")})
 
 
+def documented_path(shipped: Path) -> str:
+    """How the docs spell a shipped config, e.g. `configs/glue/word-order.json`."""
+    return PREFIX + shipped.relative_to(shipped_root()).as_posix()
+
+
 def find_config(name_or_path: str | Path, kind: Kind) -> Path:
     """`name_or_path` as an existing file, else the shipped config of that name (or `configs/...` path).
 

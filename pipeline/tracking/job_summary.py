@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from pipeline.common.run_layout import MAIN_JOB_RECIPE, MainJobLayout
-from pipeline.common.shipped_configs import find_config, shipped_root
+from pipeline.common.shipped_configs import documented_path, find_config
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.task_report import minimal_pairs_line, search_line, task_arms, task_findings, task_rows
 
@@ -58,7 +58,7 @@ def seed_spread(record: Path | None) -> str | None:
     entry = (data.get("results") or {}).get("headline", {}).get(SEED_SPREAD)
     if not isinstance(entry, dict):
         return None
-    shown = " or ".join(f"configs/{path.relative_to(shipped_root()).as_posix()}" for path in recipe_files())
+    shown = " or ".join(documented_path(path) for path in recipe_files())
     stale = "" if data.get("recipe_sha256") == recipe_fingerprint() else f" (measured on another recipe: {shown})"
     return f"{entry['value']}{stale}"
 
