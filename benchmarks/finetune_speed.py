@@ -112,15 +112,14 @@ def hf_run(model: str, task: str, recipe: dict, seeds: str, out: str) -> None:
     (Path(out) / "accuracy.json").write_text(json.dumps(best))
 
 
-TRACKING = {"off": "off on both sides", "on": "on on both sides (a new MLflow store each)",
-            "ours": "on for the pipeline only (a new MLflow store)"}
-"""The timed runs' tracking: `ours` is the arrangement of the record before, against HF without tracking."""
+TRACKING = {"off": "off on both sides", "on": "on on both sides (a new MLflow store each)"}
+"""The timed runs' tracking, the same on both sides."""
 
 
 def speed(rec: harness.BenchmarkRecord, models: dict[str, Path], task: Path, recipe: dict, a, out: Path,
           env: dict) -> None:
-    """Both sides on the SST-2 sample, with tracking off, on, and on for the pipeline alone: the time table, its
-    headlines, and where the pipeline's time went."""
+    """Both sides on the SST-2 sample, with tracking off and on: the time table, its headlines, and where the
+    pipeline's time went."""
     from pipeline.finetune.run_clock import PHASES
 
     rows, phases = [], []
@@ -129,7 +128,7 @@ def speed(rec: harness.BenchmarkRecord, models: dict[str, Path], task: Path, rec
             runs = out / "runs" / model_name / f"tracking-{tracking}"
             ours, hf = [], []
             for _ in range(a.repeats):  # the sides alternate: a load that comes and goes falls on both
-                ours.append(pipeline_side(folder, task, recipe, a.seeds, runs / "pipeline", env, tracking != "off"))
+                ours.append(pipeline_side(folder, task, recipe, a.seeds, runs / "pipeline", env, tracking == "on"))
                 hf.append(hf_side(folder, task, recipe, a.seeds, runs / "hf", env, tracking == "on"))
             ours, hf = median_run(ours), median_run(hf)
             wall, cpu = hf["wall_s"] / ours["wall_s"], hf["cpu_s"] / ours["cpu_s"]
@@ -203,9 +202,9 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2", help="the timed runs' seeds")
     p.add_argument("--repeats", type=int, default=3, help="launches of each side per timed row (the median counts)")
     p.add_argument("--max-seq-len", type=int, default=64)
-    p.add_argument("--tracking", default="off,on,ours",
-                   help="the timed runs' tracking: off (both sides), on (both, each a new MLflow store), ours (the "
-                        "pipeline's alone, the earlier record's arrangement); comma-separated")
+    p.add_argument("--tracking", default="off,on",
+                   help="the timed runs' tracking: off (both sides), on (both, each a new MLflow store); "
+                        "comma-separated")
     p.add_argument("--topics", type=Path, default=harness.SHARED / "tasks" / "bbc_news.jsonl",
                    help="BBC News articles (JSONL: category, text) for the accuracy table")
     p.add_argument("--topic-train", type=int, default=1000)
