@@ -91,7 +91,7 @@ class TaskPlan:
 
 
 TASK_PLANS = {
-    "keywords": TaskPlan("embedded-docs", "train.learning_rate=1e-3,3e-3"),
+    "keywords": TaskPlan("embedded-docs", "train.learning_rate=3e-4,1e-3,3e-3"),
     "word-order": TaskPlan(WORD_ORDER_CONFIG, "train.learning_rate=3e-4,1e-3"),
 }
 assert tuple(TASK_PLANS) == MAIN_JOB_TASKS
