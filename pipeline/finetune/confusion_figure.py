@@ -41,7 +41,8 @@ def draw_confusion(path: str | Path, counts: np.ndarray, class_names: Sequence[s
     n, names = len(class_names), [str(name) for name in class_names]
     line = _text_size(font, "Hg")[1]
     row_names = max(_text_size(font, name)[0] for name in names)
-    column_names = row_names if row_names > CELL else line  # names wider than a cell are written upwards
+    upwards = row_names > CELL  # names wider than a cell are written upwards under the columns
+    column_names = row_names if upwards else line
     left = MARGIN + line + MARGIN + row_names + MARGIN
     top = MARGIN + (line + MARGIN if title else 0)
     width = left + n * CELL + MARGIN
@@ -60,10 +61,10 @@ def draw_confusion(path: str | Path, counts: np.ndarray, class_names: Sequence[s
     for index, name in enumerate(names):
         draw.text((left - MARGIN, top + index * CELL + CELL / 2), name, fill=INK, font=font, anchor="rm")
         centre = left + index * CELL + CELL / 2
-        if column_names == line:
-            draw.text((centre, grid_bottom + MARGIN), name, fill=INK, font=font, anchor="mt")
-        else:
+        if upwards:
             _paste_upwards(image, font, name, centre, grid_bottom + MARGIN)
+        else:
+            draw.text((centre, grid_bottom + MARGIN), name, fill=INK, font=font, anchor="mt")
     draw.text((left + n * CELL / 2, height - MARGIN), "Predicted label", fill=INK, font=font, anchor="mb")
     _paste_upwards(image, font, "True label", MARGIN + line / 2, top + n * CELL / 2, centred=True)
     if title:
