@@ -31,7 +31,7 @@ def worker(out: Path, repeats: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from pipeline.common.topology import import_deepspeed, prepare_environment
+    from pipeline.common.processes.topology import import_deepspeed, prepare_environment
 
     prepare_environment()
     deepspeed = import_deepspeed()

@@ -66,9 +66,9 @@ def write_synthetic(out: Path, tokens: int, tokenizer: Path, seed: int = 0) -> d
     import numpy as np
 
     from pipeline.common.atomic_files import write_json_atomic
-    from pipeline.data.shard_format import DEFAULT_LEVEL
-    from pipeline.data.shard_index import combine_parts, part_summary_path
-    from pipeline.data.shard_writer import ShardWriter
+    from pipeline.data.shards.format import DEFAULT_LEVEL
+    from pipeline.data.shards.index import combine_parts, part_summary_path
+    from pipeline.data.shards.writer import ShardWriter
 
     info = index_tokenizer(tokenizer)
     low = max(info[k] for k in ("cls_id", "sep_id", "pad_id", "mask_id")) + 1  # BPE: specials first, then ordinary ids
@@ -142,7 +142,7 @@ def resume_probe(shards: Path, tokenizer: Path, run_dir: Path, fraction: float =
 import json, time
 from pipeline.pretrain.preflight import prepare_run
 from pipeline.data.tokenizer import load_tokenizer, describe_tokenizer
-from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.common.processes.batch_plan import BatchPlan
 from pipeline.pretrain.plan.masking import build_masker
 from pipeline.pretrain.batches.stretch_data import PretrainData, shut_down_workers
 run = prepare_run("configs/tiny.json", ["data.shards={shards}", "data.tokenizer={tokenizer}",
@@ -187,7 +187,7 @@ def index_at_scale(tokens: float, tokenizer: Path, work: Path) -> dict:
     and each shard a sparse file of its listed size, whose `TokenCache` and order at a late step a fresh process times
     and sizes (before step 1 a run reads the index, stats every shard and builds the order; no shard is read here)."""
     from pipeline.common.atomic_files import write_json_atomic
-    from pipeline.data.shard_format import FORMAT_VERSION
+    from pipeline.data.shards.format import FORMAT_VERSION
 
     out = work / f"index-{tokens / 1e9:g}B"
     shutil.rmtree(out, ignore_errors=True)
@@ -210,8 +210,9 @@ def index_at_scale(tokens: float, tokenizer: Path, work: Path) -> dict:
     probe = run_python(f"""
 import json, time, tracemalloc
 from pipeline.data.token_cache import TokenCache
-from pipeline.pretrain.plan.batch_plan import BatchPlan
-from pipeline.pretrain.plan.stream import CorpusLayout, DataStream
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.data.epoch_order import CorpusLayout
+from pipeline.pretrain.plan.stream import DataStream
 def start():
     cache = TokenCache("{out}", "train", "{work / 'unused-cache'}")
     corpus = CorpusLayout("x", "", 0, cache.layout.sizes, cache.layout.shards_per_block, cache.seq_len)
@@ -231,7 +232,7 @@ print(json.dumps({{"shards": shards, "start_s": seconds, "traced_mb": tracemallo
 
 def many_files(corpus: Path, files: int, copies: int, parts: int, tokenizer: Path, work: Path) -> dict:
     """The corpus ×`copies`, cut into `files` files and sharded by the SLURM array path into one verified folder."""
-    from pipeline.data.shard_index import verify_folder
+    from pipeline.data.shards.index import verify_folder
 
     inputs = work / "many-files"
     shutil.rmtree(inputs, ignore_errors=True)

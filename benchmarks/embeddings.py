@@ -57,7 +57,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def tsv(path: Path) -> list[dict]:
-    from pipeline.finetune.text_files import table_rows
+    from pipeline.data.tasks.text_files import table_rows
 
     return [row for _, row, _ in table_rows(path)]
 
@@ -93,7 +93,7 @@ def make_data(a: argparse.Namespace, folder: Path) -> dict[str, Path]:
 
 
 def probes(files: dict[str, Path], tasks: tuple[str, ...]):
-    from pipeline.finetune.embedding.evaluation import read_probes
+    from pipeline.hub.embedding_evaluation import read_probes
 
     return read_probes([files["squad"]] if "squad" in tasks else [], [files["stsb"]] if "stsb" in tasks else [],
                        [files["mrpc"]] if "mrpc" in tasks else [], [files["bbc"]] if "bbc" in tasks else [])
@@ -105,8 +105,8 @@ MAIN = {"squad": "retrieval/squad/ndcg_at_10", "stsb": "sts/stsb/spearman", "mrp
 
 def score_model(model: str | Path, files: dict[str, Path], tasks: tuple[str, ...]) -> tuple[dict, float]:
     """The evaluator in this process: (figures, seconds)."""
-    from pipeline.finetune.embedding.encoder import load_encoder
-    from pipeline.finetune.embedding.evaluation import score_probes, warn_long_texts
+    from pipeline.hub.embedding_evaluation import score_probes, warn_long_texts
+    from pipeline.models.embedding_encoder import load_encoder
 
     started = time.monotonic()
     encoder, _ = load_encoder(str(model), max_seq_len=MAX_SEQ_LEN)
@@ -119,7 +119,7 @@ def lexical(files: dict[str, Path]) -> dict[str, float]:
     """BM25 for search; elsewhere TF-IDF vectors (fit on the file's own texts) as the embeddings."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from pipeline.finetune.embedding.evaluation import SCORERS, bm25_probes
+    from pipeline.hub.embedding_evaluation import SCORERS, bm25_probes
 
     all_probes = probes(files, TASKS)
     figures = {k.replace("/bm25/", "/"): v for k, v in bm25_probes(all_probes).items()}
@@ -185,8 +185,8 @@ def latency(folder: Path, threads: int, repeats: int) -> list[dict]:
     """Milliseconds per batch of 128-token texts: PyTorch eager, onnxruntime fp32 and int8, batch 1 and 32."""
     import torch
 
-    from pipeline.finetune.embedding.encoder import load_transformer, pool
     from pipeline.hub.onnx_export import onnx_layout, session
+    from pipeline.models.embedding_encoder import load_transformer, pool
 
     torch.set_num_threads(threads)
     layout = onnx_layout(folder)
@@ -222,7 +222,7 @@ def throughput(folder: Path, texts: list[str], threads: int) -> list[dict]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.finetune.embedding.encoder import load_encoder
+    from pipeline.models.embedding_encoder import load_encoder
 
     torch.set_num_threads(threads)
     ours, _ = load_encoder(str(folder), max_seq_len=MAX_SEQ_LEN)
@@ -269,7 +269,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="threads for the latency and throughput tables")
     p.add_argument("--out", type=Path, default=None, help="data and runs (default: a work folder, not runs/)")
     a = p.parse_args()
-    from pipeline.common.reference_model import reference_encoder_folder
+    from pipeline.models.reference_model import reference_encoder_folder
 
     export = a.export / "export" if (a.export / "export" / "config.json").exists() else a.export
     if not (export / "config.json").exists():
@@ -335,9 +335,9 @@ def serve(a, rec, files: dict[str, Path], folders: dict, reports: dict) -> None:
     latency and throughput tables."""
     from contextlib import redirect_stdout
 
-    from pipeline.finetune.embedding.encoder import load_encoder
-    from pipeline.finetune.embedding.evaluation import score_probes
+    from pipeline.hub.embedding_evaluation import score_probes
     from pipeline.hub.onnx_export import OnnxEncoder, export_onnx
+    from pipeline.models.embedding_encoder import load_encoder
 
     rows, deltas = [], []
     for arm in ("minilm", "export"):

@@ -120,7 +120,7 @@ def speed(rec: harness.BenchmarkRecord, models: dict[str, Path], task: Path, rec
           env: dict) -> None:
     """Both sides on the SST-2 sample, with tracking off and on: the time table, its headlines, and where the
     pipeline's time went."""
-    from pipeline.finetune.run_clock import PHASES
+    from pipeline.finetune.loop.clock import PHASES
 
     rows, phases = [], []
     for model_name, folder in models.items():
@@ -222,7 +222,7 @@ def main() -> None:
     if a.model:
         models = {name: Path(folder).resolve() for name, folder in (m.split("=", 1) for m in a.model)}
     else:
-        from pipeline.common.reference_model import reference_encoder_folder
+        from pipeline.models.reference_model import reference_encoder_folder
 
         models = {"MiniLM": reference_encoder_folder()}
     recipe = {**RECIPE, "epochs": a.epochs, "max_seq_len": a.max_seq_len}

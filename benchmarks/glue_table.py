@@ -14,7 +14,7 @@ from pathlib import Path
 import harness
 
 from pipeline.common.atomic_files import write_json_atomic
-from pipeline.common.fingerprints import describe_differences, model_fingerprint
+from pipeline.models.fingerprints import describe_differences, model_fingerprint
 from pipeline.tracking.finetune_report import finetune_result, read_json
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "rte")
@@ -113,7 +113,7 @@ def main() -> None:
     models = {"export": export, "scratch": export}
     if "minilm" in arms:
         from pipeline.common.errors import PipelineError
-        from pipeline.common.reference_model import reference_encoder_folder
+        from pipeline.models.reference_model import reference_encoder_folder
         try:
             models["minilm"] = reference_encoder_folder()
         except PipelineError as error:

@@ -190,17 +190,18 @@ def one_step(architecture: str, precision: str, stage: int, device: str) -> tupl
     """(loss before, loss on the same batch after one optimizer step) of the pipeline's engine."""
     import torch
 
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import build_model
     from pipeline.pretrain import config as c
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.guard.spike_guard import SpikeGuard
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.plan.schedules import lr_schedule
     from pipeline.pretrain.step.engine import initialize_engine
-    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     # fp16 starts at a low loss scale: a first step skipped for overflow would compare nothing
     ds = {"fp16": {"initial_scale_power": 8}} if precision == "fp16" else {}
     model_keys = {**small_model(architecture), **({"next_sentence_loss": False} if architecture == "bert" else {})}
-    config = c.PretrainConfig(model=c.ModelConfig(**model_keys), data=c.DataConfig(shards="unused", tokenizer="unused"),
+    config = c.PretrainConfig(model=ModelConfig(**model_keys), data=c.DataConfig(shards="unused", tokenizer="unused"),
                               optimizer=c.OptimizerConfig(lr=1e-3),
                               schedule=c.ScheduleConfig(warmup_steps=0, decay="constant"),
                               train=c.TrainConfig(max_steps=1, global_batch_size=4, micro_batch_size=4,
@@ -279,9 +280,9 @@ def packed_difference(architecture: str, attention: str, device: str) -> dict[st
     import torch
 
     from pipeline.data.packers import make_packer
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.hf_model import SPARSE_CLASSES, encode, first_position_id, hf_config
-    from pipeline.pretrain.model.packed_attention import document_layout
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import SPARSE_CLASSES, encode, first_position_id, hf_config
+    from pipeline.models.architectures.packed_attention import document_layout
 
     info, seq_len = toy_tokenizer(300), 64
     keys = {**small_model(architecture), "num_hidden_layers": 3, "attn_implementation": attention}
@@ -498,7 +499,7 @@ def run_check(a: argparse.Namespace, skipped: set[str], rec: BenchmarkRecord) ->
     """Every part in order of value (PLAN), the record written after each: what a lease must show first comes first."""
     if a.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from pipeline.common.topology import prepare_environment
+    from pipeline.common.processes.topology import prepare_environment
 
     scale = Scale(a.device, a.tiny)
     since = None if a.started_at is None else time.perf_counter() - (time.time() - a.started_at)

@@ -128,8 +128,8 @@ def clean_env(scale: Scale) -> dict[str, str]:
 
 def make_data(folder: Path, scale: Scale, data: Path | None) -> dict[str, Any]:
     """A tokenizer and shards (plain and doc-packed) written by the pipeline's own stages from a slice of IMDB."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
     from pipeline.data.tokenizer import train_tokenizer
 
     source = None if data is None else str(data / IMDB)
@@ -336,9 +336,9 @@ def utilisation(rates: dict[str, float], keys: dict[str, Any], seq_len: int, mad
     `masked` share of the real tokens; None: a full head) and by the anchors' convention (a full head on every
     position, padding included)."""
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.flops import model_flops_per_token
-    from pipeline.pretrain.model.hf_model import hf_config
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.flops import model_flops_per_token
+    from pipeline.models.architectures.hf_model import hf_config
 
     config = hf_config(ModelConfig(**keys), describe_tokenizer(load_tokenizer(made["tokenizer"])), seq_len)
     as_trained = rates["real_tokens_per_s"] * model_flops_per_token(config, seq_len, masked) / 1e12

@@ -193,7 +193,7 @@ def cpu_env(threads: int | None = None) -> dict[str, str]:
     """The environment of a launch: CPU DeepSpeed, this repository importable, this venv's tools first (a system
     ninja and the venv's keep different build logs, and would take turns rebuilding DeepSpeed's comm op, 1-2 min,
     inside whichever run's clock is running)."""
-    from pipeline.common.topology import use_environment_extensions_dir
+    from pipeline.common.processes.topology import use_environment_extensions_dir
 
     use_environment_extensions_dir()
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
@@ -323,7 +323,7 @@ def sample_corpus(source: str | Path | None, documents: int | None, folder: Path
     from itertools import islice
 
     from pipeline.data.corpus import CorpusOptions, iter_texts, resolve_inputs
-    from pipeline.data.default_corpus import write_embedded_corpus
+    from pipeline.data.makers.default_corpus import write_embedded_corpus
 
     if source is None:
         source = folder / "embedded.jsonl"
@@ -337,7 +337,7 @@ def sample_corpus(source: str | Path | None, documents: int | None, folder: Path
 def glue_sample(glue: Path, out: Path, rows: dict[str, int | None], *, spread: bool = False) -> Path:
     """`out` as a GLUE folder of `rows`' tasks: each train.tsv cut to its first N rows (None: all), or with `spread` to
     N rows spread evenly over the file (GLUE's files are ordered); the dev files as they are."""
-    from pipeline.finetune.tasks import GLUE_FOLDERS, task_spec
+    from pipeline.data.tasks.catalog import GLUE_FOLDERS, task_spec
 
     for task, n in rows.items():
         source, target = glue / GLUE_FOLDERS[task], out / GLUE_FOLDERS[task]

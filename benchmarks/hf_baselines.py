@@ -88,7 +88,7 @@ def masked_lm_class(architecture: str):
 
 def hf_model_config(recipe: str, config: PretrainConfig, tokenizer_info, seq_len: int):
     """The HF config of a recipe's model: the pipeline's own (`hf_config`); for run_mlm, with the class's dropout."""
-    from pipeline.pretrain.model.hf_model import hf_config
+    from pipeline.models.architectures.hf_model import hf_config
 
     built = hf_config(config.model, tokenizer_info, seq_len)
     if recipe == "hf-run_mlm":
@@ -102,7 +102,7 @@ def hf_model_config(recipe: str, config: PretrainConfig, tokenizer_info, seq_len
 def decay_parameter_names(model) -> list[str]:
     """The parameters the pipeline decays (`parameter_groups`), by name, for `Trainer.get_decay_parameter_names`:
     Trainer's own rule skips every name holding "layernorm", every encoder parameter of the pre-LN RoBERTa."""
-    from pipeline.pretrain.step.optimizers import parameter_groups
+    from pipeline.models.parameter_groups import parameter_groups
 
     decay = {id(p) for p in parameter_groups(model, 0.0)[0]["params"]}
     return [name for name, p in model.named_parameters() if id(p) in decay]
@@ -115,9 +115,9 @@ def worker(spec: dict) -> None:
 
     from pipeline.data.token_cache import TokenCache
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.models.architectures.hf_model import first_position_id
     from pipeline.pretrain.batches.masked_slots import dense_labels
     from pipeline.pretrain.batches.stretch_data import MaskedBatches, eval_keys
-    from pipeline.pretrain.model.hf_model import first_position_id
     from pipeline.pretrain.plan.masking import build_masker
     from pipeline.pretrain.preflight import load_pretrain_config
 

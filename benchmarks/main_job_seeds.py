@@ -18,8 +18,8 @@ from pathlib import Path
 from harness import BenchmarkRecord, Study, metrics, work_dir
 
 from pipeline.commands import run_default as job
+from pipeline.common.processes.topology import use_environment_extensions_dir
 from pipeline.common.run_layout import MainJobLayout
-from pipeline.common.topology import use_environment_extensions_dir
 from pipeline.tracking.job_summary import SEED_SPREAD, recipe_fingerprint
 
 STUDY = Study(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness import BenchmarkRecord, Study, cpu_model, launch
 
-from pipeline.common.topology import environment_extensions_dir
+from pipeline.common.processes.topology import environment_extensions_dir
 
 STUDY = Study(
     "main_job_time", question="How long is the main job, and does its pretraining pay?",
@@ -26,7 +26,7 @@ STUDY = Study(
 def time_target(cpu: str) -> int:
     """The fresh run's wall-time target on 2 cores: 300 s on an Intel Xeon with AMX, 400 s on an AMD EPYC (no AMX,
     slower per core here), 600 s on a CPU not seen yet."""
-    from pipeline.common.cpu_precision import cpu_flags
+    from pipeline.models.precision import cpu_flags
 
     if "amx_bf16" in cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists()
                                else ""):

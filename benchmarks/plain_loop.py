@@ -109,9 +109,9 @@ def plain_loop(keys: dict[str, Any], seq_len: int, rows: int, vocab: int, device
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.compile_blocks import compile_blocks
-    from pipeline.pretrain.model.hf_model import hf_config
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import hf_config
+    from pipeline.pretrain.step.compile_blocks import compile_blocks
 
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_config(hf_config(ModelConfig(**keys), toy_tokenizer(vocab), seq_len))

@@ -18,7 +18,7 @@ import harness
 import hf_baselines
 
 from pipeline.common.atomic_files import write_json_atomic
-from pipeline.common.fingerprints import describe_differences, model_fingerprint
+from pipeline.models.fingerprints import describe_differences, model_fingerprint
 
 TASKS = {"sst2": 1.0, "rte": 2.0}  # the target gap in points
 PIPELINE, HF = "pipeline (launchers/finetune.py)", "HF Trainer (run_glue)"
@@ -89,8 +89,8 @@ def hf_run(model: str, task: str, glue: Path, seed: int, recipe: dict, out: Path
     """HF's run_glue recipe on the task: the best and last epoch's dev accuracy, seconds per epoch."""
     from transformers import AutoTokenizer
 
-    from pipeline.finetune.task_data import load_glue_folder
-    from pipeline.finetune.tasks import task_spec
+    from pipeline.data.tasks.catalog import task_spec
+    from pipeline.data.tasks.splits import load_glue_folder
 
     data, tokenizer = load_glue_folder(task_spec(task), glue), AutoTokenizer.from_pretrained(model)
     encoded = [hf_baselines.encode(tokenizer, split.texts, [int(x) for x in split.labels], recipe["max_seq_len"])
@@ -137,7 +137,7 @@ def main() -> None:
     tasks = harness.comma_list(p, "--tasks", a.tasks, TASKS)
     if a.no_parity and a.no_scratch:
         p.error("--no-parity with --no-scratch leaves nothing to run")
-    from pipeline.common.reference_model import reference_encoder_folder
+    from pipeline.models.reference_model import reference_encoder_folder
 
     model = a.model or str(reference_encoder_folder())
     recipe = {"lr": a.lr, "epochs": a.epochs, "batch": a.batch, "max_seq_len": a.max_seq_len, "warmup_ratio": 0.06,

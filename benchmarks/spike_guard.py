@@ -22,8 +22,8 @@ from harness import ROOT, SHARED, BenchmarkRecord, Study, cpu_env, launch, metri
 
 from pipeline.commands import run_default as job
 from pipeline.common.run_layout import MainJobLayout, PretrainLayout
+from pipeline.pretrain.checkpoints.ledger import RollbackEvent, UpdatesSkippedEvent, read_ledger
 from pipeline.pretrain.checkpoints.storage import newest_complete, verified_checkpoint
-from pipeline.pretrain.plan.ledger import RollbackEvent, UpdatesSkippedEvent, read_ledger
 
 CONFIG = "configs/main-job.json"
 ARMS = ("clean", "spike, guard off", "spike, skip", "spike, rollback", "clean, clipped at 1.0",
@@ -176,8 +176,8 @@ def guard_work_ms(steps: int = 2000) -> float:
     """Milliseconds a step of the guard's work (the main job's guard, one rank), after 100 steps of warm-up."""
     import torch
 
+    from pipeline.pretrain.guard.spike_guard import SpikeGuard
     from pipeline.pretrain.preflight import load_pretrain_config
-    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = load_pretrain_config(ROOT / CONFIG, ["train.spike_guard=skip"], check_files=False)
     guard, loss, norm, started = SpikeGuard(config, "cpu", 1), torch.tensor(5.0), torch.tensor(1.0), 0.0

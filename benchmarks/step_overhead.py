@@ -57,8 +57,8 @@ def parameter_tensors(vocab: int) -> dict[str, int]:
     """Each arm's model's parameter tensors (RoBERTa-large has 394)."""
     from transformers import AutoModelForMaskedLM
 
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.hf_model import build_model, hf_config
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import build_model, hf_config
 
     info = toy_tokenizer(vocab)
     keys, seq_len = ModelConfig(**MODEL), SCALE.seq_len(False)

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification  # noqa: E402
 
-from pipeline.data.default_corpus import iter_docstring_records  # noqa: E402
+from pipeline.data.makers.default_corpus import iter_docstring_records  # noqa: E402
+from pipeline.data.makers.docstring_task import package_of  # noqa: E402
 from pipeline.data.tokenizer import train_tokenizer  # noqa: E402
-from pipeline.finetune.docstring_task import package_of  # noqa: E402
 from pipeline.hub import Encoder  # noqa: E402
 from pipeline.kit import (  # noqa: E402
     AMPTrainer,

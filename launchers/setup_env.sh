@@ -36,5 +36,5 @@ export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 # DeepSpeed's JIT-compiled ops (its CPU Adam for offload, its shared-memory comm op where asked for) are built
 # once per environment into a folder of its own: the shared ~/.cache/torch_extensions is rebuilt whenever another
-# environment used it last. pipeline.common.topology applies the same default to `deepspeed launchers/pretrain.py`.
+# environment used it last. pipeline.common.processes.topology applies the same default to `deepspeed launchers/pretrain.py`.
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$VENV/torch_extensions}"

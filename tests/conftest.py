@@ -67,8 +67,8 @@ def corpus_jsonl(tmp_path_factory, documents) -> Path:
 @pytest.fixture(scope="session")
 def roberta_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
     """Full-packed 64-token RoBERTa shards with a validation split."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     out = tmp_path_factory.mktemp("shards") / "roberta"
     run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64,
@@ -79,8 +79,8 @@ def roberta_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
 @pytest.fixture(scope="session")
 def doc_packed_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
     """`doc-packed` 64-token shards (whole documents side by side, attention kept per document)."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     out = tmp_path_factory.mktemp("shards") / "doc-packed"
     run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64,
@@ -92,8 +92,8 @@ def doc_packed_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path
 @pytest.fixture(scope="session")
 def pairs_shards(tmp_path_factory, corpus_jsonl, wordpiece_tokenizer_dir) -> Path:
     """BERT segment-pair shards (for MLM + next-sentence prediction)."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     out = tmp_path_factory.mktemp("shards") / "pairs"
     run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(wordpiece_tokenizer_dir), seq_len=64,
@@ -112,7 +112,7 @@ def process_group():
 
     saved = dict(os.environ)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from pipeline.common.topology import init_process_group, prepare_environment
+    from pipeline.common.processes.topology import init_process_group, prepare_environment
 
     topology = prepare_environment()
     import deepspeed.comm

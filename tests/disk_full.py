@@ -149,7 +149,7 @@ class FakeEngine:
 def world_of_one(monkeypatch):
     import torch.distributed as dist
 
-    from pipeline.common.topology import free_port
+    from pipeline.common.processes.topology import free_port
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))

@@ -75,7 +75,7 @@ def probe_files(root: Path, documents: list[str]) -> dict[str, list[str]]:
 
 def record_at(step: int, **fields):
     """A checkpoint record of `step` with placeholder model facts, for tests of the checkpoint files."""
-    from pipeline.pretrain.plan.record import CheckpointRecord
+    from pipeline.pretrain.checkpoints.record import CheckpointRecord
 
     return CheckpointRecord(**{"step": step, "config": {}, "architecture": "roberta", "seq_len": 64, "zero_stage": 0,
                                "precision": "fp32", "batch_plan": None, **fields})
@@ -83,8 +83,8 @@ def record_at(step: int, **fields):
 
 def plan_of(config, sequences: dict[str, int], world_size: int = 1, seq_len: int = 64):
     """The run plan of a config checked without files, each folder it names holding `sequences[path]` in one shard."""
+    from pipeline.data.epoch_order import CorpusLayout
     from pipeline.pretrain.plan.run_plan import build_plan
-    from pipeline.pretrain.plan.stream import CorpusLayout
 
     layouts = {path: CorpusLayout(Path(path).name, path, key, (n,), 1, seq_len)
                for key, (path, n) in enumerate(sequences.items())}
@@ -114,7 +114,7 @@ def decode_documents(folder: Path, split: str, tokenizer_dir: Path) -> list[str]
     """Texts of a doc-packed shard split, one per document (sequences never cross documents)."""
     from transformers import AutoTokenizer
 
-    from pipeline.data.shard_reader import ShardedDataset
+    from pipeline.data.shards.reader import ShardedDataset
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     ds = ShardedDataset(folder, split)

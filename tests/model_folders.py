@@ -148,12 +148,12 @@ def save_pretraining_run(root: Path, shards: Path, tokenizer_dir: Path, architec
     import torch
     from helpers import tiny_pretrain_config
 
-    from pipeline.common.config_tree import build_config
+    from pipeline.common.config.tree import build_config
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+    from pipeline.models.architectures.hf_model import build_model
     from pipeline.pretrain.checkpoints.storage import file_checksums, tag_for
     from pipeline.pretrain.config import PretrainConfig
-    from pipeline.pretrain.model.hf_model import build_model
 
     layout = PretrainLayout(root)
     seq_len = json.loads((shards / "index.json").read_text())["seq_len"]

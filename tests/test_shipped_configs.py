@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
-from pipeline.common.config_tree import ConfigError, read_json_config
+from pipeline.common.config.tree import ConfigError, read_json_config
 from pipeline.common.errors import PipelineError
 
 CONFIGS = ROOT / "configs"
@@ -31,8 +31,8 @@ def load_finetune(path: Path) -> None:
 
 
 def load_shard(path: Path) -> None:
-    from pipeline.common.cli_options import options_from_config
-    from pipeline.data.shard_options import ShardOptions
+    from pipeline.common.config.cli_options import options_from_config
+    from pipeline.data.shards.options import ShardOptions
 
     options = options_from_config(ShardOptions, read_json_config(path), str(path), exclude=("rank", "world_size"))
     assert options.problems() == []

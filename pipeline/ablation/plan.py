@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from pipeline.ablation.studies import ArmSpec, Study
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.preflight import load_pretrain_config
 

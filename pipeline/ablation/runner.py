@@ -32,13 +32,13 @@ from pipeline.ablation.plan import ArmPlan
 from pipeline.ablation.results import arm_result, results_csv, results_markdown, write_results
 from pipeline.ablation.studies import Study
 from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.config.shipped_configs import find_config
 from pipeline.common.console import run_logged
 from pipeline.common.errors import PipelineError
+from pipeline.common.processes.stage_commands import stage_command, stage_env
 from pipeline.common.run_layout import AblationLayout, ArmLayout, StudyLayout
-from pipeline.common.shipped_configs import find_config
-from pipeline.common.stage_commands import stage_command, stage_env
 from pipeline.pretrain.checkpoints import storage as checkpoints
-from pipeline.pretrain.plan.record import read_record
+from pipeline.pretrain.checkpoints.record import read_record
 
 
 class StudyStopped(Exception):
@@ -239,7 +239,7 @@ class StudyRunner:
                 f"tracking.run_name={plan.name}-pretrain"]
         launcher = None
         if o.ranks > 1:
-            from pipeline.common.topology import free_port
+            from pipeline.common.processes.topology import free_port
 
             # torchrun, not the deepspeed launcher: on SIGTERM torchrun signals its ranks and waits
             # for them (each finishes its step and checkpoints), where the deepspeed launcher

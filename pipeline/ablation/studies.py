@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.common.config_tree import ConfigError, build_config, read_json_config
+from pipeline.common.config.tree import ConfigError, build_config, read_json_config
 from pipeline.common.errors import PipelineError
 from pipeline.data.packers import PackMode
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.pretrain.config import TrackingConfig
 from pipeline.tracking.metrics import MetricsSink
+from pipeline.tracking.settings import TrackingConfig
 from pipeline.tracking.sinks import open_metrics
 
 

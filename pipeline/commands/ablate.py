@@ -83,7 +83,7 @@ def finetune_sweep(args: argparse.Namespace) -> list[str]:
     """The grid each arm's fine-tuning is swept over ([] with --no-finetune-sweep), checked before any work."""
     if args.no_finetune_sweep:
         return []
-    from pipeline.finetune.sweep import parse_sweep
+    from pipeline.finetune.protocol.sweep import parse_sweep
 
     grid = args.finetune_sweep or DEFAULT_FINETUNE_SWEEP
     parse_sweep(grid)
@@ -110,8 +110,8 @@ def main(argv=None) -> None:
     from pipeline.ablation.plan import plan_study
     from pipeline.ablation.runner import StudyOptions, StudyRunner, StudyStopped
     from pipeline.ablation.studies import RUNNER_KEYS, load_study
-    from pipeline.common.config_tree import parse_override
-    from pipeline.common.shipped_configs import find_config
+    from pipeline.common.config.shipped_configs import find_config
+    from pipeline.common.config.tree import parse_override
     from pipeline.pretrain.preflight import load_pretrain_config
     from pipeline.tracking.mlflow_run import default_tracking_uri
 

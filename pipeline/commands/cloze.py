@@ -39,9 +39,10 @@ def main(argv=None) -> None:
     from pipeline.common.atomic_files import write_json_atomic
     from pipeline.hub import Encoder
     from pipeline.hub.cloze import cloze_score, fill_mask_examples, validation_texts
+    from pipeline.pretrain.export.folder import export_for_loading
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
-    encoder = Encoder.from_pretrained(args.model)
+    encoder = Encoder.from_pretrained(args.model, exporter=export_for_loading)
     texts = validation_texts(args.shards, encoder.tokenizer)
     score = cloze_score(encoder, texts, mask_rate=args.mask_rate, seed=args.seed, max_texts=args.max_texts)
     examples = fill_mask_examples(encoder, texts, count=args.examples, topk=3, seed=args.seed)

@@ -72,10 +72,11 @@ def score_range(text: str) -> tuple[float, float]:
 def encoder_for(model: str, args: argparse.Namespace):
     """`(encode, tokenizer, max_len)` of `model` on the chosen backend."""
     if args.backend == "torch":
-        from pipeline.finetune.embedding.encoder import load_encoder
+        from pipeline.models.embedding_encoder import load_encoder
+        from pipeline.pretrain.export.folder import export_for_loading
 
         encoder, _ = load_encoder(model, pooling=args.pooling, max_seq_len=args.max_seq_len,
-                                  batch_size=args.batch_size)
+                                  batch_size=args.batch_size, exporter=export_for_loading)
         return encoder.encode, encoder.tokenizer, encoder.max_seq_len
     if args.pooling or args.max_seq_len:
         raise PipelineError("--pooling and --max-seq-len: an ONNX backend pools and cuts as its folder says")
@@ -88,7 +89,7 @@ def encoder_for(model: str, args: argparse.Namespace):
 @exit_on_pipeline_error
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from pipeline.finetune.embedding.evaluation import read_probes
+    from pipeline.hub.embedding_evaluation import read_probes
 
     probes = read_probes(args.retrieval, args.sts, args.pair_classification, args.clustering,
                          score_range(args.score_range))
@@ -99,8 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     from pipeline.common.console import quiet_frameworks
 
     quiet_frameworks(args.verbose)
-    from pipeline.finetune.embedding.evaluation import bm25_probes, score_probes, warn_long_texts
-    from pipeline.finetune.embedding.results import log_to_mlflow, mteb_records, table
+    from pipeline.hub.embedding_evaluation import bm25_probes, score_probes, warn_long_texts
+    from pipeline.hub.embedding_results import log_to_mlflow, mteb_records, table
 
     lexical = bm25_probes(probes)
 
@@ -130,9 +131,10 @@ def score_run(args: argparse.Namespace, score) -> None:
     """Every kept revision of `args.run`, its curve drawn, and (with a tracking URI) logged into the run's own
     MLflow run at each revision's step."""
     from pipeline.common.run_layout import PretrainLayout
-    from pipeline.finetune.embedding.results import log_to_mlflow, plot_curve, score_revisions
+    from pipeline.hub.embedding_results import log_to_mlflow, plot_curve, score_revisions
+    from pipeline.pretrain.export.folder import export_revisions
 
-    curve = score_revisions(args.run, args.out, score)
+    curve = score_revisions(export_revisions(args.run, args.out / "revisions"), args.out, score)
     plot = plot_curve(curve, args.out / "embed-curve.png")
     print(f"{len(curve)} revisions scored: {args.out / 'revisions.json'}; curve: {plot}")
     if args.tracking_uri:

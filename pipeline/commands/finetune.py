@@ -15,13 +15,13 @@ and complete.json last: a rerun skips finished seeds);
 `<train.output_dir>/metrics.json` holds the median, mean and standard deviation over seeds, and
 `best_model.json` points at the best seed's model.
 
---sweep runs the fair protocol (pipeline/finetune/sweep.py): every setting of the grid is trained
+--sweep runs the fair protocol (pipeline/finetune/protocol/sweep.py): every setting of the grid is trained
 with the first seed on the training split minus a held-out slice (--select-fraction of it, chosen
 by a hash of each example) and scored on that slice; the best setting is then trained over every
 seed on the same data and reported on dev. Dev never takes part in the choice.
 
 --labels-per-class 8,32 (with --sweep) adds a label-efficiency curve: the chosen setting retrained
-over every seed on 8, then 32, examples of each class (pipeline/finetune/label_curve.py), reported
+over every seed on 8, then 32, examples of each class (pipeline/finetune/protocol/label_curve.py), reported
 on dev beside the full split as `label_curve` in metrics.json.
 """
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build_sweep(args: argparse.Namespace, world_size: int):
     """The `Sweep` of `--sweep` / `--select-fraction` (None without --sweep); every setting's config checked now."""
     from pipeline.finetune.preflight import load_finetune_config
-    from pipeline.finetune.sweep import DEFAULT_SELECT_FRACTION, Setting, Sweep, parse_sweep
+    from pipeline.finetune.protocol.sweep import DEFAULT_SELECT_FRACTION, Setting, Sweep, parse_sweep
 
     if not args.sweep:
         if args.select_fraction is not None:
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     # are left to the operating system (gc.freeze: never collected again, so only at exit).
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
-    from pipeline.common.shipped_configs import find_config
-    from pipeline.common.topology import current_topology
+    from pipeline.common.config.shipped_configs import find_config
+    from pipeline.common.processes.topology import current_topology
     from pipeline.finetune.preflight import load_finetune_config
 
     topology = current_topology()
@@ -102,14 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     sweep = build_sweep(args, topology.world_size)
     labels_per_class = None
     if args.labels_per_class is not None:
-        from pipeline.finetune.label_curve import parse_labels_per_class
+        from pipeline.finetune.protocol.label_curve import parse_labels_per_class
 
         if sweep is None:
             raise PipelineError("--labels-per-class: only with --sweep (the selection slice picks each point's best "
                                 "epoch; for one fixed setting give --sweep KEY=VALUE)")
         labels_per_class = parse_labels_per_class(args.labels_per_class)
     from pipeline.common.console import quiet_frameworks
-    from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
+    from pipeline.models.precision import bf16_cpu_warning, native_bf16
 
     slow_bf16 = bf16_cpu_warning(config.train.precision == "bf16", topology.cuda,
                                  topology.cuda or native_bf16(), "--set train.precision=fp32")
@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> None:
 
     quiet_frameworks(args.verbose)  # after the config checks: they report in seconds, before any framework loads
     from pipeline.finetune.runner import run_finetuning
+    from pipeline.pretrain.export.folder import export_for_loading
 
-    report = run_finetuning(config, args.model, seeds, args.from_scratch, sweep, labels_per_class)
+    report = run_finetuning(config, args.model, seeds, args.from_scratch, sweep, labels_per_class,
+                            exporter=export_for_loading)
     if not topology.is_main:
         return
     headline = {k: round(v, 4) for k, v in report.items() if isinstance(v, float)}

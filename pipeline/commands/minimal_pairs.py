@@ -61,13 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from pipeline.common.atomic_files import write_json_atomic
-    from pipeline.common.cpu_precision import native_bf16
     from pipeline.hub import Encoder
     from pipeline.hub.pseudo_likelihood import DEFAULT_BATCH_TOKENS, check_can_score
+    from pipeline.models.precision import native_bf16
+    from pipeline.pretrain.export.folder import export_for_loading
 
     pairs = read_pairs(args.pairs, args.group_by)  # before loading the model: a bad file fails fast
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
-    encoder = Encoder.from_pretrained(args.model)
+    encoder = Encoder.from_pretrained(args.model, exporter=export_for_loading)
     check_can_score(encoder)
     batch_tokens = args.batch_tokens or DEFAULT_BATCH_TOKENS
     precision = args.precision if args.precision != "auto" else ("bf16" if native_bf16() else "fp32")

@@ -47,8 +47,9 @@ def main(argv=None) -> None:
     import torch
 
     from pipeline.hub import Encoder
+    from pipeline.pretrain.export.folder import export_for_loading
 
-    encoder = Encoder.from_pretrained(args.model)
+    encoder = Encoder.from_pretrained(args.model, exporter=export_for_loading)
     if args.fill_mask:
         for filled, prob, token in encoder.fill_mask(args.fill_mask, topk=args.topk):
             print(f"{prob:.4f}\t{token!r}\t{filled}")

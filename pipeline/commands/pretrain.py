@@ -58,8 +58,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
     string; `--skip-steps` adds to the config's own ranges)."""
     out = list(args.set)
     if args.skip_steps:
-        from pipeline.common.config_tree import read_json_config
-        from pipeline.common.shipped_configs import find_config
+        from pipeline.common.config.shipped_configs import find_config
+        from pipeline.common.config.tree import read_json_config
 
         written = read_json_config(find_config(args.config, "pretrain")).get("train", {}).get("skip_steps", [])
         out.append(f"train.skip_steps={json.dumps([*written, *args.skip_steps])}")
@@ -75,10 +75,10 @@ def overrides(args: argparse.Namespace) -> list[str]:
 @exit_on_pipeline_error
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from pipeline.common.topology import prepare_environment
+    from pipeline.common.processes.topology import prepare_environment
 
     topology = prepare_environment()
-    from pipeline.common.shipped_configs import find_config
+    from pipeline.common.config.shipped_configs import find_config
     from pipeline.hub.quality_probes import QualityProbes, probe_problems
     from pipeline.pretrain.preflight import prepare_run
 
@@ -90,7 +90,7 @@ def main(argv=None) -> None:
         if topology.rank != 0:  # every rank finds the same problems; one copy is enough
             raise SystemExit(2) from None
         raise
-    from pipeline.common.cpu_precision import bf16_cpu_warning, native_bf16
+    from pipeline.models.precision import bf16_cpu_warning, native_bf16
 
     config = plan.config
     slow_bf16 = bf16_cpu_warning(config.train.precision == "bf16", topology.cuda, topology.cuda or native_bf16(),

@@ -53,8 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.atomic_files import write_json_atomic
+from pipeline.common.config.shipped_configs import find_config
 from pipeline.common.console import run_logged
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
+from pipeline.common.processes.stage_commands import stage_command, stage_env
+from pipeline.common.processes.topology import free_port, use_environment_extensions_dir
 from pipeline.common.run_layout import (
     MAIN_JOB_ARMS,
     MAIN_JOB_CONFIG,
@@ -62,10 +65,7 @@ from pipeline.common.run_layout import (
     WORD_ORDER_CONFIG,
     MainJobLayout,
 )
-from pipeline.common.shipped_configs import find_config
-from pipeline.common.stage_commands import stage_command, stage_env
-from pipeline.common.topology import free_port, use_environment_extensions_dir
-from pipeline.finetune.model_card import record_baselines
+from pipeline.finetune.outputs.card import record_baselines
 from pipeline.pretrain.export.card import record_scores
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.job_summary import render_summary, started_seed
@@ -254,7 +254,7 @@ def make_data(job: MainJob, layout: MainJobLayout, workers: int) -> None:
     """Steps 1–4: the embedded corpus, the tokenizer, the shards (10% of the documents held out), verified."""
     corpus, tokenizer, shards = layout.corpus, layout.tokenizer, layout.shards
     if not corpus.exists():
-        job.run("1/10 embedded corpus", "corpus", "make_default_corpus", "--out", corpus)
+        job.run("1/10 embedded corpus", "corpus", "make.default_corpus", "--out", corpus)
     if not (tokenizer / "tokenizer.json").exists():
         job.run("2/10 tokenizer", "tokenizer", "train_tokenizer", "--input", corpus, "--type", "bpe",
                 "--vocab-size", VOCAB_SIZE, "--model-max-length", SEQ_LEN, "--out", tokenizer)
@@ -279,14 +279,14 @@ def pretrain(job: MainJob, layout: MainJobLayout, env: dict, *, ranks: int, seed
 
 def make_tasks(job: MainJob, layout: MainJobLayout) -> None:
     """Both fine-tuning tasks from the corpus."""
-    job.run("7/10 task: keywords", "task-keywords", "make_embedded_task", "--corpus", layout.corpus,
+    job.run("7/10 task: keywords", "task-keywords", "make.embedded_task", "--corpus", layout.corpus,
             "--out", layout.task("keywords"))
     # Dev from the held-out documents only; train from the documents pretraining reads (as text, never
     # with labels): the corpus holds out too few sentences for both.
-    job.run("7/10 task: word order", "task-word-order", "make_bigram_shift_task", "--corpus", layout.corpus,
+    job.run("7/10 task: word order", "task-word-order", "make.bigram_shift_task", "--corpus", layout.corpus,
             "--val-fraction", HELD_OUT_FRACTION, "--train-from", "training", "--max-train", "3000",
             "--out", layout.task("word-order"))
-    job.run("7/10 task: search", "task-search", "make_embedded_task", "--corpus", layout.corpus, "--search",
+    job.run("7/10 task: search", "task-search", "make.embedded_task", "--corpus", layout.corpus, "--search",
             "--out", layout.task("search"))
 
 
@@ -350,7 +350,7 @@ def finetune_run(layout: MainJobLayout, task: str, arm: str, model: Path, sweep:
 
 def make_minimal_pairs(job: MainJob, layout: MainJobLayout) -> None:
     """Minimal pairs from the held-out documents (a fraction of a second)."""
-    job.run("7/10 minimal pairs from held-out text", "minimal-pairs-make", "make_minimal_pairs",
+    job.run("7/10 minimal pairs from held-out text", "minimal-pairs-make", "make.minimal_pairs",
             "--input", layout.corpus, "--held-out-fraction", HELD_OUT_FRACTION, "--per-phenomenon", "100",
             "--out", layout.minimal_pairs)
 

@@ -8,7 +8,7 @@ resumes (verified shards are kept); different arguments into a used folder are r
 writes the index (or run --combine afterwards). Without --val-fraction, 5% of the documents are
 held out for validation, as HF run_mlm does.
 
-The flags are generated from `pipeline.data.shard_options.ShardOptions`, where each is defined once.
+The flags are generated from `pipeline.data.shards.options.ShardOptions`, where each is defined once.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.common.cli_options import add_options, options_from_namespace
+from pipeline.common.config.cli_options import add_options, options_from_namespace
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
-from pipeline.data.shard_index import combine_parts
-from pipeline.data.shard_options import ShardOptions
-from pipeline.data.shard_stage import run_hash_pass, run_shard_stage
-from pipeline.data.stage_report import format_summary
+from pipeline.data.shards.index import combine_parts
+from pipeline.data.shards.options import ShardOptions
+from pipeline.data.shards.stage import run_hash_pass, run_shard_stage
+from pipeline.data.shards.stage_report import format_summary
 
 
 def build_parser() -> argparse.ArgumentParser:

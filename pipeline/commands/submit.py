@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.common.config.shipped_configs import find_config
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
-from pipeline.common.shipped_configs import find_config
-from pipeline.common.stage_commands import stage_env
+from pipeline.common.processes.stage_commands import stage_env
 
 DEFAULT_CPU_PROCS = 2
 
@@ -110,9 +110,9 @@ def finetune_scripts(args) -> tuple[Path, list[str]]:
 
 def shard_scripts(args) -> tuple[Path, list[str]]:
     """The shard config is the flags of data_prep/shard.py as JSON keys, e.g. {"input": [...], "seq_len": 512}."""
-    from pipeline.common.cli_options import config_argv, options_from_config
-    from pipeline.common.config_tree import apply_overrides, read_json_config
-    from pipeline.data.shard_options import ShardOptions
+    from pipeline.common.config.cli_options import config_argv, options_from_config
+    from pipeline.common.config.tree import apply_overrides, read_json_config
+    from pipeline.data.shards.options import ShardOptions
 
     config_file = find_config(args.config, "shard")
     data = apply_overrides(read_json_config(config_file), args.set)

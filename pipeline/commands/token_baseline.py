@@ -4,7 +4,8 @@
 
 It reads the task exactly as fine-tuning does (the same config, `--set` overrides and files), fits
 on the training split and prints the task's metrics on dev, to stand beside the neural arms: a task
-that counting solves shows nothing about what pretraining buys. See pipeline/finetune/token_baseline.py.
+that counting solves shows nothing about what pretraining buys. See
+pipeline/finetune/families/sequence/token_baseline.py.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     from pipeline.common.atomic_files import write_json_atomic
-    from pipeline.common.shipped_configs import find_config
+    from pipeline.common.config.shipped_configs import find_config
+    from pipeline.finetune.families.sequence.token_baseline import token_count_baseline
     from pipeline.finetune.preflight import load_finetune_config
     from pipeline.finetune.task_loading import load_task
-    from pipeline.finetune.token_baseline import token_count_baseline
 
     data = load_task(load_finetune_config(find_config(args.config, "finetune"), args.set))
     result = {"task": data.spec.name, "baseline": "token counts", "train": len(data.train),

@@ -34,10 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def trace_step(run_dir: Path, step: int) -> tuple[list[dict], list[str]]:
     """Step `step`'s sequences, in global-batch order, as {"documents", "text"}; and notes on what it cannot name."""
-    from pipeline.data.document_origins import OriginReader
-    from pipeline.data.shard_reader import ShardedDataset
+    from pipeline.data.shards.origins import OriginReader
+    from pipeline.data.shards.reader import ShardedDataset
     from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.pretrain.plan.ledger import RollbackEvent, UpdatesSkippedEvent
+    from pipeline.pretrain.checkpoints.ledger import RollbackEvent, UpdatesSkippedEvent
     from pipeline.pretrain.preflight import recorded_plan
 
     plan = recorded_plan(run_dir)

@@ -13,7 +13,7 @@ import argparse
 from itertools import islice
 from pathlib import Path
 
-from pipeline.common.cli_options import add_options, options_from_namespace
+from pipeline.common.config.cli_options import add_options, options_from_namespace
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 from pipeline.data.corpus import check_sources, iter_texts, resolve_inputs
 from pipeline.data.tokenizer import train_tokenizer

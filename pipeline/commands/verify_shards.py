@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.data.shard_index import verify_folder
+from pipeline.data.shards.index import verify_folder
 
 
 def build_parser() -> argparse.ArgumentParser:

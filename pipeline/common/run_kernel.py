@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline.common.config_tree import ConfigError, apply_overrides, build_tree, read_json_config
+from pipeline.common.config.tree import ConfigError, apply_overrides, build_tree, read_json_config
 
 T = TypeVar("T")
 

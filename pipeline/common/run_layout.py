@@ -74,6 +74,10 @@ class PretrainLayout:
         return layout if checkpoint.parent == layout.checkpoints else None
 
 
+CHECKPOINT_RECORD_FILE = "complete.json"
+"""In a checkpoint folder, written last: its record (pipeline/pretrain/checkpoints/record.py); a folder without one is
+no checkpoint."""
+
 EXPORT_PROVENANCE_FILE = "pipeline_export.json"
 """In an export: the checkpoint and pretraining MLflow run it came from, what trained it, its equivalence check."""
 
@@ -158,7 +162,7 @@ class FinetuneLayout:
 
     @property
     def timings(self) -> Path:
-        """Where the run's time went: CPU and wall seconds per phase (`pipeline/finetune/run_clock.py`)."""
+        """Where the run's time went: CPU and wall seconds per phase (`pipeline/finetune/loop/clock.py`)."""
         return self.root / "timings.json"
 
     def seed(self, seed: int) -> SeedLayout:

@@ -143,3 +143,31 @@ class EpochOrder:
         """The shards of the blocks wholly read before the block that `position` falls in."""
         b = int(np.searchsorted(self._block_start, position, side="right") - 1)
         return np.concatenate([np.zeros(0, np.int64), *self._blocks[:b]])
+
+
+@dataclass(frozen=True)
+class CorpusLayout:
+    """One corpus as the order sees it; checkpoints record it, so a resume keeps the order it started with."""
+
+    name: str
+    path: str
+    key: int
+    """The order's key for this corpus: from its shards' checksums, so a renamed folder keeps its order."""
+    shard_sizes: tuple[int, ...]
+    """Sequences of each training shard, in index order."""
+    shards_per_block: int
+    """Shards read together as one shuffle block (epoch_order.py)."""
+    seq_len: int
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(self.shard_sizes)
+
+    @property
+    def shard_layout(self) -> ShardLayout:
+        return ShardLayout(self.shard_sizes, self.shards_per_block)
+
+    @classmethod
+    def of_size(cls, num_sequences: int, key: int = 0) -> CorpusLayout:
+        """A corpus of `num_sequences` in one shard (one block: a plain shuffle), for tests and benchmarks."""
+        return cls(f"corpus{key}", "", key, (int(num_sequences),), 1, 0)

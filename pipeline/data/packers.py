@@ -230,7 +230,7 @@ class DocPackedPacker(Packer):
 
     Each document (or each `seq_len - 2`-token piece of a longer one, as in `doc` mode) is framed
     `<s> … </s>` exactly as it would be alone, so that with attention kept inside documents and
-    positions restarting at each (pipeline/pretrain/model/packed_attention.py) a packed row computes what
+    positions restarting at each (pipeline/models/architectures/packed_attention.py) a packed row computes what
     its documents would compute one by one. Pieces are placed best-fit into a bounded set of open
     rows, in stream order: deterministic, memory-bounded, and far denser than next-fit. A row also
     closes when it holds `max_docs` documents (the width of `doc_starts`).

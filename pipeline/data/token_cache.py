@@ -31,7 +31,7 @@ import numpy as np
 from pipeline.common.atomic_files import reporting_disk_full
 from pipeline.common.errors import PipelineError
 from pipeline.data.epoch_order import ShardLayout, default_shards_per_block
-from pipeline.data.shard_reader import ShardedDataset
+from pipeline.data.shards.reader import ShardedDataset
 
 
 class TokenCache:

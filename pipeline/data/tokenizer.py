@@ -177,7 +177,7 @@ TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_toke
 
 def check_tokenizer_files(folder: Path) -> None:
     """The JSON files of a tokenizer folder are bounded, UTF-8, JSON objects: else an error naming the file."""
-    from pipeline.common.size_limits import MAX_JSON_FILE_BYTES
+    from pipeline.common.config.size_limits import MAX_JSON_FILE_BYTES
 
     for name in TOKENIZER_JSON_FILES:
         path = folder / name

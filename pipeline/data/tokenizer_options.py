@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.common import size_limits as lim
+from pipeline.common.config import size_limits as lim
 from pipeline.data.corpus_types import CorpusOptions
 from pipeline.data.tokenizer import DEFAULT_VOCAB_SIZE, TokenizerKind
 

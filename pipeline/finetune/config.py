@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pipeline.common import size_limits as lim
-from pipeline.common.config_tree import refuse
+from pipeline.common.config import size_limits as lim
+from pipeline.common.config.tree import refuse
 from pipeline.common.errors import PipelineError
-from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
-from pipeline.common.precision import Precision
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.common.processes.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_layout import FinetuneLayout
-from pipeline.finetune.embedding.config import EMBEDDING_TASKS, EmbeddingConfig
-from pipeline.finetune.tasks import GLUE_TASKS, QA_TASKS, SPAN_TASKS, task_spec
-from pipeline.pretrain.config import TrackingConfig
-from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.data.tasks.catalog import GLUE_TASKS, QA_TASKS, SPAN_TASKS, task_spec
+from pipeline.finetune.families.embedding.config import EMBEDDING_TASKS, EmbeddingConfig
+from pipeline.models.precision import Precision
+from pipeline.tracking.settings import TrackingConfig
 
 
 @dataclass
@@ -92,7 +92,7 @@ class FinetuneTrainConfig:
     eval_batch_size: int = 64
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a process waits on the others (one collective, or one micro batch after the first) before it
-    decides one is dead or stuck and exits with an error (see pipeline/common/lost_rank.py)."""
+    decides one is dead or stuck and exits with an error (see pipeline/common/processes/lost_rank.py)."""
 
     def __post_init__(self):
         problems = []

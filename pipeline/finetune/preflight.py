@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.common.processes.batch_plan import batch_problem
 from pipeline.common.run_kernel import load_config
+from pipeline.data.tasks.catalog import SPAN_TASKS
 from pipeline.finetune.config import BATCH_KEYS, FinetuneConfig
-from pipeline.finetune.embedding.config import EMBEDDING_TASKS
-from pipeline.finetune.tasks import SPAN_TASKS
-from pipeline.pretrain.plan.batch_plan import batch_problem
+from pipeline.finetune.families.embedding.config import EMBEDDING_TASKS
 
 
 def load_finetune_config(path: str | Path, overrides: list[str] = (), *, world_size: int = 1,

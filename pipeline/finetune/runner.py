@@ -12,30 +12,33 @@ from __future__ import annotations
 import gc
 
 from pipeline.common.atomic_files import write_json_atomic
-from pipeline.common.lost_rank import is_lost_peer, lost_rank_error
+from pipeline.common.processes.lost_rank import is_lost_peer, lost_rank_error
 from pipeline.finetune.config import FinetuneConfig
-from pipeline.finetune.families import task_family
-from pipeline.finetune.label_curve import check_curve_task, label_curve
-from pipeline.finetune.model_card import write_finetune_cards
-from pipeline.finetune.outputs import summarize, write_best_model
-from pipeline.finetune.run_clock import RunClock, summary_line
-from pipeline.finetune.sweep import Selection, Sweep, select_setting
+from pipeline.finetune.families.registry import task_family
+from pipeline.finetune.loop.arm import RERUN_HINT, Arm, Training, open_arm
+from pipeline.finetune.loop.clock import RunClock, summary_line
+from pipeline.finetune.loop.trainer import train_or_reuse
+from pipeline.finetune.outputs.card import write_finetune_cards
+from pipeline.finetune.outputs.folders import summarize, write_best_model
+from pipeline.finetune.protocol.label_curve import check_curve_task, label_curve
+from pipeline.finetune.protocol.sweep import Selection, Sweep, select_setting
 from pipeline.finetune.task_loading import load_task
-from pipeline.finetune.trainer import train_or_reuse
-from pipeline.finetune.training import RERUN_HINT, Arm, Training, open_arm
+from pipeline.models.model_source import Exporter
 
 
 def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
-                   sweep: Sweep | None = None, labels_per_class: list[int] | None = None) -> dict:
+                   sweep: Sweep | None = None, labels_per_class: list[int] | None = None,
+                   exporter: Exporter | None = None) -> dict:
     """Fine-tune every seed not finished yet; write `metrics.json` (medians over seeds) and `best_model.json`.
 
     With a `sweep`, the setting is chosen first on the selection slice of the training split (see
     `sweep.py`), and the seeds train the chosen setting on the rest of it. With `labels_per_class`, the
-    setting is then retrained on that many examples per class (`label_curve.py`).
+    setting is then retrained on that many examples per class (`label_curve.py`). A pretraining run or checkpoint
+    as `model` is exported by `exporter` (the command hands in pretraining's).
 
     A process that loses the others (a dead or stuck process) ends with a `PipelineError` saying so.
     """
-    from pipeline.common.topology import current_topology
+    from pipeline.common.processes.topology import current_topology
 
     clock = RunClock()  # what ran before (the process, its imports, the config checks) is its start-up
     topology = current_topology()
@@ -44,7 +47,7 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
     gc.collect()
     gc.freeze()
     try:
-        return _run_finetuning(config, model, seeds, from_scratch, sweep, labels_per_class or [], clock)
+        return _run_finetuning(config, model, seeds, from_scratch, sweep, labels_per_class or [], clock, exporter)
     except Exception as err:
         if topology.world_size == 1 or not is_lost_peer(err):
             raise
@@ -55,11 +58,12 @@ def run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_sc
 
 
 def _run_finetuning(config: FinetuneConfig, model: str, seeds: list[int], from_scratch: bool,
-                    sweep: Sweep | None, labels_per_class: list[int], clock: RunClock) -> dict:
+                    sweep: Sweep | None, labels_per_class: list[int], clock: RunClock,
+                    exporter: Exporter | None) -> dict:
     data = load_task(config)  # every problem with the data surfaces here, before any model is loaded
     if labels_per_class:
         check_curve_task(data)
-    arm = open_arm(config, model, from_scratch, seeds, clock)
+    arm = open_arm(config, model, from_scratch, seeds, clock, exporter)
     if sweep is None:
         selection, training = None, Training(arm.config, data, task_family(data, arm.config.data), arm, seeds[0])
     else:

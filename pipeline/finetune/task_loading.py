@@ -6,19 +6,19 @@ model library.
 
 from __future__ import annotations
 
+from pipeline.data.tasks.catalog import QA_TASKS, TOKEN_TASKS, task_spec
+from pipeline.data.tasks.splits import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
 from pipeline.finetune.config import FinetuneConfig
-from pipeline.finetune.embedding.config import EMBEDDING_TASKS
-from pipeline.finetune.task_data import Split, TaskData, load_custom, load_glue_folder, load_hf_glue
-from pipeline.finetune.tasks import QA_TASKS, TOKEN_TASKS, task_spec
+from pipeline.finetune.families.embedding.config import EMBEDDING_TASKS
 
 
 def load_task(config: FinetuneConfig) -> TaskData:
-    from pipeline.finetune.qa_family import load_qa_task
-    from pipeline.finetune.token_family import load_token_task
+    from pipeline.finetune.families.qa.family import load_qa_task
+    from pipeline.finetune.families.token.family import load_token_task
 
     d = config.data
     if config.task in EMBEDDING_TASKS:
-        from pipeline.finetune.embedding.family import load_embedding_task
+        from pipeline.finetune.families.embedding.family import load_embedding_task
 
         return load_embedding_task(config)
     if config.task in TOKEN_TASKS:

@@ -6,7 +6,7 @@
     fill_mask_examples(enc, texts, count=3)  # three held-out lines, one word masked, the top-3 fillings
 
 The validation loss says how well the model predicts on average; a model on the unigram plateau
-(pipeline/pretrain/report/plateau.py) guesses " the" or "." everywhere and gets only the share of those
+(pretraining's `report/plateau.py`) guesses " the" or "." everywhere and gets only the share of those
 tokens right. The cloze accuracy says how often its first guess is the word, through the hub
 interface a user calls, on text the model never trained on.
 
@@ -111,7 +111,7 @@ def validation_texts(shards: str | Path, tokenizer, min_chars: int = 40, limit: 
     Each sequence is cut at its special tokens (`<s>`, `</s>`, padding), so packed rows give one
     text per document piece; pieces shorter than `min_chars` are left out.
     """
-    from pipeline.data.shard_reader import ShardedDataset
+    from pipeline.data.shards.reader import ShardedDataset
 
     data = ShardedDataset(shards, "val", cache_shards=1)
     special = np.array(sorted(set(tokenizer.all_special_ids)))

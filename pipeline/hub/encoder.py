@@ -29,10 +29,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.model_source import OFFSET_POSITION_MODELS, ModelSource, position_limit, resolve_model_source
 from pipeline.hub import span_heads
-from pipeline.hub.heads import ClassificationHead, head_of, label_names, new_head
 from pipeline.hub.pseudo_likelihood import DEFAULT_BATCH_TOKENS, Precision, pseudo_log_likelihoods
+from pipeline.models.heads import ClassificationHead, head_of, label_names, new_head
+from pipeline.models.model_source import (
+    OFFSET_POSITION_MODELS,
+    Exporter,
+    ModelSource,
+    position_limit,
+    resolve_model_source,
+)
 
 MASK = "<mask>"
 """The mask placeholder in `fill_mask` texts, whatever the tokenizer's own mask token (`[MASK]` for BERT)."""
@@ -84,14 +90,16 @@ class Encoder(nn.Module):
     # ---- loading -------------------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path_or_name: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Encoder:
-        """An export, a pretraining output folder or checkpoint, a fine-tuning output, or a hub name."""
+    def from_pretrained(cls, path_or_name: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+                        exporter: Exporter | None = None) -> Encoder:
+        """An export, a fine-tuning output, a hub name, or a pretraining output folder or checkpoint exported by
+        `exporter` (pretraining's `export_for_loading`; the commands hand it in)."""
         import transformers
         from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
         from pipeline.data.tokenizer import load_tokenizer
 
-        source = resolve_model_source(path_or_name, cache_dir=cache_dir)
+        source = resolve_model_source(path_or_name, exporter=exporter, cache_dir=cache_dir)
         tokenizer = load_tokenizer(source.path)
         config = AutoConfig.from_pretrained(source.path)
         architecture = (config.architectures or [""])[0]

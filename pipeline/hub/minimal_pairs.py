@@ -31,7 +31,7 @@ class Pair:
 
 def read_pairs(path: str | Path, group_by: str | None = None) -> list[Pair]:
     """The pairs of a JSONL file; a line that is not an object with two non-empty sentences is an error naming it."""
-    from pipeline.finetune.text_files import jsonl_records
+    from pipeline.data.tasks.text_files import jsonl_records
 
     pairs = []
     for line, record in jsonl_records(path):

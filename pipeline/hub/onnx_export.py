@@ -36,7 +36,7 @@ import torch
 
 from pipeline.common.atomic_files import write_json_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.common.output_agreement import Agreement, compare_logits
+from pipeline.models.output_agreement import Agreement, compare_logits
 
 OPSET = 18
 PARITY_LENGTH_CAP = 1024
@@ -76,7 +76,7 @@ class OnnxLayout:
 def onnx_layout(folder: str | Path) -> OnnxLayout:
     """The layout of `folder`; a folder that is not a model (or holds a head this module does not export) is a
     `PipelineError` naming it."""
-    from pipeline.finetune.embedding.encoder import sentence_folder
+    from pipeline.models.embedding_encoder import sentence_folder
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -114,7 +114,7 @@ def torch_model(layout: OnnxLayout) -> torch.nn.Module:
     """The fp32 PyTorch model the ONNX file must match, in eval mode."""
     from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    from pipeline.finetune.embedding.encoder import load_transformer
+    from pipeline.models.embedding_encoder import load_transformer
 
     if layout.kind == "sentence":
         model = load_transformer(layout.transformer)
@@ -128,7 +128,7 @@ def parity_batch(layout: OnnxLayout, tokenizer) -> dict[str, torch.Tensor]:
     """Texts of different lengths (padding) and one at the longest input the model takes (capped)."""
     from transformers import AutoConfig
 
-    from pipeline.finetune.model_source import position_limit
+    from pipeline.models.model_source import position_limit
 
     longest = min(position_limit(AutoConfig.from_pretrained(layout.transformer)), PARITY_LENGTH_CAP,
                   layout.max_seq_len or PARITY_LENGTH_CAP)
@@ -275,7 +275,7 @@ class OnnxEncoder:
         self.max_seq_len = self.layout.max_seq_len or (told if 0 < told < 1 << 20 else 512)
 
     def encode(self, texts) -> np.ndarray:
-        from pipeline.finetune.embedding.encoder import pool
+        from pipeline.models.embedding_encoder import pool
 
         order = np.argsort([len(t) for t in texts], kind="stable")
         out = None

@@ -1,33 +1,52 @@
 """Cheap probes of what the model can do, at each evaluation: the validation loss says how well it predicts on
 average, not what a checkpoint is good for (OLMo-core's in-loop evaluators; ModernBERT's `run_evals.py` does it
-after the fact). Configured under `probes` (config.py), all off by default:
+after the fact). Configured under `probes` (the pretraining config's `ProbesConfig`), all off by default:
 
 - cloze: top-1 fill accuracy at blanked tokens of validation text (pipeline/hub/cloze.py), beside the accuracy of
   always guessing the blanks' most frequent token, the plateau's;
 - minimal pairs: the share of pairs whose good sentence scores the higher pseudo-log-likelihood
   (pipeline/hub/minimal_pairs.py);
-- retrieval and STS, zero-shot, through the embedding evaluator (pipeline/finetune/embedding/evaluation.py), with
+- retrieval and STS, zero-shot, through the embedding evaluator (pipeline/hub/embedding_evaluation.py), with
   BM25's retrieval figures beside.
 
 Every rank runs the same probes on the live model (under ZeRO 3 each forward gathers the weights on all ranks) and
 rank 0 logs them, as `probe/...` metrics in metrics.jsonl and MLflow beside `eval/mlm_loss`. The files are read
 and checked before the run starts: the pretraining command hands `probe_problems` to the preflight and
-`QualityProbes` to the trainer, whose validation (pipeline/pretrain/report/validation.py) calls it, so that
-pretraining imports nothing from the layers above it.
+`QualityProbes` to the trainer, whose validation (pretraining's `report/validation.py`) calls it, so that
+pretraining imports nothing from the layers above it, and this module nothing from pretraining: it reads the
+config's `probes` section through `ProbeSettings`.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from pipeline.common.errors import PipelineError
 from pipeline.hub.minimal_pairs import accuracy, pair_scores, read_pairs
-from pipeline.pretrain.config import PretrainConfig, ProbesConfig, file_metric_name
+from pipeline.tracking.metrics import file_metric_name
 
 
-def probe_problems(config: PretrainConfig) -> list[str]:
+class ProbeSettings(Protocol):
+    """What the probes read of a config's `probes` section."""
+
+    cloze_texts: int
+    minimal_pairs: list[str]
+    retrieval: list[str]
+    sts: list[str]
+    pooling: str
+
+
+class ProbedConfig(Protocol):
+    """A config with a `probes` section: what a preflight's file check is handed."""
+
+    probes: ProbeSettings
+
+
+def probe_problems(config: ProbedConfig) -> list[str]:
     """Each of `config.probes`' files read and checked, its problem naming the key; nothing is kept (a preflight
-    file check: pipeline/pretrain/preflight.py)."""
+    file check: pretraining's preflight)."""
     probes = config.probes
     problems = []
     for kind, read in (("minimal_pairs", _read_minimal_pairs), ("retrieval", _read_embedding_files),
@@ -45,7 +64,7 @@ def _read_minimal_pairs(_kind: str, path: str):
 
 
 def _read_embedding_files(kind: str, path: str):
-    from pipeline.finetune.embedding.evaluation import read_probes  # sentence-transformers: only where asked for
+    from pipeline.hub.embedding_evaluation import read_probes  # sentence-transformers: only where asked for
 
     return read_probes(**{kind: [path]})
 
@@ -53,7 +72,7 @@ def _read_embedding_files(kind: str, path: str):
 class QualityProbes:
     """The configured probes, their files read once; `run(model)` gives their figures as metrics."""
 
-    def __init__(self, probes: ProbesConfig, tokenizer, shards: str, mask_rate: float):
+    def __init__(self, probes: ProbeSettings, tokenizer, shards: str, mask_rate: float):
         from pipeline.hub.cloze import validation_texts
 
         self.tokenizer, self.mask_rate, self.pooling = tokenizer, mask_rate, probes.pooling
@@ -65,7 +84,7 @@ class QualityProbes:
         self.embedding = None
         self.bm25: dict[str, float] = {}
         if probes.retrieval or probes.sts:
-            from pipeline.finetune.embedding.evaluation import bm25_probes, read_probes
+            from pipeline.hub.embedding_evaluation import bm25_probes, read_probes
 
             self.embedding = read_probes(retrieval=probes.retrieval, sts=probes.sts)
             self.bm25 = {f"probe/{key}": value for key, value in bm25_probes(self.embedding).items()}
@@ -85,7 +104,7 @@ class QualityProbes:
             for name, pairs in self.minimal_pairs.items():
                 metrics[f"probe/minimal_pairs/{name}"] = self._minimal_pairs(encoder, pairs)
             if self.embedding is not None:
-                from pipeline.finetune.embedding.evaluation import probe_model
+                from pipeline.hub.embedding_evaluation import probe_model
 
                 figures = probe_model(model, self.tokenizer, self.embedding, pooling=self.pooling,
                                       max_seq_len=encoder.max_positions)

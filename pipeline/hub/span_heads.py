@@ -2,14 +2,14 @@
 
 A fine-tuned `ner` / `pos` / `token-custom` model tags words and a `squad` / `qa-custom` model
 answers questions; both go through the fine-tuning predictors (`WordTagger`, `QuestionAnswerer` in
-`pipeline/finetune/span_predictors.py`), so the hub gives exactly the tags and answers that the
+`pipeline/models/spans/predictors.py`), so the hub gives exactly the tags and answers that the
 saved model gives there (same windows, same post-processing). This module only names them as heads.
 """
 
 from __future__ import annotations
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.span_predictors import QuestionAnswerer, WordTagger
+from pipeline.models.spans.predictors import QuestionAnswerer, WordTagger
 
 TAGGING = "token-classification"
 QA = "question-answering"

@@ -1,6 +1,6 @@
 """`AMPTrainer`: a mixed-precision training step for any HF model that returns a loss (MLM or classification).
 
-The engine is accelerate's, the same as fine-tuning's (`pipeline.finetune.accelerator`): bf16 or
+The engine is accelerate's, the same as fine-tuning's (`pipeline.finetune.loop.accelerator`): bf16 or
 fp16 autocast, and for fp16 a gradient scaler (its narrow exponent range underflows small
 gradients; bf16 has fp32's range and needs none). Gradients are accumulated over
 `accumulation_steps` micro batches, unscaled, clipped to `max_grad_norm`, then the optimizer and
@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.precision import PRECISIONS, Precision
-from pipeline.finetune.accelerator import build_accelerator
+from pipeline.finetune.loop.accelerator import build_accelerator
+from pipeline.models.precision import PRECISIONS, Precision
 
 
 class AMPTrainer:

@@ -157,8 +157,8 @@ def create_classification_dataloader(texts: Sequence[str] | Sequence[tuple[str, 
     """
     from transformers import DataCollatorWithPadding
 
-    from pipeline.finetune.task_data import Split
-    from pipeline.finetune.task_family import EncodedSplit
+    from pipeline.data.tasks.splits import Split
+    from pipeline.finetune.families.sequence.family import EncodedSplit
 
     tok = _tokenizer(tokenizer)
     texts = [(t,) if isinstance(t, str) else tuple(t) for t in texts]

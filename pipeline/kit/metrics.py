@@ -1,8 +1,9 @@
 """Classification metrics for notebooks: precision/recall/F1, confusion matrix, and a model-over-loader evaluation.
 
-scikit-learn counts and computes precision/recall/F1, `pipeline/finetune/confusion_figure.py` draws the confusion
-matrix, and accuracy goes through the fine-tuning metrics
-(`pipeline/finetune/metrics.py`), so a Kit evaluation and a fine-tuning run report the same number.
+scikit-learn counts and computes precision/recall/F1,
+`pipeline/finetune/families/sequence/confusion_figure.py` draws the confusion matrix, and accuracy goes through the
+fine-tuning metrics
+(`pipeline/finetune/families/metrics.py`), so a Kit evaluation and a fine-tuning run report the same number.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from pipeline.finetune.metrics import metric
+from pipeline.finetune.families.metrics import metric
 
 
 def compute_precision_recall_f1(y_true: Sequence[int], y_pred: Sequence[int],
@@ -42,7 +43,7 @@ def compute_confusion_matrix(y_true: Sequence[int], y_pred: Sequence[int], num_c
     classes = list(range(num_classes)) if num_classes else _classes(y_true, y_pred, label_names)
     matrix = confusion_matrix(y_true, y_pred, labels=classes)
     if png is not None:
-        from pipeline.finetune.confusion_figure import draw_confusion
+        from pipeline.finetune.families.sequence.confusion_figure import draw_confusion
 
         draw_confusion(png, matrix, list(label_names) if label_names else [str(c) for c in classes])
     return matrix

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import TokenizerInfo
-from pipeline.pretrain.config import ModelConfig
+from pipeline.models.architectures.config import ModelConfig
 
 # Special-token ids of the published vocabularies (roberta-base's <s> <pad> </s>; bert-base-uncased's).
 _ROBERTA_VOCAB = TokenizerInfo("roberta-base", "", 50_265, cls_id=0, sep_id=2, pad_id=1, mask_id=50_264,
@@ -77,7 +77,7 @@ def create_model_config(name: str, tokenizer=None, seq_len: int | None = None, *
     `tokenizer` (a tokenizer object or folder) sizes the vocabulary and special ids to it;
     `seq_len` sets the positions; `overrides` replace `ModelConfig` fields (e.g. `hidden_dropout_prob=0`).
     """
-    from pipeline.pretrain.model.hf_model import hf_config
+    from pipeline.models.architectures.hf_model import hf_config
 
     preset = get_preset(name)
     vocabulary = preset.vocabulary

@@ -7,18 +7,18 @@ arithmetic, this machine or files is the preflight's (preflight.py); nothing her
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pipeline.common import size_limits as lim
-from pipeline.common.config_tree import refuse
-from pipeline.common.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
-from pipeline.common.precision import Precision
+from pipeline.common.config import size_limits as lim
+from pipeline.common.config.tree import refuse, too_small
+from pipeline.common.processes.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_layout import PretrainLayout
+from pipeline.models.architectures.config import ModelConfig
+from pipeline.models.precision import Precision
 from pipeline.pretrain.deepspeed_keys import (
     deepspeed_key_problems,
     grad_scaler_problems,
@@ -26,8 +26,9 @@ from pipeline.pretrain.deepspeed_keys import (
     owned_key_problems,
 )
 from pipeline.pretrain.span_lengths import span_coverage_problem
+from pipeline.tracking.metrics import file_metric_name
+from pipeline.tracking.settings import TrackingConfig
 
-Architecture = Literal["roberta", "bert", "roberta-prelayernorm", "modernbert"]
 ZeroStage = Literal[0, 1, 2, 3]
 Decay = Literal["linear", "polynomial", "cosine", "constant", "1-sqrt"]
 SpikeGuardMode = Literal["off", "skip", "rollback"]
@@ -35,9 +36,6 @@ SpikeGuardMode = Literal["off", "skip", "rollback"]
 WSD_DECAYS = ("linear", "cosine", "1-sqrt")
 """The decays `schedule.kind: wsd` offers (pipeline/pretrain/plan/schedules.py computes them)."""
 
-MODERNBERT_KEYS = ("local_attention", "global_attn_every_n_layers", "global_rope_theta", "local_rope_theta",
-                   "classifier_pooling")
-"""ModelConfig's keys that only ModernBERT has; the other architectures refuse a value other than the default."""
 
 
 def name_problems(key: str, name: str | None, why: str) -> list[str]:
@@ -47,106 +45,6 @@ def name_problems(key: str, name: str | None, why: str) -> list[str]:
         return []
     return [f"{key}: {name!r} must start with a letter or digit and hold only letters, digits, '_', '-' and '.' "
             f"({why})"]
-
-
-def file_metric_name(path: str | Path) -> str:
-    """An evaluation file's name in its metrics (`probe/retrieval/<name>/…`, roberta-embed-eval's records): its
-    file name before the first '.'."""
-    return Path(path).name.split(".")[0]
-
-
-def too_small(prefix: str, section: object, minimum: int, *names: str) -> list[str]:
-    """`<prefix>.<name>: must be ≥ minimum, got …` for each of the section's `names` below `minimum` (None: unset)."""
-    return [f"{prefix}.{name}: must be ≥ {minimum}, got {value}" for name in names
-            if (value := getattr(section, name)) is not None and value < minimum]
-
-
-@dataclass
-class ModelConfig:
-    """The encoder; field names are transformers' own config names (RobertaConfig / BertConfig / ModernBertConfig).
-
-    modernbert maps the shared names onto ModernBertConfig's: `intermediate_size` is the GeGLU width (its
-    input projection is twice that), `hidden_act` its `hidden_activation`, `hidden_dropout_prob` its embedding
-    and MLP dropout, `attention_probs_dropout_prob` its `attention_dropout`, `layer_norm_eps` its `norm_eps`.
-    """
-
-    architecture: Architecture = "roberta"
-    init_from: str | None = None
-    """Start from these weights (a hub name such as `roberta-base`, or an export folder) instead of random."""
-    num_hidden_layers: int = 12
-    hidden_size: int = 768
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    layer_norm_eps: float = 1e-5
-    initializer_range: float = 0.02
-    type_vocab_size: int | None = None
-    """Segment vocabulary: None means 1 for RoBERTa, 2 for BERT."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
-    """transformers' attention kernel; doc-packed rows work with each (flex_attention: a BlockMask, no flash-attn)."""
-    next_sentence_loss: bool = True
-    """bert only: add the next-sentence-prediction loss (false: MLM alone on the same pairs data, RoBERTa §4.2)."""
-    local_attention: int = 128
-    """modernbert only: the sliding window of its local layers, in tokens (each token sees half of it either side)."""
-    global_attn_every_n_layers: int = 3
-    """modernbert only: every Nth layer (the first, then every N) attends globally, the others locally."""
-    global_rope_theta: float = 160_000.0
-    """modernbert only: the rotary base of the global layers."""
-    local_rope_theta: float = 10_000.0
-    """modernbert only: the rotary base of the local (sliding-window) layers."""
-    classifier_pooling: Literal["cls", "mean"] = "mean"
-    """modernbert only: what a sequence classifier fine-tuned from the export pools, the first token or the mean of
-    the real tokens. Saved in the export's config, so fine-tuning and the hub follow it. `mean`: MLM never trains
-    the first token's output, and a small, briefly pretrained model's `cls` feature then barely depends on the
-    input (docs/benchmarks.md, pretraining gain)."""
-
-    def __post_init__(self):
-        # ≥ 1, and below size_limits' bounds: a typo must not allocate absurd memory.
-        problems = lim.bound_problems([(f"model.{name}", getattr(self, name), limit) for name, limit in (
-            ("num_hidden_layers", lim.MAX_LAYERS), ("num_attention_heads", lim.MAX_LAYERS),
-            ("hidden_size", lim.MAX_MODEL_WIDTH), ("intermediate_size", lim.MAX_MODEL_WIDTH))])
-        problems += lim.bound_problems([("model.type_vocab_size", self.type_vocab_size, lim.MAX_VOCAB)], minimum=0)
-        add = problems.append
-        if self.num_attention_heads >= 1 and self.hidden_size % self.num_attention_heads:
-            add(f"model.hidden_size {self.hidden_size} is not divisible by model.num_attention_heads "
-                f"{self.num_attention_heads}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0 <= getattr(self, name) < 1:
-                add(f"model.{name}: must be in [0, 1), got {getattr(self, name)}")
-        if self.architecture == "bert" and self.type_vocab_size is not None and self.type_vocab_size < 2:
-            add(f"model.type_vocab_size: BERT's next-sentence task needs 2 segments, got {self.type_vocab_size}")
-        if self.architecture != "bert" and not self.next_sentence_loss:
-            add(f"model.next_sentence_loss: false applies to model.architecture bert only ({self.architecture} has "
-                "no next-sentence head); leave it out")
-        if self.attn_implementation == "flex_attention" and self.attention_probs_dropout_prob:
-            # transformers' flex path raises at the first training step: FlexAttention has no attention dropout.
-            add(f"model.attention_probs_dropout_prob: flex_attention has no attention dropout, got "
-                f"{self.attention_probs_dropout_prob}; set it to 0 (ModernBERT's own default) or use another "
-                "model.attn_implementation")
-        refuse(self, problems + self._modernbert_problems())
-
-    def _modernbert_problems(self) -> list[str]:
-        """ModernBERT's own keys: in range for modernbert, left at their defaults (unused) for the others."""
-        if self.architecture != "modernbert":
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            return [f"model.{key}: applies to model.architecture modernbert only ({self.architecture} has no such "
-                    "setting); leave it out" for key in MODERNBERT_KEYS if getattr(self, key) != defaults[key]]
-        problems = too_small("model", self, 1, "global_attn_every_n_layers")  # 1: every layer global
-        if self.local_attention < 2 or self.local_attention % 2:
-            problems.append(f"model.local_attention: the window must be an even number ≥ 2 of tokens (half on "
-                            f"each side), got {self.local_attention}")
-        for key in ("global_rope_theta", "local_rope_theta"):
-            if getattr(self, key) <= 1:
-                problems.append(f"model.{key}: a rotary base must be > 1, got {getattr(self, key)}")
-        if self.type_vocab_size is not None:
-            problems.append("model.type_vocab_size: modernbert has no segment embeddings; leave it out")
-        heads, width = self.num_attention_heads, self.hidden_size
-        if heads >= 1 and width % heads == 0 and (width // heads) % 2:
-            problems.append(f"model.hidden_size / model.num_attention_heads = {width // heads}: rotary positions "
-                            "need an even head size")
-        return problems
 
 
 @dataclass
@@ -511,23 +409,6 @@ class CheckpointConfig:
     def __post_init__(self):
         refuse(self, too_small("checkpoint", self, 1, "every", "keep_last")
                + too_small("checkpoint", self, 0, "keep_set_aside"))
-
-
-@dataclass
-class TrackingConfig:
-    enabled: bool = True
-    uri: str | None = None
-    """MLflow tracking URI; None: $MLFLOW_TRACKING_URI, else `sqlite:///mlflow.db` in the working directory."""
-    experiment: str = "pretrain"
-    run_name: str | None = None
-    flush_seconds: float = 10.0
-    """Seconds between waits for MLflow's background logging (also at evals, checkpoints, the end)."""
-    registered_model: str | None = None
-    """Also register the run's model (the export; each fine-tuning seed's saved model) under this registry name."""
-
-    def __post_init__(self):
-        if not self.experiment:
-            refuse(self, ["tracking.experiment: must not be empty"])
 
 
 @dataclass

@@ -17,21 +17,20 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.common.config_tree import ConfigError, SectionProblems
+from pipeline.common.config.tree import ConfigError, SectionProblems
 from pipeline.common.errors import PipelineError
+from pipeline.common.processes.batch_plan import batch_problem, ramp_problems
 from pipeline.common.run_kernel import load_config
-from pipeline.data.epoch_order import default_shards_per_block
+from pipeline.data.epoch_order import CorpusLayout, default_shards_per_block
 from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_tokenizer
+from pipeline.pretrain.checkpoints.ledger import Ledger, read_ledger
 from pipeline.pretrain.checkpoints.policy import find_start
+from pipeline.pretrain.checkpoints.record import StartPoint
 from pipeline.pretrain.config import PretrainConfig, named_corpora
-from pipeline.pretrain.model.compile_blocks import inductor_problem
-from pipeline.pretrain.plan.batch_plan import batch_problem, ramp_problems
-from pipeline.pretrain.plan.ledger import Ledger, read_ledger
 from pipeline.pretrain.plan.phases import resolve_phases
-from pipeline.pretrain.plan.record import StartPoint
 from pipeline.pretrain.plan.run_plan import PlanError, RunPlan, build_plan
 from pipeline.pretrain.plan.schedules import wsd_decay_steps
-from pipeline.pretrain.plan.stream import CorpusLayout
+from pipeline.pretrain.step.compile_blocks import inductor_problem
 
 FileChecks = Sequence[Callable[[PretrainConfig], list[str]]]
 """More files to check with the rest, each check's problems naming their key."""
@@ -204,7 +203,7 @@ def data_groups(config: PretrainConfig) -> list[tuple[str, str | list, int | Non
 
 def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
     """Each shard folder's index.json, read and checked (data/shard_index.py); the problems and the indexes."""
-    from pipeline.data.shard_index import load_index
+    from pipeline.data.shards.index import load_index
 
     indexes, problems = {}, []
     for key, shards, *_ in data_groups(config):
@@ -283,7 +282,7 @@ def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len
     from transformers import AutoConfig
 
     from pipeline.common.hub_names import local_or_hub
-    from pipeline.pretrain.model.hf_model import first_position_id
+    from pipeline.models.architectures.hf_model import first_position_id
 
     source = config.model.init_from
     try:
@@ -304,7 +303,7 @@ def init_from_problems(config: PretrainConfig, tokenizer: TokenizerInfo, seq_len
     if hf.pad_token_id is not None and hf.pad_token_id != tokenizer.pad_id:
         problems.append(f"model.init_from {source}: its pad id is {hf.pad_token_id}, data.tokenizer's is "
                         f"{tokenizer.pad_id}; the special ids must agree")
-    # RoBERTa numbers positions from pad_id + 1 (see pipeline/pretrain/model/hf_model.py hf_config).
+    # RoBERTa numbers positions from pad_id + 1 (see pipeline/models/architectures/hf_model.py hf_config).
     needed = seq_len + first_position_id(config.model.architecture, tokenizer.pad_id)
     if hf.max_position_embeddings < needed:
         problems.append(f"model.init_from {source}: has {hf.max_position_embeddings} position embeddings, the "

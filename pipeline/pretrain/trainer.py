@@ -17,22 +17,22 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.common.lost_rank import StepWatchdog, is_lost_peer, lost_rank_error
+from pipeline.common.processes.lost_rank import StepWatchdog, is_lost_peer, lost_rank_error
+from pipeline.common.processes.stop_signal import StopRequest
+from pipeline.common.processes.topology import Topology, init_process_group
 from pipeline.common.run_kernel import seed_everything
-from pipeline.common.stop_signal import StopRequest
-from pipeline.common.topology import Topology, init_process_group
 from pipeline.data.epoch_order import splitmix64
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+from pipeline.models.architectures.hf_model import build_model, use_rope_thetas
 from pipeline.pretrain.batches.stretch_data import PretrainData, real_tokens, shut_down_workers
 from pipeline.pretrain.checkpoints.policy import Checkpointer
-from pipeline.pretrain.model.hf_model import build_model, use_phase_rope
+from pipeline.pretrain.guard.spike_guard import Drill, SpikeGuard, level_of
+from pipeline.pretrain.guard.spike_response import SpikeResponse
 from pipeline.pretrain.plan.run_plan import RunPlan
 from pipeline.pretrain.plan.schedules import restore_step
 from pipeline.pretrain.report.run_log import RunLog
 from pipeline.pretrain.report.validation import Validation
-from pipeline.pretrain.spike_response import SpikeResponse
 from pipeline.pretrain.step.engine import initialize_engine, set_batch_plan
-from pipeline.pretrain.step.spike_guard import Drill, SpikeGuard, level_of
 from pipeline.pretrain.step.step_sync import StepSync
 from pipeline.tracking.model_store import record_in_model_store, shard_dataset
 
@@ -148,7 +148,8 @@ class Pretrainer:
         shut_down_workers(batches)  # the previous loader's workers stop here, not at interpreter exit
         self.data = PretrainData.for_stretch(stretch, batch, run=plan, tokenizer=self.tokenizer, info=self.info)
         batches = self.data.loader(rank=self.topology.rank, start_step=self.step)
-        use_phase_rope(self.engine.module, stretch.phase, self.log.say)
+        use_rope_thetas(self.engine.module, stretch.phase.global_rope_theta, stretch.phase.local_rope_theta,
+                        self.log.say)
         set_batch_plan(self.engine, self.data.plan)
         if self.guard.enter(level_of(stretch, self.config)):
             self.log.say(f"step {self.step}: the spike guard's window starts again (the phase, mix or recipe changed); "

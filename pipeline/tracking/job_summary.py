@@ -11,8 +11,8 @@ import json
 import shlex
 from pathlib import Path
 
+from pipeline.common.config.shipped_configs import documented_path, find_config
 from pipeline.common.run_layout import MAIN_JOB_RECIPE, MainJobLayout
-from pipeline.common.shipped_configs import documented_path, find_config
 from pipeline.tracking.finetune_report import read_json
 from pipeline.tracking.task_report import minimal_pairs_line, search_line, task_arms, task_findings, task_rows
 

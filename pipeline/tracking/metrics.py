@@ -128,3 +128,9 @@ class FanOut(MetricsSink):
     def close(self, status="FINISHED"):
         for s in self.sinks:
             s.close(status)
+
+
+def file_metric_name(path: str | Path) -> str:
+    """An evaluation file's name in its metrics (`probe/retrieval/<name>/…`, roberta-embed-eval's records): its
+    file name before the first '.'."""
+    return Path(path).name.split(".")[0]

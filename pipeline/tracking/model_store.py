@@ -116,7 +116,7 @@ class DatasetRecord:
 
 def shard_dataset(folder: str | Path, context: str = "training") -> DatasetRecord:
     """A shard folder, fingerprinted by its `index.json` (which lists every shard's checksum)."""
-    from pipeline.data.shard_index import INDEX_NAME, load_index
+    from pipeline.data.shards.index import INDEX_NAME, load_index
 
     folder = Path(folder).resolve()
     load_index(folder)  # a folder without a committed index is not a dataset yet

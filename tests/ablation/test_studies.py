@@ -11,7 +11,7 @@ from helpers import ROOT, run_script
 from pipeline.ablation.plan import plan_study
 from pipeline.ablation.results import ArmResult, TaskScore, direction_checks, results_csv, results_markdown
 from pipeline.ablation.studies import STUDIES, builtin_study, load_study
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
 from pipeline.common.errors import PipelineError
 
 TINY = str(ROOT / "configs" / "tiny.json")  # global batch 32, micro 16, lr 1e-3
@@ -49,8 +49,8 @@ def test_builtin_studies_compare_what_the_paper_compared():
 def test_the_architecture_study_matches_parameters_with_a_narrower_geglu():
     """GeGLU has three matrices to GELU's two: at 2/3 the width the arms' counts come out close."""
     from pipeline.data.tokenizer import TokenizerInfo
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import build_model
 
     study = builtin_study("architecture", 32, 1e-3, intermediate_size=512)
     assert [a.name for a in study.arms] == ["roberta", "roberta-prelayernorm", "modernbert"]

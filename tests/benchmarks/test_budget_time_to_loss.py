@@ -119,7 +119,7 @@ def test_hf_same_follows_the_budget_configs_recipe():
 
 @pytest.mark.parametrize("architecture", ["roberta-prelayernorm", "modernbert"])
 def test_both_hf_recipes_build_the_budget_models_class_and_shape_and_run_mlm_keeps_the_class_dropout(architecture):
-    from pipeline.pretrain.model.hf_model import EXPORT_CLASSES, hf_config
+    from pipeline.models.architectures.hf_model import EXPORT_CLASSES, hf_config
 
     extra = ["model.architecture=modernbert", "model.intermediate_size=341"] if architecture == "modernbert" else []
     config = budget_config(*extra, "model.hidden_dropout_prob=0.05")

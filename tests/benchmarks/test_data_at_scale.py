@@ -17,8 +17,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import data_at_scale as bench  # noqa: E402
 
-from pipeline.data.shard_index import verify_folder  # noqa: E402
-from pipeline.data.shard_reader import ShardedDataset  # noqa: E402
+from pipeline.data.shards.index import verify_folder  # noqa: E402
+from pipeline.data.shards.reader import ShardedDataset  # noqa: E402
 
 
 def test_a_synthetic_folder_is_committed_and_verifies_like_one_shard_py_made(tmp_path, bpe_tokenizer_dir):

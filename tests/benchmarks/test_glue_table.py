@@ -77,7 +77,7 @@ def test_the_table_shows_each_finished_cell_with_its_spread_and_marks_the_rest_n
 
 
 def test_the_training_sample_is_spread_over_an_ordered_file_and_dev_is_untouched(tmp_path):
-    from pipeline.finetune.tasks import GLUE_FOLDERS, task_spec
+    from pipeline.data.tasks.catalog import GLUE_FOLDERS, task_spec
 
     glue = tmp_path / "glue"
     for task in TASKS:

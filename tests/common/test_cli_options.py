@@ -12,8 +12,8 @@ from typing import Literal
 import pytest
 from helpers import ROOT, run_script
 
-from pipeline.common.cli_options import add_options, cli_options, options_from_namespace
-from pipeline.data.shard_options import ShardOptions
+from pipeline.common.config.cli_options import add_options, cli_options, options_from_namespace
+from pipeline.data.shards.options import ShardOptions
 from pipeline.data.tokenizer_options import TokenizerOptions
 
 

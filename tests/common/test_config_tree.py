@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pipeline.common.config_tree import SectionProblems, build_config, build_tree, refuse, to_dict
+from pipeline.common.config.tree import SectionProblems, build_config, build_tree, refuse, to_dict
 
 
 @dataclass

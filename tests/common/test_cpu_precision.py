@@ -6,7 +6,7 @@ import json
 
 from helpers import run_script
 
-from pipeline.common.cpu_precision import bf16_cpu_warning, cpu_flags, native_bf16
+from pipeline.models.precision import bf16_cpu_warning, cpu_flags, native_bf16
 
 AVX2_ONLY = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n"
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"

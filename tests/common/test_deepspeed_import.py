@@ -13,7 +13,7 @@ from helpers import ROOT
 PROBE = """
 import os, sys
 import torch
-from pipeline.common.topology import init_process_group, prepare_environment
+from pipeline.common.processes.topology import init_process_group, prepare_environment
 topology = prepare_environment()
 assert "deepspeed" in sys.modules, "prepare_environment imports deepspeed"
 assert "mlflow" not in sys.modules, "deepspeed brought mlflow in"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.common.fingerprints import describe_differences
+from pipeline.models.fingerprints import describe_differences
 
 
 def test_each_differing_key_is_named_with_both_values():

@@ -27,7 +27,7 @@ from pipeline.common.errors import PipelineError
 
 
 def shard_options(corpus, tokenizer, out):
-    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shards.options import ShardOptions
 
     # The same options as the `roberta_shards` fixture: a finished rerun must give its shards exactly.
     return ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=64, out=str(out), workers=1,
@@ -36,8 +36,8 @@ def shard_options(corpus, tokenizer, out):
 
 def test_shards_a_full_disk_names_the_shard_keeps_the_written_ones_and_a_rerun_resumes(
         tmp_path, monkeypatch, corpus_jsonl, bpe_tokenizer_dir, roberta_shards):
-    from pipeline.data.shard_index import load_index, verify_folder
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.index import load_index, verify_folder
+    from pipeline.data.shards.stage import run_shard_stage
 
     out = tmp_path / "shards"
     total = sum(p.stat().st_size for p in roberta_shards.rglob("*") if p.is_file())
@@ -102,7 +102,7 @@ def test_fine_tuned_model_a_full_disk_keeps_the_saved_model_and_a_rerun_saves(tm
                                                                               bpe_tokenizer_dir):
     from transformers import AutoModelForSequenceClassification
 
-    from pipeline.finetune.outputs import save_model
+    from pipeline.finetune.outputs.folders import save_model
 
     model, tokenizer = tiny_model_and_tokenizer(bpe_tokenizer_dir)
     folder = tmp_path / "seed_1" / "model"
@@ -123,7 +123,7 @@ def test_fine_tuned_model_a_full_disk_keeps_the_saved_model_and_a_rerun_saves(tm
 @pytest.mark.usefixtures("world_of_one")
 def test_a_real_full_file_system(tmp_path, bpe_tokenizer_dir):
     """The same outcomes on a real 1 MiB tmpfs, where torch.save and safetensors meet a real ENOSPC."""
-    from pipeline.finetune.outputs import save_model
+    from pipeline.finetune.outputs.folders import save_model
     from pipeline.pretrain.checkpoints import storage as checkpoints
     mount = tmp_path / "small"
     with small_filesystem(mount, "1m") as mounted:

@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import ROOT
 
-from pipeline.common import topology
+from pipeline.common.processes import topology
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 
 from helpers import ROOT
 
-from pipeline.common.lost_rank import LOST_RANK_EXIT_CODE, is_lost_peer, lost_rank_error
+from pipeline.common.processes.lost_rank import LOST_RANK_EXIT_CODE, is_lost_peer, lost_rank_error
 
 GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
               "[127.0.0.1]:23742: Connection reset by peer. This is typically caused by a remote worker hanging or "
@@ -37,7 +37,7 @@ def test_the_message_names_the_rank_the_step_the_timeout_and_the_resume_point():
 def test_the_watchdog_ends_a_rank_blocked_past_its_timeout():
     script = textwrap.dedent("""
         import time
-        from pipeline.common.lost_rank import RankWatchdog
+        from pipeline.common.processes.lost_rank import RankWatchdog
         dog = RankWatchdog(0.5, lambda where: f"blocked {where}", poll_s=0.05)
         with dog.guard("at step 1"):
             pass  # a step in time

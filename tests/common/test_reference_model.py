@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.common import reference_model
 from pipeline.common.errors import PipelineError
+from pipeline.models import reference_model
 
 
 def test_the_folder_inside_the_installed_package_is_found(tmp_path, monkeypatch):

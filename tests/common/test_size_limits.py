@@ -15,8 +15,8 @@ from helpers import ROOT, tiny_pretrain_config
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.common import size_limits as lim
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config import size_limits as lim
+from pipeline.common.config.tree import ConfigError
 
 PRETRAIN_KEYS = {  # --set key → its bound
     "train.micro_batch_size": lim.MAX_MICRO_BATCH, "train.global_batch_size": lim.MAX_GLOBAL_BATCH,
@@ -100,7 +100,7 @@ def test_absurd_fine_tuning_sizes_are_refused_at_load(key, data):
 @GENERATED
 @given(which=st.sampled_from(["--seq-len", "--shard-size", "--vocab-size", "--model-max-length"]), data=st.data())
 def test_absurd_shard_and_tokenizer_options_are_refused(which, data):
-    from pipeline.data.shard_options import ShardOptions
+    from pipeline.data.shards.options import ShardOptions
     from pipeline.data.tokenizer_options import TokenizerOptions
 
     count("config values allocating absurd memory")

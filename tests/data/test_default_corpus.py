@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import run_script
 
-from pipeline.data.default_corpus import iter_docstring_records, iter_topic_records
+from pipeline.data.makers.default_corpus import iter_docstring_records, iter_topic_records
 
 
 def test_documentation_topics_and_docstrings_are_both_present_and_substantial():

@@ -15,13 +15,13 @@ import pytest
 from helpers import WORDS
 
 from pipeline.common.errors import PipelineError
-from pipeline.data import shard_stage
-from pipeline.data.document_origins import DocumentOrigin, OriginReader
 from pipeline.data.packers import PACKERS
-from pipeline.data.shard_index import INDEX_NAME, load_index, verify_folder
-from pipeline.data.shard_options import ShardOptions
-from pipeline.data.shard_reader import ShardedDataset
-from pipeline.data.shard_stage import run_shard_stage
+from pipeline.data.shards import stage as shard_stage
+from pipeline.data.shards.index import INDEX_NAME, load_index, verify_folder
+from pipeline.data.shards.options import ShardOptions
+from pipeline.data.shards.origins import DocumentOrigin, OriginReader
+from pipeline.data.shards.reader import ShardedDataset
+from pipeline.data.shards.stage import run_shard_stage
 from pipeline.data.token_cache import TokenCache
 
 SPLITS = ("train", "val")
@@ -243,8 +243,8 @@ def test_a_resumed_stage_writes_the_same_origins_as_an_uninterrupted_one(tmp_pat
 
 def test_a_resume_snapshot_made_before_origins_is_not_resumed_but_started_afresh(tmp_path, bpe_tokenizer_dir,
                                                                                monkeypatch):
-    from pipeline.data.shard_format import decode, encode
-    from pipeline.data.shard_index import resume_path
+    from pipeline.data.shards.format import decode, encode
+    from pipeline.data.shards.index import resume_path
 
     corpus = write_jsonl_corpus(tmp_path / "c.jsonl", 1500)
     shard([corpus], bpe_tokenizer_dir, tmp_path / "whole", shard_size=8)

@@ -7,9 +7,9 @@ import pytest
 from helpers import decode_documents, make_documents, write_jsonl
 from tokenizers import Tokenizer
 
-from pipeline.data.exact_dedup import NO_TEXT, drop_mask, normalised_hash
-from pipeline.data.shard_options import ShardOptions
-from pipeline.data.shard_stage import run_shard_stage
+from pipeline.data.shards.exact_dedup import NO_TEXT, drop_mask, normalised_hash
+from pipeline.data.shards.options import ShardOptions
+from pipeline.data.shards.stage import run_shard_stage
 
 
 def shard(inputs: tuple[str, ...], tokenizer, out, **overrides) -> dict:
@@ -76,7 +76,7 @@ def test_ranks_drop_the_same_documents_as_one_process_whichever_runs_first(tmp_p
 
 def test_an_array_job_hashes_every_part_first_and_the_ranks_reuse_those_hashes(tmp_path, duplicated_corpus,
                                                                                 bpe_tokenizer_dir):
-    from pipeline.data.shard_stage import run_hash_pass
+    from pipeline.data.shards.stage import run_hash_pass
 
     inputs = tuple(map(str, duplicated_corpus["files"]))
     options = dict(inputs=inputs, tokenizer=str(bpe_tokenizer_dir), seq_len=512, out=str(tmp_path / "s"), pack="doc",

@@ -24,11 +24,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.common.atomic_files import sha256_bytes
+from pipeline.common.config.size_limits import MAX_SHARD_BYTES
 from pipeline.common.errors import PipelineError
-from pipeline.common.size_limits import MAX_SHARD_BYTES
-from pipeline.data.shard_format import FORMAT_VERSION, ShardFormatError, decode, encode
-from pipeline.data.shard_index import INDEX_NAME, load_index, shard_byte_bound, verify_folder
-from pipeline.data.shard_reader import ShardedDataset
+from pipeline.data.shards.format import FORMAT_VERSION, ShardFormatError, decode, encode
+from pipeline.data.shards.index import INDEX_NAME, load_index, shard_byte_bound, verify_folder
+from pipeline.data.shards.reader import ShardedDataset
 
 SEQ_LEN = 16
 SLACK = 4 << 20  # the readers' own bookkeeping (index, small arrays) on top of the shard bound

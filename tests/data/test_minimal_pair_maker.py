@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from helpers import write_jsonl
 
-from pipeline.commands.make_minimal_pairs import main
-from pipeline.data.minimal_pair_maker import make_pair, make_pairs, sentences_of
+from pipeline.commands.make.minimal_pairs import main
+from pipeline.data.makers.minimal_pairs import make_pair, make_pairs, sentences_of
 
 TEXT = ("The model is quiet. The tokens are seven in a batch. An encoder has read this document. "
         "These rivers were long and orange. Call f(x) = 3 here. Short one.")
@@ -70,7 +70,7 @@ def test_the_module_writes_pairs_from_the_held_out_documents_only(tmp_path, caps
     corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
     main(["--input", str(corpus), "--out", str(tmp_path / "all.jsonl"), "--held-out-fraction", "1"])
     main(["--input", str(corpus), "--out", str(tmp_path / "held.jsonl"), "--held-out-fraction", "0.1"])
-    from pipeline.data.tokenize_worker import val_score
+    from pipeline.data.shards.tokenize_worker import val_score
 
     held = [json.loads(line) for line in (tmp_path / "held.jsonl").read_text().splitlines()]
     every = [json.loads(line) for line in (tmp_path / "all.jsonl").read_text().splitlines()]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.common.atomic_files import write_atomic
-from pipeline.data.shard_format import ShardFormatError, decode, encode
+from pipeline.data.shards.format import ShardFormatError, decode, encode
 
 
 def sample_arrays():

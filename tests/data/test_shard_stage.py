@@ -19,11 +19,11 @@ from helpers import PYTHON, ROOT, decode_documents, make_documents, run_script, 
 from transformers import AutoTokenizer
 
 from pipeline.common.errors import PipelineError
-from pipeline.data.shard_index import verify_folder
-from pipeline.data.shard_options import ShardOptions
-from pipeline.data.shard_reader import ShardedDataset
-from pipeline.data.shard_stage import run_shard_stage
-from pipeline.data.tokenize_worker import val_score
+from pipeline.data.shards.index import verify_folder
+from pipeline.data.shards.options import ShardOptions
+from pipeline.data.shards.reader import ShardedDataset
+from pipeline.data.shards.stage import run_shard_stage
+from pipeline.data.shards.tokenize_worker import val_score
 
 
 def shard(corpus, tokenizer, out, **overrides) -> dict:
@@ -252,7 +252,7 @@ def test_shards_made_with_default_options_are_accepted_by_pretraining(tmp_path, 
 
 def test_a_corpus_too_small_for_a_validation_split_is_warned_about_and_pretraining_names_the_fix(
         tmp_path, bpe_tokenizer_dir):
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
     from pipeline.pretrain.preflight import load_pretrain_config
 
     corpus = write_jsonl(tmp_path / "small.jsonl", make_documents(12, seed=5))

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 
 from pipeline.common.errors import PipelineError
-from pipeline.data.shard_index import load_index
-from pipeline.data.shard_reader import ShardedDataset
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.data.epoch_order import CorpusLayout
+from pipeline.data.shards.index import load_index
+from pipeline.data.shards.reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batches.masked_slots import dense_labels
 from pipeline.pretrain.batches.stretch_data import MaskedBatches, RankKeys, train_loader
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.masking import Masker
-from pipeline.pretrain.plan.stream import CorpusLayout, DataStream
+from pipeline.pretrain.plan.stream import DataStream
 
 
 @pytest.fixture

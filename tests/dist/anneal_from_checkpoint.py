@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.common.topology import prepare_environment  # noqa: E402
+from pipeline.common.processes.topology import prepare_environment  # noqa: E402
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
     args = p.parse_args()
     topology = prepare_environment()
 
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
     from pipeline.common.run_layout import PretrainLayout
     from pipeline.pretrain.checkpoints import storage as checkpoints
     from pipeline.pretrain.batches.masked_slots import dense_labels

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from long_run_operations import sequence_digests  # noqa: E402
 
-from pipeline.common.topology import prepare_environment  # noqa: E402
+from pipeline.common.processes.topology import prepare_environment  # noqa: E402
 
 FACTOR = 1e4
 
@@ -81,7 +81,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from pipeline.pretrain.preflight import prepare_run
-    from pipeline.pretrain.spike_response import GiveUp
+    from pipeline.pretrain.guard.spike_response import GiveUp
     from pipeline.pretrain.trainer import Pretrainer
 
     root = Path(args.out_root)
@@ -122,7 +122,7 @@ def main() -> None:
     run("skip", "train.spike_guard=skip", "train.inject_spike=10:1e4", watched={9, 10})
     rollback = ("train.spike_guard=rollback", "guard.rollback_after=1")
     if topology.rank == 1:  # this rank sees no checkpoint: only rank 0's view may decide
-        import pipeline.pretrain.spike_response as response
+        import pipeline.pretrain.guard.spike_response as response
 
         seen, response.complete_checkpoints = response.complete_checkpoints, lambda root: []
     run("rollback", *rollback, "guard.max_rollbacks=2", spikes={10, 14, 15})

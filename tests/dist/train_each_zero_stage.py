@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.common.topology import prepare_environment  # noqa: E402
+from pipeline.common.processes.topology import prepare_environment  # noqa: E402
 
 
 def main() -> None:

@@ -65,8 +65,8 @@ def tokenizer_info():
 
 def build_hf_config():
     """The transformers config of the run's model (RoBERTa, 2 layers, hidden 64, no dropout)."""
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.hf_model import hf_config
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import hf_config
 
     return hf_config(ModelConfig(**TINY), tokenizer_info(), SEQ_LEN)
 
@@ -97,14 +97,14 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--local_rank", type=int, default=None)
     args = p.parse_args()
-    from pipeline.common.topology import prepare_environment
+    from pipeline.common.processes.topology import prepare_environment
 
     topology = prepare_environment()
     import torch.distributed as dist
 
     from pipeline.pretrain.step.engine import initialize_engine
-    from pipeline.pretrain.step.spike_guard import SpikeGuard
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.guard.spike_guard import SpikeGuard
+    from pipeline.models.architectures.hf_model import build_model
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.preflight import arithmetic_problems
     from pipeline.pretrain.plan.schedules import lr_schedule

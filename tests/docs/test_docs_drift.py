@@ -64,7 +64,7 @@ from doc_pages import (
 )
 
 from pipeline.ablation.studies import Study, study_problems
-from pipeline.common.config_tree import apply_overrides, build_config, build_tree
+from pipeline.common.config.tree import apply_overrides, build_config, build_tree
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.pretrain.config import PretrainConfig
 

@@ -11,7 +11,7 @@ PROBE = """
 import sys
 import torch
 import torch.distributed as dist
-from pipeline.finetune.accelerator import bare_model, build_accelerator
+from pipeline.finetune.loop.accelerator import bare_model, build_accelerator
 
 model = torch.nn.Linear(2, 2)
 prepared = build_accelerator("fp32", cpu=True).prepare(model)

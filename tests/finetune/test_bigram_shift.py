@@ -14,16 +14,16 @@ import pytest
 from helpers import WORDS
 
 from pipeline.common.errors import PipelineError
-from pipeline.data.tokenize_worker import val_score
-from pipeline.finetune.bigram_shift import (
+from pipeline.data.makers.bigram_shift import (
     bigram_shift_examples,
     held_out_sentences,
     sentences_of,
     swappable,
     write_bigram_shift_task,
 )
-from pipeline.finetune.task_data import load_custom
-from pipeline.finetune.token_baseline import token_count_baseline
+from pipeline.data.shards.tokenize_worker import val_score
+from pipeline.data.tasks.splits import load_custom
+from pipeline.finetune.families.sequence.token_baseline import token_count_baseline
 
 
 def random_sentences(n: int, seed: int) -> list[list[str]]:
@@ -149,9 +149,9 @@ def test_the_baseline_command_reads_the_task_as_fine_tuning_does(shift_task, tmp
 
 
 def test_the_baseline_refuses_a_token_task():
-    from pipeline.finetune.task_data import TaskData
-    from pipeline.finetune.tasks import TaskSpec
-    from pipeline.finetune.token_data import TaggedSplit
+    from pipeline.data.tasks.catalog import TaskSpec
+    from pipeline.data.tasks.splits import TaskData
+    from pipeline.data.tasks.token_files import TaggedSplit
 
     spec = TaskSpec("ner", ("tokens",), "tags", ("O", "B-LOC"), ("f1",))
     split = TaggedSplit("ner.conll", [["a"]], [["O"]], [1])

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 from PIL import Image
 
-from pipeline.finetune.confusion_figure import CELL, draw_confusion, viridis
+from pipeline.finetune.families.sequence.confusion_figure import CELL, draw_confusion, viridis
 
 
 def cell_colours(png, counts: np.ndarray) -> dict[tuple[int, int], tuple[int, int, int]]:
@@ -46,7 +46,7 @@ def test_long_class_names_widen_the_figure_and_every_size_of_matrix_draws(tmp_pa
 
 def test_drawing_does_not_import_matplotlib(tmp_path):
     code = ("import sys, numpy as np\n"
-            "from pipeline.finetune.confusion_figure import draw_confusion\n"
+            "from pipeline.finetune.families.sequence.confusion_figure import draw_confusion\n"
             f"draw_confusion({str(tmp_path / 'cm.png')!r}, np.array([[1, 2], [3, 4]]), ['x', 'y'], 't')\n"
             "print('matplotlib' in sys.modules)")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.finetune.metrics import metric
+from pipeline.finetune.families.metrics import metric
 
 
 def sklearn_metric(name: str, predictions, labels) -> float:

@@ -18,7 +18,7 @@ import pytest
 from helpers import PYTHON, ROOT, WORDS
 from model_folders import save_export
 
-from pipeline.common.topology import free_port
+from pipeline.common.processes.topology import free_port
 
 pytestmark = pytest.mark.slow  # two accelerate launches of 2 processes
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.embedding.records import (
+from pipeline.data.tasks.embedding_records import (
     count_truncated,
     read_labelled_pairs,
     read_pairs,

@@ -10,7 +10,7 @@ from helpers import make_documents
 from model_folders import save_export, save_pretraining_run
 
 from pipeline.commands.embed_eval import main as embed_eval
-from pipeline.finetune.embedding.evaluation import probe_model, read_probes, score_probes
+from pipeline.hub.embedding_evaluation import probe_model, read_probes, score_probes
 
 
 def write(path, rows):
@@ -37,7 +37,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sentence_folder(tmp_path_factory, wordpiece_tokenizer_dir):
-    from pipeline.finetune.embedding.sentence_folder import build_sentence_model
+    from pipeline.finetune.families.embedding.sentence_folder import build_sentence_model
 
     root = tmp_path_factory.mktemp("st")
     export = save_export(wordpiece_tokenizer_dir, root / "bert", "bert")
@@ -88,7 +88,7 @@ def test_our_figures_equal_sentence_transformers_own_evaluators_and_the_record_i
 
 def test_bm25_beside_retrieval_scores_word_overlap(tmp_path):
     """A query made of its positive's rarest words is found first by BM25; unrelated words are not."""
-    from pipeline.finetune.embedding.evaluation import bm25_probes
+    from pipeline.hub.embedding_evaluation import bm25_probes
 
     docs = make_documents(30, seed=3, min_words=12, max_words=20)
     overlap = write(tmp_path / "overlap.jsonl", [{"query": f"doc{i} {d.split()[2]}", "positive": d}
@@ -101,7 +101,7 @@ def test_bm25_beside_retrieval_scores_word_overlap(tmp_path):
 def test_pretraining_can_probe_a_live_masked_lm_without_writing_a_folder(tmp_path, files, bpe_tokenizer_dir):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    from pipeline.finetune.embedding.encoder import load_encoder
+    from pipeline.models.embedding_encoder import load_encoder
 
     export = save_export(bpe_tokenizer_dir, tmp_path / "export", "modernbert")
     probes = read_probes([files["retrieval"]], [files["sts"]], clustering=[files["clustering"]])

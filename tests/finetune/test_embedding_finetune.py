@@ -11,8 +11,8 @@ from helpers import make_documents
 from model_folders import save_export
 
 from pipeline.commands.finetune import main as finetune
-from pipeline.finetune.embedding.encoder import load_encoder
-from pipeline.finetune.embedding.evaluation import cosine_rows
+from pipeline.hub.embedding_evaluation import cosine_rows
+from pipeline.models.embedding_encoder import load_encoder
 
 
 def pairs_files(folder, documents):
@@ -68,8 +68,8 @@ def test_a_kept_seed_is_a_sentence_transformers_folder_that_embeds_as_the_stage_
     ours, _ = load_encoder(str(out))  # the fine-tuning output: its best seed's folder, its pooling and length
     assert cosine_rows(ours.encode(texts), theirs).min() >= 0.9999
     # The stage's evaluator reads the same folder to the same dev figure the run reported for that seed.
-    from pipeline.finetune.embedding.evaluation import score_retrieval
-    from pipeline.finetune.embedding.records import read_pairs
+    from pipeline.data.tasks.embedding_records import read_pairs
+    from pipeline.hub.embedding_evaluation import score_retrieval
 
     seed = json.loads((best.parent / "metrics.json").read_text())
     assert score_retrieval(ours.encode, read_pairs(dev))["ndcg_at_10"] == pytest.approx(seed["ndcg_at_10"], abs=1e-6)

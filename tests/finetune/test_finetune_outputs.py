@@ -66,7 +66,7 @@ def finetuned(small_task, tmp_path_factory):
 
 
 def test_the_saved_model_reproduces_the_dev_metrics_exactly(finetuned, small_task):
-    from pipeline.finetune.metrics import task_metrics
+    from pipeline.finetune.families.metrics import task_metrics
 
     out = finetuned["out"]
     pointer = json.loads((out / "best_model.json").read_text())
@@ -116,7 +116,7 @@ def test_the_saved_model_is_proven_and_carries_a_model_card_with_its_protocol(fi
 def test_the_baselines_a_run_stood_beside_join_its_card(finetuned):
     from huggingface_hub import ModelCard
 
-    from pipeline.finetune.model_card import record_baselines
+    from pipeline.finetune.outputs.card import record_baselines
 
     record_baselines(finetuned["out"], [{"name": "from scratch", "metric": "accuracy", "value": 0.5, "note": "median"},
                                         {"name": "token counts", "metric": "accuracy", "value": 0.95}])
@@ -128,7 +128,7 @@ def test_a_saved_folder_that_computes_otherwise_is_refused_and_not_written(small
     """A position table offset on the way (the config's pad id moved by one): refused, nothing written."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from pipeline.finetune.outputs import save_model
+    from pipeline.finetune.outputs.folders import save_model
 
     tokenizer = AutoTokenizer.from_pretrained(bpe_tokenizer_dir)
     model = AutoModelForSequenceClassification.from_pretrained(small_task["model"], num_labels=2)
@@ -206,7 +206,7 @@ def test_a_model_retrained_in_place_is_not_mistaken_for_the_old_one(small_task, 
 
 
 def test_only_a_seed_finished_from_the_models_weights_pins_its_export(tmp_path):
-    from pipeline.finetune.training import holds_pretrained_seeds
+    from pipeline.finetune.loop.arm import holds_pretrained_seeds
 
     for seed, record in (("seed_1", '{"from_scratch": true}'), ("seed_2", "{damaged")):
         (tmp_path / seed).mkdir()
@@ -218,7 +218,7 @@ def test_only_a_seed_finished_from_the_models_weights_pins_its_export(tmp_path):
 
 
 def test_batch_size_is_global_and_split_by_the_batch_plan(small_task, tmp_path):
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
 
     assert load(small_task, tmp_path, world_size=2).batch_plan(2).micro_batch_size == 8
     plan = load(small_task, tmp_path, "train.micro_batch_size=4", world_size=2).batch_plan(2)
@@ -229,7 +229,7 @@ def test_batch_size_is_global_and_split_by_the_batch_plan(small_task, tmp_path):
 
 
 def test_precision_has_the_pipelines_one_spelling_and_the_old_key_says_the_new_one(small_task, tmp_path):
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
 
     assert load(small_task, tmp_path).train.precision == "fp32"
     assert load(small_task, tmp_path, "train.precision=bf16").train.precision == "bf16"
@@ -242,18 +242,18 @@ def test_precision_has_the_pipelines_one_spelling_and_the_old_key_says_the_new_o
 
 def scratch_training(config, model: str, seed: int = 3):
     """One from-scratch training of `config`'s task on `model`'s architecture, in this process."""
-    from pipeline.finetune.accelerator import processes
-    from pipeline.finetune.families import task_family
-    from pipeline.finetune.model_source import ModelSource
+    from pipeline.finetune.families.registry import task_family
+    from pipeline.finetune.loop.accelerator import processes
+    from pipeline.finetune.loop.arm import Arm, Training
     from pipeline.finetune.task_loading import load_task
-    from pipeline.finetune.training import Arm, Training
+    from pipeline.models.model_source import ModelSource
 
     data = load_task(config)
     return Training(config, data, task_family(data), Arm(config, ModelSource(model), True, processes()), seed)
 
 
 def test_adam_betas_and_eps_come_from_the_config(small_task, tmp_path):
-    from pipeline.finetune.trainer import FineTuner
+    from pipeline.finetune.loop.trainer import FineTuner
 
     default = load(small_task, tmp_path).train
     assert (default.adam_betas, default.adam_eps) == ((0.9, 0.98), 1e-6)  # RoBERTa's GLUE recipe
@@ -269,7 +269,7 @@ def test_training_batches_hold_rows_of_similar_length_and_scores_come_back_in_th
     import numpy as np
     import torch
 
-    from pipeline.finetune.trainer import FineTuner, LengthSorted
+    from pipeline.finetune.loop.trainer import FineTuner, LengthSorted
 
     rng = random.Random(5)
     for name, n in (("train", 640), ("dev", 48)):  # 1 to 24 words, so the lengths differ

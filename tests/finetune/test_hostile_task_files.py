@@ -24,11 +24,11 @@ from generated_cases import GENERATED, count, peak_allocation, write_counts
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.common.config.size_limits import MAX_LINE_BYTES
 from pipeline.common.errors import PipelineError
-from pipeline.common.size_limits import MAX_LINE_BYTES
-from pipeline.finetune.qa_data import read_qa
-from pipeline.finetune.task_data import read_split
-from pipeline.finetune.token_data import read_tagged
+from pipeline.data.tasks.qa_files import read_qa
+from pipeline.data.tasks.splits import read_split
+from pipeline.data.tasks.token_files import read_tagged
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,7 +8,9 @@ import pytest
 from test_sweep import finetune, keyword_rows, tiny_model  # noqa: F401 (tiny_model: a fixture)
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.label_curve import (
+from pipeline.data.tasks.catalog import TaskSpec
+from pipeline.data.tasks.splits import Split, TaskData
+from pipeline.finetune.protocol.label_curve import (
     MAX_CURVE_EPOCHS,
     check_curve_task,
     curve_epochs,
@@ -16,8 +18,6 @@ from pipeline.finetune.label_curve import (
     parse_labels_per_class,
     per_class_sample,
 )
-from pipeline.finetune.task_data import Split, TaskData
-from pipeline.finetune.tasks import TaskSpec
 
 
 def labelled_split(labels: list[int]) -> Split:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.metrics import answer_f1, normalize_answer, squad_metrics
-from pipeline.finetune.qa_data import QAExample, read_qa
-from pipeline.finetune.qa_features import best_answers, encode_qa
+from pipeline.data.tasks.qa_files import QAExample, read_qa
+from pipeline.finetune.families.metrics import answer_f1, normalize_answer, squad_metrics
+from pipeline.models.spans.qa_windows import best_answers, encode_qa
 
 CONTEXT = "The river flows quietly past the mountain. Seven orange tensors sit by the river bank."
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from pipeline.finetune.run_clock import PHASES, RunClock, summary_line
+from pipeline.finetune.loop.clock import PHASES, RunClock, summary_line
 
 
 def busy(seconds: float) -> None:

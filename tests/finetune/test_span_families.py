@@ -20,9 +20,9 @@ from helpers import PYTHON, ROOT, WORDS, run_script
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import SeedLayout
 from pipeline.finetune.config import FinetuneDataConfig
-from pipeline.finetune.metrics import squad_metrics
-from pipeline.finetune.qa_family import QuestionAnsweringFamily, load_qa_task
-from pipeline.finetune.token_family import TokenTaggingFamily, load_token_task, read_conll_predictions
+from pipeline.finetune.families.metrics import squad_metrics
+from pipeline.finetune.families.qa.family import QuestionAnsweringFamily, load_qa_task
+from pipeline.finetune.families.token.family import TokenTaggingFamily, load_token_task, read_conll_predictions
 
 ENTITIES = {"river": "LOC", "mountain": "LOC", "seven": "NUM", "orange": "COLOR"}
 
@@ -179,7 +179,7 @@ def write_config(path: Path, task: str, files: dict, output_dir: Path, **data) -
 def test_two_processes_learn_a_tagging_task_and_the_saved_model_tags_words_the_same(tmp_path, tiny_model):
     from seqeval.metrics import f1_score
 
-    from pipeline.finetune.span_predictors import WordTagger
+    from pipeline.models.spans.predictors import WordTagger
 
     folder, _ = tiny_model
     files = {}
@@ -213,7 +213,7 @@ def test_two_processes_learn_a_tagging_task_and_the_saved_model_tags_words_the_s
 
 @pytest.mark.slow
 def test_qa_run_answers_across_windows_and_the_saved_model_answers_the_same(tmp_path, tiny_model):
-    from pipeline.finetune.span_predictors import QuestionAnswerer
+    from pipeline.models.spans.predictors import QuestionAnswerer
 
     folder, _ = tiny_model
     rng = random.Random(0)
@@ -248,7 +248,7 @@ def test_qa_run_answers_across_windows_and_the_saved_model_answers_the_same(tmp_
 
 
 def test_shipped_task_configs_load_and_bad_ones_list_every_problem(tmp_path):
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
     from pipeline.finetune.preflight import load_finetune_config
 
     for name in ("train", "dev", "test"):

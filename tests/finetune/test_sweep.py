@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, WORDS
 
-from pipeline.common.config_tree import build_config, flatten, to_dict
+from pipeline.common.config.tree import build_config, flatten, to_dict
 from pipeline.common.errors import PipelineError
-from pipeline.finetune import trainer
+from pipeline.data.tasks.qa_files import QAExample, QASplit
+from pipeline.data.tasks.splits import Split
+from pipeline.data.tasks.token_files import TaggedSplit
 from pipeline.finetune.config import FinetuneConfig
-from pipeline.finetune.qa_data import QAExample, QASplit
-from pipeline.finetune.select_split import select_score, split_for_selection
-from pipeline.finetune.sweep import FIXED_PER_LAUNCH, SWEEPABLE_DATA, parse_sweep
-from pipeline.finetune.task_data import Split
-from pipeline.finetune.token_data import TaggedSplit
-from pipeline.finetune.training import RESULT_NEUTRAL_SETTINGS
+from pipeline.finetune.loop import trainer
+from pipeline.finetune.loop.arm import RESULT_NEUTRAL_SETTINGS
+from pipeline.finetune.protocol.selection import select_score, split_for_selection
+from pipeline.finetune.protocol.sweep import FIXED_PER_LAUNCH, SWEEPABLE_DATA, parse_sweep
 
 # ----------------------------------------------------------------------------- the grid and the slice
 

@@ -11,9 +11,9 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.metrics import metric, task_metrics
-from pipeline.finetune.task_data import load_custom, load_glue_folder
-from pipeline.finetune.tasks import task_spec
+from pipeline.data.tasks.catalog import task_spec
+from pipeline.data.tasks.splits import load_custom, load_glue_folder
+from pipeline.finetune.families.metrics import metric, task_metrics
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
@@ -119,7 +119,7 @@ def test_datasets_glue_is_read_with_its_own_column_names(monkeypatch):
     """The `datasets` path (online: load_dataset("glue", task)), fed a local DatasetDict of the same shape."""
     import datasets
 
-    from pipeline.finetune.task_data import load_hf_glue
+    from pipeline.data.tasks.splits import load_hf_glue
 
     def fake_load(name, task):
         assert (name, task) == ("glue", "mnli")

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.metrics import entity_metrics, token_accuracy
-from pipeline.finetune.token_data import check_known_tags, label_list, read_tagged
-from pipeline.finetune.token_features import (
+from pipeline.data.tasks.token_files import check_known_tags, label_list, read_tagged
+from pipeline.finetune.families.metrics import entity_metrics, token_accuracy
+from pipeline.models.spans.token_windows import (
     IGNORE_INDEX,
     WordPieces,
     continuation_ids,

@@ -9,7 +9,7 @@ from helpers import run_script
 
 from pipeline.commands.minimal_pairs import main
 from pipeline.common.errors import PipelineError
-from pipeline.data.minimal_pair_maker import make_pairs
+from pipeline.data.makers.minimal_pairs import make_pairs
 from pipeline.hub.minimal_pairs import Pair, accuracy, pair_scores, read_pairs, summarize
 
 TEXTS = ["The model is quiet and the river is long. The tokens are seven in a batch. An encoder has read this "

@@ -79,7 +79,7 @@ def test_a_sentence_output_predicts_what_the_hf_model_predicts(tmp_path, bpe_tok
 
 
 def test_token_and_qa_outputs_tag_words_and_answer(tmp_path, bpe_tokenizer_dir):
-    from pipeline.finetune.span_predictors import QuestionAnswerer, WordTagger
+    from pipeline.models.spans.predictors import QuestionAnswerer, WordTagger
 
     ner = save_span_output(bpe_tokenizer_dir, tmp_path / "ner", "ner", NER_TAGS, architecture="modernbert")
     squad = save_span_output(bpe_tokenizer_dir, tmp_path / "squad", "squad", architecture="modernbert")

@@ -19,7 +19,7 @@ from pipeline.hub.onnx_export import OnnxEncoder, export_onnx, onnx_layout, pari
 @pytest.fixture(scope="module")
 def sentence_folder(tmp_path_factory, bpe_tokenizer_dir):
     """A ModernBERT Sentence-Transformers folder (CLS pooling), exported to ONNX with its int8 twin."""
-    from pipeline.finetune.embedding.sentence_folder import build_sentence_model
+    from pipeline.finetune.families.embedding.sentence_folder import build_sentence_model
 
     root = tmp_path_factory.mktemp("onnx")
     export = save_export(bpe_tokenizer_dir, root / "modernbert", "modernbert")

@@ -19,10 +19,10 @@ def pretrain_output(tmp_path_factory, bpe_tokenizer_dir, roberta_shards):
     from helpers import tiny_pretrain_config
     from transformers import AutoTokenizer
 
-    from pipeline.common.config_tree import build_config
+    from pipeline.common.config.tree import build_config
     from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.hf_model import SparseRobertaForMaskedLM, hf_config
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import SparseRobertaForMaskedLM, hf_config
 
     out = tmp_path_factory.mktemp("pretrain") / "run"
     config = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, out)  # its validation split checks the export
@@ -61,7 +61,7 @@ def test_a_run_retrained_into_the_same_folder_is_exported_anew(pretrain_output, 
     `source_model` of the old run is reused, and the latter is not replaced while seeds fine-tuned from it remain."""
     import shutil
 
-    from pipeline.finetune.model_source import resolve_model_source
+    from pipeline.models.model_source import resolve_model_source
     from pipeline.pretrain.checkpoints.storage import file_checksums
 
     run = tmp_path / "run"

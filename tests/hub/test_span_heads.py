@@ -11,8 +11,8 @@ from helpers import WORDS, run_script
 from model_folders import save_span_output
 
 from pipeline.common.errors import PipelineError
-from pipeline.finetune.span_predictors import QuestionAnswerer, WordTagger
 from pipeline.hub import Encoder
+from pipeline.models.spans.predictors import QuestionAnswerer, WordTagger
 
 
 def sentence(n: int, seed: int) -> list[str]:

@@ -21,7 +21,7 @@ def test_a_stage_run_alone_gets_the_arguments_run_together_would_give_it(monkeyp
     job.run_one("6/10 cloze check", run_default.cloze_run(layout), env={})
 
     assert [(name, stage) for name, stage, _ in started] == [
-        ("minimal-pairs-make", "make_minimal_pairs"), ("minimal-pairs", "minimal_pairs"), ("cloze", "cloze")]
+        ("minimal-pairs-make", "make.minimal_pairs"), ("minimal-pairs", "minimal_pairs"), ("cloze", "cloze")]
     for _, _, cmd in started:
         assert cmd and all(isinstance(arg, str | int | float | Path) for arg in cmd), cmd
     assert "--model" in started[1][2] and "--json" in started[2][2]

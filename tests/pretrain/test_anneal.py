@@ -120,7 +120,7 @@ def test_an_anneal_continues_the_stable_runs_data_decays_by_formula_and_resumes_
 
 def test_the_decay_starts_from_the_lr_of_the_checkpoints_own_schedule(tmp_path, roberta_shards, bpe_tokenizer_dir):
     """A stable phase at constant LR (as WSD's) anneals from its peak, whatever the anneal config's own schedule."""
-    from pipeline.common.config_tree import to_dict
+    from pipeline.common.config.tree import to_dict
 
     stable = load_pretrain_config(write(tmp_path, roberta_shards, bpe_tokenizer_dir, max_steps=100),
                                   ["schedule.decay=constant", "schedule.warmup_steps=10"])

@@ -8,7 +8,7 @@ import pytest
 from helpers import tiny_pretrain_config
 
 from pipeline.common.errors import PipelineError
-from pipeline.pretrain.plan.batch_plan import batch_ramp
+from pipeline.common.processes.batch_plan import batch_ramp
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
 
 

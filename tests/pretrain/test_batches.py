@@ -16,7 +16,8 @@ import pytest
 import torch
 from helpers import PYTHON, ROOT, tiny_pretrain_config
 
-from pipeline.data.shard_reader import ShardedDataset
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.data.shards.reader import ShardedDataset
 from pipeline.data.token_cache import TokenCache
 from pipeline.pretrain.batches.masked_slots import dense_labels
 from pipeline.pretrain.batches.stretch_data import (
@@ -26,7 +27,6 @@ from pipeline.pretrain.batches.stretch_data import (
     shut_down_workers,
     train_loader,
 )
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.plan.stream import DataStream
 

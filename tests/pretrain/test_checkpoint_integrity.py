@@ -21,7 +21,7 @@ from helpers import record_at
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.checkpoints import storage as checkpoints
-from pipeline.pretrain.plan.record import RECORD_FILE, read_record
+from pipeline.pretrain.checkpoints.record import RECORD_FILE, read_record
 
 run_folder = test_export_layout.run_folder  # a fixture: a run folder with one ZeRO-0 checkpoint
 world_of_one = disk_full.world_of_one  # a fixture: a gloo process group of one, in this process

@@ -13,10 +13,10 @@ import pytest
 import torch
 from helpers import PYTHON, ROOT, tiny_pretrain_config
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.model.hf_model import EXPORT_CLASSES, hf_config
+from pipeline.models.architectures.config import ModelConfig
+from pipeline.models.architectures.hf_model import EXPORT_CLASSES, hf_config
 from pipeline.pretrain.preflight import load_pretrain_config
 
 TINY = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}

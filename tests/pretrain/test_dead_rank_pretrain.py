@@ -14,8 +14,8 @@ import psutil
 import pytest
 from helpers import PYTHON, ROOT, tiny_pretrain_config
 
+from pipeline.common.processes.topology import free_port
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.common.topology import free_port
 
 pytestmark = pytest.mark.slow  # two torchrun launches of 2 ranks
 

@@ -80,7 +80,7 @@ def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: st
     from deepspeed.accelerator import get_accelerator
 
     import pipeline.pretrain.trainer as trainer_module
-    from pipeline.common.topology import current_topology
+    from pipeline.common.processes.topology import current_topology
     from pipeline.pretrain.preflight import prepare_run
 
     model = {"architecture": architecture, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

@@ -9,11 +9,11 @@ from helpers import tiny_pretrain_config
 from test_phases import load
 from test_pretrain_distributed import write_config
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
+from pipeline.common.processes.batch_plan import BatchPlan
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.batches.masked_slots import dense_labels
 from pipeline.pretrain.batches.stretch_data import PretrainData
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.masking import IGNORE_INDEX, build_masker, eval_probability
 from pipeline.pretrain.preflight import prepare_run
 from pipeline.pretrain.report.plateau import at_mask_rate

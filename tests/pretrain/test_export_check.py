@@ -11,7 +11,7 @@ import pytest
 from model_folders import save_export, save_pretraining_run
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.output_agreement import RELATIVE_TOLERANCE
+from pipeline.models.output_agreement import RELATIVE_TOLERANCE
 from pipeline.pretrain.export.folder import PROVENANCE_FILE, export_checkpoint
 
 CASES = {  # architecture, shard fixture, tokenizer fixture, the rows the training path runs on
@@ -228,7 +228,7 @@ def test_the_card_of_a_continued_run_names_its_base_model(tmp_path, bpe_tokenize
 
 
 def test_a_card_rewritten_with_later_figures_leaves_the_exports_fingerprint(request, tmp_path):
-    from pipeline.common.fingerprints import model_fingerprint
+    from pipeline.models.fingerprints import model_fingerprint
     from pipeline.pretrain.export.card import record_scores
 
     out = export_checkpoint(make_run(request, tmp_path, "roberta-full"), tmp_path / "export")

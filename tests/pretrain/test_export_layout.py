@@ -22,10 +22,10 @@ def run_folder(tmp_path, bpe_tokenizer_dir, roberta_shards):
     """
     from transformers import AutoTokenizer
 
-    from pipeline.common.config_tree import build_config
+    from pipeline.common.config.tree import build_config
     from pipeline.data.tokenizer import describe_tokenizer
-    from pipeline.pretrain.config import ModelConfig
-    from pipeline.pretrain.model.hf_model import SparseRobertaForMaskedLM, hf_config
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.models.architectures.hf_model import SparseRobertaForMaskedLM, hf_config
 
     layout = PretrainLayout(tmp_path / "run")
     shutil.copytree(bpe_tokenizer_dir, layout.tokenizer)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, holder_process, tiny_pretrain_config
 
+from pipeline.common.processes.topology import free_port
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.common.topology import free_port
 
 pytestmark = pytest.mark.slow  # every test runs pretraining end to end in its own processes
 
@@ -73,7 +73,7 @@ def test_kill_9_then_resume_repeats_the_uninterrupted_trajectory(interrupted):
     assert [s for s, _ in killed] == list(range(1, 13))
     assert killed == full
     # The killed run's lock named a dead process: taken over, and the ledger says from whom.
-    from pipeline.pretrain.plan.ledger import LockTakenOverEvent, read_ledger
+    from pipeline.pretrain.checkpoints.ledger import LockTakenOverEvent, read_ledger
 
     taken = [e for e in read_ledger(PretrainLayout(root / "killed").ledger).events if isinstance(e, LockTakenOverEvent)]
     assert len(taken) == 1 and taken[0].holder.startswith(f"pid {interrupted['killed_pid']} on ")

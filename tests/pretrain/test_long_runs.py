@@ -13,21 +13,21 @@ import pytest
 from helpers import make_documents, tiny_pretrain_config, write_jsonl
 from test_pretrain_distributed import DEEPSPEED, launch, write_config
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.data.shard_reader import ShardedDataset
+from pipeline.data.shards.reader import ShardedDataset
+from pipeline.pretrain.checkpoints.ledger import SetAsideEvent, SkipEvent, read_ledger
+from pipeline.pretrain.checkpoints.record import read_record, write_record
 from pipeline.pretrain.checkpoints.storage import newest_complete, tag_for
-from pipeline.pretrain.plan.ledger import SetAsideEvent, SkipEvent, read_ledger
-from pipeline.pretrain.plan.record import read_record, write_record
 
 STEPS = 12
 
 
 def make_shards(root: Path, tokenizer: Path, name: str, seed: int) -> Path:
     """200 documents in shards of 20 sequences: enough shards for a block size to change the order."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     corpus = write_jsonl(root / f"{name}.jsonl", make_documents(200, seed=seed))
     run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), out=str(root / name), workers=1,
@@ -274,7 +274,7 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
         tmp_path, roberta_shards, bpe_tokenizer_dir):
     import os
 
-    from pipeline.common.topology import Topology
+    from pipeline.common.processes.topology import Topology
     from pipeline.pretrain.checkpoints.policy import Checkpointer
     from pipeline.pretrain.preflight import prepare_run
 
@@ -293,7 +293,7 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
     assert events == (SkipEvent(9, 9, 8, events[0].time), SetAsideEvent("rolled-back-step_00000010", "rolled-back",
                       8, events[1].time), SetAsideEvent("rolled-back-step_00000012", "rolled-back", 8, events[2].time))
 
-    from pipeline.common.config_tree import SectionProblems
+    from pipeline.common.config.tree import SectionProblems
     from pipeline.pretrain.config import CheckpointConfig
 
     assert CheckpointConfig().keep_set_aside == 2

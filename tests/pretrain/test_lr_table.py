@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.common.config_tree import build_config
+from pipeline.common.config.tree import build_config
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.plan.phases import resolve_phases
 from pipeline.pretrain.plan.schedules import Anneal, lr_schedule, lr_scheduler

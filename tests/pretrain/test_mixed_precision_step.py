@@ -23,11 +23,11 @@ spec.loader.exec_module(parity)
 
 def one_step(precision: str, stage: int) -> tuple[dict[str, torch.Tensor], set[int]]:
     """Each weight's change after one engine step from the same start on the same batch; the optimizer's step counts."""
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.models.architectures.hf_model import build_model
+    from pipeline.pretrain.guard.spike_guard import SpikeGuard
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.plan.schedules import lr_schedule
     from pipeline.pretrain.step.engine import initialize_engine
-    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = parity.parity_config(1, stage)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
@@ -87,14 +87,14 @@ def test_an_earlier_releases_bf16_checkpoint_at_zero_0_resumes_with_its_fp32_mas
     import deepspeed
     from helpers import record_at
 
+    from pipeline.models.architectures.hf_model import build_model
+    from pipeline.models.parameter_groups import parameter_groups
+    from pipeline.pretrain.checkpoints.record import StartPoint
     from pipeline.pretrain.checkpoints.storage import load_into
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.guard.spike_guard import SpikeGuard
     from pipeline.pretrain.plan.phases import resolve_phases
-    from pipeline.pretrain.plan.record import StartPoint
     from pipeline.pretrain.plan.schedules import lr_schedule, lr_scheduler
     from pipeline.pretrain.step.engine import deepspeed_config, initialize_engine
-    from pipeline.pretrain.step.optimizers import parameter_groups
-    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = parity.parity_config(1, 0)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16"))

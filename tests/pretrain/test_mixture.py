@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from helpers import make_documents, tiny_pretrain_config, write_jsonl
 
-from pipeline.common.config_tree import ConfigError
-from pipeline.data.shard_index import load_index
+from pipeline.common.config.tree import ConfigError
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.data.shards.index import load_index
 from pipeline.pretrain.batches.masked_slots import dense_labels
 from pipeline.pretrain.batches.stretch_data import PretrainData
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker
 from pipeline.pretrain.preflight import load_pretrain_config, prepare_run
 
 
 def shard(tmp_path_factory, tokenizer: Path, name: str, seed: int, **args) -> Path:
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     root = tmp_path_factory.mktemp(name)
     corpus = write_jsonl(root / "corpus.jsonl", make_documents(200, seed=seed))
@@ -204,11 +204,11 @@ def mix_plan(tmp_path: Path, weights: list[float], start=None):
     files read), from the checkpoint record `start` (None: step 0)."""
     from helpers import tiny_pretrain_config
 
-    from pipeline.common.config_tree import build_config
+    from pipeline.common.config.tree import build_config
+    from pipeline.data.epoch_order import CorpusLayout
+    from pipeline.pretrain.checkpoints.record import StartPoint
     from pipeline.pretrain.config import PretrainConfig
-    from pipeline.pretrain.plan.record import StartPoint
     from pipeline.pretrain.plan.run_plan import build_plan
-    from pipeline.pretrain.plan.stream import CorpusLayout
 
     names = ["news", "wiki", "code"][: len(weights)]
     config = tiny_pretrain_config(Path("x"), Path("tok"), tmp_path / "run", train={"max_steps": 12})
@@ -235,7 +235,7 @@ def batches(plan, steps: range) -> list[list[tuple[int, int, int]]]:
 def test_a_plain_resume_after_a_mix_change_sees_the_uninterrupted_batches(tmp_path, before, after):
     """The shares do not divide the batch of 16 evenly: a resume that started a new stretch would round each
     corpus's count afresh and draw other batches than the run that went on."""
-    from pipeline.pretrain.plan.record import read_record, write_record
+    from pipeline.pretrain.checkpoints.record import read_record, write_record
 
     def saved(plan, step: int):  # what a checkpoint at `step` records, through its file
         folder = tmp_path / f"record-{step}-{len(plan.stretches)}"

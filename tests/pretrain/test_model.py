@@ -11,13 +11,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertForPreTraining, ModernBertForMaskedLM, RobertaForMaskedLM, RobertaPreLayerNormForMaskedLM
 
 from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.models.architectures.config import ModelConfig
+from pipeline.models.architectures.flops import training_flops_per_token
+from pipeline.models.architectures.hf_model import build_model, encode, first_position_id
+from pipeline.models.architectures.packed_attention import document_layout
+from pipeline.models.parameter_groups import parameter_groups
 from pipeline.pretrain.batches.masked_slots import masked_slots, slot_bound
-from pipeline.pretrain.config import MaskingConfig, ModelConfig
-from pipeline.pretrain.model.flops import training_flops_per_token
-from pipeline.pretrain.model.hf_model import build_model, encode, first_position_id
-from pipeline.pretrain.model.packed_attention import document_layout
+from pipeline.pretrain.config import MaskingConfig
 from pipeline.pretrain.plan.masking import IGNORE_INDEX
-from pipeline.pretrain.step.optimizers import parameter_groups
 
 TOKENIZER = TokenizerInfo("test", "sha256:0", 500, cls_id=0, sep_id=2, pad_id=1, mask_id=4, backend_json="{}")
 SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
@@ -178,7 +179,7 @@ def test_modernbert_decays_weight_matrices_only():
 
 
 def test_modernbert_flops_count_geglu_and_the_local_window():
-    from pipeline.pretrain.model.flops import mean_keys_per_query, model_flops_per_token
+    from pipeline.models.architectures.flops import mean_keys_per_query, model_flops_per_token
 
     assert mean_keys_per_query(128, None) == 128 and mean_keys_per_query(128, 200) == 128
     assert mean_keys_per_query(5, 1) == (2 + 3 + 3 + 3 + 2) / 5

@@ -29,12 +29,12 @@ SHIPPED = [("fp32", 0, "adamw"), ("bf16", 0, "adamw"), ("bf16", 0, "lamb"), ("bf
                          ids=[f"{p}-zero{s}-{o}" for p, s, o in SHIPPED])
 def test_a_nan_loss_never_reaches_the_weights_and_only_its_step_is_an_outlier(process_group, precision, stage,
                                                                                optimizer):
+    from pipeline.models.architectures.hf_model import build_model
     from pipeline.pretrain.config import GuardConfig
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.guard.spike_guard import SpikeGuard
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.plan.schedules import lr_schedule
     from pipeline.pretrain.step.engine import initialize_engine
-    from pipeline.pretrain.step.spike_guard import SpikeGuard
 
     config = parity.parity_config(1, stage)
     config = dataclasses.replace(

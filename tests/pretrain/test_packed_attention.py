@@ -12,10 +12,11 @@ import torch
 
 from pipeline.data.packers import make_packer
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
+from pipeline.models.architectures.config import ModelConfig
+from pipeline.models.architectures.hf_model import SPARSE_CLASSES, encode, hf_config
+from pipeline.models.architectures.packed_attention import document_layout
 from pipeline.pretrain.batches.masked_slots import masked_slots
-from pipeline.pretrain.config import MaskingConfig, ModelConfig
-from pipeline.pretrain.model.hf_model import SPARSE_CLASSES, encode, hf_config
-from pipeline.pretrain.model.packed_attention import document_layout
+from pipeline.pretrain.config import MaskingConfig
 from pipeline.pretrain.plan.masking import IGNORE_INDEX, Masker
 
 CLS, SEP, PAD = 0, 2, 1
@@ -172,8 +173,8 @@ def test_pretraining_runs_on_doc_packed_shards_through_the_trainer(tmp_path, cor
 
     from helpers import PYTHON, ROOT, tiny_pretrain_config
 
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     shards = tmp_path / "shards"
     index = run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=64,
@@ -199,7 +200,7 @@ def test_a_packed_modernbert_row_equals_its_documents_run_alone(attention, bpe_t
     The window (8 tokens either side) is shorter than most documents, so a packed row that let the
     window cross a document boundary, or applied it from the row's start, would differ.
     """
-    from pipeline.pretrain.model.hf_model import encode, first_position_id
+    from pipeline.models.architectures.hf_model import encode, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     config = hf_config(ModelConfig(architecture="modernbert", num_hidden_layers=3, hidden_size=64,
@@ -258,7 +259,7 @@ def test_the_modernbert_loss_of_a_packed_row_equals_the_loss_over_its_documents(
 
 def test_flash_attention_inputs_for_modernbert_are_the_varlen_segments():
     """The GPU path (not run here): one flattened row, segments per document, no mask; the window goes to the kernel."""
-    from pipeline.pretrain.model.packed_attention import encoder_inputs
+    from pipeline.models.architectures.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, 1, 1]])
     position_ids = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
@@ -291,7 +292,11 @@ needs_flex = pytest.mark.skipif(not _cpu_compiler(), reason="FlexAttention on CP
 @pytest.mark.parametrize("half_window", [None, 0, 2, 100])
 def test_the_flex_mask_rule_is_the_dense_masks_truth_table(half_window):
     """mask_mod over every (row, query, key) equals the SDPA path's block-diagonal mask (and window band)."""
-    from pipeline.pretrain.model.packed_attention import block_diagonal_mask, document_mask_mod, sliding_window_band
+    from pipeline.models.architectures.packed_attention import (
+        block_diagonal_mask,
+        document_mask_mod,
+        sliding_window_band,
+    )
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1], [0, 0, 0, 0, 0, 1, 1, 1]])
     b, q, kv = torch.arange(2)[:, None, None], torch.arange(8)[None, :, None], torch.arange(8)[None, None, :]
@@ -306,7 +311,7 @@ def test_the_flex_mask_rule_is_the_dense_masks_truth_table(half_window):
 def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
     from torch.nn.attention.flex_attention import BlockMask
 
-    from pipeline.pretrain.model.packed_attention import encoder_inputs
+    from pipeline.models.architectures.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]])
     ids, positions = torch.zeros(1, 6, dtype=torch.long), torch.tensor([[0, 1, 2, 0, 1, 0]])
@@ -322,7 +327,7 @@ def test_the_flex_inputs_are_block_masks_one_per_modernbert_layer_type():
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_the_dense_masks_are_made_on_the_documents_device(attention):
     """The meta device stands in for CUDA here: a mask made on the CPU beside GPU scores fails every step."""
-    from pipeline.pretrain.model.packed_attention import encoder_inputs
+    from pipeline.models.architectures.packed_attention import encoder_inputs
 
     document_ids = torch.tensor([[0, 0, 0, 1, 1, -1]], device="meta")
     ids, positions = torch.zeros(1, 6, dtype=torch.long, device="meta"), torch.zeros(1, 6, device="meta")
@@ -335,8 +340,8 @@ def test_the_dense_masks_are_made_on_the_documents_device(attention):
 def test_a_dense_mask_can_never_reach_the_flex_path(architecture, bpe_tokenizer_dir):
     """transformers' flex path ADDS a tensor mask to the scores: a boolean mask there is refused, not used."""
     from pipeline.common.errors import PipelineError
-    from pipeline.pretrain.model.hf_model import encode
-    from pipeline.pretrain.model.packed_attention import block_diagonal_mask, check_flex_mask
+    from pipeline.models.architectures.hf_model import encode
+    from pipeline.models.architectures.packed_attention import block_diagonal_mask, check_flex_mask
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     window = {"local_attention": 4} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
@@ -361,7 +366,7 @@ def test_a_flex_packed_row_equals_its_documents_run_alone_with_sdpa(architecture
     """The flex path, per document, against the SDPA path on each document alone (same weights)."""
     import copy
 
-    from pipeline.pretrain.model.hf_model import encode, first_position_id
+    from pipeline.models.architectures.hf_model import encode, first_position_id
 
     info = describe_tokenizer(load_tokenizer(bpe_tokenizer_dir))
     window = {"local_attention": 16} if architecture == "modernbert" else {}  # a key of ModernBERT's alone
@@ -399,7 +404,7 @@ def test_flex_attention_is_refused_up_front_on_cpu_and_with_attention_dropout(tm
 
     from helpers import tiny_pretrain_config
 
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
     from pipeline.pretrain.preflight import load_pretrain_config
 
     data = tiny_pretrain_config(tmp_path / "missing", tmp_path / "tok", tmp_path / "out",

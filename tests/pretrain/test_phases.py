@@ -11,11 +11,11 @@ import pytest
 from helpers import ROOT, plan_of, tiny_pretrain_config
 from test_pretrain_distributed import launch, step_losses, write_config
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
+from pipeline.common.processes.batch_plan import BatchPlan
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.pretrain.checkpoints.record import read_record
 from pipeline.pretrain.plan.phases import Phase, phase_ends, resolve_phases
-from pipeline.pretrain.plan.record import read_record
 from pipeline.pretrain.plan.schedules import Schedule, lr_schedule, segments
 from pipeline.pretrain.preflight import load_pretrain_config
 
@@ -42,8 +42,8 @@ def load(tmp_path: Path, data: dict, **kwargs):
 @pytest.fixture(scope="module")
 def short_shards(tmp_path_factory, corpus_jsonl, bpe_tokenizer_dir) -> Path:
     """The same corpus as `roberta_shards`, packed to 32 tokens: phase 1's data."""
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     out = tmp_path_factory.mktemp("shards") / "roberta32"
     run_shard_stage(ShardOptions(inputs=(str(corpus_jsonl),), tokenizer=str(bpe_tokenizer_dir), seq_len=32,
@@ -141,7 +141,7 @@ def test_a_shard_folder_whose_seq_len_differs_from_the_phase_is_a_clear_error(tm
 
 def test_a_single_folder_smaller_than_one_global_batch_is_refused_with_or_without_phases(
         tmp_path, roberta_shards, short_shards, bpe_tokenizer_dir):
-    from pipeline.data.shard_index import load_index
+    from pipeline.data.shards.index import load_index
 
     train = load_index(roberta_shards)["splits"]["train"]["sequences"]
     batch = 4 * (train // 4 + 1)  # one step more than the folder holds

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.data.shard_reader import ShardedDataset
+from pipeline.data.shards.reader import ShardedDataset
 from pipeline.pretrain.report.plateau import (
     copy_floor_nats,
     plateau_level,

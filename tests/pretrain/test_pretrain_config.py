@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, run_script, tiny_pretrain_config
 
-from pipeline.common.config_tree import ConfigError, apply_overrides, parse_override
+from pipeline.common.config.tree import ConfigError, apply_overrides, parse_override
 from pipeline.common.errors import PipelineError
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.models.parameter_groups import parameter_groups
 from pipeline.pretrain.config import ScheduleConfig
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.schedules import Schedule, segments
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.step.engine import deepspeed_config
-from pipeline.pretrain.step.optimizers import Lamb, client_optimizer, parameter_groups
+from pipeline.pretrain.step.optimizers import Lamb, client_optimizer
 
 
 def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
@@ -208,7 +209,7 @@ def test_schedule_warms_up_linearly_then_decays_to_the_end_ratio():
 def test_lamb_is_ours_on_every_device_handed_to_deepspeed_as_a_client_optimizer(tmp_path, roberta_shards,
                                                                                    bpe_tokenizer_dir):
     from pipeline.data.tokenizer import TokenizerInfo
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.models.architectures.hf_model import build_model
 
     data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, tmp_path / "out", optimizer={"name": "lamb"},
                                 train={"zero_stage": 2})
@@ -283,7 +284,7 @@ def test_modernbert_presets_have_the_published_shape_and_30_percent_masking():
 
 def test_each_section_checks_its_own_keys_when_built_and_the_top_level_the_rules_between_them():
     """litgpt's and torchtitan's `__post_init__`: a section made in code is checked as one read from a file."""
-    from pipeline.common.config_tree import SectionProblems
+    from pipeline.common.config.tree import SectionProblems
     from pipeline.pretrain.config import (
         DataConfig,
         ModelConfig,
@@ -307,7 +308,7 @@ def test_each_section_checks_its_own_keys_when_built_and_the_top_level_the_rules
 
 
 def test_skip_steps_are_ranges_of_steps_as_the_logs_number_them_and_do_not_overlap():
-    from pipeline.common.config_tree import SectionProblems
+    from pipeline.common.config.tree import SectionProblems
     from pipeline.pretrain.config import TrainConfig
 
     assert TrainConfig(skip_steps=[" 11:12", "3 : 5"]).skipped() == (range(2, 5), range(10, 12))

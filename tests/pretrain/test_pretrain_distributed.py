@@ -17,8 +17,8 @@ import pytest
 import torch
 from helpers import PYTHON, ROOT, probe_files, tiny_pretrain_config
 
+from pipeline.common.processes.topology import free_port
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.common.topology import free_port
 
 pytestmark = pytest.mark.slow  # every test shares a deepspeed/torchrun launch of 2 ranks
 

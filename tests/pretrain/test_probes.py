@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import probe_files, tiny_pretrain_config
 
-from pipeline.common.config_tree import ConfigError, SectionProblems
+from pipeline.common.config.tree import ConfigError, SectionProblems
 from pipeline.hub.quality_probes import QualityProbes, probe_problems
 from pipeline.pretrain.config import ProbesConfig
 from pipeline.pretrain.preflight import load_pretrain_config
@@ -31,9 +31,9 @@ def test_live_probes_equal_the_offline_figures_of_the_saved_model_and_keep_train
     from transformers import RobertaConfig, RobertaForMaskedLM
 
     from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.finetune.embedding.evaluation import probe_model, read_probes
     from pipeline.hub import Encoder
     from pipeline.hub.cloze import cloze_score, validation_texts
+    from pipeline.hub.embedding_evaluation import probe_model, read_probes
     from pipeline.hub.minimal_pairs import accuracy, pair_scores, read_pairs
 
     tokenizer = load_tokenizer(bpe_tokenizer_dir)

@@ -83,9 +83,9 @@ def test_the_modernbert_export_reloads_to_the_checkpoints_logits(variant_runs, b
     import torch
     from transformers import AutoModel, AutoModelForMaskedLM
 
-    from pipeline.common.config_tree import build_config
+    from pipeline.common.config.tree import build_config
     from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-    from pipeline.pretrain.config import ModelConfig
+    from pipeline.models.architectures.config import ModelConfig
     from pipeline.pretrain.export.folder import consolidated_state_dict
 
     run = variant_runs / "two_ranks" / "modernbert" / "full"
@@ -93,7 +93,7 @@ def test_the_modernbert_export_reloads_to_the_checkpoints_logits(variant_runs, b
     assert type(export).__name__ == "ModernBertForMaskedLM"
     assert type(AutoModel.from_pretrained(run / "export")).__name__ == "ModernBertModel"
     assert export.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.models.architectures.hf_model import build_model
 
     model_config, _ = build_config(ModelConfig, json.loads((run / "config.json").read_text())["model"])
     trained = build_model(model_config, describe_tokenizer(load_tokenizer(bpe_tokenizer_dir)), 64).eval()

@@ -16,14 +16,14 @@ from helpers import PYTHON, ROOT, tiny_pretrain_config
 from model_folders import save_export, save_headless_bert
 
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
-from pipeline.pretrain.config import ModelConfig
-from pipeline.pretrain.model.hf_model import build_model
+from pipeline.models.architectures.config import ModelConfig
+from pipeline.models.architectures.hf_model import build_model
 from pipeline.pretrain.preflight import load_pretrain_config
 
 
 def wordpiece_shards(factory, corpus, tokenizer, pack: str):
-    from pipeline.data.shard_options import ShardOptions
-    from pipeline.data.shard_stage import run_shard_stage
+    from pipeline.data.shards.options import ShardOptions
+    from pipeline.data.shards.stage import run_shard_stage
 
     out = factory.mktemp("shards") / f"wordpiece-{pack}"
     run_shard_stage(ShardOptions(inputs=(str(corpus),), tokenizer=str(tokenizer), seq_len=64, out=str(out),
@@ -67,7 +67,7 @@ def test_an_export_with_its_head_loads_without_a_note(tmp_path, wordpiece_tokeni
 
 def test_bert_without_nsp_takes_full_shards_and_refuses_them_with_nsp(tmp_path, full_shards, released,
                                                                      wordpiece_tokenizer_dir):
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
 
     def config(nsp: bool):
         data = tiny_pretrain_config(full_shards, wordpiece_tokenizer_dir, tmp_path / "run",

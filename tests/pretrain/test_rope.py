@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import ModernBertConfig, ModernBertForMaskedLM
 
-from pipeline.pretrain.model.hf_model import rope_thetas, set_rope_theta
+from pipeline.models.architectures.hf_model import rope_thetas, set_rope_theta
 
 
 def tiny(global_theta: float) -> ModernBertForMaskedLM:

@@ -12,7 +12,7 @@ import torch
 from helpers import tiny_pretrain_config
 from test_phases import load
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
 from pipeline.pretrain.config import ScheduleConfig
 from pipeline.pretrain.plan.phases import resolve_phases
 from pipeline.pretrain.plan.schedules import Schedule, lr_schedule, lr_scheduler, restore_step, segments

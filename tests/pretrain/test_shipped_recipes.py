@@ -41,7 +41,7 @@ def tiny_overrides(recipe: Path, shards: list[Path], tokenizer: Path, anneal_fro
     """The documented scale-down, the warmup shrunk in proportion, and the test's data: the first of `shards` for a
     run or a phase on one folder, all of them for a phase that mixes corpora; an anneal decays from `anneal_from`
     for as many steps as the scaled-down run has."""
-    from pipeline.common.config_tree import read_json_config
+    from pipeline.common.config.tree import read_json_config
 
     overrides = documented_scale_down()
     steps = int(next(o for o in overrides if o.startswith("train.max_steps=")).split("=")[1])
@@ -215,7 +215,7 @@ def test_each_recipes_tiny_variant_trains_on_two_ranks_and_its_loss_falls(
     from test_pretrain_distributed import DEEPSPEED, launch, step_losses
 
     from pipeline.common.run_layout import PretrainLayout
-    from pipeline.data.shard_reader import ShardedDataset
+    from pipeline.data.shards.reader import ShardedDataset
 
     root = tmp_path_factory.mktemp("recipes")
     plan = {}

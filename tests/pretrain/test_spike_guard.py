@@ -15,11 +15,9 @@ import torch
 from helpers import tiny_pretrain_config
 from test_pretrain_distributed import DEEPSPEED, launch, write_config
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.checkpoints.storage import newest_complete
-from pipeline.pretrain.config import DataConfig, GuardConfig, PretrainConfig, TrainConfig
-from pipeline.pretrain.plan.ledger import (
+from pipeline.pretrain.checkpoints.ledger import (
     GaveUpEvent,
     Ledger,
     RollbackEvent,
@@ -28,9 +26,11 @@ from pipeline.pretrain.plan.ledger import (
     UpdatesSkippedEvent,
     read_ledger,
 )
-from pipeline.pretrain.plan.record import read_record
-from pipeline.pretrain.spike_response import GiveUp, SpikeResponse, spike_rollbacks
-from pipeline.pretrain.step.spike_guard import SpikeGuard, level_of
+from pipeline.pretrain.checkpoints.record import read_record
+from pipeline.pretrain.checkpoints.storage import newest_complete
+from pipeline.pretrain.config import DataConfig, GuardConfig, PretrainConfig, TrainConfig
+from pipeline.pretrain.guard.spike_guard import SpikeGuard, level_of
+from pipeline.pretrain.guard.spike_response import GiveUp, SpikeResponse, spike_rollbacks
 from pipeline.pretrain.step.step_sync import CheckedLosses
 
 STEPS = 16
@@ -136,7 +136,7 @@ class Noted:
 def respond(g: SpikeGuard, config: PretrainConfig, ledger: Ledger | None = None) -> tuple[SpikeResponse, Noted, object]:
     from types import SimpleNamespace
 
-    from pipeline.common.topology import Topology
+    from pipeline.common.processes.topology import Topology
 
     noted = Noted()
     plan = SimpleNamespace(config=config, ledger=ledger or Ledger(Path("ledger.jsonl")), end_step=100)
@@ -280,8 +280,8 @@ def test_a_resume_leaves_a_rollbacks_range_out(tmp_path, roberta_shards, bpe_tok
     step 2, before the guard's rollback (9-10), whose range the ledger keeps."""
     from helpers import record_at
 
+    from pipeline.pretrain.checkpoints.record import write_record
     from pipeline.pretrain.checkpoints.storage import tag_for
-    from pipeline.pretrain.plan.record import write_record
     from pipeline.pretrain.preflight import prepare_run
 
     run = tmp_path / "run"

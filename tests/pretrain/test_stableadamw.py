@@ -16,7 +16,7 @@ import torch
 from helpers import tiny_pretrain_config
 from test_phases import load
 
-from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.common.processes.batch_plan import BatchPlan
 from pipeline.pretrain.step.engine import deepspeed_config
 from pipeline.pretrain.step.optimizers import client_optimizer
 
@@ -122,7 +122,7 @@ def test_deepspeed_gets_it_as_a_client_optimizer_allowed_under_zero(tmp_path):
 
 
 def test_stableadamw_settings_are_checked_up_front(tmp_path):
-    from pipeline.common.config_tree import ConfigError
+    from pipeline.common.config.tree import ConfigError
 
     data = tiny_pretrain_config("shards", "tok", tmp_path / "out", optimizer={"decouple_lr": True},
                                 train={"zero_stage": 1},

@@ -13,7 +13,7 @@ import json
 import pytest
 from helpers import tiny_pretrain_config
 
-from pipeline.common.config_tree import ConfigError, to_dict
+from pipeline.common.config.tree import ConfigError, to_dict
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.pretrain.preflight import load_pretrain_config
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from helpers import PYTHON, ROOT, tiny_pretrain_config
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
+from pipeline.common.processes.batch_plan import BatchPlan
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.step.engine import deepspeed_config
 
@@ -43,7 +43,7 @@ def test_compile_and_fused_are_checked_up_front(tmp_path):
 
 def test_compile_is_on_by_default_where_a_gpu_can_compile_and_off_on_cpu(monkeypatch):
     from pipeline.pretrain.config import TrainConfig
-    from pipeline.pretrain.model.compile_blocks import compiles
+    from pipeline.pretrain.step.compile_blocks import compiles
 
     monkeypatch.setattr("torch.utils._triton.has_triton", lambda: True)
     assert TrainConfig().compile == "auto"
@@ -59,7 +59,7 @@ def test_compile_compiles_each_block_and_identical_blocks_share_one_graph():
     from torch._dynamo.utils import counters
     from transformers import AutoModelForMaskedLM, RobertaConfig
 
-    from pipeline.pretrain.model.compile_blocks import compile_blocks, repeated_blocks
+    from pipeline.pretrain.step.compile_blocks import compile_blocks, repeated_blocks
 
     torch._dynamo.reset()
     counters.clear()
@@ -99,7 +99,7 @@ def test_adamw_is_torchs_fused_kernel_unless_turned_off_or_offloaded(tmp_path, r
 def test_losses_stay_on_the_device_until_a_check_and_a_nan_anywhere_in_the_window_is_seen(tmp_path, monkeypatch):
     import torch.distributed as dist
 
-    from pipeline.common.topology import free_port
+    from pipeline.common.processes.topology import free_port
     from pipeline.pretrain.step.step_sync import StepSync
 
     for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():

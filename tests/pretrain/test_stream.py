@@ -8,10 +8,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.data.epoch_order import CorpusLayout
 from pipeline.pretrain.batches.stretch_data import RankKeys
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.masking import Masker
-from pipeline.pretrain.plan.stream import CorpusLayout, DataStream, shares_of
+from pipeline.pretrain.plan.stream import DataStream, shares_of
 
 
 def keys(stream: DataStream, rank: int, start: int, end: int, skipped=()) -> list:

@@ -148,7 +148,7 @@ def test_fifty_steps_give_the_same_losses_and_weights_as_a_plain_adamw_loop(engi
 def one_process_gradients(initial: dict[str, torch.Tensor], autocast: bool) -> dict[str, torch.Tensor]:
     """The first step's gradient, the mean over the four micro batches two ranks share, on one process (bf16: the
     forward under autocast, as the engine runs it)."""
-    from pipeline.pretrain.model.hf_model import SparseRobertaForMaskedLM
+    from pipeline.models.architectures.hf_model import SparseRobertaForMaskedLM
 
     model = SparseRobertaForMaskedLM(parity.build_hf_config())
     model.load_state_dict(initial)

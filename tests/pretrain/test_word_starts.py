@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import make_documents, tiny_pretrain_config
 
-from pipeline.common.config_tree import ConfigError
+from pipeline.common.config.tree import ConfigError
 from pipeline.common.errors import PipelineError
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.pretrain.config import MaskingConfig

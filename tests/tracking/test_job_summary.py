@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.common.shipped_configs import find_config
+from pipeline.common.config.shipped_configs import find_config
 from pipeline.tracking.finetune_report import finetune_result
 from pipeline.tracking.job_summary import SEED_SPREAD, last_eval, render_summary
 

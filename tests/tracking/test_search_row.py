@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from pipeline.common.run_layout import MainJobLayout
-from pipeline.finetune.docstring_task import write_search_task
+from pipeline.data.makers.docstring_task import write_search_task
 from pipeline.tracking.task_report import search_line
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, ROOT, tiny_pretrain_config
 
+from pipeline.common.processes.topology import free_port
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.common.topology import free_port
 
 
 class FlakyClient:

@@ -23,12 +23,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from pipeline.common.processes.batch_plan import BatchPlan
 from pipeline.data.token_cache import ConcatenatedCaches, TokenCache
 from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.models.architectures.hf_model import first_position_id
+from pipeline.models.architectures.packed_attention import document_layout
 from pipeline.pretrain.batches.masked_slots import masked_count, masked_slots, slot_bound
-from pipeline.pretrain.model.hf_model import first_position_id
-from pipeline.pretrain.model.packed_attention import document_layout
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.masking import EVAL_STREAM, Masker, build_masker
 from pipeline.pretrain.plan.run_plan import RunPlan, Stretch
 from pipeline.pretrain.plan.stream import DataStream, MicroBatchKey

@@ -30,8 +30,17 @@ import torch.distributed as dist
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.folder_lock import FolderLock
-from pipeline.common.topology import Topology
+from pipeline.common.processes.topology import Topology
 from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.pretrain.checkpoints.ledger import (
+    Ledger,
+    LedgerEvent,
+    LockTakenOverEvent,
+    SetAsideEvent,
+    SkipEvent,
+    read_ledger,
+)
+from pipeline.pretrain.checkpoints.record import StartPoint, read_record
 from pipeline.pretrain.checkpoints.storage import (
     complete_checkpoints,
     load_into,
@@ -44,17 +53,7 @@ from pipeline.pretrain.checkpoints.storage import (
     tag_for,
 )
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.plan.ledger import (
-    Ledger,
-    LedgerEvent,
-    LockTakenOverEvent,
-    SetAsideEvent,
-    SkipEvent,
-    read_ledger,
-)
-from pipeline.pretrain.plan.record import StartPoint, read_record
 from pipeline.pretrain.plan.run_plan import RunPlan, build_plan
-from pipeline.pretrain.step.spike_guard import SpikeGuard
 
 REFUSAL_HINT = "wait for it to end, stop it (scancel for a SLURM job), or give this run another train.output_dir"
 
@@ -64,6 +63,16 @@ class Outcome(Protocol):
 
     action: str
     events: tuple[LedgerEvent, ...]
+
+
+class GuardWindow(Protocol):
+    """What a checkpoint keeps of the spike guard (guard/spike_guard.py): its window."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any] | None, step: int, *, behind: bool = False) -> None: ...
+
+    def checkpoint_behind(self) -> None: ...
 
 
 class Reporter(Protocol):
@@ -142,7 +151,7 @@ class Checkpointer:
             plan = plan.starting_from(StartPoint.at(found, read_record(found), plan.world_size) if found else None)
         return plan
 
-    def load(self, engine, guard: SpikeGuard) -> int:
+    def load(self, engine, guard: GuardWindow) -> int:
         """Load the plan's start into the engine and its window into the spike `guard`, on every rank; returns its
         step (which sets the LR: `engine.restore_step`)."""
         start, started = self.plan.start, time.perf_counter()
@@ -172,11 +181,11 @@ class Checkpointer:
         """Whether the run saves after `step` steps (the run's last step is saved by its end)."""
         return step % self.every == 0 and step < self.plan.end_step
 
-    def after_step(self, engine, step: int, guard: SpikeGuard) -> None:
+    def after_step(self, engine, step: int, guard: GuardWindow) -> None:
         if self.due(step):
             self.save(engine, step, guard)
 
-    def save(self, engine, step: int, guard: SpikeGuard) -> None:
+    def save(self, engine, step: int, guard: GuardWindow) -> None:
         """A checkpoint after `step` steps, with the plan's record of them and the spike `guard`'s window; none when
         the newest complete checkpoint is this step's already (a rerun of a finished run)."""
         if (newest := self.newest_complete()) is not None and newest.name == tag_for(step):

@@ -33,8 +33,7 @@ import torch.distributed as dist
 from pipeline.common.atomic_files import publish_folder, reporting_disk_full, sha256_file
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
-from pipeline.pretrain.plan.record import RECORD_FILE, CheckpointRecord, StartPoint, read_record, write_record
-from pipeline.pretrain.step.device_step import extra_state, load_extra_state, loss_scaler
+from pipeline.pretrain.checkpoints.record import RECORD_FILE, CheckpointRecord, StartPoint, read_record, write_record
 
 _TAG = re.compile(r"^step_(\d{8,})$")
 
@@ -288,3 +287,21 @@ def convert_to_universal(checkpoint: Path) -> None:
                             f"number of ranks) failed:\n{proc.stderr[-2000:]}")
     (tmp / checkpoint.name / "converted").write_text("ok\n")
     publish_folder(tmp, checkpoint / UNIVERSAL_DIR)
+
+
+def loss_scaler(engine) -> torch.amp.GradScaler | None:
+    """The GradScaler of an fp16 engine at ZeRO 0; None otherwise."""
+    return getattr(engine, "torch_autocast_z0_gradscaler", None)
+
+
+def extra_state(engine) -> dict[str, Any]:
+    """What a checkpoint holds beyond DeepSpeed's engine state (its `client_state`): ZeRO 0 fp16's loss scaler."""
+    scaler = loss_scaler(engine)
+    return {} if scaler is None else {"grad_scaler": scaler.state_dict()}
+
+
+def load_extra_state(engine, client_state: dict[str, Any] | None) -> None:
+    """Put `extra_state` back (a checkpoint without it keeps the fresh scaler)."""
+    scaler = loss_scaler(engine)
+    if scaler is not None and client_state and "grad_scaler" in client_state:
+        scaler.load_state_dict(client_state["grad_scaler"])

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.common.atomic_files import write_json_atomic
-from pipeline.common.config_tree import to_dict
-from pipeline.common.model_card import equivalence_text, figure, table, write_card
+from pipeline.common.config.tree import to_dict
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE
+from pipeline.models.card import equivalence_text, figure, table, write_card
 from pipeline.pretrain.config import named_corpora
 from pipeline.pretrain.export.facts import CheckpointFacts
 from pipeline.pretrain.report.plateau import at_mask_rate, metrics_beside_plateau

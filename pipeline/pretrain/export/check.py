@@ -12,7 +12,7 @@ The exported path is what a user gets: `AutoModelForMaskedLM.from_pretrained(fol
 document as a row of its own, padded, with the positions transformers computes itself, and the folder's own
 tokenizer.
 
-Three things must agree: the masked positions' logits (`pipeline/common/output_agreement.py`, fp32's
+Three things must agree: the masked positions' logits (`pipeline/models/output_agreement.py`, fp32's
 tolerance), the MLM loss on the batch (to the same share of its size), and the exported tokenizer's
 fingerprint with the one the run's shards were made with. Since the reference comes from the config and the
 exported folder from the checkpoint's recorded transformers config, a recorded config that lost or changed a
@@ -27,16 +27,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.output_agreement import RELATIVE_TOLERANCE, Agreement, compare_logits, refuse_unless_within
 from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.models.output_agreement import RELATIVE_TOLERANCE, Agreement, compare_logits, refuse_unless_within
 from pipeline.pretrain.batches.masked_slots import dense_labels
 from pipeline.pretrain.export.facts import CheckpointFacts
 from pipeline.pretrain.plan.masking import EVAL_STREAM, IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from pipeline.models.architectures.config import ModelConfig
+    from pipeline.pretrain.plan.phases import Phase
 
 CHECK_ROWS = 8
 """Validation sequences in the checked batch (the first ones, as the run's evaluation takes them)."""
@@ -49,7 +54,7 @@ class _FirstRows:
     """The first `rows` sequences of a shard folder's validation split, as `MaskedBatches` reads a cache."""
 
     def __init__(self, folder: str, rows: int):
-        from pipeline.data.shard_reader import ShardedDataset
+        from pipeline.data.shards.reader import ShardedDataset
 
         try:
             split = ShardedDataset(folder, "val")
@@ -69,8 +74,8 @@ class _FirstRows:
 def validation_batch(facts: CheckpointFacts, tokenizer, info: TokenizerInfo) -> dict[str, torch.Tensor]:
     """The first validation micro batch of the phase that trained the checkpoint's last step (of a mix, its first
     corpus's), masked as the run's evaluation masks it."""
+    from pipeline.models.architectures.hf_model import first_position_id
     from pipeline.pretrain.batches.stretch_data import MaskedBatches, MicroBatchKey
-    from pipeline.pretrain.model.hf_model import first_position_id
     from pipeline.pretrain.plan.masking import build_masker
 
     c = facts.config
@@ -84,7 +89,7 @@ def validation_batch(facts: CheckpointFacts, tokenizer, info: TokenizerInfo) -> 
 def trained_seq_len(facts: CheckpointFacts) -> int:
     """The sequence length the trainer sized positions for: the longest of the shard folders the config names
     (those still readable), at least the checkpoint's own."""
-    from pipeline.data.shard_index import load_index
+    from pipeline.data.shards.index import load_index
     from pipeline.pretrain.plan.phases import resolve_phases
 
     lengths = [facts.seq_len]
@@ -100,8 +105,6 @@ def training_path(facts: CheckpointFacts, hf_config: dict, state: dict[str, torc
                   batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float, str]:
     """The masked positions' logits and the MLM loss from the training class on the run's path, in fp32; and that
     path in words."""
-    from pipeline.pretrain.model.hf_model import training_model
-
     trained_with = facts.config.model.attn_implementation
     attention = trained_with if trained_with in CPU_ATTENTION else "sdpa"
     try:
@@ -167,7 +170,7 @@ def exported_outputs(folder: Path, batch: dict[str, torch.Tensor], pad_id: int) 
 
 def tokenizer_problem(fingerprint: str, facts: CheckpointFacts, what: str) -> str | None:
     """Why the tokenizer of `fingerprint` is not the one the run's shards were made with, or None."""
-    from pipeline.data.shard_index import load_index
+    from pipeline.data.shards.index import load_index
 
     folder = facts.phase.data.corpora()[0].path
     try:
@@ -249,3 +252,28 @@ class ExportProof:
                             exported_fingerprint)
         check.refuse_unless_passed(f"the export of {facts.folder}")
         return check
+
+
+def training_model(model: ModelConfig, hf: dict, tokenizer: TokenizerInfo, seq_len: int, phase: Phase,
+                   state: dict[str, torch.Tensor], attention: str, source: str | Path) -> torch.nn.Module:
+    """The training class as the trainer built it, with `attention`, holding `state`, in fp32 and eval mode: from the
+    model section (positions for `seq_len`, `phase`'s RoPE bases), or for a `model.init_from` run from the shape
+    its record keeps (`hf`: the folder's, which may be a hub name)."""
+    import dataclasses
+
+    from pipeline.models.architectures.hf_model import (
+        SPARSE_CLASSES,
+        build_model,
+        load_trained_weights,
+        use_rope_thetas,
+    )
+
+    if model.init_from:
+        cls = SPARSE_CLASSES[model.architecture]
+        built = cls(cls.config_class.from_dict({**hf, "attn_implementation": attention}))
+        if model.architecture == "bert":  # a training switch the record's config does not hold: the run's
+            built.next_sentence_loss = model.next_sentence_loss
+    else:
+        built = build_model(dataclasses.replace(model, attn_implementation=attention), tokenizer, seq_len)
+        use_rope_thetas(built, phase.global_rope_theta, phase.local_rope_theta, lambda _: None)
+    return load_trained_weights(built, state, source).float().eval()

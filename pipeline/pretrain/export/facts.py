@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.common.config_tree import build_config
+from pipeline.common.config.tree import build_config
 from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import PretrainLayout
+from pipeline.models.fingerprints import checkpoint_fingerprint
+from pipeline.pretrain.checkpoints.record import CheckpointRecord
 from pipeline.pretrain.checkpoints.storage import verified_checkpoint
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.plan.record import CheckpointRecord
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ only then renamed into place: a folder that does not compute what the training m
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +23,11 @@ import torch
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.common.fingerprints import checkpoint_fingerprint
 from pipeline.common.run_layout import EXPORT_PROVENANCE_FILE, PretrainLayout
-from pipeline.pretrain.checkpoints.storage import complete_checkpoints, tag_for
+from pipeline.models.fingerprints import checkpoint_fingerprint
+from pipeline.pretrain.checkpoints.record import RECORD_FILE, read_record
+from pipeline.pretrain.checkpoints.storage import complete_checkpoints, resolve_checkpoint, tag_for
 from pipeline.pretrain.export.facts import checkpoint_facts
-from pipeline.pretrain.plan.record import RECORD_FILE, read_record
 
 PROVENANCE_FILE = EXPORT_PROVENANCE_FILE
 """An export's record: the checkpoint and pretraining MLflow run it came from (fine-tuning runs link to them),
@@ -100,9 +103,9 @@ def export_checkpoint(path: str | Path, out: str | Path, *, overwrite: bool = Fa
     """
     from transformers import AutoTokenizer
 
+    from pipeline.models.architectures.hf_model import exported_model
     from pipeline.pretrain.export.card import write_record_and_card
     from pipeline.pretrain.export.check import ExportProof
-    from pipeline.pretrain.model.hf_model import exported_model
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -188,3 +191,58 @@ def _read_index(path: Path) -> list[dict]:
     except (OSError, json.JSONDecodeError) as err:
         raise PipelineError(f"{path}: cannot read the revisions index ({err}); move it away to rebuild it") from None
     return entries if isinstance(entries, list) else []
+
+
+def export_for_loading(path: str | Path, *, export_to: Path | None = None, cache_dir: str | Path | None = None,
+                       is_main: bool = True, barrier: Callable[[], None] = lambda: None, keep_export: bool = False,
+                       model: str | None = None) -> Path:
+    """The HF folder of a pretraining run's last complete checkpoint (or of a checkpoint), exported once: into
+    `export_to` when the caller names the folder (fine-tuning's `source_model/`), else into a cache keyed by the
+    checkpoint's path and fingerprint, so a second load is instant and never rewrites an earlier export.
+
+    The exporter every command hands `pipeline.models.model_source.resolve_model_source`. Only the main process
+    exports; the others wait at `barrier` and then read the finished folder, since several processes exporting into
+    one folder would race on its temporary and final names. `keep_export` (finished seeds were fine-tuned from the
+    weights in `export_to`): an export of another checkpoint there is refused, on every process, rather than
+    replaced. `model` is the argument as the user gave it, for errors.
+    """
+    checkpoint = resolve_checkpoint(Path(path)).resolve()
+    if export_to is None:
+        return _export_cached(checkpoint, Path(cache_dir) if cache_dir else default_cache_dir())
+    return _export_into(checkpoint, export_to, model or str(path), is_main, barrier, keep_export)
+
+
+def default_cache_dir() -> Path:
+    """`$ROBERTA_PIPELINE_CACHE`, else `~/.cache/roberta-pipeline`: where on-the-fly exports are kept."""
+    return Path(os.environ.get("ROBERTA_PIPELINE_CACHE") or Path.home() / ".cache" / "roberta-pipeline")
+
+
+def _export_into(checkpoint: Path, export_to: Path, model: str, is_main: bool, barrier: Callable[[], None],
+                 keep_export: bool) -> Path:
+    """Export `checkpoint` into the caller's folder unless it already holds this very checkpoint."""
+    made_from, identity = exported_from(export_to), exported_identity(checkpoint)
+    if keep_export and made_from is not None and made_from != identity:
+        raise PipelineError(f"{export_to} is the export of {made_from[0]} (fingerprint {made_from[1]}) that "
+                            f"the finished seeds beside it were fine-tuned from; --model {model} now holds "
+                            f"another checkpoint (fingerprint {identity[1]}). Choose another "
+                            "train.output_dir, or delete the folder to redo it")
+    if is_main and made_from != identity:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # consolidating weights needs no GPU
+
+        export_checkpoint(checkpoint, export_to, overwrite=True)
+        print(f"exported {checkpoint} to {export_to} (rank {os.environ.get('RANK', '0')})", flush=True)
+    barrier()
+    return export_to
+
+
+def _export_cached(checkpoint: Path, cache_dir: Path) -> Path:
+    """Export `checkpoint` once into the cache; later loads reuse the folder."""
+    identity = exported_identity(checkpoint)  # path and fingerprint: a retrained run's same-named step is another
+    run = PretrainLayout.of_checkpoint(checkpoint)
+    if run and exported_from(run.export) == identity:
+        return run.export  # the run's own export is of this very checkpoint
+    key = hashlib.sha256(":".join(identity).encode()).hexdigest()[:16]
+    out = cache_dir / "exports" / f"{checkpoint.name}-{key}"
+    if not (out / "config.json").is_file():
+        export_checkpoint(checkpoint, out, overwrite=True)
+    return out

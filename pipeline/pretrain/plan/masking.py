@@ -42,11 +42,9 @@ import numpy as np
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.epoch_order import splitmix64
+from pipeline.models.heads import IGNORE_INDEX
 from pipeline.pretrain.config import MaskingConfig
 from pipeline.pretrain.span_lengths import mean_span_words, span_length_distribution
-
-IGNORE_INDEX = -100
-"""Label of positions that are not predicted (the value PyTorch's cross-entropy ignores)."""
 
 TRAIN_STREAM, EVAL_STREAM = 1, 2
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from pipeline.common.processes.batch_plan import BatchPlan
 from pipeline.pretrain.config import DataConfig, PhaseConfig, PretrainConfig
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,15 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.common.config_tree import build_config, to_dict
+from pipeline.common.config.tree import build_config, to_dict
 from pipeline.common.errors import PipelineError
+from pipeline.common.processes.batch_plan import BatchPlan, RampSegment, batch_ramp
+from pipeline.data.epoch_order import CorpusLayout
+from pipeline.pretrain.checkpoints.ledger import Ledger
+from pipeline.pretrain.checkpoints.record import CheckpointRecord, StartPoint, StretchRecord
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.plan.batch_plan import BatchPlan, RampSegment, batch_ramp
-from pipeline.pretrain.plan.ledger import Ledger
 from pipeline.pretrain.plan.phases import Phase, resolve_phases
-from pipeline.pretrain.plan.record import CheckpointRecord, StartPoint, StretchRecord
 from pipeline.pretrain.plan.schedules import Anneal, Schedule, lr_schedule
-from pipeline.pretrain.plan.stream import CorpusLayout, DataStream, drawn, shares_of
+from pipeline.pretrain.plan.stream import DataStream, drawn, shares_of
 
 
 @dataclass(frozen=True, kw_only=True)

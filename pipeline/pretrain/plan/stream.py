@@ -31,39 +31,11 @@ from itertools import accumulate
 
 import numpy as np
 
-from pipeline.data.epoch_order import EpochOrder, ShardLayout
-from pipeline.pretrain.plan.batch_plan import BatchPlan
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.data.epoch_order import CorpusLayout, EpochOrder
 from pipeline.pretrain.plan.masking import TRAIN_STREAM
 
 _ORDER, _MIX = 1, 2  # RNG salts: a corpus's epoch order, a step's shuffle
-
-
-@dataclass(frozen=True)
-class CorpusLayout:
-    """One corpus as the order sees it; checkpoints record it, so a resume keeps the order it started with."""
-
-    name: str
-    path: str
-    key: int
-    """The order's key for this corpus: from its shards' checksums, so a renamed folder keeps its order."""
-    shard_sizes: tuple[int, ...]
-    """Sequences of each training shard, in index order."""
-    shards_per_block: int
-    """Shards read together as one shuffle block (epoch_order.py)."""
-    seq_len: int
-
-    @property
-    def num_sequences(self) -> int:
-        return sum(self.shard_sizes)
-
-    @property
-    def shard_layout(self) -> ShardLayout:
-        return ShardLayout(self.shard_sizes, self.shards_per_block)
-
-    @classmethod
-    def of_size(cls, num_sequences: int, key: int = 0) -> CorpusLayout:
-        """A corpus of `num_sequences` in one shard (one block: a plain shuffle), for tests and benchmarks."""
-        return cls(f"corpus{key}", "", key, (int(num_sequences),), 1, 0)
 
 
 def shares_of(weights: Sequence[float]) -> tuple[Fraction, ...]:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.shard_reader import ShardedDataset
+from pipeline.data.shards.reader import ShardedDataset
 
 
 def unigram_entropy_nats(counts: np.ndarray) -> float:

@@ -14,12 +14,12 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from pipeline.common.atomic_files import staged_folder, write_json_atomic
-from pipeline.common.config_tree import flatten, to_dict
+from pipeline.common.config.tree import flatten, to_dict
+from pipeline.common.processes.topology import Topology
 from pipeline.common.run_kernel import run_tags
-from pipeline.common.topology import Topology
+from pipeline.models.architectures.flops import mfu, model_flops_per_token
 from pipeline.pretrain.batches.stretch_data import PretrainData
-from pipeline.pretrain.model.flops import mfu, model_flops_per_token
-from pipeline.pretrain.plan.ledger import GaveUpEvent, RollbackEvent
+from pipeline.pretrain.checkpoints.ledger import GaveUpEvent, RollbackEvent
 from pipeline.pretrain.plan.run_plan import RunPlan
 from pipeline.pretrain.step.device_step import loss_scale
 from pipeline.pretrain.step.step_sync import CheckedLosses

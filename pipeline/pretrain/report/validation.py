@@ -5,7 +5,7 @@ probes of what the model can do (`probes`: the pretraining command hands in pipe
 
 from __future__ import annotations
 
-from pipeline.common.topology import Topology
+from pipeline.common.processes.topology import Topology
 from pipeline.pretrain.batches.stretch_data import PretrainData
 from pipeline.pretrain.plan.masking import eval_probability
 from pipeline.pretrain.plan.run_plan import RunPlan

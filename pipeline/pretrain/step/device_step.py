@@ -17,7 +17,7 @@ still does on the host in a step, and what is done here instead:
   bucket started while the backward runs, in bf16 for a bf16 run (gradient_buckets.py);
 - ZeRO 0 in fp16 scales the loss with torch's GradScaler built with DeepSpeed's defaults, whatever the
   `fp16` section says, and saves it in no checkpoint: built from the section here, and its state goes into
-  the checkpoint (`extra_state`);
+  the checkpoint (checkpoints/storage.py's `extra_state`);
 - ZeRO 1/2 ask the host whether the gradient norm is finite before clipping each parameter group
   (`unscale_and_clip_grads`): the same arithmetic, with the check on the device (fp32 and bf16; DeepSpeed's
   own fp16 is left as it is). In bf16, whose overflow check is off (engine.py), a step with a non-finite norm is
@@ -35,20 +35,31 @@ from __future__ import annotations
 import math
 import types
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from pipeline.pretrain.checkpoints.storage import loss_scaler
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.step.gradient_buckets import reduce_in_buckets
-from pipeline.pretrain.step.spike_guard import SpikeGuard
 
 DEFAULT_SCALER_KEYS = {"initial_scale_power": 16, "loss_scale_window": 1000}
 """DeepSpeed's fp16 defaults: a first loss scale of 2^16, doubled after 1,000 steps without an overflow."""
 
 
-def keep_step_on_device(engine, config: PretrainConfig, guard: SpikeGuard) -> None:
+class StepJudge(Protocol):
+    """What the step asks of the spike guard (pipeline/pretrain/guard/spike_guard.py) inside its clipping: to judge
+    the step's gradient norm on the device, and its verdict, a step to leave out, as a device tensor."""
+
+    can_skip: bool
+    """Set here: whether a step the guard judges an outlier can be left out inside the optimizer's step."""
+    skip: torch.Tensor
+
+    def judge(self, grad_norm: torch.Tensor) -> None: ...
+
+
+def keep_step_on_device(engine, config: PretrainConfig, guard: StepJudge) -> None:
     """Replace, on this engine, DeepSpeed's host-side parts of the step (the module docstring lists them); at ZeRO 0
     the spike `guard` judges each step in its clipping."""
     t = config.train
@@ -80,7 +91,7 @@ def needs_finite_gradients(optimizer: torch.optim.Optimizer) -> bool:
     return not optimizer.defaults.get("fused", False)
 
 
-def clip_gradients(engine, guard: SpikeGuard, leave_out: torch.Tensor | None) -> None:
+def clip_gradients(engine, guard: StepJudge, leave_out: torch.Tensor | None) -> None:
     """ZeRO 0's clipping: torch's multi-tensor norm and clip to `gradient_clipping` (`clip_grad_norm_(foreach=True)`
     in its two halves), the norm kept on the device; then the spike `guard` judges the step, and a step with a
     non-finite norm, or one the guard leaves out, is left out (`leave_out`: the fused kernel's `found_inf`) or its
@@ -157,26 +168,8 @@ def grad_scaler(fp16: dict[str, Any]) -> torch.amp.GradScaler:
                                 growth_interval=keys["loss_scale_window"])
 
 
-def loss_scaler(engine) -> torch.amp.GradScaler | None:
-    """The GradScaler of an fp16 engine at ZeRO 0; None otherwise."""
-    return getattr(engine, "torch_autocast_z0_gradscaler", None)
-
-
 def loss_scale(engine) -> float | None:
     """The current fp16 loss scale (a device read: for logging steps), None without loss scaling."""
     if (scaler := loss_scaler(engine)) is not None:
         return scaler.get_scale()
     return getattr(engine.optimizer, "cur_scale", None)
-
-
-def extra_state(engine) -> dict[str, Any]:
-    """What a checkpoint holds beyond DeepSpeed's engine state (its `client_state`): ZeRO 0 fp16's loss scaler."""
-    scaler = loss_scaler(engine)
-    return {} if scaler is None else {"grad_scaler": scaler.state_dict()}
-
-
-def load_extra_state(engine, client_state: dict[str, Any] | None) -> None:
-    """Put `extra_state` back (a checkpoint without it keeps the fresh scaler)."""
-    scaler = loss_scaler(engine)
-    if scaler is not None and client_state and "grad_scaler" in client_state:
-        scaler.load_state_dict(client_state["grad_scaler"])

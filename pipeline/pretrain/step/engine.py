@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
+from pipeline.common.processes.batch_plan import BatchPlan
+from pipeline.models.parameter_groups import parameter_groups
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_keys import offloads_optimizer
-from pipeline.pretrain.model.compile_blocks import compile_blocks, compiles
-from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.schedules import Schedule, lr_scheduler
-from pipeline.pretrain.step.device_step import keep_step_on_device
-from pipeline.pretrain.step.optimizers import client_optimizer, parameter_groups
-from pipeline.pretrain.step.spike_guard import SpikeGuard
+from pipeline.pretrain.step.compile_blocks import compile_blocks, compiles
+from pipeline.pretrain.step.device_step import StepJudge, keep_step_on_device
+from pipeline.pretrain.step.optimizers import client_optimizer
 
 FLAT_PARTITIONS_CAVEAT = (
     "optimizer.name {name} with {how}: DeepSpeed gives the optimizer flat partitions of the flattened parameter "
@@ -103,10 +103,10 @@ def precision_sections(ds: dict[str, Any], precision: str, zero_stage: int) -> N
 
 
 def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: BatchPlan, load_universal: bool = False,
-                      *, schedule: Schedule, guard: SpikeGuard):
+                      *, schedule: Schedule, guard: StepJudge):
     """`deepspeed.initialize` with our derived config at `plan`, the batch of the stretch the run starts in
     (`set_batch_plan` changes it later), and `schedule`, the run's LR (the run's plan holds it); the spike `guard`
-    (spike_guard.py) judges each step at ZeRO 0 inside it."""
+    (guard/spike_guard.py) judges each step at ZeRO 0 inside it."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 

@@ -163,21 +163,6 @@ class StableAdamW(DeviceStepOptimizer):
         torch._foreach_add_(params, updates)
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Optimizer groups: decay on weight matrices, none on biases and LayerNorm (as in BERT and RoBERTa).
-
-    LAMB also skips its trust ratio in the second group. Norms are found
-    by module type, not by name: every name in the pre-LN model contains "roberta_prelayernorm".
-    """
-    norms = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if name.endswith("bias") or id(param) in norms or param.ndim < 2 else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def client_optimizer(groups: list[dict], config: PretrainConfig) -> torch.optim.Optimizer | None:
     """LAMB or StableAdamW over `groups` (model.parameter_groups: decayed, then not); None for AdamW, which DeepSpeed
     builds from its config."""

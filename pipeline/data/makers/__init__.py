@@ -1,0 +1,1 @@
+"""Dataset makers: the main job's corpus and tasks, bigram shift, minimal pairs."""

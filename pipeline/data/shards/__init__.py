@@ -1,0 +1,1 @@
+"""Shards: the container format, index.json, reader, writer, and the shard stage that makes them."""

@@ -1,0 +1,52 @@
+"""The fine-tuning config's `embedding` section, and which tasks are embedding tasks.
+
+Read by the embedding family alone; every other family ignores the section. It imports nothing of the
+fine-tuning package, so `finetune/config.py` can hold it without an import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.common.config import size_limits as lim
+from pipeline.common.config.tree import refuse
+from pipeline.models.architectures.config import Pooling
+
+EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse")
+"""`embed-pairs`: jsonl of `query`, `positive` and an optional `negative`; `embed-sts`: `sentence1`, `sentence2`,
+`score`; `embed-simcse`: `text` only (unsupervised, dropout is the augmentation)."""
+
+
+
+@dataclass
+class EmbeddingConfig:
+    pooling: Pooling = "mean"
+    """How token vectors become one embedding: `mean` over the real tokens, or the first (`cls`) token's. Written
+    into the Sentence-Transformers folder (`1_Pooling/config.json`)."""
+    score_range: list[float] = field(default_factory=lambda: [0.0, 5.0])
+    """`embed-sts`: the scores' declared range (STS-B: 0 to 5); a score outside it is an error naming its line."""
+    scale: float = 20.0
+    """The in-batch loss's inverse temperature on cosine similarities (sentence-transformers' default, 1/0.05)."""
+    cache_mini_batch: int | None = None
+    """Cached in-batch negatives (GradCache, Gao et al. 2021): embeddings are computed this many examples at a time,
+    so `train.batch_size` (the number of in-batch negatives) can exceed what fits in memory. None: plain in-batch."""
+
+    dropout: float | None = None
+    """Dropout set on every dropout of the model's config while fine-tuning; None: the model's own. SimCSE needs
+    some (its only augmentation): the SimCSE paper's 0.1."""
+
+    def __post_init__(self):
+        problems = []
+        if self.pooling not in ("mean", "cls"):
+            problems.append(f"embedding.pooling: expected 'mean' or 'cls', got {self.pooling!r}")
+        if len(self.score_range) != 2 or not self.score_range[0] < self.score_range[1]:
+            problems.append(f"embedding.score_range: expected [low, high] with low < high, got {self.score_range}")
+        if not self.scale > 0:
+            problems.append(f"embedding.scale: must be > 0, got {self.scale}")
+        if self.cache_mini_batch is not None and self.cache_mini_batch < 1:
+            problems.append(f"embedding.cache_mini_batch: must be ≥ 1 (or null), got {self.cache_mini_batch}")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            problems.append(f"embedding.dropout: must be in [0, 1) (or null), got {self.dropout}")
+        problems += lim.bound_problems([("embedding.cache_mini_batch", self.cache_mini_batch, lim.MAX_MICRO_BATCH)],
+                                       minimum=-(1 << 62))
+        refuse(self, problems)

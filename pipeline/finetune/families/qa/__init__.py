@@ -1,0 +1,1 @@
+"""Extractive QA as a task family."""

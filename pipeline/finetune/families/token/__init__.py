@@ -1,0 +1,1 @@
+"""Token tagging (NER, POS) as a task family."""

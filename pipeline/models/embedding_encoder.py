@@ -1,0 +1,160 @@
+"""Texts → one vector each: a transformers encoder, its tokenizer and a pooling, in length-sorted batches.
+
+The stage's own encoder, used by the evaluator, the fine-tuning family's scoring and the in-loop probes (a live
+model, no folder). Pooling is sentence-transformers' formula (mean of the real tokens' vectors, or the first
+token's), so a Sentence-Transformers folder gives the same embeddings here as through `SentenceTransformer.encode`.
+
+`load_encoder` reads any model the stage takes: an export, a pretraining run or checkpoint (exported once), a
+fine-tuning output or saved model, a released HF folder, or a Sentence-Transformers folder (its `modules.json`
+says where the transformer is and how it pools).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from pipeline.common.errors import PipelineError
+from pipeline.models.architectures.config import Pooling
+
+if TYPE_CHECKING:
+    from pipeline.models.model_source import Exporter
+
+ST_MODULES = "modules.json"
+ST_SETTINGS = "sentence_bert_config.json"
+KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
+"""The Sentence-Transformers modules this encoder reproduces; a folder with others (Dense, …) is refused by name."""
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
+    """(batch, tokens, width) → (batch, width): sentence-transformers' `Pooling` for `mean` and `cls`."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+@dataclass
+class PooledEncoder:
+    """`encode(texts)` → float32 (n, width): a live model (in eval mode while encoding) and its tokenizer."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    pooling: Pooling = "mean"
+    max_seq_len: int = 128
+    batch_size: int = 32
+
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        was_training = self.model.training
+        self.model.eval()
+        # Shortest first, so each batch pads to about its own length (as sentence-transformers' encode does).
+        order = np.argsort([len(t) for t in texts], kind="stable")
+        device = next(self.model.parameters()).device
+        parts = []
+        try:
+            for start in range(0, len(texts), self.batch_size):
+                batch = self.tokenizer([texts[i] for i in order[start:start + self.batch_size]], padding=True,
+                                       truncation=True, max_length=self.max_seq_len, return_tensors="pt")
+                batch = {k: v.to(device) for k, v in batch.items()
+                         if k in ("input_ids", "attention_mask", "token_type_ids")}
+                hidden = self.model(**batch).last_hidden_state
+                parts.append(pool(hidden, batch["attention_mask"], self.pooling).float().cpu().numpy())
+        finally:
+            self.model.train(was_training)
+        out = np.zeros((len(texts), parts[0].shape[1] if parts else 0), dtype=np.float32)
+        if parts:
+            out[order] = np.concatenate(parts)
+        return out
+
+
+@dataclass(frozen=True)
+class SentenceFolder:
+    """What a Sentence-Transformers folder says: where its transformer is, how it pools, its length."""
+
+    transformer: Path
+    pooling: Pooling
+    max_seq_len: int | None
+
+
+def sentence_folder(folder: str | Path) -> SentenceFolder | None:
+    """`folder`'s modules, when it is a Sentence-Transformers folder (None otherwise); modules this encoder does not
+    reproduce are refused by name."""
+    folder = Path(folder)
+    if not (folder / ST_MODULES).is_file():
+        return None
+    try:
+        modules = json.loads((folder / ST_MODULES).read_text())
+        kinds = {m["type"].rsplit(".", 1)[-1]: folder / m["path"] for m in modules}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise PipelineError(f"{folder / ST_MODULES}: not a Sentence-Transformers module list ({err})") from None
+    unknown = [kind for kind in kinds if kind not in KNOWN_MODULES]
+    if unknown or "Transformer" not in kinds or "Pooling" not in kinds:
+        raise PipelineError(f"{folder}: a Sentence-Transformers folder with modules {', '.join(kinds)}; this encoder "
+                            f"reproduces {', '.join(KNOWN_MODULES)} (a transformer and a pooling) only")
+    pooling_config = json.loads((kinds["Pooling"] / "config.json").read_text())
+    mode = pooling_config.get("pooling_mode")  # sentence-transformers 6; earlier versions: one flag per mode
+    modes = ([mode] if isinstance(mode, str) else list(mode)) if mode is not None else [
+        k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+        for k, v in pooling_config.items() if k.startswith("pooling_mode_") and v is True]
+    if modes not in (["mean"], ["cls"]):
+        raise PipelineError(f"{kinds['Pooling'] / 'config.json'}: pooling {modes}; this encoder reproduces mean or "
+                            "CLS pooling alone")
+    settings = kinds["Transformer"] / ST_SETTINGS
+    length = json.loads(settings.read_text()).get("max_seq_length") if settings.is_file() else None
+    return SentenceFolder(kinds["Transformer"], modes[0], length)
+
+
+def default_length(config, tokenizer, cap: int = 512) -> int:
+    """The longest input the model takes (its positions), at most the tokenizer's own limit and `cap`."""
+    from pipeline.models.model_source import position_limit
+
+    limit = min(position_limit(config), cap)
+    told = getattr(tokenizer, "model_max_length", None)
+    return min(limit, told) if isinstance(told, int) and told > 0 else limit
+
+
+def load_transformer(folder: str | Path, *, from_scratch: bool = False) -> torch.nn.Module:
+    """The bare encoder (no head) of an HF folder, its load report silenced (a head left behind is expected)."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
+
+    if from_scratch:
+        return AutoModel.from_config(AutoConfig.from_pretrained(folder))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoModel.from_pretrained(folder)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def load_encoder(model: str | Path, *, pooling: Pooling | None = None, max_seq_len: int | None = None,
+                 batch_size: int = 32, exporter: Exporter | None = None) -> tuple[PooledEncoder, str]:
+    """(the encoder, the HF folder it reads) for any model the stage takes (a pretraining run or checkpoint through
+    `exporter`); a folder that is not a model is a `PipelineError` naming it. A Sentence-Transformers folder's own
+    pooling and length apply unless given."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from pipeline.models.model_source import position_limit, resolve_model_source
+
+    source = resolve_model_source(model, exporter=exporter, what="--model")
+    found = sentence_folder(source.path)
+    folder = str(found.transformer) if found else source.path
+    if not Path(folder, "config.json").is_file() and Path(folder).exists():
+        raise PipelineError(f"--model {model}: {folder} holds no config.json; not a model folder")
+    tokenizer, config = AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
+    # A Sentence-Transformers folder's length is its own (sentence-transformers 6 keeps it as the tokenizer's
+    # `model_max_length`, earlier versions in sentence_bert_config.json); elsewhere the positions, at most 512.
+    told = getattr(tokenizer, "model_max_length", None)
+    own = (found.max_seq_len or (told if isinstance(told, int) and 0 < told < 1 << 20 else None)) if found else None
+    length = max_seq_len or own or default_length(config, tokenizer)
+    encoder = PooledEncoder(load_transformer(folder), tokenizer, pooling or (found.pooling if found else "mean"),
+                            min(length, position_limit(config)), batch_size)
+    return encoder, folder
