@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
-CONFIG_FINDER = PACKAGE / "common" / "shipped_configs.py"
+CONFIG_FINDER = PACKAGE / "common" / "config" / "shipped_configs.py"
 OUTSIDE = re.compile(r"(?:^|[/\\])(launchers|data_prep|configs)(?:[/\\]|$)")
 
 
