@@ -68,7 +68,8 @@ def owned_key_problems(ds: dict[str, Any]) -> list[str]:
 
 
 GRAD_SCALER_KEYS = ("initial_scale_power", "loss_scale_window")
-"""The `fp16` keys torch's GradScaler takes at ZeRO 0 (pipeline/pretrain/step/device_step.py builds it from them)."""
+"""The `fp16` keys torch's GradScaler takes at ZeRO 0 (pipeline/pretrain/step/deepspeed_patches.py builds it
+from them)."""
 
 
 def grad_scaler_problems(ds: dict[str, Any], precision: str, zero_stage: int) -> list[str]:

@@ -34,7 +34,7 @@ from pipeline.common.atomic_files import publish_folder, reporting_disk_full, sh
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.plan.record import RECORD_FILE, CheckpointRecord, StartPoint, read_record, write_record
-from pipeline.pretrain.step.device_step import extra_state, load_extra_state, loss_scaler
+from pipeline.pretrain.step.deepspeed_patches import extra_state, load_extra_state, loss_scaler
 
 _TAG = re.compile(r"^step_(\d{8,})$")
 

@@ -5,7 +5,7 @@ AdamW is torch's fused one, which DeepSpeed builds from its config; LAMB and Sta
 `zero_allow_untested_optimizer` under ZeRO. Under
 ZeRO 1–3 they are given flat partitions, so LAMB's trust ratio and StableAdamW's update clipping are
 computed per partition, not per tensor; the pipeline warns so. Which of DeepSpeed's precision paths each
-precision takes, and why, is `precision_sections`'s; device_step.py keeps the rest of the step on the device.
+precision takes, and why, is `precision_sections`'s; deepspeed_patches.py keeps the rest of the step on the device.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pipeline.pretrain.deepspeed_keys import offloads_optimizer
 from pipeline.pretrain.model.compile_blocks import compile_blocks, compiles
 from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.schedules import Schedule, lr_scheduler
-from pipeline.pretrain.step.device_step import keep_step_on_device
+from pipeline.pretrain.step.deepspeed_patches import keep_step_on_device
 from pipeline.pretrain.step.optimizers import client_optimizer, parameter_groups
 from pipeline.pretrain.step.spike_guard import SpikeGuard
 
@@ -43,8 +43,8 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints/storage.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
-    # At ZeRO 0 the spike guard takes the gradient norm where DeepSpeed clips (device_step.py), which it calls only
-    # with a clip > 0: an infinite one measures without clipping.
+    # At ZeRO 0 the spike guard takes the gradient norm where DeepSpeed clips (deepspeed_patches.py), which it calls
+    # only with a clip > 0: an infinite one measures without clipping.
     measure = t.spike_guard != "off" and t.zero_stage == 0
     ds.update(
         train_batch_size=plan.global_batch_size,
@@ -57,7 +57,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
         # torch's AdamW needs no compiled extension; offloaded states need DeepSpeed's CPU Adam.
         # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included. Under DeepSpeed's own fp16
         # (ZeRO 1-3) the fused kernel is used only when asked for: one step of it there on an H100 (ZeRO 2, with
-        # device_step.py's clipping guard, which matches DeepSpeed's bitwise on CPU) ended at a loss of 5.298
+        # deepspeed_patches.py's clipping guard, which matches DeepSpeed's bitwise on CPU) ended at a loss of 5.298
         # where fp32's and the unfused step's ended at 5.105. Not traced; no shipped config trains so.
         native_fp16 = t.precision == "fp16" and t.zero_stage > 0
         fused = {"fused": True} if (o.fused if o.fused is not None else not native_fp16) and not offload else {}
@@ -76,7 +76,7 @@ AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 def precision_sections(ds: dict[str, Any], precision: str, zero_stage: int) -> None:
     """DeepSpeed's `bf16`, `fp16` and `torch_autocast` sections for `precision`, chosen so that a step reads
-    nothing back to the host (device_step.py keeps the rest of the step on the device).
+    nothing back to the host (deepspeed_patches.py keeps the rest of the step on the device).
 
     Chosen by measurement (CPU, a 24-layer, 32-wide RoBERTa with RoBERTa-large's 394 tensors; per bf16 step):
     - ZeRO 0: DeepSpeed's own bf16/fp16 wraps a torch optimizer in `FP16_UnfusedOptimizer` (fp32 copies, norms
