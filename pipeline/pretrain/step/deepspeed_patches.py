@@ -1,4 +1,5 @@
-"""What keeps DeepSpeed's optimizer step on the device: between logging steps nothing is read back to the host.
+"""The DeepSpeed internals the pipeline patches, all here, each checked before it is patched: what keeps DeepSpeed's
+optimizer step on the device (between logging steps nothing is read back to the host), and ZeRO 0's all-reduce.
 
 A read (`.item()`, `bool()` of a tensor, a synchronize) makes the host wait until the device has run every
 queued kernel, so the next step's kernels are not queued meanwhile. The engine's config (engine.py) already
@@ -28,21 +29,111 @@ What still reads: ZeRO 1/2 in fp32 ask once a step whether the norm is finite, t
 (in `step()` itself, whose other work is not replaceable piecemeal), ZeRO 3 likewise, and DeepSpeed's own
 fp16 (ZeRO 1-3) checks for overflow. No shipped config trains so.
 tests/pretrain/test_device_reads.py counts them on CPU.
+
+These are DeepSpeed's private methods and attributes, tested on DeepSpeed 0.19.8 (pyproject.toml pins it). Another
+version may rename or rewrite them, and the step would then run DeepSpeed's own host-side parts, or clip twice, or
+all-reduce twice, without a word. So `PATCH_TARGETS` names each one with what the patch relies on, and
+`check_patch_targets` refuses a DeepSpeed without them, naming its version, before anything is patched. The check
+runs when the engine is built (engine.py, before `deepspeed.initialize`), not when this module is imported: importing
+DeepSpeed here would choose its accelerator before the launcher's topology has set `DS_ACCELERATOR`, and cost its
+5-7 s to commands that only read a checkpoint's loss scaler.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import types
-from functools import partial
+from dataclasses import dataclass
+from functools import cache, partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from pipeline.common.errors import PipelineError
 from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.step.gradient_buckets import reduce_in_buckets
 from pipeline.pretrain.step.spike_guard import SpikeGuard
+
+TESTED_DEEPSPEED = "0.19.8"
+"""The DeepSpeed whose internals the patches below were written for and tested on."""
+
+
+@dataclass(frozen=True)
+class PatchTarget:
+    """One DeepSpeed method the step patches, replaces, or relies on, and what of it the patch needs."""
+
+    owner: str
+    """The class, as `module:Class`."""
+    name: str
+    """The method."""
+    parameters: tuple[str, ...] | None = None
+    """Its parameters, where the patch replaces it (and so must take the same arguments)."""
+    names: tuple[str, ...] = ()
+    """Attributes and methods its code uses that the patch sets, replaces or reads (DeepSpeed's own spelling)."""
+    why: str = ""
+
+
+PATCH_TARGETS = (
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "clip_fp32_gradients", parameters=("self",),
+                why="ZeRO 0's clipping, replaced by `clip_gradients`"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "_take_model_step",
+                names=("clip_fp32_gradients", "torch_autocast_z0_gradscaler"),
+                why="calls the clipping and steps fp16 through the GradScaler `grad_scaler` builds"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "_backward_epilogue",
+                names=("enable_backward_allreduce", "allreduce_gradients"),
+                why="ZeRO 0's all-reduce after the backward, off on one rank and bucketed on several"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "get_global_grad_norm", names=("_global_grad_norm",),
+                why="the run log's gradient norm, which `clip_gradients` sets"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "is_gradient_accumulation_boundary",
+                why="whether a micro-step's backward sends its gradients"),
+    PatchTarget("deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer", "unscale_and_clip_grads",
+                parameters=("self", "grad_groups_flat", "total_norm"), names=("clip_grad", "loss_scale"),
+                why="ZeRO 1/2's clipping, replaced by `unscale_and_clip_grads`"),
+)
+
+
+def target_problems(targets: tuple[PatchTarget, ...] = PATCH_TARGETS) -> list[str]:
+    """What of each target the installed DeepSpeed lacks: the class, the method, its parameters, the names its code
+    uses (its code object's `co_names`: no source read)."""
+    problems = []
+    for target in targets:
+        module_name, class_name = target.owner.split(":")
+        where = f"{class_name}.{target.name}"
+        try:
+            owner = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            problems.append(f"{target.owner}: missing (needed for {where}: {target.why})")
+            continue
+        method = inspect.getattr_static(owner, target.name, None)
+        if not callable(method):
+            problems.append(f"{where}: missing ({target.why})")
+            continue
+        if target.parameters is not None:
+            found = tuple(inspect.signature(method).parameters)
+            if found != target.parameters:
+                problems.append(f"{where}: takes ({', '.join(found)}), the patch expects "
+                                f"({', '.join(target.parameters)}) ({target.why})")
+        used = set(getattr(getattr(method, "__code__", None), "co_names", ()))
+        if missing := [name for name in target.names if name not in used]:
+            problems.append(f"{where}: no longer uses {', '.join(missing)} ({target.why})")
+    return problems
+
+
+@cache
+def check_patch_targets() -> None:
+    """Refuse a DeepSpeed without the internals the patches need, naming its version and each missing part."""
+    from pipeline.common.topology import import_deepspeed
+
+    version = import_deepspeed().__version__
+    if problems := target_problems():
+        raise PipelineError(
+            f"DeepSpeed {version} is installed, but the pipeline patches DeepSpeed internals that it lacks (written "
+            f"for and tested on DeepSpeed {TESTED_DEEPSPEED}):\n  " + "\n  ".join(problems)
+            + f"\nInstall the tested version: pip install deepspeed=={TESTED_DEEPSPEED} (pyproject.toml pins it).")
+
 
 DEFAULT_SCALER_KEYS = {"initial_scale_power": 16, "loss_scale_window": 1000}
 """DeepSpeed's fp16 defaults: a first loss scale of 2^16, doubled after 1,000 steps without an overflow."""
@@ -51,6 +142,7 @@ DEFAULT_SCALER_KEYS = {"initial_scale_power": 16, "loss_scale_window": 1000}
 def keep_step_on_device(engine, config: PretrainConfig, guard: SpikeGuard) -> None:
     """Replace, on this engine, DeepSpeed's host-side parts of the step (the module docstring lists them); at ZeRO 0
     the spike `guard` judges each step in its clipping."""
+    check_patch_targets()
     t = config.train
     if t.zero_stage == 0:
         if t.precision == "fp16":

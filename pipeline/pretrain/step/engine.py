@@ -22,7 +22,7 @@ from pipeline.pretrain.deepspeed_keys import offloads_optimizer
 from pipeline.pretrain.model.compile_blocks import compile_blocks, compiles
 from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.schedules import Schedule, lr_scheduler
-from pipeline.pretrain.step.deepspeed_patches import keep_step_on_device
+from pipeline.pretrain.step.deepspeed_patches import check_patch_targets, keep_step_on_device
 from pipeline.pretrain.step.optimizers import client_optimizer, parameter_groups
 from pipeline.pretrain.step.spike_guard import SpikeGuard
 
@@ -110,6 +110,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    check_patch_targets()  # a DeepSpeed without the internals the step patches is refused before it builds anything
     cuda = get_accelerator().device_name() == "cuda"
     optimizer, t = config.optimizer.name, config.train
     how = f"ZeRO stage {t.zero_stage}"
