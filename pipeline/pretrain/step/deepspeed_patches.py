@@ -14,8 +14,8 @@ still does on the host in a step, and what is done here instead:
   out; a non-finite gradient is zeroed first where the optimizer computes the left-out update anyway.
   DeepSpeed would apply a non-finite gradient at ZeRO 0: a NaN in one batch would reach every weight;
 - ZeRO 0 on one rank flattens every gradient, "averages" it over that one rank and copies it back: off; on
-  several it all-reduces every gradient after the whole backward in one fp32 buffer: bucketed instead, each
-  bucket started while the backward runs, in bf16 for a bf16 run (gradient_buckets.py);
+  several it all-reduces every gradient after the whole backward in one buffer: torch's DDP reducer instead, each
+  bucket started while the backward runs (gradient_buckets.py; `reduce_with_torch`);
 - ZeRO 0 in fp16 scales the loss with torch's GradScaler built with DeepSpeed's defaults, whatever the
   `fp16` section says, and saves it in no checkpoint: built from the section here, and its state goes into
   the checkpoint (`extra_state`);
@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from pipeline.common.errors import PipelineError
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.step.gradient_buckets import reduce_in_buckets
+from pipeline.pretrain.step.gradient_buckets import GradientBuckets, attach_reducer
 from pipeline.pretrain.step.spike_guard import SpikeGuard
 
 TESTED_DEEPSPEED = "0.19.8"
@@ -82,9 +82,8 @@ PATCH_TARGETS = (
     PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "_take_model_step",
                 names=("clip_fp32_gradients", "torch_autocast_z0_gradscaler"),
                 why="calls the clipping and steps fp16 through the GradScaler `grad_scaler` builds"),
-    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "_backward_epilogue",
-                names=("enable_backward_allreduce", "allreduce_gradients"),
-                why="ZeRO 0's all-reduce after the backward, off on one rank and bucketed on several"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "_backward_epilogue", names=("enable_backward_allreduce",),
+                why="ZeRO 0's all-reduce after the backward, turned off for torch's reducer or for one rank"),
     PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "get_global_grad_norm", names=("_global_grad_norm",),
                 why="the run log's gradient norm, which `clip_gradients` sets"),
     PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "is_gradient_accumulation_boundary",
@@ -155,9 +154,30 @@ def keep_step_on_device(engine, config: PretrainConfig, guard: SpikeGuard) -> No
         if dist.get_world_size() == 1:
             engine.enable_backward_allreduce = False
         else:
-            engine.gradient_buckets = reduce_in_buckets(engine, t.precision)
+            engine.gradient_buckets = reduce_with_torch(engine, config)
     elif t.zero_stage in (1, 2) and t.precision != "fp16":  # DeepSpeed's fp16 reads its overflow check anyway
         engine.optimizer.unscale_and_clip_grads = types.MethodType(unscale_and_clip_grads, engine.optimizer)
+
+
+def reduce_with_torch(engine, config: PretrainConfig) -> GradientBuckets:
+    """ZeRO 0 on several ranks: DeepSpeed's all-reduce after the whole backward off, torch's DDP reducer on the
+    engine's module in its place (gradient_buckets.py); before each forward, the engine tells it whether the coming
+    backward is the accumulation boundary's, the one that sends.
+
+    Not a `DistributedDataParallel` handed to DeepSpeed as the model: the state dict of that wrapper prefixes every
+    key with `module.`, so every checkpoint, export and universal checkpoint name would change; `replicate` puts the
+    same reducer on the module itself.
+    """
+    engine.enable_backward_allreduce = False
+    buckets = attach_reducer(engine.module, config.train.precision, config.deepspeed)
+    forward = engine.forward
+
+    def forward_telling_the_reducer(*args, **kwargs):
+        buckets.before_forward(engine.is_gradient_accumulation_boundary())
+        return forward(*args, **kwargs)
+
+    engine.forward = forward_telling_the_reducer
+    return buckets
 
 
 def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
