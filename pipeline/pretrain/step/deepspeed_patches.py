@@ -86,8 +86,9 @@ PATCH_TARGETS = (
                 why="ZeRO 0's all-reduce after the backward, turned off for torch's reducer or for one rank"),
     PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "get_global_grad_norm", names=("_global_grad_norm",),
                 why="the run log's gradient norm, which `clip_gradients` sets"),
-    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "is_gradient_accumulation_boundary",
-                why="whether a micro-step's backward sends its gradients"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "is_gradient_accumulation_boundary", names=("micro_steps",),
+                why="whether a micro-step's backward sends its gradients; a hand-over restarts the count it reads "
+                    "(`restart_accumulation`)"),
     PatchTarget("deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer", "unscale_and_clip_grads",
                 parameters=("self", "grad_groups_flat", "total_norm"), names=("clip_grad", "loss_scale"),
                 why="ZeRO 1/2's clipping, replaced by `unscale_and_clip_grads`"),
@@ -178,6 +179,16 @@ def reduce_with_torch(engine, config: PretrainConfig) -> GradientBuckets:
 
     engine.forward = forward_telling_the_reducer
     return buckets
+
+
+def restart_accumulation(engine, accumulation: int) -> None:
+    """At a hand-over to another accumulation: the engine decides an accumulation boundary by
+    `(micro_steps + 1) % accumulation`, and `micro_steps` counts the whole run, so it restarts at 0 here, as it does
+    after a resume, else a new accumulation that does not divide it would end the first step early. ZeRO's
+    optimizers keep their own copy of the accumulation (for offloaded gradients), which follows."""
+    engine.micro_steps = 0
+    if hasattr(engine.optimizer, "gradient_accumulation_steps"):
+        engine.optimizer.gradient_accumulation_steps = accumulation
 
 
 def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:

@@ -22,7 +22,7 @@ from pipeline.pretrain.deepspeed_keys import offloads_optimizer
 from pipeline.pretrain.model.compile_blocks import compile_blocks, compiles
 from pipeline.pretrain.plan.batch_plan import BatchPlan
 from pipeline.pretrain.plan.schedules import Schedule, lr_scheduler
-from pipeline.pretrain.step.deepspeed_patches import check_patch_targets, keep_step_on_device
+from pipeline.pretrain.step.deepspeed_patches import check_patch_targets, keep_step_on_device, restart_accumulation
 from pipeline.pretrain.step.optimizers import client_optimizer, parameter_groups
 from pipeline.pretrain.step.spike_guard import SpikeGuard
 
@@ -138,15 +138,10 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 def set_batch_plan(engine, plan: BatchPlan) -> None:
     """Hand-over: give the engine the next stretch's micro batch and accumulation, keeping weights and moments.
 
-    DeepSpeed's own setters change its batch config; the optimizer and its states are untouched.
-    The engine decides an accumulation boundary by `(micro_steps + 1) % accumulation`, and
-    `micro_steps` counts the whole run, so it restarts at 0 here, as it does after a resume, else
-    a new accumulation that does not divide it would end the first step early. ZeRO's optimizers
-    keep their own copy of the accumulation (for offloaded gradients), which follows.
+    DeepSpeed's own setters change its batch config; the optimizer and its states are untouched; its count of
+    micro-steps restarts (`restart_accumulation`).
     """
     engine.set_train_micro_batch_size(plan.micro_batch_size)
     engine.set_train_batch_size(plan.global_batch_size)
     assert engine.gradient_accumulation_steps() == plan.accumulation, "DeepSpeed derived another accumulation"
-    engine.micro_steps = 0
-    if hasattr(engine.optimizer, "gradient_accumulation_steps"):
-        engine.optimizer.gradient_accumulation_steps = plan.accumulation
+    restart_accumulation(engine, plan.accumulation)
