@@ -37,7 +37,9 @@ import torch
 import torch.distributed as dist
 
 BUCKET_CAP_MB: float | None = None
-"""The reducer's bucket size in MiB; None: DDP's defaults (the first bucket 1 MiB, the others 25 MiB)."""
+"""The reducer's bucket size in MiB; None: DDP's defaults (the first bucket 1 MiB, the others 25 MiB). At least 1 with
+compiled blocks: dynamo splits a compiled graph where the buckets end, starting with a 1 MiB bucket, and refuses a
+smaller cap (tests set 1/64 to give a 2-layer model several buckets, uncompiled)."""
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float32}
 """What the buckets travel in, by `train.precision`, unless `deepspeed.communication_data_type` says otherwise."""
 COMMUNICATION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
