@@ -20,6 +20,7 @@ from pipeline.common.run_layout import PretrainLayout
 from pipeline.models.architectures.config import ModelConfig
 from pipeline.models.precision import Precision
 from pipeline.pretrain.deepspeed_keys import (
+    communication_problems,
     deepspeed_key_problems,
     grad_scaler_problems,
     offloads_optimizer,
@@ -600,6 +601,7 @@ class PretrainConfig:
             problems.append(f"optimizer.name {name} with deepspeed.zero_optimization.offload_optimizer: {why[name]}; "
                             "drop the offload or use optimizer.name adamw")
         problems += grad_scaler_problems(ds, self.train.precision, self.train.zero_stage)
+        problems += communication_problems(ds)
         return problems + deepspeed_key_problems(ds)
 
     @property

@@ -68,7 +68,8 @@ def owned_key_problems(ds: dict[str, Any]) -> list[str]:
 
 
 GRAD_SCALER_KEYS = ("initial_scale_power", "loss_scale_window")
-"""The `fp16` keys torch's GradScaler takes at ZeRO 0 (pipeline/pretrain/step/device_step.py builds it from them)."""
+"""The `fp16` keys torch's GradScaler takes at ZeRO 0 (pipeline/pretrain/step/deepspeed_patches.py builds it
+from them)."""
 
 
 def grad_scaler_problems(ds: dict[str, Any], precision: str, zero_stage: int) -> list[str]:
@@ -80,6 +81,33 @@ def grad_scaler_problems(ds: dict[str, Any], precision: str, zero_stage: int) ->
             f"takes {' and '.join(GRAD_SCALER_KEYS)}; leave it out, or use train.zero_stage ≥ 1 for DeepSpeed's own "
             "loss scaling" for key, value in section.items()
             if key not in (*GRAD_SCALER_KEYS, "enabled") and not (key == "loss_scale" and value == 0)]
+
+
+COMMUNICATION_DATA_TYPES = ("fp32", "bf16", "fp16")
+"""`communication_data_type`'s values: what gradients travel in between ranks (DeepSpeed's spelling, any case)."""
+
+
+def communication_problems(ds: dict[str, Any]) -> list[str]:
+    """The keys of how gradients are averaged over the ranks, checked before a launch: DeepSpeed applies them at
+    ZeRO 1-3, and ZeRO 0's all-reduce (pipeline/pretrain/step/gradient_buckets.py) applies them as DeepSpeed would.
+    DeepSpeed checks `communication_data_type` only when it builds the engine, the others not at all."""
+    problems = []
+    dtype = ds.get("communication_data_type")
+    if dtype is not None and not (isinstance(dtype, str) and dtype.lower() in COMMUNICATION_DATA_TYPES):
+        problems.append(f"deepspeed.communication_data_type: expected one of {', '.join(COMMUNICATION_DATA_TYPES)} "
+                        f"(what gradients travel in between ranks), got {dtype!r}")
+    factor = ds.get("gradient_predivide_factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not 0 < factor < float("inf")):
+        problems.append(f"deepspeed.gradient_predivide_factor: expected a positive number (gradients are divided by "
+                        f"it before the sum over the ranks, and the sum by world size / it), got {factor!r}")
+    prescale = ds.get("prescale_gradients")
+    if prescale is not None and not isinstance(prescale, bool):
+        problems.append(f"deepspeed.prescale_gradients: expected true or false, got {prescale!r}")
+    elif prescale and factor is not None:
+        problems.append("deepspeed.gradient_predivide_factor: not applied with deepspeed.prescale_gradients true, "
+                        "which divides by the world size before the sum; leave one of them out")
+    return problems
 
 
 def offloads_optimizer(ds: dict[str, Any]) -> bool:

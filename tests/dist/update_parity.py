@@ -11,10 +11,13 @@ as the trainer steps it. Rank 0 writes, per stage, every micro batch's loss and 
 tests/pretrain/test_update_parity.py replays the same micro batches through a plain
 `torch.optim.AdamW` loop over transformers' `RobertaForMaskedLM` and compares.
 
-On several ranks ZeRO 0 reduces gradients in buckets started during the backward (step/gradient_buckets.py), here
-cut small (16 KiB) so that a 2-layer model has several: rank 0 also writes the first step's reduced gradients in
-fp32 and in a bf16 run (`gradients-{precision}.pt`), the buckets' bytes per step and the order in which the last
-boundary backward found buckets ready and started them (`buckets.json`).
+On several ranks ZeRO 0 reduces gradients with torch's DDP reducer, in buckets started during the backward
+(step/gradient_buckets.py), here cut small (16 KiB) so that a 2-layer model has several: rank 0 also writes the first
+step's reduced gradients in fp32 and in a bf16 run (`gradients-{precision}.pt`), the buckets' bytes per step and the
+order in which the first boundary backward made gradients ready and started buckets (`buckets.json`).
+
+Then, on any number of ranks, a few ZeRO 0 steps of BERT without its next-sentence loss (`bert.pt`), whose pooler and
+next-sentence head get no gradient.
 """
 
 from __future__ import annotations
@@ -92,6 +95,53 @@ def micro_batch(step: int, index: int) -> dict[str, torch.Tensor]:
             "attention_mask": attention}
 
 
+def watch_gradients(engine) -> None:
+    """Add `("ready", parameter index)` to the reducer's events as each gradient is accumulated in the backward, so
+    that they show, in order, which buckets started before the backward had made the last gradient ready."""
+    for index, param in enumerate(engine.module.parameters()):
+        param.register_post_accumulate_grad_hook(lambda _, i=index: engine.gradient_buckets.events.append(("ready", i)))
+
+
+BERT_STEPS = 4
+
+
+def bert_without_next_sentence_loss(topology, out: Path) -> None:
+    """BERT without its next-sentence loss, at ZeRO 0 for `BERT_STEPS` steps of the same global batches: its pooler
+    and next-sentence head get no gradient. Rank 0 writes the initial and final weights, the parameters the first
+    step's boundary backward left without a gradient, and that backward's events on several ranks (`bert.pt`)."""
+    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.pretrain.plan.phases import resolve_phases
+    from pipeline.pretrain.plan.schedules import lr_schedule
+    from pipeline.pretrain.step.engine import initialize_engine
+    from pipeline.pretrain.step.spike_guard import SpikeGuard
+
+    config = parity_config(2, 0)  # the same global batch on 1 rank (accumulation 4) as on 2 (accumulation 2)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, architecture="bert",
+                                                                   next_sentence_loss=False))
+    phases = resolve_phases(config)
+    plan = phases[0].plan(topology.world_size)
+    torch.manual_seed(0)
+    model = build_model(config.model, tokenizer_info(), SEQ_LEN)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases),
+                               guard=SpikeGuard(config, "cpu", topology.world_size))
+    engine.train()
+    several = topology.world_size > 1
+    if several:
+        watch_gradients(engine)
+    record = {"initial": initial}
+    for step in range(BERT_STEPS):
+        for micro in range(plan.accumulation):
+            engine.backward(engine(**micro_batch(step, plan.micro_batch_index(topology.rank, micro)))["loss"])
+            if step == 0 and micro == plan.accumulation - 1:
+                record["no_gradient"] = sorted(n for n, p in engine.module.named_parameters() if p.grad is None)
+                record["events"] = list(engine.gradient_buckets.events) if several else []
+            engine.step()
+    record["final"] = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    if topology.is_main:
+        torch.save(record, out / "bert.pt")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -111,7 +161,7 @@ def main() -> None:
 
     from pipeline.pretrain.step import gradient_buckets
 
-    gradient_buckets.BUCKET_BYTES = 16 * 1024
+    gradient_buckets.BUCKET_CAP_MB = 1 / 64  # 16 KiB: a 2-layer model gets several buckets
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     buckets = {}
@@ -133,6 +183,8 @@ def main() -> None:
         engine = initialize_engine(model, config, plan, schedule=lr_schedule(config, phases),
                                    guard=SpikeGuard(config, "cpu", topology.world_size))
         engine.train()
+        if stage == 0 and topology.world_size > 1:
+            watch_gradients(engine)
         losses, lrs = [], []
         for step in range(STEPS):
             lrs.append(engine.get_lr()[0])
@@ -142,12 +194,13 @@ def main() -> None:
                 loss = engine(**micro_batch(step, index))["loss"]
                 engine.backward(loss)
                 if step == 0 and micro == plan.accumulation - 1 and stage == 0 and topology.world_size > 1:
+                    events = list(engine.gradient_buckets.events)
                     reduced = {n: p.grad.detach().clone() for n, p in engine.module.named_parameters()}
                     if topology.is_main:
                         torch.save(reduced, out / f"gradients-{precision}.pt")
                     buckets[precision] = {"bytes": engine.gradient_buckets.bytes_per_step,
-                                          "buckets": len(engine.gradient_buckets.buckets),
-                                          "events": engine.gradient_buckets.events}
+                                          "buckets": len({i for what, i in events if what == "started"}),
+                                          "events": events}
                 engine.step()
                 mine[index] = loss.item()
             if precision == "bf16":
@@ -163,6 +216,7 @@ def main() -> None:
         del engine
     if topology.is_main and buckets:
         (out / "buckets.json").write_text(json.dumps(buckets))
+    bert_without_next_sentence_loss(topology, out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 and the spike guard counts only the step that had it (a NaN update would make every later step an outlier).
 
 bf16 at ZeRO 1 and 2 runs without DeepSpeed's host-side overflow check (engine.precision_sections), and ZeRO 0
-hands every optimizer step to torch: device_step.py leaves such a step out inside fused AdamW (`found_inf`), or
+hands every optimizer step to torch: deepspeed_patches.py leaves such a step out inside fused AdamW (`found_inf`), or
 zeroes its gradients for the optimizers without that switch (LAMB, StableAdamW).
 """
 

@@ -198,7 +198,7 @@ def test_an_fp16_overflow_is_left_to_the_loss_scaler():
 def test_the_verdict_leaves_the_whole_update_out_inside_fused_adamw(scaled):
     """`found_inf` is the verdict (fp32, bf16), or the verdict combined with fp16's GradScaler's own: either leaves the
     update out, and only an overflow moves the loss scale."""
-    from pipeline.pretrain.step.device_step import skip_updates_on
+    from pipeline.pretrain.step.deepspeed_patches import skip_updates_on
 
     param = torch.nn.Parameter(torch.ones(4))
     optimizer, verdict = torch.optim.AdamW([param], lr=0.1, fused=True), torch.zeros(())

@@ -8,10 +8,12 @@ batches and masks. Every micro batch's loss at every step, and every parameter a
 1e-4 relative: the sparse head, the parameter groups, the schedule, the clipping and the gradient
 averaging over ranks and micro steps are each the textbook ones.
 
-On two ranks ZeRO 0 reduces its gradients in buckets started while the backward runs (step/gradient_buckets.py): the
-first step's reduced gradients equal the mean over all four micro batches on one process (fp32: to rounding; bf16,
-whose buckets travel in bf16: to bf16's), the first bucket starts before the backward has made the last one ready,
-and bf16 sends half fp32's bytes.
+On two ranks ZeRO 0 reduces its gradients with torch's DDP reducer, in buckets started while the backward runs
+(step/gradient_buckets.py): the first step's reduced gradients equal the mean over all four micro batches on one
+process (fp32: to rounding; bf16, whose buckets travel in bf16: to bf16's), the first bucket starts before the
+backward has made the last gradient ready, and bf16 sends half fp32's bytes. BERT without its next-sentence loss,
+whose pooler and next-sentence head get no gradient, overlaps its backward as well, and those heads stay as
+initialised on two ranks as on one.
 """
 
 from __future__ import annotations
@@ -175,3 +177,26 @@ def test_zero_0_on_two_ranks_reduces_in_buckets_during_the_backward_to_one_proce
         last_ready = max(i for i, (what, _) in enumerate(events) if what == "ready")
         assert events.index(("started", 0)) < last_ready  # communication began while the backward still ran
     assert buckets["bf16"]["bytes"] * 2 == buckets["fp32"]["bytes"]
+
+
+@pytest.mark.slow
+def test_bert_without_its_next_sentence_loss_overlaps_the_backward_and_keeps_its_unused_heads_on_two_ranks(
+        engine_runs):
+    one, two = (torch.load(engine_runs[world] / "bert.pt") for world in (1, 2))
+    assert all(torch.equal(one["initial"][k], v) for k, v in two["initial"].items())
+    unused = sorted(k for k in one["initial"] if k.startswith(("bert.pooler.", "cls.seq_relationship.")))
+    assert len(unused) == 4
+    # No rank used them, so they keep no gradient, as on one rank: AdamW's weight decay leaves them as they were.
+    assert one["no_gradient"] == two["no_gradient"] == unused
+    for run in (one, two):
+        assert all(torch.equal(run["final"][k], run["initial"][k]) for k in unused)
+    trained = [k for k in one["initial"] if k not in unused and k.endswith(".weight")]
+    assert all(not torch.equal(one["final"][k], one["initial"][k]) for k in trained)
+    worst = max((relative(two["final"][k], one["final"][k]), k) for k in one["final"])
+    assert worst[0] < 1e-5, f"{worst[1]} differs by {worst[0]:.2e} between 1 and 2 ranks"  # fp32: rounding only
+    # A bucket holding the unused head still started while the backward ran (it is ready from the start).
+    events = [tuple(e) for e in two["events"]]
+    last_ready = max(i for i, (what, _) in enumerate(events) if what == "ready")
+    started = [i for i, (what, _) in enumerate(events) if what == "started"]
+    assert started and started[0] < last_ready
+    assert len(started) == len({index for what, index in events if what == "started"}) > 2  # each bucket once

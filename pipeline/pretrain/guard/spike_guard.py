@@ -13,7 +13,7 @@ step, on the device) and the norm DeepSpeed's global one, so every rank judges a
 Nothing is read back between logging steps: the verdict, the window and the outliers found stay in device tensors,
 and `readout` joins them to the losses' one all-reduce and copy at a check (step_sync.py), where `verdict` turns them
 into a `Spike` for spike_response.py. A step is judged between its gradient norm and its update:
-- at ZeRO 0 in its clipping (device_step.py), which hands the verdict to torch's fused AdamW as `found_inf`: the
+- at ZeRO 0 in its clipping (step/deepspeed_patches.py), which hands the verdict to torch's fused AdamW as `found_inf`: the
   kernel leaves the whole update out, weights, moments and step counter alike. `skip` leaves every outlier's update
   out; `rollback` does so only while no checkpoint lies behind the run to roll back to (`checkpoint_behind`);
 - at ZeRO 1-3 after DeepSpeed's step, on its norm: `rollback` only (config.py refuses `skip` there).
@@ -112,7 +112,7 @@ class SpikeGuard:
         """Whether an outlier's update is left out: always with `skip`; with `rollback` until a checkpoint lies behind
         the run (a host write, no read)."""
         self.can_skip = False
-        """Whether the step can leave an update out (device_step.py: ZeRO 0 with torch's fused AdamW)."""
+        """Whether the step can leave an update out (step/deepspeed_patches.py: ZeRO 0 with torch's fused AdamW)."""
         self.level: str | None = None
         self._slots = torch.arange(g.window, device=device)
         self._step, self._loss, self._last_check = 0, None, 0

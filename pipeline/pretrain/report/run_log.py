@@ -21,7 +21,7 @@ from pipeline.models.architectures.flops import mfu, model_flops_per_token
 from pipeline.pretrain.batches.stretch_data import PretrainData
 from pipeline.pretrain.checkpoints.ledger import GaveUpEvent, RollbackEvent
 from pipeline.pretrain.plan.run_plan import RunPlan
-from pipeline.pretrain.step.device_step import loss_scale
+from pipeline.pretrain.step.deepspeed_patches import loss_scale
 from pipeline.pretrain.step.step_sync import CheckedLosses
 from pipeline.tracking.metrics import MetricsSink
 from pipeline.tracking.sinks import open_metrics

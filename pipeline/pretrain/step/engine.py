@@ -5,7 +5,7 @@ AdamW is torch's fused one, which DeepSpeed builds from its config; LAMB and Sta
 `zero_allow_untested_optimizer` under ZeRO. Under
 ZeRO 1–3 they are given flat partitions, so LAMB's trust ratio and StableAdamW's update clipping are
 computed per partition, not per tensor; the pipeline warns so. Which of DeepSpeed's precision paths each
-precision takes, and why, is `precision_sections`'s; device_step.py keeps the rest of the step on the device.
+precision takes, and why, is `precision_sections`'s; deepspeed_patches.py keeps the rest of the step on the device.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ from pipeline.pretrain.config import PretrainConfig
 from pipeline.pretrain.deepspeed_keys import offloads_optimizer
 from pipeline.pretrain.plan.schedules import Schedule, lr_scheduler
 from pipeline.pretrain.step.compile_blocks import compile_blocks, compiles
-from pipeline.pretrain.step.device_step import StepJudge, keep_step_on_device
+from pipeline.pretrain.step.deepspeed_patches import (
+    StepJudge,
+    check_patch_targets,
+    keep_step_on_device,
+    restart_accumulation,
+)
 from pipeline.pretrain.step.optimizers import client_optimizer
 
 FLAT_PARTITIONS_CAVEAT = (
@@ -43,8 +48,8 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints/storage.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
-    # At ZeRO 0 the spike guard takes the gradient norm where DeepSpeed clips (device_step.py), which it calls only
-    # with a clip > 0: an infinite one measures without clipping.
+    # At ZeRO 0 the spike guard takes the gradient norm where DeepSpeed clips (deepspeed_patches.py), which it calls
+    # only with a clip > 0: an infinite one measures without clipping.
     measure = t.spike_guard != "off" and t.zero_stage == 0
     ds.update(
         train_batch_size=plan.global_batch_size,
@@ -57,7 +62,7 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
         # torch's AdamW needs no compiled extension; offloaded states need DeepSpeed's CPU Adam.
         # DeepSpeed passes the remaining params to torch.optim.AdamW, `fused` included. Under DeepSpeed's own fp16
         # (ZeRO 1-3) the fused kernel is used only when asked for: one step of it there on an H100 (ZeRO 2, with
-        # device_step.py's clipping guard, which matches DeepSpeed's bitwise on CPU) ended at a loss of 5.298
+        # deepspeed_patches.py's clipping guard, which matches DeepSpeed's bitwise on CPU) ended at a loss of 5.298
         # where fp32's and the unfused step's ended at 5.105. Not traced; no shipped config trains so.
         native_fp16 = t.precision == "fp16" and t.zero_stage > 0
         fused = {"fused": True} if (o.fused if o.fused is not None else not native_fp16) and not offload else {}
@@ -76,7 +81,7 @@ AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 def precision_sections(ds: dict[str, Any], precision: str, zero_stage: int) -> None:
     """DeepSpeed's `bf16`, `fp16` and `torch_autocast` sections for `precision`, chosen so that a step reads
-    nothing back to the host (device_step.py keeps the rest of the step on the device).
+    nothing back to the host (deepspeed_patches.py keeps the rest of the step on the device).
 
     Chosen by measurement (CPU, a 24-layer, 32-wide RoBERTa with RoBERTa-large's 394 tensors; per bf16 step):
     - ZeRO 0: DeepSpeed's own bf16/fp16 wraps a torch optimizer in `FP16_UnfusedOptimizer` (fp32 copies, norms
@@ -110,6 +115,7 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    check_patch_targets()  # a DeepSpeed without the internals the step patches is refused before it builds anything
     cuda = get_accelerator().device_name() == "cuda"
     optimizer, t = config.optimizer.name, config.train
     how = f"ZeRO stage {t.zero_stage}"
@@ -137,15 +143,10 @@ def initialize_engine(model: torch.nn.Module, config: PretrainConfig, plan: Batc
 def set_batch_plan(engine, plan: BatchPlan) -> None:
     """Hand-over: give the engine the next stretch's micro batch and accumulation, keeping weights and moments.
 
-    DeepSpeed's own setters change its batch config; the optimizer and its states are untouched.
-    The engine decides an accumulation boundary by `(micro_steps + 1) % accumulation`, and
-    `micro_steps` counts the whole run, so it restarts at 0 here, as it does after a resume, else
-    a new accumulation that does not divide it would end the first step early. ZeRO's optimizers
-    keep their own copy of the accumulation (for offloaded gradients), which follows.
+    DeepSpeed's own setters change its batch config; the optimizer and its states are untouched; its count of
+    micro-steps restarts (`restart_accumulation`).
     """
     engine.set_train_micro_batch_size(plan.micro_batch_size)
     engine.set_train_batch_size(plan.global_batch_size)
     assert engine.gradient_accumulation_steps() == plan.accumulation, "DeepSpeed derived another accumulation"
-    engine.micro_steps = 0
-    if hasattr(engine.optimizer, "gradient_accumulation_steps"):
-        engine.optimizer.gradient_accumulation_steps = plan.accumulation
+    restart_accumulation(engine, plan.accumulation)

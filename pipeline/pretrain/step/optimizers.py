@@ -11,8 +11,8 @@ Written out rather than taken from a library because each available one reads th
   right semantics but `import timm` needs torchvision, which would replace the installed torch;
   `torch_optimizer.Lamb` (0.3.0, unmaintained) applies the trust ratio to biases and LayerNorm too.
 Both advertise `_step_supports_amp_scaling`, as torch's fused AdamW does: GradScaler then hands them `found_inf`
-instead of reading it, and the spike guard's verdict reaches them the same way (device_step.py). A step left out
-changes nothing: weights, moments and step count stay (its gradients must be finite: device_step.py zeroes a
+instead of reading it, and the spike guard's verdict reaches them the same way (deepspeed_patches.py). A step left out
+changes nothing: weights, moments and step count stay (its gradients must be finite: deepspeed_patches.py zeroes a
 non-finite one first, since NaN × 0 is NaN).
 """
 

@@ -1,4 +1,5 @@
-"""What keeps DeepSpeed's optimizer step on the device: between logging steps nothing is read back to the host.
+"""The DeepSpeed internals the pipeline patches, all here, each checked before it is patched: what keeps DeepSpeed's
+optimizer step on the device (between logging steps nothing is read back to the host), and ZeRO 0's all-reduce.
 
 A read (`.item()`, `bool()` of a tensor, a synchronize) makes the host wait until the device has run every
 queued kernel, so the next step's kernels are not queued meanwhile. The engine's config (engine.py) already
@@ -13,8 +14,8 @@ still does on the host in a step, and what is done here instead:
   out; a non-finite gradient is zeroed first where the optimizer computes the left-out update anyway.
   DeepSpeed would apply a non-finite gradient at ZeRO 0: a NaN in one batch would reach every weight;
 - ZeRO 0 on one rank flattens every gradient, "averages" it over that one rank and copies it back: off; on
-  several it all-reduces every gradient after the whole backward in one fp32 buffer: bucketed instead, each
-  bucket started while the backward runs, in bf16 for a bf16 run (gradient_buckets.py);
+  several it all-reduces every gradient after the whole backward in one buffer: torch's DDP reducer instead, each
+  bucket started while the backward runs (gradient_buckets.py; `reduce_with_torch`);
 - ZeRO 0 in fp16 scales the loss with torch's GradScaler built with DeepSpeed's defaults, whatever the
   `fp16` section says, and saves it in no checkpoint: built from the section here, and its state goes into
   the checkpoint (checkpoints/storage.py's `extra_state`);
@@ -28,21 +29,111 @@ What still reads: ZeRO 1/2 in fp32 ask once a step whether the norm is finite, t
 (in `step()` itself, whose other work is not replaceable piecemeal), ZeRO 3 likewise, and DeepSpeed's own
 fp16 (ZeRO 1-3) checks for overflow. No shipped config trains so.
 tests/pretrain/test_device_reads.py counts them on CPU.
+
+These are DeepSpeed's private methods and attributes, tested on DeepSpeed 0.19.8 (pyproject.toml pins it). Another
+version may rename or rewrite them, and the step would then run DeepSpeed's own host-side parts, or clip twice, or
+all-reduce twice, without a word. So `PATCH_TARGETS` names each one with what the patch relies on, and
+`check_patch_targets` refuses a DeepSpeed without them, naming its version, before anything is patched. The check
+runs when the engine is built (engine.py, before `deepspeed.initialize`), not when this module is imported: importing
+DeepSpeed here would choose its accelerator before the launcher's topology has set `DS_ACCELERATOR`, and cost its
+5-7 s to commands that only read a checkpoint's loss scaler.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import types
-from functools import partial
+from dataclasses import dataclass
+from functools import cache, partial
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from pipeline.common.errors import PipelineError
 from pipeline.pretrain.checkpoints.storage import loss_scaler
 from pipeline.pretrain.config import PretrainConfig
-from pipeline.pretrain.step.gradient_buckets import reduce_in_buckets
+from pipeline.pretrain.step.gradient_buckets import GradientBuckets, attach_reducer
+
+TESTED_DEEPSPEED = "0.19.8"
+"""The DeepSpeed whose internals the patches below were written for and tested on."""
+
+
+@dataclass(frozen=True)
+class PatchTarget:
+    """One DeepSpeed method the step patches, replaces, or relies on, and what of it the patch needs."""
+
+    owner: str
+    """The class, as `module:Class`."""
+    name: str
+    """The method."""
+    parameters: tuple[str, ...] | None = None
+    """Its parameters, where the patch replaces it (and so must take the same arguments)."""
+    names: tuple[str, ...] = ()
+    """Attributes and methods its code uses that the patch sets, replaces or reads (DeepSpeed's own spelling)."""
+    why: str = ""
+
+
+PATCH_TARGETS = (
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "clip_fp32_gradients", parameters=("self",),
+                why="ZeRO 0's clipping, replaced by `clip_gradients`"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "_take_model_step",
+                names=("clip_fp32_gradients", "torch_autocast_z0_gradscaler"),
+                why="calls the clipping and steps fp16 through the GradScaler `grad_scaler` builds"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "_backward_epilogue", names=("enable_backward_allreduce",),
+                why="ZeRO 0's all-reduce after the backward, turned off for torch's reducer or for one rank"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "get_global_grad_norm", names=("_global_grad_norm",),
+                why="the run log's gradient norm, which `clip_gradients` sets"),
+    PatchTarget("deepspeed.runtime.engine:DeepSpeedEngine", "is_gradient_accumulation_boundary", names=("micro_steps",),
+                why="whether a micro-step's backward sends its gradients; a hand-over restarts the count it reads "
+                    "(`restart_accumulation`)"),
+    PatchTarget("deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer", "unscale_and_clip_grads",
+                parameters=("self", "grad_groups_flat", "total_norm"), names=("clip_grad", "loss_scale"),
+                why="ZeRO 1/2's clipping, replaced by `unscale_and_clip_grads`"),
+)
+
+
+def target_problems(targets: tuple[PatchTarget, ...] = PATCH_TARGETS) -> list[str]:
+    """What of each target the installed DeepSpeed lacks: the class, the method, its parameters, the names its code
+    uses (its code object's `co_names`: no source read)."""
+    problems = []
+    for target in targets:
+        module_name, class_name = target.owner.split(":")
+        where = f"{class_name}.{target.name}"
+        try:
+            owner = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            problems.append(f"{target.owner}: missing (needed for {where}: {target.why})")
+            continue
+        method = inspect.getattr_static(owner, target.name, None)
+        if not callable(method):
+            problems.append(f"{where}: missing ({target.why})")
+            continue
+        if target.parameters is not None:
+            found = tuple(inspect.signature(method).parameters)
+            if found != target.parameters:
+                problems.append(f"{where}: takes ({', '.join(found)}), the patch expects "
+                                f"({', '.join(target.parameters)}) ({target.why})")
+        used = set(getattr(getattr(method, "__code__", None), "co_names", ()))
+        if missing := [name for name in target.names if name not in used]:
+            problems.append(f"{where}: no longer uses {', '.join(missing)} ({target.why})")
+    return problems
+
+
+@cache
+def check_patch_targets() -> None:
+    """Refuse a DeepSpeed without the internals the patches need, naming its version and each missing part."""
+    from pipeline.common.topology import import_deepspeed
+
+    version = import_deepspeed().__version__
+    if problems := target_problems():
+        raise PipelineError(
+            f"DeepSpeed {version} is installed, but the pipeline patches DeepSpeed internals that it lacks (written "
+            f"for and tested on DeepSpeed {TESTED_DEEPSPEED}):\n  " + "\n  ".join(problems)
+            + f"\nInstall the tested version: pip install deepspeed=={TESTED_DEEPSPEED} (pyproject.toml pins it).")
+
 
 DEFAULT_SCALER_KEYS = {"initial_scale_power": 16, "loss_scale_window": 1000}
 """DeepSpeed's fp16 defaults: a first loss scale of 2^16, doubled after 1,000 steps without an overflow."""
@@ -62,6 +153,7 @@ class StepJudge(Protocol):
 def keep_step_on_device(engine, config: PretrainConfig, guard: StepJudge) -> None:
     """Replace, on this engine, DeepSpeed's host-side parts of the step (the module docstring lists them); at ZeRO 0
     the spike `guard` judges each step in its clipping."""
+    check_patch_targets()
     t = config.train
     if t.zero_stage == 0:
         if t.precision == "fp16":
@@ -74,9 +166,40 @@ def keep_step_on_device(engine, config: PretrainConfig, guard: StepJudge) -> Non
         if dist.get_world_size() == 1:
             engine.enable_backward_allreduce = False
         else:
-            engine.gradient_buckets = reduce_in_buckets(engine, t.precision)
+            engine.gradient_buckets = reduce_with_torch(engine, config)
     elif t.zero_stage in (1, 2) and t.precision != "fp16":  # DeepSpeed's fp16 reads its overflow check anyway
         engine.optimizer.unscale_and_clip_grads = types.MethodType(unscale_and_clip_grads, engine.optimizer)
+
+
+def reduce_with_torch(engine, config: PretrainConfig) -> GradientBuckets:
+    """ZeRO 0 on several ranks: DeepSpeed's all-reduce after the whole backward off, torch's DDP reducer on the
+    engine's module in its place (gradient_buckets.py); before each forward, the engine tells it whether the coming
+    backward is the accumulation boundary's, the one that sends.
+
+    Not a `DistributedDataParallel` handed to DeepSpeed as the model: the state dict of that wrapper prefixes every
+    key with `module.`, so every checkpoint, export and universal checkpoint name would change; `replicate` puts the
+    same reducer on the module itself.
+    """
+    engine.enable_backward_allreduce = False
+    buckets = attach_reducer(engine.module, config.train.precision, config.deepspeed)
+    forward = engine.forward
+
+    def forward_telling_the_reducer(*args, **kwargs):
+        buckets.before_forward(engine.is_gradient_accumulation_boundary())
+        return forward(*args, **kwargs)
+
+    engine.forward = forward_telling_the_reducer
+    return buckets
+
+
+def restart_accumulation(engine, accumulation: int) -> None:
+    """At a hand-over to another accumulation: the engine decides an accumulation boundary by
+    `(micro_steps + 1) % accumulation`, and `micro_steps` counts the whole run, so it restarts at 0 here, as it does
+    after a resume, else a new accumulation that does not divide it would end the first step early. ZeRO's
+    optimizers keep their own copy of the accumulation (for offloaded gradients), which follows."""
+    engine.micro_steps = 0
+    if hasattr(engine.optimizer, "gradient_accumulation_steps"):
+        engine.optimizer.gradient_accumulation_steps = accumulation
 
 
 def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
