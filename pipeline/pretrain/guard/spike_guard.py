@@ -11,11 +11,12 @@ differs from the run that filled the window (`level_of`). The loss is every rank
 step, on the device) and the norm DeepSpeed's global one, so every rank judges alike.
 
 Nothing is read back between logging steps: the verdict, the window and the outliers found stay in device tensors,
-and `readout` joins them to the losses' one all-reduce and copy at a check (step_sync.py), where `verdict` turns them
-into a `Spike` for spike_response.py. A step is judged between its gradient norm and its update:
-- at ZeRO 0 in its clipping (step/deepspeed_patches.py), which hands the verdict to torch's fused AdamW as `found_inf`: the
-  kernel leaves the whole update out, weights, moments and step counter alike. `skip` leaves every outlier's update
-  out; `rollback` does so only while no checkpoint lies behind the run to roll back to (`checkpoint_behind`);
+and `readout` joins them to the losses' one all-reduce and copy at a check (step/step_sync.py), where `verdict` turns
+them into a `Spike` for spike_response.py. A step is judged between its gradient norm and its update:
+- at ZeRO 0 in its clipping (step/deepspeed_patches.py), which hands the verdict to torch's fused AdamW as
+  `found_inf`: the kernel leaves the whole update out, weights, moments and step counter alike. `skip` leaves every
+  outlier's update out; `rollback` does so only while no checkpoint lies behind the run to roll back to
+  (`checkpoint_behind`);
 - at ZeRO 1-3 after DeepSpeed's step, on its norm: `rollback` only (config.py refuses `skip` there).
 The window goes back with a checkpoint, which holds it (`state_dict`), so a resumed run judges as an uninterrupted
 one.
