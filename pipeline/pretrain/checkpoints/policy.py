@@ -81,6 +81,7 @@ class Checkpointer:
         self.root, self.topology, self.reporter = config.layout.checkpoints, topology, reporter
         self.run_folder = config.layout.root
         self.lock: FolderLock | None = None
+        self.allow_unlocked = config.train.allow_unlocked_folder
         self.every, self.keep_last = config.checkpoint.every, config.checkpoint.keep_last
         self.keep_set_aside = config.checkpoint.keep_set_aside
         self.plan: RunPlan | None = None
@@ -118,7 +119,7 @@ class Checkpointer:
         notes: list[LedgerEvent] = []
         if self.lock is None:
             try:
-                self.lock = FolderLock(self.run_folder).acquire(REFUSAL_HINT)
+                self.lock = FolderLock(self.run_folder, allow_unlocked=self.allow_unlocked).acquire(REFUSAL_HINT)
             except PipelineError as err:
                 return str(err)
             if self.lock.taken_over is not None:
