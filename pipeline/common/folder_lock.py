@@ -20,17 +20,17 @@ the lock of a lost node until its lease runs out (about 90 s). The new incarnati
 takes the kernel's lock as soon as it is free.
 
 A file system whose locks do not work across nodes (no `flock` at all, NFS mounted `nolock` or `local_lock`,
-Lustre's `localflock`), or whose locks do not exclude anybody, is refused with a message naming the mount; the
-caller may accept the risk (`allow_unlocked`, pretraining's `train.allow_unlocked_folder`).
+Lustre's `localflock`), or whose locks do not keep a second process out, is refused with a message naming the
+mount; the caller may accept the risk (`allow_unlocked`, pretraining's `train.allow_unlocked_folder`).
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -213,22 +213,14 @@ class FolderLock:
 
     def _locks_do_not_work(self) -> str | None:
         """Why the lock just taken would not keep out a run on another node: the mount keeps locks on this node, or
-        a second open of the file is not refused (locks that lock nothing)."""
+        another process is not refused the lock (locks that lock nothing)."""
         mount = mount_of(self.folder)
         if mount is not None and (why := node_local_locks(*mount[1:])):
             return f"{mount[0]} is mounted {why}"
-        try:
-            with open(self.path, "rb") as other:
-                try:
-                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as err:
-                    if err.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                        return None
-                    raise
-                fcntl.flock(other, fcntl.LOCK_UN)
-        except OSError as err:
-            return f"its locks could not be tested ({err})"
-        return "its locks lock nothing (a second open of the lock file took it too)"
+        refused = refused_to_another_process(self.path)
+        if refused is None:
+            return "its locks could not be tested (a second process could not open the lock file)"
+        return None if refused else "its locks lock nothing (a second process took the lock this one holds)"
 
     def _refuse_or_go_on_unlocked(self, why: str) -> None:
         message = (f"{self.folder}: {why}, so a second run on another node could write this {self.what} beside this "
@@ -241,6 +233,27 @@ class FolderLock:
                                 "train.allow_unlocked_folder true (docs/slurm-and-faults.md)")
         self.unlocked = why
         print(f"warning: {message}; going on unlocked (train.allow_unlocked_folder)", file=sys.stderr, flush=True)
+
+
+# Run in a second process: over NFS, flock is a POSIX lock, which this process would share with a second open of the
+# file (and lose when that open closed).
+_PROBE = """import errno, fcntl, sys
+with open(sys.argv[1], "ab") as f:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        sys.exit(0 if err.errno in (errno.EAGAIN, errno.EACCES) else 2)
+sys.exit(1)
+"""
+
+
+def refused_to_another_process(path: Path) -> bool | None:
+    """Whether another process is refused the lock on `path` that this one holds; None when it cannot tell."""
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-S", "-c", _PROBE, str(path)], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {0: True, 1: False}.get(probe.returncode)
 
 
 def _unlink_then_release(lock: FileLock) -> None:

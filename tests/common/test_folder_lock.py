@@ -18,7 +18,14 @@ import pytest
 from helpers import ROOT, holder_process
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.folder_lock import LOCK_FILE, FolderLock, Holder, mount_of, node_local_locks
+from pipeline.common.folder_lock import (
+    LOCK_FILE,
+    FolderLock,
+    Holder,
+    mount_of,
+    node_local_locks,
+    refused_to_another_process,
+)
 
 # A holder that forks a child first, as a trainer forks its data loader workers: the child must not keep the
 # folder held once the trainer is killed.
@@ -159,10 +166,21 @@ def test_a_file_system_without_locks_is_refused_and_the_flag_accepts_the_risk(tm
     assert not (tmp_path / "run" / LOCK_FILE).exists()
 
 
+def test_another_process_is_refused_the_lock_this_one_holds(tmp_path):
+    lock = FolderLock(tmp_path).acquire()
+    assert refused_to_another_process(tmp_path / LOCK_FILE) is True
+    lock.release()
+    (tmp_path / LOCK_FILE).touch()
+    assert refused_to_another_process(tmp_path / LOCK_FILE) is False
+
+
 def test_locks_that_lock_nothing_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(fcntl, "flock", lambda fd, operation: None)
+    import pipeline.common.folder_lock as folder_lock
+
+    monkeypatch.setattr(folder_lock, "refused_to_another_process", lambda path: False)
     with pytest.raises(PipelineError, match="its locks lock nothing"):
         FolderLock(tmp_path).acquire()
+    assert not (tmp_path / LOCK_FILE).exists()
 
 
 def test_a_mount_that_keeps_locks_on_its_node_is_refused(tmp_path, monkeypatch):

@@ -254,3 +254,52 @@ def test_slurm_requeued_job_keeps_logging_to_the_same_mlflow_run(preempted_job):
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
     assert sorted(steps) == list(range(1, 41))
+
+
+@pytest.fixture(scope="module")
+def requeued_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
+    """`scontrol requeue` of a running pretraining job: SLURM ends the incarnation (TERM, KILL after KillWait) and
+    starts the job again under the same id, `SLURM_RESTART_COUNT` 1, on the same run folder."""
+    root = tmp_path_factory.mktemp("slurm-requeue")
+    configs = {}
+    for name in ("reference", "requeued"):
+        data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, root / name, train={"max_steps": 40},
+                                    checkpoint={"every": 5, "keep_last": 2}, data={"cache_dir": str(root / "cache")})
+        configs[name] = root / f"{name}.json"
+        configs[name].write_text(json.dumps(data))
+    env = {**slurm, "OMP_NUM_THREADS": "1"}  # the job inherits it: the reference's arithmetic, thread for thread
+    (job,) = submit(env, "pretrain", "--config", configs["requeued"], "--nodes", 1, "--procs-per-node", 1,
+                    "--time", "00:20:00")
+    metrics = PretrainLayout(root / "requeued").metrics
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("train/loss") >= 12):  # past checkpoint 10
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.1)
+    requeued_after = metrics.read_text().count("train/loss")
+    subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+    reference = subprocess.run([PYTHON, "launchers/pretrain.py", "--config", str(configs["reference"])], cwd=ROOT,
+                               env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
+                               capture_output=True, text=True)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    fields = wait_for(env, job)
+    log = "".join(p.read_text(errors="replace") for p in (root / "requeued" / "slurm").glob("*.out"))
+    return {"root": root, "fields": fields, "log": log, "requeued_after": requeued_after}
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_slurm_requeue_of_a_running_job_takes_the_folder_and_resumes_exactly(requeued_job):
+    from pipeline.pretrain.plan.ledger import LockTakenOverEvent, read_ledger
+
+    root, fields, log = requeued_job["root"], requeued_job["fields"], requeued_job["log"]
+    assert fields["JobState"] == "COMPLETED" and int(fields["Restarts"]) >= 1, log[-3000:]
+    assert "another run holds this run folder" not in log and "resumed from" in log
+    reference, requeued = losses(root / "reference"), losses(root / "requeued")
+    assert sorted(requeued) == list(range(1, 41))
+    taken = [e.holder for e in read_ledger(PretrainLayout(root / "requeued").ledger).events
+             if isinstance(e, LockTakenOverEvent)]
+    print(f"requeued after step {requeued_job['requeued_after']}: {log.count('resumed from')} resume(s), lock taken "
+          f"over from {taken or 'nobody (released)'}; largest loss difference to the uninterrupted run "
+          f"{max(abs(reference[s] - requeued[s]) for s in reference):.3g}")
+    assert requeued == reference  # one process each, one thread each: the same arithmetic, step for step
+    assert not (root / "requeued" / "run.lock").exists()  # released at the end
