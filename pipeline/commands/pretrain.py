@@ -13,8 +13,9 @@ SIGUSR1 makes it finish the step, checkpoint and exit 0. `--anneal-from CHECKPOI
 runs only the schedule's decay from a stable-phase checkpoint, into train.output_dir. `--skip-steps A:B`
 rolls back past a loss spike: it resumes from the last checkpoint before step A and leaves out the
 batches of steps A to B, now and at every later resume (the run's ledger keeps the range); with no kept
-checkpoint before A it is refused unless `--restart-from-scratch` (docs/long-runs.md). `--print-config`
-prints the run's plan.
+checkpoint before A it is refused unless `--restart-from-scratch` (docs/long-runs.md). The run holds its
+train.output_dir with the kernel's lock; a file system whose locks do not reach other nodes is refused unless
+`--allow-unlocked-folder` (docs/slurm-and-faults.md). `--print-config` prints the run's plan.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -272,10 +273,11 @@ def requeued_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
                     "--time", "00:20:00")
     metrics = PretrainLayout(root / "requeued").metrics
     deadline = time.monotonic() + 300
-    while not (metrics.exists() and metrics.read_text().count("train/loss") >= 12):  # past checkpoint 10
+    while not (metrics.exists() and metrics.read_text().count('"train/loss":') >= 12):  # past checkpoint 10
         assert time.monotonic() < deadline, "the job did not start training"
         time.sleep(0.1)
-    requeued_after = metrics.read_text().count("train/loss")
+    requeued_after = metrics.read_text().count('"train/loss":')
+    load = os.getloadavg()
     subprocess.run(["scontrol", "requeue", job], env=env, check=True)
     reference = subprocess.run([PYTHON, "launchers/pretrain.py", "--config", str(configs["reference"])], cwd=ROOT,
                                env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
@@ -283,7 +285,7 @@ def requeued_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
     assert reference.returncode == 0, reference.stderr[-2000:]
     fields = wait_for(env, job)
     log = "".join(p.read_text(errors="replace") for p in (root / "requeued" / "slurm").glob("*.out"))
-    return {"root": root, "fields": fields, "log": log, "requeued_after": requeued_after}
+    return {"root": root, "fields": fields, "log": log, "requeued_after": requeued_after, "load": load}
 
 
 @pytest.mark.slow
@@ -298,8 +300,9 @@ def test_slurm_requeue_of_a_running_job_takes_the_folder_and_resumes_exactly(req
     assert sorted(requeued) == list(range(1, 41))
     taken = [e.holder for e in read_ledger(PretrainLayout(root / "requeued").ledger).events
              if isinstance(e, LockTakenOverEvent)]
-    print(f"requeued after step {requeued_job['requeued_after']}: {log.count('resumed from')} resume(s), lock taken "
-          f"over from {taken or 'nobody (released)'}; largest loss difference to the uninterrupted run "
-          f"{max(abs(reference[s] - requeued[s]) for s in reference):.3g}")
+    stopped = re.findall(r"stopped by SIG\w+ after step \d+|resumed from \S+ \(step \d+\)", log)
+    print(f"requeued after step {requeued_job['requeued_after']} (load {requeued_job['load']}): {stopped}; lock taken "
+          f"over from {taken or 'nobody (released at the stop)'}; largest loss difference to the uninterrupted run "
+          f"over steps 1-40: {max(abs(reference[s] - requeued[s]) for s in reference):.3g}")
     assert requeued == reference  # one process each, one thread each: the same arithmetic, step for step
     assert not (root / "requeued" / "run.lock").exists()  # released at the end
