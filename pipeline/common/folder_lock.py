@@ -121,7 +121,7 @@ class FolderLock:
             try:
                 self._lock.acquire()
             except Timeout:
-                holder = Holder.parse(self.path.read_text(encoding="utf-8", errors="replace"))
+                holder = self._read_holder()
                 if holder is None or not self.holder.requeue_of(holder):
                     named = holder.describe() if holder else f"a process that has not named itself in {self.path}"
                     raise PipelineError(f"{self.folder}: another run holds this {self.what}: {named}. Two runs "
@@ -186,11 +186,15 @@ class FolderLock:
     def _write_name(self) -> None:
         self.path.write_text(json.dumps(asdict(self.holder)) + "\n", encoding="utf-8")
 
-    def _named_here(self) -> bool:
+    def _read_holder(self) -> Holder | None:
+        """The holder `run.lock` names; None where it names none (empty, damaged or unreadable)."""
         try:
-            return Holder.parse(self.path.read_text(encoding="utf-8")) == self.holder
+            return Holder.parse(self.path.read_text(encoding="utf-8", errors="replace"))
         except OSError:
-            return False
+            return None
+
+    def _named_here(self) -> bool:
+        return self._read_holder() == self.holder
 
     def _take_from_earlier_incarnation(self, earlier: Holder) -> None:
         """The folder taken from an earlier incarnation of this SLURM job: named now, and the kernel's lock taken as
