@@ -47,7 +47,7 @@ def decided_on_rank_zero(decide: Callable[[], T], topology: Topology, what: str)
 
 
 def describe(err: Exception) -> str:
-    """`err` in one bounded line: a PipelineError's message as it stands (it is written for the user), else its type
+    """`err` in bounded text: a PipelineError's message as it stands (it is written for the user), else its type
     and message."""
     text = str(err) if isinstance(err, PipelineError) else f"{type(err).__name__}: {err}"
     return text if len(text) <= 2000 else text[:2000] + " …"
