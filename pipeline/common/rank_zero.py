@@ -19,13 +19,17 @@ from pipeline.common.topology import Topology
 T = TypeVar("T")
 
 
-def decided_on_rank_zero(decide: Callable[[], T], topology: Topology, what: str) -> T:
+def decided_on_rank_zero(decide: Callable[[], T], what: str, topology: Topology | None = None) -> T:
     """`decide()`'s value, computed on rank 0 and given to every rank. If it raises on rank 0, rank 0 raises it and
-    every other rank raises a PipelineError naming it and `what` rank 0 was doing ("planning a rollback")."""
-    if topology.world_size == 1:
-        return decide()
+    every other rank raises a PipelineError naming it and `what` rank 0 was doing ("planning a rollback").
+    `topology`: this rank's place (None: the default process group's, or a world of one without one)."""
     import torch.distributed as dist
 
+    if topology is None:
+        grouped = dist.is_available() and dist.is_initialized()
+        topology = Topology(dist.get_rank(), 0, dist.get_world_size(), False) if grouped else Topology(0, 0, 1, False)
+    if topology.world_size == 1:
+        return decide()
     failure: Exception | None = None
     shared: list[tuple[T | None, str | None]] = [(None, None)]
     if topology.is_main:

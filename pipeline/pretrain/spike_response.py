@@ -94,8 +94,8 @@ class SpikeResponse:
         g = plan.config.guard
         if spike is not None and spike.count and self.guard.mode == "rollback" and (
                 spike.nonfinite or len(spike.window) >= g.rollback_after):
-            decided = decided_on_rank_zero(lambda: rollback(plan, spike, step), self.topology,
-                                           "planning a rollback (its checkpoint)")
+            decided = decided_on_rank_zero(lambda: rollback(plan, spike, step), "planning a rollback (its checkpoint)",
+                                           self.topology)
             if decided is not None:
                 return decided
             self.guard.forget(spike.window)

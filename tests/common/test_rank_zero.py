@@ -16,14 +16,14 @@ ALONE = Topology(0, 0, 1, False)
 
 
 def test_on_one_rank_the_decision_is_a_plain_call_and_its_error_is_raised_as_it_is():
-    assert decided_on_rank_zero(lambda: 41 + 1, ALONE, "adding") == 42
+    assert decided_on_rank_zero(lambda: 41 + 1, "adding", ALONE) == 42
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "runs/x/ledger.jsonl")
 
     def fail():
         raise full
 
     with pytest.raises(OSError) as raised:
-        decided_on_rank_zero(fail, ALONE, "planning")
+        decided_on_rank_zero(fail, "planning", ALONE)
     assert raised.value is full
 
 

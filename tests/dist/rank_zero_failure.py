@@ -7,8 +7,9 @@ only, the rest of the code the run's own:
 - `checkpoint`: the start's plan (`Checkpointer.confirm`): writing the run's ledger fails (a full disk);
 - `rollback`: where a rollback goes (`SpikeResponse.decide`): listing the checkpoints fails (a file server's I/O
   error);
+- `save`: marking a saved checkpoint complete (`save_checkpoint`): writing its record fails (a full disk);
 - `replan`: the rollback's plan (`Checkpointer.carry_out`): planning the run again from the checkpoint fails.
-The first two are caught here and each rank writes what it raised and after how many seconds to
+The first three are caught here and each rank writes what it raised and after how many seconds to
 `OUT/rank<R>.json`; the last is not caught, so the ranks exit with it, as a run's would.
 """
 
@@ -25,10 +26,14 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its helpers
+from disk_full import FakeEngine  # noqa: E402
+from helpers import record_at  # noqa: E402
+
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 from pipeline.common.topology import Topology
 from pipeline.pretrain import spike_response
-from pipeline.pretrain.checkpoints import policy
+from pipeline.pretrain.checkpoints import policy, storage
 from pipeline.pretrain.config import DataConfig, PretrainConfig, TrainConfig
 from pipeline.pretrain.plan.ledger import RollbackEvent, read_ledger
 from pipeline.pretrain.spike_response import Response, SpikeResponse
@@ -95,6 +100,11 @@ def main(out: Path) -> None:
     spike = Spike(count=2, nonfinite=0, since=(40, 41), window=(40, 41), first=40, last=41)
     plan = SimpleNamespace(config=config, ledger=ledger, end_step=100)
     results["rollback"] = timed(lambda: response.decide(plan, None, spike, 41))
+
+    storage.extra_state = lambda engine: {}  # what a DeepSpeed engine adds; FakeEngine has none of it
+    storage.write_record = on_rank_zero(rank, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                                                      str(config.layout.checkpoints / "step_00000008")))
+    results["save"] = timed(lambda: storage.save_checkpoint(FakeEngine(), config.layout.checkpoints, record_at(8), 2))
 
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     policy.plan_after_rollback = on_rank_zero(rank, PipelineError(

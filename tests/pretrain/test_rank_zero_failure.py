@@ -1,6 +1,6 @@
 """One failure, every rank: an error on rank 0 while it plans for every rank (the start's checkpoints, a rollback's
-target, the rollback's plan) reaches the other ranks at once, named, instead of leaving them to wait out the
-collective timeout in the broadcast of a plan that never comes."""
+target, the rollback's plan, a saved checkpoint's record) reaches the other ranks at once, named, instead of leaving
+them to wait out the collective timeout in the broadcast of a plan that never comes."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def launch(tmp_path_factory):
 @pytest.mark.parametrize(("case", "error"), [
     ("checkpoint", "OSError: [Errno 28] No space left on device"),
     ("rollback", "OSError: [Errno 5] Input/output error"),
+    ("save", "OSError: [Errno 28] No space left on device"),
 ])
 def test_a_failure_on_rank_0_while_planning_reaches_every_rank_at_once_named(launch, case, error):
     zero, one = launch["ranks"]

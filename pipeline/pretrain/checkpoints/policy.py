@@ -93,8 +93,8 @@ class Checkpointer:
         checkpoints they roll back and falls back past a damaged start; every rank takes rank 0's plan. A failure
         after the folder is held leaves it held: the caller releases it (`release`)."""
         started = time.perf_counter()
-        outcome = decided_on_rank_zero(lambda: self._make_sure(plan), self.topology,
-                                       "planning the run's start (its folder, ledger and checkpoints)")
+        outcome = decided_on_rank_zero(lambda: self._make_sure(plan),
+                                       "planning the run's start (its folder, ledger and checkpoints)", self.topology)
         if isinstance(outcome, str):  # refused: rank 0 says why
             if self.topology.is_main:
                 raise PipelineError(outcome)
@@ -194,8 +194,8 @@ class Checkpointer:
         ledger = self.note(plan.ledger, response.events)
         if response.action != "roll back":
             return response
-        again = decided_on_rank_zero(lambda: plan_after_rollback(plan, ledger, info), self.topology,
-                                     "planning a rollback (the run from its checkpoint)")
+        again = decided_on_rank_zero(lambda: plan_after_rollback(plan, ledger, info),
+                                     "planning a rollback (the run from its checkpoint)", self.topology)
         return dataclasses.replace(response, plan=self.confirm(again), rollbacks=ledger.rollbacks)
 
     def newest_complete(self) -> Path | None:
