@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import PYTHON, ROOT, run_script, tiny_pretrain_config, write_jsonl
 
@@ -257,10 +258,17 @@ def test_slurm_requeued_job_keeps_logging_to_the_same_mlflow_run(preempted_job):
     assert sorted(steps) == list(range(1, 41))
 
 
-@pytest.fixture(scope="module")
-def requeued_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
-    """`scontrol requeue` of a running pretraining job: SLURM ends the incarnation (TERM, KILL after KillWait) and
-    starts the job again under the same id, `SLURM_RESTART_COUNT` 1, on the same run folder."""
+REQUEUES = {
+    "requeue": "scontrol requeue of the running job: SLURM ends it (TERM, KILL after KillWait); the trainer saves",
+    "kill-9-then-requeue": "the trainer SIGKILLed (it leaves its lock's name behind; the job fails), then scontrol "
+                           "requeue of the failed job",
+}
+
+
+@pytest.fixture(scope="module", params=list(REQUEUES))
+def requeued_job(request, slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
+    """A running pretraining job stopped as `REQUEUES` says; SLURM starts it again under the same id,
+    `SLURM_RESTART_COUNT` 1, on the same run folder."""
     root = tmp_path_factory.mktemp("slurm-requeue")
     configs = {}
     for name in ("reference", "requeued"):
@@ -278,6 +286,11 @@ def requeued_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
         time.sleep(0.1)
     requeued_after = metrics.read_text().count('"train/loss":')
     load = os.getloadavg()
+    if request.param == "kill-9-then-requeue":
+        # The trainer itself: `scancel --signal=KILL` reaches only the step's shell, and the trainer then gets TERM.
+        (trainer,) = [p for p in psutil.process_iter() if _is_trainer_of(p, job)]
+        trainer.kill()
+        wait_for(env, job, timeout=120)
     subprocess.run(["scontrol", "requeue", job], env=env, check=True)
     reference = subprocess.run([PYTHON, "launchers/pretrain.py", "--config", str(configs["reference"])], cwd=ROOT,
                                env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
@@ -285,7 +298,16 @@ def requeued_job(slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
     assert reference.returncode == 0, reference.stderr[-2000:]
     fields = wait_for(env, job)
     log = "".join(p.read_text(errors="replace") for p in (root / "requeued" / "slurm").glob("*.out"))
-    return {"root": root, "fields": fields, "log": log, "requeued_after": requeued_after, "load": load}
+    return {"root": root, "fields": fields, "log": log, "requeued_after": requeued_after, "load": load, "job": job,
+            "how": request.param}
+
+
+def _is_trainer_of(process: psutil.Process, job: str) -> bool:
+    try:
+        return ("pipeline.commands.pretrain" in " ".join(process.cmdline()) and "LOCAL_RANK" in process.environ()
+                and process.environ().get("SLURM_JOB_ID") == job)
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.slow
@@ -301,8 +323,10 @@ def test_slurm_requeue_of_a_running_job_takes_the_folder_and_resumes_exactly(req
     taken = [e.holder for e in read_ledger(PretrainLayout(root / "requeued").ledger).events
              if isinstance(e, LockTakenOverEvent)]
     stopped = re.findall(r"stopped by SIG\w+ after step \d+|resumed from \S+ \(step \d+\)", log)
-    print(f"requeued after step {requeued_job['requeued_after']} (load {requeued_job['load']}): {stopped}; lock taken "
-          f"over from {taken or 'nobody (released at the stop)'}; largest loss difference to the uninterrupted run "
-          f"over steps 1-40: {max(abs(reference[s] - requeued[s]) for s in reference):.3g}")
+    print(f"{requeued_job['how']} after step {requeued_job['requeued_after']} (load {requeued_job['load']}): "
+          f"{stopped}; lock taken over from {taken or 'nobody (released at the stop)'}; largest loss difference to "
+          f"the uninterrupted run over steps 1-40: {max(abs(reference[s] - requeued[s]) for s in reference):.3g}")
     assert requeued == reference  # one process each, one thread each: the same arithmetic, step for step
+    if requeued_job["how"] == "kill-9-then-requeue":  # the killed incarnation's lock was taken over, and said so
+        assert len(taken) == 1 and f"SLURM job {requeued_job['job']} (since " in taken[0]
     assert not (root / "requeued" / "run.lock").exists()  # released at the end
