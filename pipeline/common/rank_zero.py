@@ -2,9 +2,9 @@
 
 Some choices are made once, by rank 0, from files that a shared file system may show the ranks differently for a
 while (what a start sets aside, where a rollback goes), and broadcast to the others. The others wait in that
-broadcast: an error that stops rank 0 before it broadcasts would leave them waiting until the collective timeout
-(`train.collective_timeout_s`, five minutes by default) and then name a lost rank, not the error. So a failure is
-what rank 0 broadcasts instead, and every rank raises at once, naming it.
+broadcast: an error that stops rank 0 before it broadcasts would leave them waiting until rank 0's process ends
+(or, while it lives on, until the collective timeout, `train.collective_timeout_s`), and then name a lost rank, not
+the error. So a failure is what rank 0 broadcasts instead, and every rank raises at once, naming it.
 """
 
 from __future__ import annotations
