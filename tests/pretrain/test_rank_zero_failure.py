@@ -1,6 +1,7 @@
 """One failure, every rank: an error on rank 0 while it plans for every rank (the start's checkpoints, a rollback's
-target, the rollback's plan, a saved checkpoint's record) reaches the other ranks at once, named, instead of leaving
-them to wait out the collective timeout in the broadcast of a plan that never comes."""
+target, the rollback's plan, a saved checkpoint's record) reaches the other ranks at once, named. Before, they waited
+for a plan that never came until rank 0's process ended, or for the collective timeout while it lived on (as in the
+script, which goes on to its next case), and then named a lost rank."""
 
 from __future__ import annotations
 
