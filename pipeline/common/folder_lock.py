@@ -187,7 +187,8 @@ class FolderLock:
         self.path.write_text(json.dumps(asdict(self.holder)) + "\n", encoding="utf-8")
 
     def _read_holder(self) -> Holder | None:
-        """The holder `run.lock` names; None where it names none (empty, damaged or unreadable)."""
+        """The holder `run.lock` names; None where it names none (empty, damaged or unreadable). Only while this
+        process does not hold the kernel's lock: over NFS, closing any descriptor of the file releases it."""
         try:
             return Holder.parse(self.path.read_text(encoding="utf-8", errors="replace"))
         except OSError:
