@@ -13,8 +13,9 @@ SIGUSR1 makes it finish the step, checkpoint and exit 0. `--anneal-from CHECKPOI
 runs only the schedule's decay from a stable-phase checkpoint, into train.output_dir. `--skip-steps A:B`
 rolls back past a loss spike: it resumes from the last checkpoint before step A and leaves out the
 batches of steps A to B, now and at every later resume (the run's ledger keeps the range); with no kept
-checkpoint before A it is refused unless `--restart-from-scratch` (docs/long-runs.md). `--print-config`
-prints the run's plan.
+checkpoint before A it is refused unless `--restart-from-scratch` (docs/long-runs.md). The run holds its
+train.output_dir with the kernel's lock; a file system whose locks do not reach other nodes is refused unless
+`--allow-unlocked-folder` (docs/slurm-and-faults.md). `--print-config` prints the run's plan.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-from-scratch", action="store_true",
                    help="let a --skip-steps range that no kept checkpoint precedes restart the run from step 0, "
                         "setting every checkpoint aside (refused without it): sets train.restart_from_scratch")
+    p.add_argument("--allow-unlocked-folder", action="store_true",
+                   help="go on where train.output_dir's file system cannot lock the run folder across nodes (refused "
+                        "without it; nothing then keeps a second run out): sets train.allow_unlocked_folder")
     p.add_argument("--print-config", action="store_true",
                    help="validate, print the run's plan (config, stretches, batches, start, skips) and exit")
     p.add_argument("--verbose", action="store_true",
@@ -65,6 +69,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"train.skip_steps={json.dumps([*written, *args.skip_steps])}")
     if args.restart_from_scratch:
         out.append("train.restart_from_scratch=true")
+    if args.allow_unlocked_folder:
+        out.append("train.allow_unlocked_folder=true")
     if args.anneal_from is not None:
         out.append(f"train.anneal_from={json.dumps(args.anneal_from)}")
     if args.anneal_steps is not None:

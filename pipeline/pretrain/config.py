@@ -302,6 +302,10 @@ class TrainConfig:
     inject_spike: str | None = None
     """A drill: "STEP:FACTOR" multiplies step STEP's loss, and so its gradients, by FACTOR before the backward (a
     stand-in for a bad batch, to rehearse the guard; gradient clipping cuts it back to the clip norm)."""
+    allow_unlocked_folder: bool = False
+    """Go on where `output_dir`'s file system cannot lock the run folder across nodes (no locks, NFS `nolock` or
+    `local_lock`, Lustre without `flock`; common/folder_lock.py), which is refused without it: nothing then keeps
+    a second run from writing the folder beside this one (`--allow-unlocked-folder`)."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """Seconds a rank waits on the others (one collective, or one optimizer step after the first) before it
     decides one is dead or stuck and exits with an error; it must exceed the longest step and rank 0's export."""

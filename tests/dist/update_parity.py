@@ -109,11 +109,11 @@ def bert_without_next_sentence_loss(topology, out: Path) -> None:
     """BERT without its next-sentence loss, at ZeRO 0 for `BERT_STEPS` steps of the same global batches: its pooler
     and next-sentence head get no gradient. Rank 0 writes the initial and final weights, the parameters the first
     step's boundary backward left without a gradient, and that backward's events on several ranks (`bert.pt`)."""
-    from pipeline.pretrain.model.hf_model import build_model
+    from pipeline.models.architectures.hf_model import build_model
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.plan.schedules import lr_schedule
     from pipeline.pretrain.step.engine import initialize_engine
-    from pipeline.pretrain.step.spike_guard import SpikeGuard
+    from pipeline.pretrain.guard.spike_guard import SpikeGuard
 
     config = parity_config(2, 0)  # the same global batch on 1 rank (accumulation 4) as on 2 (accumulation 2)
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, architecture="bert",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import PYTHON, ROOT, run_script, tiny_pretrain_config, write_jsonl
 
@@ -254,3 +256,77 @@ def test_slurm_requeued_job_keeps_logging_to_the_same_mlflow_run(preempted_job):
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
     assert sorted(steps) == list(range(1, 41))
+
+
+REQUEUES = {
+    "requeue": "scontrol requeue of the running job: SLURM ends it (TERM, KILL after KillWait); the trainer saves",
+    "kill-9-then-requeue": "the trainer SIGKILLed (it leaves its lock's name behind; the job fails), then scontrol "
+                           "requeue of the failed job",
+}
+
+
+@pytest.fixture(scope="module", params=list(REQUEUES))
+def requeued_job(request, slurm, tmp_path_factory, roberta_shards, bpe_tokenizer_dir):
+    """A running pretraining job stopped as `REQUEUES` says; SLURM starts it again under the same id,
+    `SLURM_RESTART_COUNT` 1, on the same run folder."""
+    root = tmp_path_factory.mktemp("slurm-requeue")
+    configs = {}
+    for name in ("reference", "requeued"):
+        data = tiny_pretrain_config(roberta_shards, bpe_tokenizer_dir, root / name, train={"max_steps": 40},
+                                    checkpoint={"every": 5, "keep_last": 2}, data={"cache_dir": str(root / "cache")})
+        configs[name] = root / f"{name}.json"
+        configs[name].write_text(json.dumps(data))
+    env = {**slurm, "OMP_NUM_THREADS": "1"}  # the job inherits it: the reference's arithmetic, thread for thread
+    (job,) = submit(env, "pretrain", "--config", configs["requeued"], "--nodes", 1, "--procs-per-node", 1,
+                    "--time", "00:20:00")
+    metrics = PretrainLayout(root / "requeued").metrics
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count('"train/loss":') >= 12):  # past checkpoint 10
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.1)
+    requeued_after = metrics.read_text().count('"train/loss":')
+    load = os.getloadavg()
+    if request.param == "kill-9-then-requeue":
+        # The trainer itself: `scancel --signal=KILL` reaches only the step's shell, and the trainer then gets TERM.
+        (trainer,) = [p for p in psutil.process_iter() if _is_trainer_of(p, job)]
+        trainer.kill()
+        wait_for(env, job, timeout=120)
+    subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+    reference = subprocess.run([PYTHON, "launchers/pretrain.py", "--config", str(configs["reference"])], cwd=ROOT,
+                               env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
+                               capture_output=True, text=True)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    fields = wait_for(env, job)
+    log = "".join(p.read_text(errors="replace") for p in (root / "requeued" / "slurm").glob("*.out"))
+    return {"root": root, "fields": fields, "log": log, "requeued_after": requeued_after, "load": load, "job": job,
+            "how": request.param}
+
+
+def _is_trainer_of(process: psutil.Process, job: str) -> bool:
+    try:
+        return ("pipeline.commands.pretrain" in " ".join(process.cmdline()) and "LOCAL_RANK" in process.environ()
+                and process.environ().get("SLURM_JOB_ID") == job)
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_slurm_requeue_of_a_running_job_takes_the_folder_and_resumes_exactly(requeued_job):
+    from pipeline.pretrain.checkpoints.ledger import LockTakenOverEvent, read_ledger
+
+    root, fields, log = requeued_job["root"], requeued_job["fields"], requeued_job["log"]
+    assert fields["JobState"] == "COMPLETED" and int(fields["Restarts"]) >= 1, log[-3000:]
+    assert "another run holds this run folder" not in log and "resumed from" in log
+    reference, requeued = losses(root / "reference"), losses(root / "requeued")
+    assert sorted(requeued) == list(range(1, 41))
+    taken = [e.holder for e in read_ledger(PretrainLayout(root / "requeued").ledger).events
+             if isinstance(e, LockTakenOverEvent)]
+    stopped = re.findall(r"stopped by SIG\w+ after step \d+|resumed from \S+ \(step \d+\)", log)
+    print(f"{requeued_job['how']} after step {requeued_job['requeued_after']} (load {requeued_job['load']}): "
+          f"{stopped}; lock taken over from {taken or 'nobody (released at the stop)'}; largest loss difference to "
+          f"the uninterrupted run over steps 1-40: {max(abs(reference[s] - requeued[s]) for s in reference):.3g}")
+    assert requeued == reference  # one process each, one thread each: the same arithmetic, step for step
+    if requeued_job["how"] == "kill-9-then-requeue":  # the killed incarnation's lock was taken over, and said so
+        assert len(taken) == 1 and f"SLURM job {requeued_job['job']} (since " in taken[0]
+    assert not (root / "requeued" / "run.lock").exists()  # released at the end

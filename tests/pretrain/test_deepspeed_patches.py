@@ -10,9 +10,9 @@ import tomllib
 
 import pytest
 from helpers import ROOT
-from pipeline.common.topology import import_deepspeed
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.processes.topology import import_deepspeed
 from pipeline.pretrain.step import deepspeed_patches
 from pipeline.pretrain.step.deepspeed_patches import PATCH_TARGETS, TESTED_DEEPSPEED, check_patch_targets
 

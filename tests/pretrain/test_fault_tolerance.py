@@ -95,6 +95,20 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_before_it_writes_anything
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["run.lock"]  # no config, ledger, metrics or checkpoint
 
 
+def test_the_flag_that_accepts_an_unlocked_folder_sets_its_config_key_and_the_checkpointer_passes_it_on(tmp_path):
+    from pipeline.commands import pretrain as launcher
+    from pipeline.common.processes.topology import Topology
+    from pipeline.pretrain.checkpoints.policy import Checkpointer
+    from pipeline.pretrain.config import DataConfig, PretrainConfig, TrainConfig
+
+    assert launcher.overrides(launcher.parse_args(["--config", "c.json", "--allow-unlocked-folder"])) == [
+        "train.allow_unlocked_folder=true"]
+    for allowed in (False, True):
+        config = PretrainConfig(data=DataConfig(shards="s", tokenizer="t"),
+                                train=TrainConfig(output_dir=str(tmp_path), allow_unlocked_folder=allowed))
+        assert Checkpointer(config, Topology(0, 0, 1, False), None).allow_unlocked is allowed
+
+
 def test_a_checkpoint_cut_short_while_saving_is_never_resumed_from(interrupted, tmp_path):
     root, config = interrupted["root"], interrupted["configs"]["killed"]
     checkpoints = PretrainLayout(root / "killed").checkpoints

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers import tiny_pretrain_config
-from pipeline.common.config_tree import ConfigError
 
+from pipeline.common.config.tree import ConfigError
 from pipeline.pretrain.preflight import load_pretrain_config
 from pipeline.pretrain.step.gradient_buckets import attach_reducer, reduction
 

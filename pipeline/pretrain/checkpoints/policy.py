@@ -11,7 +11,8 @@ is written; a dead holder's lock is taken over and the ledger says so), then not
 in the run's ledger (plan/ledger.py), sets aside the checkpoints they roll back, checks the start's
 checksums (falling back past a damaged one) and deletes the set-aside checkpoints beyond
 `checkpoint.keep_set_aside`, the first set aside first; every rank then takes rank 0's plan, so the ranks never
-act on different sets of checkpoints (a shared file system may show them different ones for a while). The
+act on different sets of checkpoints (a shared file system may show them different ones for a while), or rank 0's
+error, so that every rank stops at once naming it (common/rank_zero.py). The
 Checkpointer loads the start into the engine, saves every `checkpoint.every` steps (the run's end saves once more
 itself), and notes events in the ledger. It reports through the run log it is given, which it does not import.
 """
@@ -26,10 +27,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch.distributed as dist
-
 from pipeline.common.errors import PipelineError
 from pipeline.common.folder_lock import FolderLock
+from pipeline.common.processes.rank_zero import decided_on_rank_zero
 from pipeline.common.processes.topology import Topology
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.checkpoints.ledger import (
@@ -90,6 +90,7 @@ class Checkpointer:
         self.root, self.topology, self.reporter = config.layout.checkpoints, topology, reporter
         self.run_folder = config.layout.root
         self.lock: FolderLock | None = None
+        self.allow_unlocked = config.train.allow_unlocked_folder
         self.every, self.keep_last = config.checkpoint.every, config.checkpoint.keep_last
         self.keep_set_aside = config.checkpoint.keep_set_aside
         self.plan: RunPlan | None = None
@@ -101,11 +102,8 @@ class Checkpointer:
         checkpoints they roll back and falls back past a damaged start; every rank takes rank 0's plan. A failure
         after the folder is held leaves it held: the caller releases it (`release`)."""
         started = time.perf_counter()
-        outcome = self._make_sure(plan) if self.topology.is_main else plan
-        if self.topology.world_size > 1:
-            shared = [outcome]
-            dist.broadcast_object_list(shared, src=0)
-            outcome = shared[0]
+        outcome = decided_on_rank_zero(lambda: self._make_sure(plan),
+                                       "planning the run's start (its folder, ledger and checkpoints)", self.topology)
         if isinstance(outcome, str):  # refused: rank 0 says why
             if self.topology.is_main:
                 raise PipelineError(outcome)
@@ -127,7 +125,7 @@ class Checkpointer:
         notes: list[LedgerEvent] = []
         if self.lock is None:
             try:
-                self.lock = FolderLock(self.run_folder).acquire(REFUSAL_HINT)
+                self.lock = FolderLock(self.run_folder, allow_unlocked=self.allow_unlocked).acquire(REFUSAL_HINT)
             except PipelineError as err:
                 return str(err)
             if self.lock.taken_over is not None:
@@ -205,7 +203,8 @@ class Checkpointer:
         ledger = self.note(plan.ledger, response.events)
         if response.action != "roll back":
             return response
-        again = plan_after_rollback(plan, ledger, info) if self.topology.is_main else plan
+        again = decided_on_rank_zero(lambda: plan_after_rollback(plan, ledger, info),
+                                     "planning a rollback (the run from its checkpoint)", self.topology)
         return dataclasses.replace(response, plan=self.confirm(again), rollbacks=ledger.rollbacks)
 
     def newest_complete(self) -> Path | None:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from pipeline.common.atomic_files import publish_folder, reporting_disk_full, sha256_file
 from pipeline.common.errors import PipelineError
+from pipeline.common.processes.rank_zero import decided_on_rank_zero
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.pretrain.checkpoints.record import RECORD_FILE, CheckpointRecord, StartPoint, read_record, write_record
 
@@ -175,22 +176,30 @@ def save_checkpoint(engine, root: Path, record: CheckpointRecord, keep_last: int
     checkpoints."""
     tag = tag_for(record.step)
     folder = root / tag
-    if dist.get_rank() == 0 and folder.exists() and not (folder / RECORD_FILE).exists():
-        shutil.rmtree(folder)  # left by a save cut short (a kill, a full disk): never mix its files with ours
-    dist.barrier()
+    # Rank 0 alone clears the way and, below, marks the checkpoint complete; the other ranks wait for it, and stop
+    # with its error where it fails (a full disk), not at the collective timeout.
+    decided_on_rank_zero(lambda: _clear_cut_short(folder), f"clearing {folder} before saving into it")
     # DeepSpeed writes with torch.save; a full disk surfaces as OSError or RuntimeError. The folder
     # then has no record, so it is never resumed from, and the previous checkpoint stays the newest.
     with reporting_disk_full(folder):
         engine.save_checkpoint(str(root), tag=tag, save_latest=False,
                                client_state={**extra_state(engine), **(client_state or {})})
     dist.barrier()
-    if dist.get_rank() == 0:
-        # Checksums of every rank's files, read back once by rank 0 after the barrier: a file damaged
-        # later (a failing disk, a cut copy) is then found before it is loaded.
-        write_record(folder, dataclasses.replace(record, files=file_checksums(folder)))
-        prune(root, keep_last)
-    dist.barrier()
+    decided_on_rank_zero(lambda: _mark_complete(folder, record, root, keep_last), f"marking {folder} complete")
     return folder
+
+
+def _clear_cut_short(folder: Path) -> None:
+    if folder.exists() and not (folder / RECORD_FILE).exists():
+        shutil.rmtree(folder)  # left by a save cut short (a kill, a full disk): never mix its files with ours
+
+
+def _mark_complete(folder: Path, record: CheckpointRecord, root: Path, keep_last: int) -> None:
+    """Rank 0, after every rank saved: `folder`'s record, which marks it complete, then the older ones pruned.
+    Checksums of every rank's files, read back once: a file damaged later (a failing disk, a cut copy) is then
+    found before it is loaded."""
+    write_record(folder, dataclasses.replace(record, files=file_checksums(folder)))
+    prune(root, keep_last)
 
 
 def prune(root: Path, keep_last: int) -> None:

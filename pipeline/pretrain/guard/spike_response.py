@@ -19,7 +19,8 @@ With the guard off, a non-finite loss stops the run here.
   bound. Past it the run stops, naming the steps and what to do.
 
 Rank 0 decides where a rollback goes and every rank takes its decision (a shared file system may show the ranks
-different sets of checkpoints for a while); a stop is noted in the ledger and reported before it is raised.
+different sets of checkpoints for a while), or stops with rank 0's error (common/rank_zero.py); a stop is noted in
+the ledger and reported before it is raised.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import torch.distributed as dist
-
 from pipeline.common.errors import PipelineError
+from pipeline.common.processes.rank_zero import decided_on_rank_zero
 from pipeline.common.processes.topology import Topology
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.pretrain.checkpoints.ledger import GaveUpEvent, Ledger, LedgerEvent, RollbackEvent, UpdatesSkippedEvent
@@ -94,11 +94,10 @@ class SpikeResponse:
         g = plan.config.guard
         if spike is not None and spike.count and self.guard.mode == "rollback" and (
                 spike.nonfinite or len(spike.window) >= g.rollback_after):
-            decided = [rollback(plan, spike, step) if self.topology.is_main else None]
-            if self.topology.world_size > 1:
-                dist.broadcast_object_list(decided, src=0)
-            if decided[0] is not None:
-                return decided[0]
+            decided = decided_on_rank_zero(lambda: rollback(plan, spike, step), "planning a rollback (its checkpoint)",
+                                           self.topology)
+            if decided is not None:
+                return decided
             self.guard.forget(spike.window)
             skipped = (UpdatesSkippedEvent(spike.since, spike.count, step),) if self.guard.can_skip else ()
             return Response("no rollback target", spike, skipped, left_out=self.guard.can_skip)

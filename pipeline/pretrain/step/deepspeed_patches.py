@@ -125,7 +125,7 @@ def target_problems(targets: tuple[PatchTarget, ...] = PATCH_TARGETS) -> list[st
 @cache
 def check_patch_targets() -> None:
     """Refuse a DeepSpeed without the internals the patches need, naming its version and each missing part."""
-    from pipeline.common.topology import import_deepspeed
+    from pipeline.common.processes.topology import import_deepspeed
 
     version = import_deepspeed().__version__
     if problems := target_problems():
