@@ -23,9 +23,8 @@ from pipeline.common.processes.batch_plan import batch_problem, ramp_problems
 from pipeline.common.run_kernel import load_config
 from pipeline.data.epoch_order import CorpusLayout, default_shards_per_block
 from pipeline.data.tokenizer import TokenizerInfo, describe_tokenizer, load_tokenizer
+from pipeline.pretrain.checkpointer import Start, find_start
 from pipeline.pretrain.checkpoints.ledger import Ledger, read_ledger
-from pipeline.pretrain.checkpoints.policy import find_start
-from pipeline.pretrain.checkpoints.record import StartPoint
 from pipeline.pretrain.config import PretrainConfig, named_corpora
 from pipeline.pretrain.plan.phases import resolve_phases
 from pipeline.pretrain.plan.run_plan import PlanError, RunPlan, build_plan
@@ -60,7 +59,7 @@ def _preflight(path, overrides, world_size: int, cuda: bool, check_files: bool,
         problems = arithmetic_problems(config, world_size=world_size, cuda=cuda) + machine_problems(config, cuda=cuda)
         if check_files and typed:
             more, *files = read_files(config, world_size)
-            found.append(files)
+            found.append(files)  # (layouts, start, ledger)
             problems += more + [problem for check in file_checks for problem in check(config)]
         return problems
 
@@ -68,7 +67,9 @@ def _preflight(path, overrides, world_size: int, cuda: bool, check_files: bool,
     if not check_files:
         return config, None
     try:  # what only the whole plan shows (a corpus's share of a batch, a skip past the end), in the same form
-        return config, build_plan(config, world_size, *found[0])
+        layouts, start, ledger = found[0]
+        return config, build_plan(config, world_size, layouts, start.point, start.rolled_back, start.anneal_from,
+                                  ledger)
     except PlanError as err:
         raise ConfigError(str(path), err.problems) from None
 
@@ -82,10 +83,10 @@ def recorded_plan(run_dir: str | Path) -> RunPlan:
     if not layout.config.is_file():
         raise PipelineError(f"{run_dir}: no config.json; expected a pretraining run folder (train.output_dir)")
     config = load_pretrain_config(layout.config, check_files=False)
-    problems, layouts, start, _, anneal_from, ledger = read_files(config, 1, check_data=False)
+    problems, layouts, start, ledger = read_files(config, 1, check_data=False)
     if problems:
         raise ConfigError(str(layout.config), problems)
-    return build_plan(config, 1, layouts, start, anneal_from=anneal_from, ledger=ledger)
+    return build_plan(config, 1, layouts, start.point, anneal_from=start.anneal_from, ledger=ledger)
 
 
 def arithmetic_problems(config: PretrainConfig, *, world_size: int, cuda: bool) -> list[str]:
@@ -157,11 +158,11 @@ def machine_problems(config: PretrainConfig, *, cuda: bool) -> list[str]:
 
 
 def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = True) -> tuple[
-        list[str], dict[str, CorpusLayout], StartPoint | None, tuple[Path, ...], StartPoint | None, Ledger]:
+        list[str], dict[str, CorpusLayout], Start, Ledger]:
     """The shard folders, the tokenizer, `model.init_from`, the run's ledger and the checkpoints the run starts
-    from: the problems, each folder's layout, the start, this run's checkpoints that a skipped range rolls back,
-    the anneal's source and the ledger. Without `check_data` (a run that trained: its trace), only the indexes,
-    the ledger and the checkpoints."""
+    from: the problems, each folder's layout, the start (with this run's checkpoints that a skipped range rolls
+    back, and the anneal's source) and the ledger. Without `check_data` (a run that trained: its trace), only the
+    indexes, the ledger and the checkpoints."""
     problems, indexes = index_problems(config)
     ledger = Ledger(config.layout.ledger)
     try:  # the run folder's, whatever checkpoint.resume says: its skipped ranges stay skipped
@@ -177,9 +178,9 @@ def read_files(config: PretrainConfig, world_size: int, *, check_data: bool = Tr
             problems.append(f"data.tokenizer: {err}")
     if info is not None:
         problems += data_problems(config, tokenizer, info, indexes)
-    start, rolled_back, anneal_from, more = find_start(config, info, world_size, ledger.skipped)
+    start = find_start(config, info, world_size, ledger.skipped)
     layouts = {folder: corpus_layout(folder, index) for folder, index in indexes.items()}
-    return problems + more, layouts, start, rolled_back, anneal_from, ledger
+    return problems + start.problems, layouts, start, ledger
 
 
 def corpus_layout(folder: str, index: dict) -> CorpusLayout:

@@ -25,7 +25,7 @@ from pipeline.data.epoch_order import splitmix64
 from pipeline.data.tokenizer import describe_tokenizer, load_tokenizer
 from pipeline.models.architectures.hf_model import build_model, use_rope_thetas
 from pipeline.pretrain.batches.stretch_data import PretrainData, real_tokens, shut_down_workers
-from pipeline.pretrain.checkpoints.policy import Checkpointer
+from pipeline.pretrain.checkpointer import Checkpointer
 from pipeline.pretrain.guard.spike_guard import Drill, SpikeGuard, level_of
 from pipeline.pretrain.guard.spike_response import SpikeResponse
 from pipeline.pretrain.plan.run_plan import RunPlan
@@ -66,8 +66,8 @@ class Pretrainer:
         self.log = RunLog(plan, topology)
         self.checkpointer = Checkpointer(config, topology, self.log)
         try:
-            # The run folder held (or refused, before anything is written), the start made sure of: `start` loads it.
-            self.plan = plan = self.checkpointer.confirm(plan)
+            # The run folder held (or every rank stops, naming the live run), the start made sure of: `start` loads it.
+            self.plan = plan = self.checkpointer.open_run(plan)
             self.tokenizer = load_tokenizer(config.data.tokenizer)
             self.info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
             seed_everything(config.train.seed)  # the same initial weights on every rank

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from pipeline.common.processes.topology import Topology
-from pipeline.pretrain.checkpoints.policy import Checkpointer
+from pipeline.pretrain.checkpointer import Checkpointer
 from pipeline.pretrain.config import CheckpointConfig, DataConfig, PretrainConfig, TrainConfig
 from pipeline.pretrain.report.run_log import RunLog
 from pipeline.pretrain.report.validation import Validation

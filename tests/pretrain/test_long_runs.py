@@ -275,7 +275,7 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
     import os
 
     from pipeline.common.processes.topology import Topology
-    from pipeline.pretrain.checkpoints.policy import Checkpointer
+    from pipeline.pretrain.checkpointer import Checkpointer
     from pipeline.pretrain.preflight import prepare_run
 
     config = run_with_checkpoints(tmp_path, roberta_shards, bpe_tokenizer_dir,

@@ -33,8 +33,8 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.processes.rank_zero import decided_on_rank_zero
 from pipeline.common.processes.topology import Topology
 from pipeline.data.tokenizer import TokenizerInfo
+from pipeline.pretrain.checkpointer import Checkpointer
 from pipeline.pretrain.checkpoints.ledger import GaveUpEvent, Ledger, LedgerEvent, RollbackEvent, UpdatesSkippedEvent
-from pipeline.pretrain.checkpoints.policy import Checkpointer
 from pipeline.pretrain.checkpoints.record import read_record
 from pipeline.pretrain.checkpoints.storage import complete_checkpoints, newest_complete
 from pipeline.pretrain.guard.spike_guard import Spike, SpikeGuard

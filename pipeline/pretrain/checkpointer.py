@@ -1,20 +1,22 @@
-"""The policy over a run's checkpoints: where a run starts, what a start sets aside, when the run saves (storage.py
-keeps them).
+"""The checkpointer: where a run starts, what a start sets aside, when the run saves (checkpoints/storage.py keeps
+them).
 
-Where a run starts (`find_start`): its newest checkpoint whose record reads and that trained on no skipped range
-(those after it are rolled back), else the anneal's source, else step 0; the start checked against the config. The
-preflight asks it before any process group exists; the spike guard's rollback asks it again (spike_response.py).
+Where a run starts (`find_start`, a `Start`): its newest checkpoint whose record reads and that trained on no
+skipped range (those after it are rolled back), else the anneal's source, else step 0; the start checked against
+the config. The preflight asks it before any process group exists; the spike guard's rollback asks it again
+(guard/spike_response.py).
 
-Once the process group exists, the `Checkpointer` makes sure of the plan's start. Rank 0 holds the run folder
-first (common/folder_lock.py: a second run on a live run's folder is refused, naming the holder, before anything
-is written; a dead holder's lock is taken over and the ledger says so), then notes the plan's new skipped ranges
-in the run's ledger (plan/ledger.py), sets aside the checkpoints they roll back, checks the start's
-checksums (falling back past a damaged one) and deletes the set-aside checkpoints beyond
-`checkpoint.keep_set_aside`, the first set aside first; every rank then takes rank 0's plan, so the ranks never
-act on different sets of checkpoints (a shared file system may show them different ones for a while), or rank 0's
-error, so that every rank stops at once naming it (common/rank_zero.py). The
-Checkpointer loads the start into the engine, saves every `checkpoint.every` steps (the run's end saves once more
-itself), and notes events in the ledger. It reports through the run log it is given, which it does not import.
+Once the process group exists, the trainer's start opens the run (`open_run`): rank 0 holds the run folder
+(common/folder_lock.py, the kernel's lock; a second run on a live run's folder is refused on every rank, naming the
+holder, before anything is written), then makes sure of the plan's start, as every rollback's `confirm` does, in
+named steps: the ledger's new events (a lock left by an ended holder, the plan's new skipped ranges), the
+checkpoints they roll back set aside, the start's checksums checked (falling back past a damaged one), the
+set-aside checkpoints beyond `checkpoint.keep_set_aside` deleted, the first set aside first. Every rank then takes
+rank 0's plan, so the ranks never act on different sets of checkpoints (a shared file system may show them
+different ones for a while), or rank 0's error, so that every rank stops at once naming it
+(common/processes/rank_zero.py). The Checkpointer loads the start into the engine, saves every `checkpoint.every`
+steps (the run's end saves once more itself), and notes events in the ledger. It reports through the run log it is
+given, which it does not import.
 """
 
 from __future__ import annotations
@@ -95,15 +97,22 @@ class Checkpointer:
         self.keep_set_aside = config.checkpoint.keep_set_aside
         self.plan: RunPlan | None = None
         self.verify_seconds = 0.0
+        self._taken_over_noted = False
+
+    def open_run(self, plan: RunPlan) -> RunPlan:
+        """The run's start, once: rank 0 holds the run folder for the whole run, or every rank stops (a live run
+        holds it, named) before anything is written; then it makes sure of the plan's start, as `confirm` does. A
+        failure after the folder is held leaves it held: the caller releases it (`release`)."""
+        return self._decided(plan, "opening the run (its folder, ledger and checkpoints)", hold=True)
 
     def confirm(self, plan: RunPlan) -> RunPlan:
-        """The plan every rank carries out. First rank 0 holds the run folder, or every rank stops (a live run holds
-        it, named) before anything is written; then it notes the plan's new skips in the ledger, sets aside the
-        checkpoints they roll back and falls back past a damaged start; every rank takes rank 0's plan. A failure
-        after the folder is held leaves it held: the caller releases it (`release`)."""
+        """The plan every rank carries out (a rollback's): rank 0 makes sure of its start (`_start_made_sure`),
+        every rank takes rank 0's plan."""
+        return self._decided(plan, "planning the run's start (its ledger and checkpoints)", hold=False)
+
+    def _decided(self, plan: RunPlan, what: str, *, hold: bool) -> RunPlan:
         started = time.perf_counter()
-        outcome = decided_on_rank_zero(lambda: self._make_sure(plan),
-                                       "planning the run's start (its folder, ledger and checkpoints)", self.topology)
+        outcome = decided_on_rank_zero(lambda: self._held(hold) or self._start_made_sure(plan), what, self.topology)
         if isinstance(outcome, str):  # refused: rank 0 says why
             if self.topology.is_main:
                 raise PipelineError(outcome)
@@ -112,42 +121,64 @@ class Checkpointer:
         self.plan = outcome
         return outcome
 
+    def _held(self, hold: bool) -> str | None:
+        """Rank 0, at the run's start (`hold`): the run folder held, or why not."""
+        if not hold:
+            return None
+        try:
+            self.lock = FolderLock(self.run_folder, allow_unlocked=self.allow_unlocked).acquire(REFUSAL_HINT)
+        except PipelineError as err:
+            return str(err)
+        return None
+
     def release(self) -> None:
         """The run folder free again (rank 0, at the run's end or when it fails)."""
         if self.lock is not None:
             self.lock.release()
             self.lock = None
 
-    def _make_sure(self, plan: RunPlan) -> RunPlan | str:
-        """Rank 0: the run folder held (at the first start; else why not), the ledger's new events first, then the
-        set-asides they call for (a kill in between still rolls them back at the next start), then the start's
-        checksums, falling back past a damaged start."""
-        notes: list[LedgerEvent] = []
-        if self.lock is None:
-            try:
-                self.lock = FolderLock(self.run_folder, allow_unlocked=self.allow_unlocked).acquire(REFUSAL_HINT)
-            except PipelineError as err:
-                return str(err)
-            if self.lock.taken_over is not None:
-                notes.append(LockTakenOverEvent(self.lock.taken_over.describe(), plan.start_step))
-        ledger = plan.ledger.append(notes + [SkipEvent(r.start + 1, r.stop, plan.start_step)
-                                             for r in plan.unrecorded_skips])
-        moved = [set_aside(folder, "rolled-back") for folder in sorted(plan.rolled_back)]  # the newest last
-        for aside in moved:
-            self._warn(f"checkpoint {aside.name.removeprefix('rolled-back-')} trained on a skipped range "
-                       f"(train.skip_steps); set aside as {aside.name}")
-        found = plan.start.checkpoint if plan.start else None
-        if plan.start and not plan.start.anneal:  # the plan's start is the newest left: check it, or fall back
-            found = newest_intact(self.root, self._warn, moved)
+    def _start_made_sure(self, plan: RunPlan) -> RunPlan:
+        """Rank 0: the ledger's new events first, then the set-asides they call for (a kill in between still rolls
+        them back at the next start), then the start's checksums, falling back past a damaged start."""
+        ledger = plan.ledger.append(self._start_events(plan.start_step, plan.unrecorded_skips))
+        moved = self._rolled_back_set_aside(plan.rolled_back)
+        found = self._intact_start(plan.start, moved)
         ledger = ledger.append([SetAsideEvent(p.name, "damaged" if p.name.startswith("damaged-") else "rolled-back",
                                               plan.start_step) for p in moved])
-        for folder in prune_set_aside(self.root, self.keep_set_aside):
-            self._warn(f"deleted {folder.name}, set aside earlier (checkpoint.keep_set_aside {self.keep_set_aside} "
-                       "keeps the last ones set aside)")
+        self._old_set_asides_pruned()
         plan = dataclasses.replace(plan, ledger=ledger)
         if plan.start is not None and found != plan.start.checkpoint:
             plan = plan.starting_from(StartPoint.at(found, read_record(found), plan.world_size) if found else None)
         return plan
+
+    def _start_events(self, step: int, skips: tuple[range, ...]) -> list[LedgerEvent]:
+        """What this start at `step` found new: a lock its ended holder left (once, at the run's start), the skipped
+        ranges the ledger does not hold yet (`skips`)."""
+        notes: list[LedgerEvent] = []
+        if self.lock is not None and self.lock.taken_over is not None and not self._taken_over_noted:
+            notes.append(LockTakenOverEvent(self.lock.taken_over.describe(), step))
+            self._taken_over_noted = True
+        return notes + [SkipEvent(r.start + 1, r.stop, step) for r in skips]
+
+    def _rolled_back_set_aside(self, rolled_back: tuple[Path, ...]) -> list[Path]:
+        """The checkpoints a plan rolls back, set aside, the newest last."""
+        moved = [set_aside(folder, "rolled-back") for folder in sorted(rolled_back)]
+        for aside in moved:
+            self._warn(f"checkpoint {aside.name.removeprefix('rolled-back-')} trained on a skipped range "
+                       f"(train.skip_steps); set aside as {aside.name}")
+        return moved
+
+    def _intact_start(self, start: StartPoint | None, moved: list[Path]) -> Path | None:
+        """A plan's `start`, or (its checksums failing) the newest intact checkpoint before it, a damaged one set
+        aside into `moved`; an anneal's source is another run's, and is taken as it is."""
+        if start is None or start.anneal:
+            return start.checkpoint if start else None
+        return newest_intact(self.root, self._warn, moved)  # the plan's start is the newest left: check it
+
+    def _old_set_asides_pruned(self) -> None:
+        for folder in prune_set_aside(self.root, self.keep_set_aside):
+            self._warn(f"deleted {folder.name}, set aside earlier (checkpoint.keep_set_aside {self.keep_set_aside} "
+                       "keeps the last ones set aside)")
 
     def load(self, engine, guard: GuardWindow) -> int:
         """Load the plan's start into the engine and its window into the spike `guard`, on every rank; returns its
@@ -231,9 +262,22 @@ class Checkpointer:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where a run starts, as `find_start` finds it."""
+
+    point: StartPoint | None
+    """The checkpoint the run starts from (its own, or the anneal's source); None: step 0."""
+    rolled_back: tuple[Path, ...]
+    """The run's own checkpoints after it, which trained on a skipped range: the start sets them aside."""
+    anneal_from: StartPoint | None
+    """`train.anneal_from`'s checkpoint, which fixes the decay in every session of an anneal."""
+    problems: list[str]
+    """The checkpoints' problems against the config and the tokenizer; a run with any does not start."""
+
+
 def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_size: int,
-               ledger_skips: tuple[range, ...] = ()) -> tuple[
-        StartPoint | None, tuple[Path, ...], StartPoint | None, list[str]]:
+               ledger_skips: tuple[range, ...] = ()) -> Start:
     """Where the run starts: its newest checkpoint whose record reads and that trained on no range the config or
     the run's ledger skips (those after it are rolled back), else `train.anneal_from`'s, else step 0. Also the
     anneal's source (it fixes the decay in every session), and the problems of the checkpoints against `config`
@@ -273,7 +317,7 @@ def find_start(config: PretrainConfig, tokenizer: TokenizerInfo | None, world_si
     start = own or anneal_from
     if start is not None:
         problems += start.problems(config, tokenizer)
-    return start, tuple(folder for folder, _ in rolled_back), anneal_from, problems
+    return Start(start, tuple(folder for folder, _ in rolled_back), anneal_from, problems)
 
 
 def rollback_problem(config: PretrainConfig, untrained: list[range], rolled_back: list[tuple[Path, int]],
@@ -304,7 +348,7 @@ def plan_after_rollback(plan: RunPlan, ledger: Ledger, info: TokenizerInfo) -> R
     """The run planned again with `ledger`'s skips (a rollback's among them): its start is the newest checkpoint that
     trained on none of them, the later ones are rolled back, as at a resume with `--skip-steps`."""
     config = plan.config
-    start, rolled_back, anneal_from, problems = find_start(config, info, plan.world_size, ledger.skipped)
-    if problems or start is None:
-        raise PipelineError(f"spike guard: the rollback cannot start ({'; '.join(problems) or 'no checkpoint'})")
-    return build_plan(config, plan.world_size, plan.layouts, start, rolled_back, anneal_from, ledger)
+    start = find_start(config, info, plan.world_size, ledger.skipped)
+    if start.problems or start.point is None:
+        raise PipelineError(f"spike guard: the rollback cannot start ({'; '.join(start.problems) or 'no checkpoint'})")
+    return build_plan(config, plan.world_size, plan.layouts, start.point, start.rolled_back, start.anneal_from, ledger)
