@@ -107,7 +107,6 @@ class Arm:
         return self._encodings[key][2]
 
 
-@dataclass(frozen=True)
 @dataclass
 class SeedResult:
     """What one training gave: its best epoch's dev figures, the epochs' history, and (trained here) its weights."""
@@ -121,6 +120,7 @@ class SeedResult:
     one step for step (the selection seed on the chosen setting, see sweep.py) takes over instead of retraining."""
 
 
+@dataclass(frozen=True)
 class Training:
     """One training: its recipe, data and seed, what picks its best epoch, and what its record must match."""
 
