@@ -3,7 +3,7 @@
 `prepare_run` builds the config (each section checks itself: config.py), then adds, in one ConfigError
 with every problem naming its key, the run's arithmetic on this world size (`arithmetic_problems`), what
 this machine lacks (`machine_problems`) and the files (`read_files`): shard indexes, the tokenizer,
-`model.init_from`'s folder and the checkpoint the run starts from (checkpoints/policy.py), and whatever
+`model.init_from`'s folder and the checkpoint the run starts from (checkpointer.py), and whatever
 `file_checks` its caller adds (the command's: the probe files, pipeline/hub/quality_probes.py). From those it
 builds the run's plan (plan/run_plan.py), once. The command runs it before any process group,
 model or engine exists; `load_pretrain_config(check_files=False)` checks a config whose data does not exist here

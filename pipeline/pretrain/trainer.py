@@ -1,7 +1,7 @@
 """The pretraining loop, as torchtitan's `Trainer.train`: start from the plan, then step until the end, keeping only
 the order of what happens after a step. The plan (plan/) says which data, batch and LR each step has and where the
 run starts; each component beside the loop decides when it acts: the run log logs (report/run_log.py), the
-validation evaluates (report/validation.py), the checkpointer saves (checkpoints/policy.py), and the spike guard's
+validation evaluates (report/validation.py), the checkpointer saves (checkpointer.py), and the spike guard's
 response goes on, leaves updates out or rolls the run back (spike_response.py). A run starts, and every rollback
 starts again, through one path (`start`).
 """

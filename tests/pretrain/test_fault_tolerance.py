@@ -98,7 +98,7 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_before_it_writes_anything
 def test_the_flag_that_accepts_an_unlocked_folder_sets_its_config_key_and_the_checkpointer_passes_it_on(tmp_path):
     from pipeline.commands import pretrain as launcher
     from pipeline.common.processes.topology import Topology
-    from pipeline.pretrain.checkpoints.policy import Checkpointer
+    from pipeline.pretrain.checkpointer import Checkpointer
     from pipeline.pretrain.config import DataConfig, PretrainConfig, TrainConfig
 
     assert launcher.overrides(launcher.parse_args(["--config", "c.json", "--allow-unlocked-folder"])) == [

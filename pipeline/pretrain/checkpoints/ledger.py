@@ -9,7 +9,7 @@ through an atomic rename each time, so a kill leaves the old ledger or the new o
     {"event": "skip", "steps": "6501:6550", "at_step": 6000, "time": "…"}
         steps A to B (1-based, inclusive) are left out from now on; the run stood at `at_step`
     {"event": "set_aside", "folder": "rolled-back-step_00007000", "why": "rolled-back", "at_step": 6000, "time": "…"}
-        a checkpoint moved aside (checkpoints/policy.py): it trained on a skipped range, or its files are damaged
+        a checkpoint moved aside (pretrain/checkpointer.py): it trained on a skipped range, or its files are damaged
     {"event": "updates_skipped", "steps": [6512, 6530], "count": 2, "at_step": 6600, "time": "…"}
         the spike guard left these steps' updates out (`train.spike_guard skip`, or `rollback` while no
         checkpoint lies behind the run; spike_response.py); `count` outliers since the last check, of which
