@@ -189,6 +189,30 @@ class FinetuneConfig:
         """Every path in the output folder."""
         return FinetuneLayout(self.output_dir)
 
+    def capped_to(self, model: str, *, say: bool = True) -> FinetuneConfig:
+        """This config with `data.max_seq_len` at most what `model` can take, saying so (with `say`) when it cuts.
+
+        A longer input would index past the position table and crash inside the embeddings; HF's run_glue caps
+        the length the same way. A QA stride that no longer fits the capped windows is an error.
+        """
+        import dataclasses
+
+        from transformers import AutoConfig
+
+        from pipeline.models.model_source import position_limit
+
+        limit = position_limit(AutoConfig.from_pretrained(model))
+        asked = self.data.max_seq_len
+        if asked <= limit:
+            return self
+        if self.task in QA_TASKS and (problem := doc_stride_problem(self.data.doc_stride, limit)):
+            raise PipelineError(f"{problem}: data.max_seq_len {asked} is capped to {limit}, the most tokens {model} "
+                                f"takes (its position embeddings); lower data.doc_stride")
+        if say:
+            print(f"data.max_seq_len {asked}: {model} takes at most {limit} tokens (its position embeddings); "
+                  f"fine-tuning uses {limit}", flush=True)
+        return dataclasses.replace(self, data=dataclasses.replace(self.data, max_seq_len=limit))
+
     def batch_plan(self, world_size: int) -> BatchPlan:
         """train.batch_size = micro batch × processes × accumulation."""
         return BatchPlan.derive(self.train.batch_size, self.train.micro_batch(world_size), world_size, keys=BATCH_KEYS)

@@ -28,7 +28,7 @@ from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.families.interface import TaskFamily
 from pipeline.finetune.loop.clock import RunClock
 from pipeline.models.fingerprints import describe_differences, model_fingerprint
-from pipeline.models.model_source import Exporter, ModelSource, position_limit
+from pipeline.models.model_source import Exporter, ModelSource
 from pipeline.tracking.metrics import MetricsSink
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def open_arm(config: FinetuneConfig, model: str, from_scratch: bool, seeds: list
     source = resolve_model_source(model, exporter=exporter, export_to=layout.source_model, is_main=is_main,
                                   barrier=group.wait_for_everyone, keep_export=holds_pretrained_seeds(layout.root),
                                   what="--model")
-    config = cap_seq_len(config, source.path, say=is_main)  # the families cut their inputs at data.max_seq_len
+    config = config.capped_to(source.path, say=is_main)  # the families cut their inputs at data.max_seq_len
     arm, listed = Arm(config, source, from_scratch, group, clock=clock or RunClock()), ",".join(map(str, seeds))
     with arm.clock.phase("tracking"):
         arm.parent = open_metrics(is_main, tracking=config.tracking, run_name=f"{config.task_name}-{arm.kind}",
@@ -265,28 +265,3 @@ def open_arm(config: FinetuneConfig, model: str, from_scratch: bool, seeds: list
                                   params={**flatten(to_dict(config)), "model": source.path, "seeds": listed})
     return arm
 
-
-def cap_seq_len(config: FinetuneConfig, model: str, *, say: bool = True) -> FinetuneConfig:
-    """`config` with `data.max_seq_len` at most what `model` can take, saying so (with `say`) when it cuts.
-
-    A longer input would index past the position table and crash inside the embeddings; HF's run_glue caps
-    the length the same way. A QA stride that no longer fits the capped windows is an error.
-    """
-    import dataclasses
-
-    from transformers import AutoConfig
-
-    from pipeline.data.tasks.catalog import QA_TASKS
-    from pipeline.finetune.config import doc_stride_problem
-
-    limit = position_limit(AutoConfig.from_pretrained(model))
-    asked = config.data.max_seq_len
-    if asked <= limit:
-        return config
-    if config.task in QA_TASKS and (problem := doc_stride_problem(config.data.doc_stride, limit)):
-        raise PipelineError(f"{problem}: data.max_seq_len {asked} is capped to {limit}, the most tokens {model} "
-                            f"takes (its position embeddings); lower data.doc_stride")
-    if say:
-        print(f"data.max_seq_len {asked}: {model} takes at most {limit} tokens (its position embeddings); "
-              f"fine-tuning uses {limit}", flush=True)
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, max_seq_len=limit))

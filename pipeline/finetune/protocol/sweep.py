@@ -33,7 +33,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.tasks.splits import TaskData
 from pipeline.finetune.config import FinetuneConfig
 from pipeline.finetune.families.registry import task_family
-from pipeline.finetune.loop.arm import RESULT_NEUTRAL_SETTINGS, Arm, SeedResult, Training, cap_seq_len
+from pipeline.finetune.loop.arm import RESULT_NEUTRAL_SETTINGS, Arm, SeedResult, Training
 from pipeline.finetune.loop.trainer import train_or_reuse
 from pipeline.finetune.protocol.selection import SELECT, SelectionSplit, selection_task, split_for_selection
 
@@ -155,8 +155,8 @@ def select_setting(sweep: Sweep, data: TaskData, arm: Arm, seed: int) -> Selecti
     task = selection_task(data, cut)
     layout = arm.config.layout
     # Each setting fit to the model's positions, as the run's config is (a swept length says so itself).
-    settings = [Setting(s.overrides, cap_seq_len(s.config, arm.source.path,
-                                                 say=arm.is_main and "data.max_seq_len" in s.values))
+    settings = [Setting(s.overrides, s.config.capped_to(arm.source.path,
+                                                        say=arm.is_main and "data.max_seq_len" in s.values))
                 for s in sweep.settings]
     if arm.is_main:
         print(f"selection: {len(sweep.settings)} setting(s), seed {seed}, trained on {len(cut.fit)} training "
