@@ -32,13 +32,13 @@ from helpers import record_at  # noqa: E402
 
 from pipeline.common.errors import PipelineError, exit_on_pipeline_error
 from pipeline.common.processes.topology import Topology
-from pipeline.pretrain.step import spike_response
 from pipeline.pretrain import checkpointer as policy
 from pipeline.pretrain.checkpoints import storage
-from pipeline.pretrain.config import DataConfig, PretrainConfig, TrainConfig
 from pipeline.pretrain.checkpoints.ledger import RollbackEvent, read_ledger
-from pipeline.pretrain.step.spike_response import Response, SpikeResponse
+from pipeline.pretrain.config import DataConfig, PretrainConfig, TrainConfig
+from pipeline.pretrain.guard import spike_response
 from pipeline.pretrain.guard.spike_guard import Spike
+from pipeline.pretrain.guard.spike_response import Response, SpikeResponse
 
 COLLECTIVE_TIMEOUT_S = 60
 """Shorter than a run's 300 s, long enough that a rank that waits for it is seen to hang."""
