@@ -12,8 +12,8 @@ Written out rather than taken from a library because each available one reads th
   `torch_optimizer.Lamb` (0.3.0, unmaintained) applies the trust ratio to biases and LayerNorm too.
 Both advertise `_step_supports_amp_scaling`, as torch's fused AdamW does: GradScaler then hands them `found_inf`
 instead of reading it, and the spike guard's verdict reaches them the same way (device_step.py). A step left out
-changes nothing: weights, moments and step count stay (its gradients must be finite: device_step.py zeroes a
-non-finite one first, since NaN × 0 is NaN).
+changes nothing, at any step count: weights, moments and step count stay, whatever its gradients hold (an fp16
+overflow's inf, a NaN: tests/pretrain/test_skipped_updates.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class DeviceStepOptimizer(torch.optim.Optimizer):
     """An optimizer whose groups step in multi-tensor kernels, leaving the step out at `found_inf`."""
 
     _step_supports_amp_scaling = True
+    takes_nonfinite_gradients = True
+    """A step left out may carry non-finite gradients: its caller need not zero them (device_step.py)."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -49,14 +51,23 @@ class DeviceStepOptimizer(torch.optim.Optimizer):
             grads = [p.grad for p in params]
             if grad_scale is not None:  # GradScaler's gradients not yet unscaled
                 grads = torch._foreach_div(grads, grad_scale.to(params[0]))
+            if found_inf is not None:
+                # A step left out is computed and scaled by 0, and NaN × 0 is NaN: its non-finite gradients (an fp16
+                # overflow, a NaN nothing zeroed) are zeroed. A kept step's gradients are finite (found_inf says
+                # so), and pass unchanged.
+                for grad in grads:
+                    grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
             step = self._step_count(group, params)
             step.add_(keep)
-            self._step_group(group, params, grads, keep, step, *self._moments(params))
+            # A first step left out leaves the count at 0, where the bias corrections 1 - β⁰ are 0 and the update
+            # 0 / 0 (NaN, and NaN × 0 is NaN): they are taken at a count of at least 1; the update is scaled by 0.
+            self._step_group(group, params, grads, keep, step.clamp(min=1), *self._moments(params))
         return loss
 
     def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor], keep: torch.Tensor,
                     step: torch.Tensor, exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor]) -> None:
-        """One group's update: `step` already counts this step (unless left out), the moments are its state."""
+        """One group's update: `step` already counts this step (unless left out; at least 1), the moments are its
+        state."""
         raise NotImplementedError
 
     def _step_count(self, group: dict, params: list[torch.Tensor]) -> torch.Tensor:
