@@ -161,8 +161,10 @@ class StableAdamW(DeviceStepOptimizer):
         squares = moving_averages(exp_avgs, exp_avg_sqs, grads, (1 - beta1_hat) * keep, (1 - beta2_hat) * keep)
         # Each tensor's update RMS, √mean(g² / max(v, ε²)): a mean of non-negative values is their 1-norm / size.
         torch._foreach_div_(squares, torch._foreach_clamp_min(exp_avg_sqs, group["eps"] ** 2))
-        sizes = torch.tensor([g.numel() for g in grads], dtype=torch.float32, device=step.device)
-        rms = (torch.stack(torch._foreach_norm(squares, 1)) / sizes).sqrt()
+        # The sizes go to the kernel as scalar arguments: a tensor of them would be a copy to the device every step.
+        means = torch._foreach_norm(squares, 1)
+        torch._foreach_div_(means, [float(g.numel()) for g in grads])
+        rms = torch.stack(means).sqrt()
         lrs = group["lr"] / rms.clamp(min=1.0) * keep
         if group["weight_decay"]:
             decay = lrs / group["max_lr"] if group["decouple_lr"] else lrs
