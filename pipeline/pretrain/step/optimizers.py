@@ -70,13 +70,26 @@ class DeviceStepOptimizer(torch.optim.Optimizer):
         state."""
         raise NotImplementedError
 
+    def __setstate__(self, state: dict) -> None:
+        """A loaded state (`load_state_dict`), whose groups may come from the optimizer an earlier release saved:
+        DeepSpeed's FusedLamb named the trust ratio's clamp `max_coeff`/`min_coeff`, torch-optimi's StableAdamW
+        kept `beta1`/`beta2`. A setting such a group lacks is this optimizer's (the run's config sets the rest:
+        checkpoints/storage.py `own_settings`)."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
     def _step_count(self, group: dict, params: list[torch.Tensor]) -> torch.Tensor:
-        """The group's step count, a float tensor on its parameters' device; an earlier release's LAMB kept it per
-        tensor, as a host int."""
+        """The group's step count, a float tensor on its parameters' device. Earlier releases' checkpoints hold it
+        elsewhere: their LAMB and DeepSpeed's FusedLamb per tensor, as a host int; torch-optimi's StableAdamW per
+        group, as an int32 tensor."""
         step = group.get("step")
         if step is None:
             step = self.state[params[0]].get("step", 0)
-        if not isinstance(step, torch.Tensor) or step.device != params[0].device:
+            for p in params:  # the group's count from now on: a per-tensor one left behind would go stale
+                self.state[p].pop("step", None)
+        if not isinstance(step, torch.Tensor) or step.device != params[0].device or step.dtype != torch.float32:
             step = torch.as_tensor(step, dtype=torch.float32).to(params[0].device)
         group["step"] = step
         return step
