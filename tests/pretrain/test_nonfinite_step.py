@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -122,3 +123,21 @@ def test_a_nonfinite_step_leaves_weights_and_moments_bit_equal_at_any_step_count
             assert not torch.equal(before[0], after[0]), f"step {step} was not taken"
         before = after
     assert all(torch.isfinite(t).all() for t in after)
+
+
+@pytest.mark.slow
+def test_on_two_ranks_a_nan_on_one_rank_leaves_every_ranks_weights_and_moments_as_they_were(tmp_path):
+    """One launch (tests/dist/skipped_steps.py): a NaN loss on rank 1 alone at steps 1 and 3, for AdamW, LAMB and
+    StableAdamW at ZeRO 0 (clipping off, the buckets' all-reduce) and ZeRO 1-2: on both ranks the left-out steps
+    change nothing, the others train, and the ranks end with the same weights."""
+    from test_pretrain_distributed import DEEPSPEED, launch
+
+    launch(DEEPSPEED, "tests/dist/skipped_steps.py", tmp_path, timeout=600)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) == 6
+    for case in ranks[0]:
+        for rank, notes in enumerate(ranks):
+            unchanged = {int(step): same for step, same in notes[case]["unchanged"].items()}
+            assert unchanged == {1: True, 2: False, 3: True, 4: False}, f"{case}, rank {rank}: {unchanged}"
+            assert notes[case]["finite"], f"{case}, rank {rank}: a non-finite weight or state"
+        assert ranks[0][case]["weights"] == ranks[1][case]["weights"], f"{case}: the ranks' weights differ"
