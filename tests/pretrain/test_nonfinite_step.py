@@ -67,8 +67,9 @@ def test_a_nan_loss_never_reaches_the_weights_and_only_its_step_is_an_outlier(pr
 
 LEFT_OUT = (1, 2, 4)
 """Steps whose loss is NaN: the first (the step count still 0), the second (still 0), and one after a taken step."""
-ENGINES = [(o, p, s, c) for o in ("adamw", "lamb", "stableadamw") for p in ("fp32", "bf16") for s in (0, 1, 2)
-           for c in (0.0, 1.0)]
+ENGINES = [(o, p, s, c) for o in ("adamw", "lamb", "stableadamw") for p in ("fp32", "bf16", "fp16") for s in (0, 1, 2)
+           for c in (0.0, 1.0) if p != "fp16" or s == 0]
+"""fp16 at ZeRO 0 only: torch's GradScaler and autocast run on CPU, DeepSpeed's own fp16 (ZeRO 1-2) does not."""
 
 
 def optimizer_tensors(engine) -> list[torch.Tensor]:
@@ -88,8 +89,9 @@ def optimizer_tensors(engine) -> list[torch.Tensor]:
 def test_a_nonfinite_step_leaves_weights_and_moments_bit_equal_at_any_step_count(process_group, optimizer,
                                                                                   precision, stage, clipping):
     """The engine's own paths (guard off): ZeRO 0's non-finite check in its clipping, which runs with clipping off
-    too; at ZeRO 1-2 DeepSpeed's host-side check (fp32) or ours on the device (bf16). A NaN loss at steps 1, 2 and 4:
-    each leaves every master weight and optimizer state as it was, and step 3 and 5 still train."""
+    too, and in fp16 the loss scaler's overflow; at ZeRO 1-2 DeepSpeed's host-side check (fp32) or ours on the device
+    (bf16). A NaN loss at steps 1, 2 and 4: each leaves every master weight and optimizer state as it was, and step 3
+    and 5 still train."""
     from pipeline.pretrain.model.hf_model import build_model
     from pipeline.pretrain.plan.phases import resolve_phases
     from pipeline.pretrain.plan.schedules import lr_schedule
