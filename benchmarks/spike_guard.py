@@ -1,5 +1,6 @@
-"""What the spike guard does about a planted spike (`train.inject_spike`), guard off, `skip` and `rollback`, against a
-clean run; what it does under `rollback` when a run is resumed with a second corpus in its mix (a lasting change of
+"""What the spike guard does about a planted spike (`train.inject_spike`), guard off, `skip` and `rollback` (going back
+at the first outlier, and with the default `guard.rollback_after` 2, where a single outlier is only left out), against
+a clean run; what it does under `rollback` when a run is resumed with a second corpus in its mix (a lasting change of
 level, not a spike: it must go on); and what it costs the main job's step. docs/long-runs.md ("The spike guard")
 says what it shows.
 
@@ -26,8 +27,8 @@ from pipeline.pretrain.checkpoints.ledger import RollbackEvent, UpdatesSkippedEv
 from pipeline.pretrain.checkpoints.storage import newest_complete, verified_checkpoint
 
 CONFIG = "configs/main-job.json"
-ARMS = ("clean", "spike, guard off", "spike, skip", "spike, rollback", "clean, clipped at 1.0",
-        "spike, guard off, clipped at 1.0")
+ARMS = ("clean", "spike, guard off", "spike, skip", "spike, rollback", "spike, rollback, one outlier",
+        "clean, clipped at 1.0", "spike, guard off, clipped at 1.0")
 SECOND_CORPUS = SHARED / "corpus" / "shakespeare"
 """The corpus a resumed run adds to its mix: Gutenberg's Shakespeare, far from the main job's docstrings."""
 SKIP_TARGET, COST_TARGET = 0.01, 0.03
@@ -41,9 +42,11 @@ STUDY = Study(
 def arm_sets(arm: str, spike: str) -> list[str]:
     """Each arm's overrides. Unclipped, the planted gradient reaches AdamW whole; clipped, it is cut back to the clip
     norm along its own direction, and read against the clean run clipped alike (clipping changes the run too)."""
-    guard = {"spike, skip": "skip", "spike, rollback": "rollback"}.get(arm, "off")
-    # One planted outlier: `rollback` goes back at the first (by default it waits for a second, guard.rollback_after).
-    once = ["guard.rollback_after=1"] if guard == "rollback" else []
+    guard = {"spike, skip": "skip", "spike, rollback": "rollback", "spike, rollback, one outlier": "rollback"}.get(
+        arm, "off")
+    # One planted outlier: the `rollback` arm goes back at the first; the one-outlier arm keeps the default
+    # guard.rollback_after 2, so its single outlier is only left out, as `skip` leaves it, and never rolled back.
+    once = ["guard.rollback_after=1"] if arm == "spike, rollback" else []
     return ([] if arm.startswith("clean") else [f"train.inject_spike={spike}"]) + [f"train.spike_guard={guard}"] + (
         [] if "clipped" in arm else ["train.gradient_clipping=0"]) + once
 
@@ -108,6 +111,13 @@ def spike_arms(rec: BenchmarkRecord, out: Path, data: list[str], steps: int, spi
     back = final["spike, rollback"] / final["clean"] - 1
     rec.headline("spike, rollback: final validation loss against the clean run's", f"{back:+.2%}",
                  target=f"within {SKIP_TARGET:.0%}", met=abs(back) <= SKIP_TARGET)
+    one = runs["spike, rollback, one outlier"]
+    rec.headline("spike, rollback with guard.rollback_after 2 (one outlier): what it did", guard_did(one) or "nothing")
+    single = final["spike, rollback, one outlier"] / final["clean"] - 1
+    rec.headline("spike, rollback with guard.rollback_after 2 (one outlier): final validation loss against the clean "
+                 "run's", f"{single:+.2%}", target=f"within {SKIP_TARGET:.0%}, no rollback",
+                 met=abs(single) <= SKIP_TARGET and not any(isinstance(e, RollbackEvent) for e in read_ledger(
+                     PretrainLayout(one).ledger).events))
 
 
 def mix_change(rec: BenchmarkRecord, out: Path, layout: MainJobLayout, steps: int) -> None:

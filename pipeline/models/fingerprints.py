@@ -20,7 +20,7 @@ PROVENANCE_PREFIX = "pipeline_"  # our own provenance files say where a folder c
 
 
 def checkpoint_fingerprint(record) -> str:
-    """A checkpoint's identity from its record (pretrain/plan/record.py): every file's sha256, step, config."""
+    """A checkpoint's identity from its record (pretrain/checkpoints/record.py): every file's sha256, step, config."""
     what = {"files": record.files, "step": record.step, "config": record.config}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -72,9 +72,7 @@ class GuardWindow(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any] | None, step: int, *, behind: bool = False) -> None: ...
-
-    def checkpoint_behind(self) -> None: ...
+    def load_state_dict(self, state: dict[str, Any] | None, step: int) -> None: ...
 
 
 class Reporter(Protocol):
@@ -191,9 +189,8 @@ class Checkpointer:
             self.reporter.say(f"checkpoint {start.checkpoint.name} was written by an earlier release, which kept no "
                               "record of its data order: the run goes on in this release's order")
         saved = load_into(engine, start, is_main=self.topology.is_main)
-        # An anneal's source trained on other data: its window says nothing of this run's level, and it is no
-        # checkpoint of this run to roll back to.
-        guard.load_state_dict(None if start.anneal else saved.get("spike_guard"), start.step, behind=not start.anneal)
+        # An anneal's source trained on other data: its window says nothing of this run's level.
+        guard.load_state_dict(None if start.anneal else saved.get("spike_guard"), start.step)
         event = {"resumed_from": str(start.checkpoint), "resume_load_seconds": round(time.perf_counter() - started, 3),
                  "checkpoint_verify_seconds": round(self.verify_seconds, 3)}
         message = f"resumed from {start.checkpoint} (step {start.step})"
@@ -224,7 +221,6 @@ class Checkpointer:
         record = self.plan.record(step, hf_config=json.loads(engine.module.config.to_json_string()))
         state = guard.state_dict()
         folder = save_checkpoint(engine, self.root, record, self.keep_last, {"spike_guard": state} if state else {})
-        guard.checkpoint_behind()
         self.reporter.report(step, {"checkpoint": str(folder),
                                     "checkpoint_seconds": round(time.perf_counter() - started, 3)})
 

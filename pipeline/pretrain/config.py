@@ -296,9 +296,9 @@ class TrainConfig:
     aside); without it such a skip is refused before any work (`--restart-from-scratch`)."""
     spike_guard: SpikeGuardMode = "off"
     """Judge each step's loss and gradient norm against the last steps' (the `guard` section; docs/long-runs.md):
-    off; skip: an outlier step's update is not applied (ZeRO 0; AdamW fused); rollback:
-    `guard.rollback_after` outliers, or a non-finite loss, send the run back to its last checkpoint before them, the
-    spike's batches left out (spike_response.py)."""
+    off; skip: an outlier step's update is not applied (ZeRO 0); rollback: the same, and `guard.rollback_after`
+    outliers, or a non-finite loss, send the run back to its last checkpoint before them, the spike's batches left
+    out (spike_response.py)."""
     inject_spike: str | None = None
     """A drill: "STEP:FACTOR" multiplies step STEP's loss, and so its gradients, by FACTOR before the backward (a
     stand-in for a bad batch, to rehearse the guard; gradient clipping cuts it back to the clip norm)."""
@@ -380,8 +380,9 @@ class GuardConfig:
     min_steps: int = 50
     """Steps the window must hold before the guard judges (a non-finite loss or norm counts from the first)."""
     rollback_after: int = 2
-    """rollback: outliers among the last `window` steps that send the run back (a non-finite one always does); the
-    default 2 lets a single false alarm cost nothing."""
+    """rollback: outliers among the last `window` steps that send the run back (a non-finite one always does); each
+    before it has its update left out, so the default 2 lets a single false alarm cost one update, not a rollback
+    (at ZeRO 1-3, which cannot leave an update out, the first outlier sends the run back)."""
     margin: int = 0
     """rollback: steps before the first outlier (down to the checkpoint) and after the last whose batches are left out
     with them; PaLM left out 200-500 batches around each spike."""

@@ -12,9 +12,9 @@ CONFIG trains 16 steps, a checkpoint every 4, the guard's window 8 steps (judgin
    again, 14 left out: the same spike, within a window of 10), then it gives up at 15 (its message noted). On 2
    ranks, rank 1 sees no checkpoint at all (a shared file system behind): rank 0 decides for both.
    `rollback-resumed`: the same folder rerun without a spike: it resumes at 12 and trains to the end.
-4. `rollback-after-2`: the default `guard.rollback_after` 2, spikes at 10 and 14: one outlier is watched, the
-   second sends the run back to step 8 (from before the first), leaving out 10-14, so step 12's checkpoint is set
-   aside.
+4. `rollback-after-2`: the default `guard.rollback_after` 2, spikes at 10 and 14: the first outlier's update is
+   left out (as `skip` leaves it; the states noted over steps 9 and 10), the second sends the run back to step 8
+   (from before the first), leaving out 10-14, so step 12's checkpoint is set aside.
 5. `rollback-zero2`: `rollback` at ZeRO stage 2 (DeepSpeed's partitioned optimizer loaded again in the same
    process), a spike at step 10.
 6. `two-spikes`: `guard.max_rollbacks` 1, a NaN loss at step 3 (no checkpoint behind the run yet: its update is
@@ -23,7 +23,7 @@ CONFIG trains 16 steps, a checkpoint every 4, the guard's window 8 steps (judgin
    change of level, not a spike): the window re-arms at the resume, so nothing is rolled back.
 
 Every rank writes `<name>-rank<r>.json`: the steps trained in order, with the sha256 of each sequence's original
-tokens, the LR of each, and (skip) the largest change of each state over steps 9 and 10.
+tokens, the LR of each, and (skip, rollback-after-2) the largest change of each state over steps 9 and 10.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main() -> None:
         shutil.copytree(root / "rollback", root / "rollback-resumed", ignore=shutil.ignore_patterns("token_cache"))
     dist.barrier()
     run("rollback-resumed", *rollback, "guard.max_rollbacks=2")
-    run("rollback-after-2", "train.spike_guard=rollback", spikes={10, 14})
+    run("rollback-after-2", "train.spike_guard=rollback", spikes={10, 14}, watched={9, 10})
     run("rollback-zero2", *rollback, "train.zero_stage=2", spikes={10})
     run("two-spikes", *rollback, "guard.max_rollbacks=1",
         drill=Spikes({3, 6, 15}, factors={3: float("nan")}))

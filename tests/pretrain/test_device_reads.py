@@ -11,6 +11,12 @@ reads are counted apart from the engine's: those inside its forward, and boolean
 head's gather and, in the backward, its scatter). On CPU a device→host copy (`.cpu()`, `.tolist()`) is no
 operator call and is not seen.
 
+Host→device copies are counted too, as `host_to_device`: on a GPU a tensor made from host values
+(`torch.tensor([...], device=...)`, `torch.as_tensor(x)`: the operator `aten.lift_fresh`, seen on CPU as well) is a
+copy from pageable memory that blocks the host like a read, and so is a blocking copy of a host tensor to the device
+(`_to_copy` or `copy_` from the CPU, seen where there is a device). The batch's own copy (`non_blocking`, from pinned
+memory) does not block and is not counted.
+
 fp16 runs here at ZeRO 0 only (autocast and torch's GradScaler work on CPU; DeepSpeed's own fp16, which ZeRO 1-3
 use, does not). With the spike guard on (spike_guard.py), the same holds: it judges every step on the device, and
 with `skip` a planted spike's update is left out inside the counted steps.
@@ -25,10 +31,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_pretrain_config
+from helpers import ROOT, tiny_pretrain_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 READS = {"_local_scalar_dense", "nonzero", "is_nonzero"}
+HOST_TO_DEVICE = "host_to_device"
 WARM_STEPS, COUNTED_STEPS = 2, 3
 SPIKE_AT = WARM_STEPS + 2
 """The counted step whose gradients the drill multiplies, with `train.spike_guard skip`."""
@@ -41,6 +48,11 @@ STEP_READS = {
     ("fp32", 3): "DeepSpeed's ZeRO 3 step asks the host whether the gradient norm is finite",
     ("bf16", 3): "DeepSpeed's ZeRO 3 step asks the host whether the gradient norm is finite",
 }
+DEEPSPEED_NORM_COPY = ("DeepSpeed's ZeRO 1-3 gradient norm (`mask_nan_or_inf_with_val_inplace`) makes "
+                       "`torch.tensor(-1.0, device=...)` for each parameter group, every step")
+STEP_COPIES = {(precision, stage): DEEPSPEED_NORM_COPY for precision in ("fp32", "bf16") for stage in (1, 2, 3)}
+"""DeepSpeed 0.19.8's own host-to-device copies (`stage_1_and_2.py` `get_grad_norm_direct`, `stage3.py`
+`get_grad_norm_direct`); the LAMB and StableAdamW recipes run at ZeRO 0, which has none."""
 
 
 class DeviceReads(TorchDispatchMode):
@@ -56,6 +68,8 @@ class DeviceReads(TorchDispatchMode):
         shape_read = name == "masked_select" or (name.startswith("index") and boolean_index(args[1:2]))
         if self.counting and (name in READS or shape_read):
             self.found["model" if self.in_forward or shape_read else "engine", name] += 1
+        if self.counting and copies_to_device(name, args, kwargs or {}):
+            self.found["model" if self.in_forward else "engine", HOST_TO_DEVICE] += 1
         return func(*args, **(kwargs or {}))
 
     def synchronized(self, *args, **kwargs) -> None:
@@ -66,6 +80,17 @@ class DeviceReads(TorchDispatchMode):
         return {what: n for (where, what), n in self.found.items() if where == place}
 
 
+def copies_to_device(name: str, args, kwargs: dict) -> bool:
+    """Whether an operator call copies host values to the device, blocking (see the module docstring)."""
+    if name in ("lift_fresh", "lift_fresh_copy"):
+        return True
+    if name not in ("_to_copy", "copy_") or kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
+        return False
+    source = args[1] if name == "copy_" else args[0]
+    target = args[0].device if name == "copy_" else kwargs.get("device") or source.device
+    return isinstance(source, torch.Tensor) and source.device.type == "cpu" and torch.device(target).type != "cpu"
+
+
 def boolean_index(args) -> bool:
     """Whether an indexing operator's index list (its second argument) holds a boolean mask."""
     indices = args[0] if args and isinstance(args[0], (list, tuple)) else ()
@@ -73,7 +98,7 @@ def boolean_index(args) -> bool:
 
 
 def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: str, precision: str, stage: int,
-                   monkeypatch, guard: str = "off", optimizer: str = "adamw") -> DeviceReads:
+                   monkeypatch, guard: str = "off", optimizer: str = "adamw", clipping: float = 1.0) -> DeviceReads:
     """Train a 2-layer model for WARM_STEPS + COUNTED_STEPS steps (logging only at the end) through
     `Pretrainer.train`, counting reads in the last COUNTED_STEPS calls of its `train_step`; with the spike `guard`
     judging from the third step (and, with `skip`, a spike planted at SPIKE_AT)."""
@@ -90,6 +115,7 @@ def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: st
     data = tiny_pretrain_config(shards, tokenizer, folder, model=model, guard={"window": 4, "min_steps": 2}, **scale,
                                 optimizer={"name": optimizer},
                                 train={"precision": precision, "zero_stage": stage, "log_every": 100,
+                                       "gradient_clipping": clipping,
                                        "max_steps": WARM_STEPS + COUNTED_STEPS, "export": False, "eval_sequences": 8,
                                        **guarded},
                                 checkpoint={"every": 100})
@@ -112,7 +138,7 @@ def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: st
     def counted_step(batches):
         reads.counting = next(steps) >= WARM_STEPS
         try:
-            return train_step(batches)
+            return train_step(HostBatches(reads, batches))
         finally:
             reads.counting = False
 
@@ -121,6 +147,16 @@ def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: st
         trainer.train()
     assert next(steps) == WARM_STEPS + COUNTED_STEPS
     return reads
+
+
+class HostBatches:
+    """The loader's batches, made on the host (in this process when it has no workers): not counted."""
+
+    def __init__(self, reads: DeviceReads, batches):
+        self.reads, self.batches = reads, batches
+
+    def __next__(self):
+        return paused(self.reads, next, self.batches)
 
 
 def paused(reads: DeviceReads, function, *args):
@@ -135,36 +171,46 @@ def paused(reads: DeviceReads, function, *args):
 def counted(tmp_path_factory, process_group, roberta_shards, bpe_tokenizer_dir, pairs_shards,
             wordpiece_tokenizer_dir):
     """Each case's reads, counted once (the engine test and the head test read the same runs)."""
-    cache: dict[tuple[str, str, int, str, str], DeviceReads] = {}
+    cache: dict[tuple, DeviceReads] = {}
 
     def count(architecture: str, precision: str, stage: int, guard: str = "off",
-              optimizer: str = "adamw") -> DeviceReads:
-        key = architecture, precision, stage, guard, optimizer
+              optimizer: str = "adamw", clipping: float = 1.0) -> DeviceReads:
+        key = architecture, precision, stage, guard, optimizer, clipping
         if key not in cache:
             shards, tokenizer = ((pairs_shards, wordpiece_tokenizer_dir) if architecture == "bert"
                                  else (roberta_shards, bpe_tokenizer_dir))
             with pytest.MonkeyPatch.context() as monkeypatch:
                 folder = tmp_path_factory.mktemp("run") / "out"
-                cache[key] = train_counting(folder, shards, tokenizer, *key[:3], monkeypatch, guard, optimizer)
+                cache[key] = train_counting(folder, shards, tokenizer, *key[:3], monkeypatch, guard, optimizer,
+                                            clipping)
                 cache[key].folder = folder
         return cache[key]
 
     return count
 
 
-def cases() -> list:
-    """Every architecture at fp32 and bf16 on ZeRO 0-3 and fp16 on ZeRO 0; DeepSpeed's own reads are expected."""
+def cases(expected: dict[tuple[str, int], str]) -> list:
+    """Every architecture at fp32 and bf16 on ZeRO 0-3 and fp16 on ZeRO 0; DeepSpeed's own (`expected`) fail."""
     settings = [*itertools.product(("fp32", "bf16"), (0, 1, 2, 3)), ("fp16", 0)]
     return [pytest.param(architecture, precision, stage, id=f"{architecture}-{precision}-zero{stage}",
-                         marks=[pytest.mark.xfail(strict=True, reason=STEP_READS[precision, stage])]
-                         if (precision, stage) in STEP_READS else [])
+                         marks=[pytest.mark.xfail(strict=True, reason=expected[precision, stage])]
+                         if (precision, stage) in expected else [])
             for architecture in ARCHITECTURES for precision, stage in settings]
 
 
-@pytest.mark.parametrize(("architecture", "precision", "stage"), cases())
+@pytest.mark.parametrize(("architecture", "precision", "stage"), cases(STEP_READS))
 def test_the_engines_step_reads_nothing_back_between_logging_steps(counted, architecture, precision, stage):
-    engine = counted(architecture, precision, stage).at("engine")
+    engine = {what: n for what, n in counted(architecture, precision, stage).at("engine").items()
+              if what != HOST_TO_DEVICE}
     assert not engine, f"{architecture} {precision} ZeRO {stage}: {engine} over {COUNTED_STEPS} steps"
+
+
+@pytest.mark.parametrize(("architecture", "precision", "stage"), cases(STEP_COPIES))
+def test_the_engines_step_copies_nothing_to_the_device_between_logging_steps(counted, architecture, precision,
+                                                                            stage):
+    copies = counted(architecture, precision, stage).at("engine").get(HOST_TO_DEVICE, 0)
+    assert not copies, f"{architecture} {precision} ZeRO {stage}: {copies} host-to-device copies over " \
+                       f"{COUNTED_STEPS} steps"
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
@@ -180,33 +226,56 @@ GUARDED = [("fp32", 0, "skip"), ("fp16", 0, "skip"), ("bf16", 0, "skip"), ("bf16
 @pytest.mark.parametrize(("precision", "stage", "guard"), GUARDED, ids=[f"{p}-zero{s}-{g}" for p, s, g in GUARDED])
 def test_the_spike_guard_reads_nothing_back_between_logging_steps(counted, precision, stage, guard):
     reads = counted("roberta", precision, stage, guard)
-    assert not reads.at("engine"), f"{precision} ZeRO {stage} {guard}: {reads.at('engine')} over {COUNTED_STEPS} steps"
+    # DeepSpeed's own copies at ZeRO 1-3 are the engine test's (STEP_COPIES); the guard adds none.
+    found = {what: n for what, n in reads.at("engine").items()
+             if not (what == HOST_TO_DEVICE and (precision, stage) in STEP_COPIES)}
+    assert not found, f"{precision} ZeRO {stage} {guard}: {found} over {COUNTED_STEPS} steps"
     records = [json.loads(line) for line in (reads.folder / "metrics.jsonl").read_text().splitlines()]
     if guard == "skip":  # the planted spike was judged and left out inside the counted steps, read at the end
         assert [r["spike_outliers"] for r in records if "spike_outliers" in r] == [[SPIKE_AT]]
 
 
-RECIPE_OPTIMIZERS = [("lamb", "bf16"), ("lamb", "fp16"), ("stableadamw", "bf16"), ("stableadamw", "fp16")]
+def shipped_optimizers() -> list[tuple[str, str, int, float]]:
+    """(optimizer, precision, ZeRO stage, gradient clipping) of every shipped pretraining config (configs/ and
+    configs/recipes/) that trains with LAMB or StableAdamW, and fp16 for each (torch's GradScaler's path)."""
+    from pipeline.pretrain.config import TrainConfig
+
+    found = set()
+    for path in sorted([*(ROOT / "configs").glob("*.json"), *(ROOT / "configs" / "recipes").glob("*.json")]):
+        data = json.loads(path.read_text())
+        name, train = data.get("optimizer", {}).get("name", "adamw"), data.get("train", {})
+        if name in ("lamb", "stableadamw"):
+            clipping = float(train.get("gradient_clipping", TrainConfig.gradient_clipping))
+            found |= {(name, precision, train.get("zero_stage", 0), clipping)
+                      for precision in (train.get("precision", "fp32"), "fp16")}
+    return sorted(found)
 
 
-@pytest.mark.parametrize(("optimizer", "precision"), RECIPE_OPTIMIZERS, ids=[f"{o}-{p}" for o, p in RECIPE_OPTIMIZERS])
-def test_the_recipes_optimizers_read_nothing_back_between_logging_steps(counted, optimizer, precision):
-    """LAMB and StableAdamW at ZeRO 0, where the recipes run them (fp16: torch's GradScaler hands them `found_inf`),
-    with the spike guard's rollback on."""
-    reads = counted("roberta", precision, 0, "rollback", optimizer)
+RECIPE_OPTIMIZERS = shipped_optimizers()
+
+
+@pytest.mark.parametrize(("optimizer", "precision", "stage", "clipping"), RECIPE_OPTIMIZERS,
+                         ids=[f"{o}-{p}-zero{s}-clip{c:g}" for o, p, s, c in RECIPE_OPTIMIZERS])
+def test_the_recipes_optimizers_read_nothing_back_between_logging_steps(counted, optimizer, precision, stage,
+                                                                        clipping):
+    """LAMB and StableAdamW as the shipped configs run them (fp16: torch's GradScaler hands them `found_inf`), with
+    the spike guard's rollback on: no read and no host-to-device copy."""
+    assert {o for o, *_ in RECIPE_OPTIMIZERS} == {"lamb", "stableadamw"}, "a shipped config trains with each"
+    reads = counted("roberta", precision, stage, "rollback", optimizer, clipping)
     assert not reads.at("engine"), f"{optimizer} {precision}: {reads.at('engine')} over {COUNTED_STEPS} steps"
 
 
-def test_an_item_planted_in_the_step_is_counted(tmp_path, process_group, roberta_shards, bpe_tokenizer_dir,
-                                                monkeypatch):
+def test_an_item_and_a_host_to_device_copy_planted_in_the_step_are_counted(tmp_path, process_group, roberta_shards,
+                                                                           bpe_tokenizer_dir, monkeypatch):
     from pipeline.pretrain.step.step_sync import StepSync
 
     record = StepSync.record
 
     def planted(self, step, micro_losses, extras, tokens):
         micro_losses[0].item()
+        torch.tensor([float(step)], device=micro_losses[0].device)  # a host value made a device tensor
         return record(self, step, micro_losses, extras, tokens)
 
     monkeypatch.setattr(StepSync, "record", planted)
     reads = train_counting(tmp_path / "out", roberta_shards, bpe_tokenizer_dir, "roberta", "fp32", 0, monkeypatch)
-    assert reads.at("engine") == {"_local_scalar_dense": COUNTED_STEPS}
+    assert reads.at("engine") == {"_local_scalar_dense": COUNTED_STEPS, HOST_TO_DEVICE: COUNTED_STEPS}

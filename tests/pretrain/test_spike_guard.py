@@ -159,24 +159,42 @@ def test_skip_stops_a_run_whose_updates_it_mostly_leaves_out():
     assert noted.notes[-1].outliers == (5, 6, 7, 8, 9)
 
 
-def test_rollback_watches_a_single_outlier_by_default_and_goes_on_where_no_checkpoint_lies_behind(tmp_path):
-    """The default rollback_after 2: one outlier costs nothing. A second (or a non-finite loss) with no checkpoint
-    of the run before it: nothing to go back to, so its update is left out where the step can, and the run goes on."""
+def test_rollback_leaves_out_each_outlier_before_rollback_after_as_skip_does_checkpoint_behind_or_not(tmp_path):
+    """The default rollback_after 2: a single outlier costs its update, never a rollback, and never reaches the
+    weights, whether a checkpoint lies behind the run or not. A second (or a non-finite loss) with no checkpoint of the
+    run before it: nothing to go back to, so its update is left out too and the run goes on."""
     config = PretrainConfig(data=DataConfig(shards="s", tokenizer="t"), train=TrainConfig(
         spike_guard="rollback", output_dir=str(tmp_path / "run")), guard=GuardConfig(window=8, min_steps=4))
     assert config.guard.rollback_after == 2
     g = guard("rollback")
     g.can_skip = True
+    g.load_state_dict(None, 0)  # a run's start
     response, noted, plan = respond(g, config)
-    assert judged(g, calm(4) + [(5.0, 100.0)]) == [5]  # left out in the step: no checkpoint is behind the run
-    assert response.after_check(plan, check(g, 5), 5).action == "go on" and noted.notes == []
+    assert judged(g, calm(4) + [(5.0, 100.0)]) == [5]  # left out in the step
+    assert response.after_check(plan, check(g, 5), 5).action == "skip"
+    assert noted.notes == [UpdatesSkippedEvent((5,), 1, 5)]
     assert judged(g, [(float("nan"), 1.0)], first=6) == [6]
     assert response.after_check(plan, check(g, 6), 6).action == "no rollback target"
     assert noted.reports[-1] == ("no rollback target", (6,))
-    assert noted.notes == [UpdatesSkippedEvent((6,), 1, 6)]
-    g.checkpoint_behind()  # from now on an outlier's update stands, and a rollback goes back to the checkpoint
-    judged(g, [(5.0, 100.0)], first=7)
-    assert g.skip.item() == 0
+    assert noted.notes[-1] == UpdatesSkippedEvent((6,), 1, 6)
+    behind = guard("rollback")  # a checkpoint lies behind the run (saved, or resumed from)
+    behind.load_state_dict(g.state_dict(), 6)
+    assert judged(behind, calm(8), first=7) == [] and judged(behind, [(5.0, 100.0)], first=15) == [15]
+    assert behind.skip.item() == 1, "a single outlier's update reached the weights under rollback"
+
+
+def test_rollback_goes_back_at_the_first_outlier_where_the_step_cannot_leave_its_update_out(tmp_path):
+    """At ZeRO 1-3 the guard judges after DeepSpeed's update: the outlier's update is in the weights, and only a
+    rollback takes it out again, so the first outlier rolls back whatever `rollback_after` says."""
+    config = PretrainConfig(data=DataConfig(shards="s", tokenizer="t"), train=TrainConfig(
+        spike_guard="rollback", output_dir=str(tmp_path / "run"), zero_stage=2), guard=GuardConfig(window=8,
+                                                                                                 min_steps=4))
+    g = guard("rollback")
+    assert not g.can_skip
+    response, noted, plan = respond(g, config)
+    judged(g, calm(4) + [(5.0, 100.0)])
+    assert response.after_check(plan, check(g, 5), 5).action == "no rollback target"  # no checkpoint yet
+    assert noted.reports[-1] == ("no rollback target", (5,)) and noted.notes == []
 
 
 def test_max_rollbacks_counts_the_rollbacks_of_one_spike():
@@ -392,13 +410,18 @@ def test_a_rerun_after_the_guard_gave_up_keeps_both_rollbacks_ranges_out(runs):
 
 @pytest.mark.slow
 def test_rollback_after_two_outliers_goes_back_before_the_first_and_sets_later_checkpoints_aside(runs):
+    """The first outlier's update never reaches the weights (left out as `skip` leaves it, a checkpoint behind the
+    run); the second sends the run back."""
     for clean, rolled in zip(runs.results("clean"), runs.results("rollback-after-2"), strict=True):
         assert trained(rolled) == [*range(1, 15), 9, 15, 16]
         assert all(batch(rolled, s) == batch(clean, s) for s in (9, 15, 16))
+        assert rolled["changes"]["10"] == {"weights": 0.0, "exp_avg": 0.0, "exp_avg_sq": 0.0, "step": 0.0}
+        assert min(rolled["changes"]["9"].values()) > 0
     ledger = runs.ledger("rollback-after-2")
-    assert [type(e) for e in ledger] == [RollbackEvent, SetAsideEvent]
-    assert (ledger[0].first, ledger[0].last, ledger[0].outliers) == (10, 14, (10, 14))
-    assert ledger[1].folder == "rolled-back-step_00000012"
+    assert [type(e) for e in ledger] == [UpdatesSkippedEvent, RollbackEvent, SetAsideEvent]
+    assert ledger[0].steps == (10,)
+    assert (ledger[1].first, ledger[1].last, ledger[1].outliers) == (10, 14, (10, 14))
+    assert ledger[2].folder == "rolled-back-step_00000012"
     assert read_record(newest_complete(runs.layout("rollback-after-2").checkpoints)).skipped == ((10, 14),)
 
 

@@ -8,8 +8,10 @@ or defaults differ (plan.py), and an export or a fine-tuning source reads the mo
 
 Version 1 (no `version` key) is the untyped marker of earlier releases: it still reads, without a stream
 history. Version 3 marks bf16/fp16 checkpoints at ZeRO 0 holding fp32 weights and a plain torch optimizer; those
-of versions 1-2 hold DeepSpeed's `FP16_UnfusedOptimizer` state, which checkpoints.py converts on load. A record
-newer than `RECORD_VERSION` is refused by name rather than half-read.
+of versions 1-2 hold DeepSpeed's `FP16_UnfusedOptimizer` state, which checkpoints.py converts on load. Version 4
+marks LAMB and StableAdamW state as step/optimizers.py keeps it (a step count per group, on the device), which an
+earlier release's optimizers cannot read; it loads theirs. A record newer than `RECORD_VERSION` is refused by name
+rather than half-read.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from pipeline.pretrain.config import PretrainConfig
 
 RECORD_FILE = CHECKPOINT_RECORD_FILE
-RECORD_VERSION = 3
+RECORD_VERSION = 4
 
 
 @dataclass(frozen=True)

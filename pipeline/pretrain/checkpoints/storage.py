@@ -1,8 +1,8 @@
 """A run's checkpoints as stored: DeepSpeed's engine state plus the run's record, found, verified, saved, loaded,
-set aside and pruned. When to save and where a run starts are the policy's (policy.py).
+set aside and pruned. When to save and where a run starts are the checkpointer's (pretrain/checkpointer.py).
 
 `<output_dir>/checkpoints/step_00001000/` holds DeepSpeed's files and, written last and atomically by
-rank 0 after a barrier, the record `complete.json` (plan/record.py). A folder without it (a run
+rank 0 after a barrier, the record `complete.json` (record.py). A folder without it (a run
 killed, or a disk full, while saving) is never resumed from, so the previous checkpoint stays the
 newest usable one. The record lists the size and sha256 of every file, so a file a failing disk
 truncated or flipped a bit in is found before it is loaded: resume falls back to the previous complete

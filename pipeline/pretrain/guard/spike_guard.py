@@ -13,11 +13,12 @@ step, on the device) and the norm DeepSpeed's global one, so every rank judges a
 Nothing is read back between logging steps: the verdict, the window and the outliers found stay in device tensors,
 and `readout` joins them to the losses' one all-reduce and copy at a check (step/step_sync.py), where `verdict` turns
 them into a `Spike` for spike_response.py. A step is judged between its gradient norm and its update:
-- at ZeRO 0 in its clipping (step/deepspeed_patches.py), which hands the verdict to torch's fused AdamW as
-  `found_inf`: the kernel leaves the whole update out, weights, moments and step counter alike. `skip` leaves every
-  outlier's update out; `rollback` does so only while no checkpoint lies behind the run to roll back to
-  (`checkpoint_behind`);
-- at ZeRO 1-3 after DeepSpeed's step, on its norm: `rollback` only (config.py refuses `skip` there).
+- at ZeRO 0 in its clipping (step/deepspeed_patches.py), which hands the verdict to the optimizer as `found_inf`
+  (torch's fused AdamW, LAMB, StableAdamW): the whole update is left out, weights, moments and step counter alike.
+  `skip` and `rollback` alike leave every outlier's update out (`rollback` goes back after `guard.rollback_after`
+  of them);
+- at ZeRO 1-3 after DeepSpeed's step, on its norm: `rollback` only (config.py refuses `skip` there), which goes back
+  at the first outlier, whose update is already in the weights (spike_response.py).
 The window goes back with a checkpoint, which holds it (`state_dict`), so a resumed run judges as an uninterrupted
 one.
 """
@@ -108,12 +109,10 @@ class SpikeGuard:
         self.since = self._fresh.clone()
         """Since the last check: outliers, non-finite ones, the first and the last."""
         self.skip = torch.zeros((), device=device)
-        """The verdict on the step being taken: 1 leaves its update out (torch's `found_inf`)."""
-        self.skip_enabled = torch.tensor(float(self.on), device=device)
-        """Whether an outlier's update is left out: always with `skip`; with `rollback` until a checkpoint lies behind
-        the run (a host write, no read)."""
+        """The verdict on the step being taken: 1 leaves its update out (torch's `found_inf`), for every outlier."""
         self.can_skip = False
-        """Whether the step can leave an update out (step/deepspeed_patches.py: ZeRO 0 with torch's fused AdamW)."""
+        """Whether the step can leave an update out (step/deepspeed_patches.py: ZeRO 0, its optimizer taking
+        `found_inf`)."""
         self.level: str | None = None
         self._slots = torch.arange(g.window, device=device)
         self._step, self._loss, self._last_check = 0, None, 0
@@ -150,7 +149,7 @@ class SpikeGuard:
         outlier = finite & judged & (x > bar).any()
         if self.nonfinite_is_outlier:
             outlier = outlier | ~finite
-        self.skip.copy_(outlier * self.skip_enabled)
+        self.skip.copy_(outlier)
         kept = torch.where(judged, torch.minimum(x, bar), x)  # an outlier enters at the bar
         written = (self._slots == self.slot) & finite
         self.history.copy_(torch.where(written, kept[:, None], self.history))
@@ -180,11 +179,6 @@ class SpikeGuard:
     def reset_window(self) -> None:
         self.filled.zero_()
         self.slot.zero_()
-
-    def checkpoint_behind(self) -> None:
-        """A checkpoint now lies behind the run: `rollback` goes back to it rather than leaving an update out."""
-        if self.mode == "rollback":
-            self.skip_enabled.fill_(0.0)
 
     def forget(self, steps: tuple[int, ...]) -> None:
         """Outliers dealt with without a rollback (no checkpoint lay behind them): they no longer count towards one,
@@ -218,12 +212,10 @@ class SpikeGuard:
         return {"history": self.history, "filled": self.filled, "slot": self.slot, "outliers": self.outliers,
                 "level": self.level}
 
-    def load_state_dict(self, state: dict[str, Any] | None, step: int, *, behind: bool = False) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None, step: int) -> None:
         """The window a checkpoint after `step` steps held; none (the guard was off, or its window had another length):
-        an empty one, as at a run's start. `behind`: that checkpoint is the run's own, now behind it."""
+        an empty one, as at a run's start."""
         self._last_check = step
-        if behind:
-            self.checkpoint_behind()
         if not state or state["history"].shape != self.history.shape:
             self.reset_window()
             self.outliers.fill_(NONE)

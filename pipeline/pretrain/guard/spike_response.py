@@ -1,19 +1,20 @@
-"""What the run does about the spike guard's findings (step/spike_guard.py judges): at each check it goes on, notes
+"""What the run does about the spike guard's findings (spike_guard.py judges): at each check it goes on, notes
 the updates it left out, or rolls the run back to a named checkpoint; it stops the run when that no longer helps.
 With the guard off, a non-finite loss stops the run here.
 
 - `skip` leaves every outlier's update out (inside the step) and notes them in the run's ledger; it stops the run
   when more than half the window's updates were left out: the loss has moved, not spiked.
-- `rollback` watches single outliers (a false alarm costs nothing) and goes back after `guard.rollback_after` of
-  them among the last `guard.window` steps, or at once after a non-finite loss or norm: to the newest checkpoint
-  before the first outlier, leaving out the batches from the first outlier through the last (`guard.margin` more on
-  each side), as `--skip-steps` would. The ledger records it, later checkpoints are set aside (the checkpointer
+- `rollback` leaves each outlier's update out as `skip` does (a false alarm costs one update, and no outlier
+  reaches the weights) and goes back after `guard.rollback_after` of them among the last `guard.window` steps, or at
+  once after a non-finite loss or norm; where the step cannot leave an update out (ZeRO 1-3 judge after it), at the
+  first outlier, whose update only a rollback undoes. It goes back to the newest checkpoint before the first
+  outlier, leaving out the batches from the first outlier through the last (`guard.margin` more on each side), as
+  `--skip-steps` would. The ledger records it, later checkpoints are set aside (the checkpointer
   plans the run again from the checkpoint), and the same process starts again from it (`Pretrainer.start`). The
   order and dropout are functions of the step, so the steps trained again reach the state the spike met exactly;
   what changes is the batches it meets. (Leaving out everything from the checkpoint, as PaLM did by hand, would
   cost up to `checkpoint.every` batches a rollback.) While no checkpoint lies behind the run there is nothing to go
-  back to: the outliers' updates are left out where the step can do so (ZeRO 0 with fused AdamW) and noted, and the
-  run goes on.
+  back to: the outliers' updates are left out where the step can do so (ZeRO 0) and noted, and the run goes on.
 - `guard.max_rollbacks` bounds the rollbacks of one spike: a rollback belongs to the spike of the one before it when
   its first outlier comes within `guard.window` steps of the range that one left out; a clean window re-arms the
   bound. Past it the run stops, naming the steps and what to do.
@@ -57,7 +58,7 @@ class Response:
     rollbacks: int = 0
     """roll back: the run's rollbacks so far, this one included."""
     left_out: bool = False
-    """no rollback target: the outliers' updates were left out (the step could)."""
+    """skip, no rollback target: the outliers' updates were left out (the step could)."""
 
 
 GO_ON = Response("go on")
@@ -92,8 +93,10 @@ class SpikeResponse:
         """The response to `spike` (None: the guard is off) after `step` steps; rank 0 decides a rollback for every
         rank."""
         g = plan.config.guard
+        # An outlier's update the step could not leave out is in the weights: only a rollback takes it out again.
+        rollback_after = g.rollback_after if self.guard.can_skip else 1
         if spike is not None and spike.count and self.guard.mode == "rollback" and (
-                spike.nonfinite or len(spike.window) >= g.rollback_after):
+                spike.nonfinite or len(spike.window) >= rollback_after):
             decided = decided_on_rank_zero(lambda: rollback(plan, spike, step), "planning a rollback (its checkpoint)",
                                            self.topology)
             if decided is not None:
@@ -101,6 +104,9 @@ class SpikeResponse:
             self.guard.forget(spike.window)
             skipped = (UpdatesSkippedEvent(spike.since, spike.count, step),) if self.guard.can_skip else ()
             return Response("no rollback target", spike, skipped, left_out=self.guard.can_skip)
+        if spike is not None and spike.count and self.guard.mode == "rollback" and self.guard.can_skip:
+            # Fewer than rollback_after: left out in the step, as `skip` leaves them, and still counted towards one.
+            return Response("skip", spike, (UpdatesSkippedEvent(spike.since, spike.count, step),), left_out=True)
         if spike is not None and spike.count and self.guard.mode == "skip":
             skipped = UpdatesSkippedEvent(spike.since, spike.count, step)
             if len(spike.window) <= g.window // 2:

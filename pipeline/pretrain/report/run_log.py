@@ -158,26 +158,27 @@ class RunLog:
                     f"left out; step {step + 1} trains on its own batch")
         self._advance(step)
 
-    def outliers(self, spike, step: int, config) -> None:
-        """The outliers the spike guard found since the last check (spike_guard.py `Spike`); with `skip`, their
-        updates were left out."""
-        g, skip = config.guard, config.train.spike_guard == "skip"
+    def outliers(self, spike, step: int, config, *, left_out: bool) -> None:
+        """The outliers the spike guard found since the last check (spike_guard.py `Spike`); `left_out`: their updates
+        were left out (`skip`, and `rollback` before `guard.rollback_after` outliers)."""
+        g = config.guard
         named = ", ".join(map(str, spike.since)) + (f" and {spike.count - len(spike.since)} more"
                                                       if spike.count > len(spike.since) else "")
         self.metrics.log({"guard/outliers": spike.count, "guard/nonfinite": spike.nonfinite,
-                          **({"guard/skipped_updates": spike.count} if skip else {})}, step)
+                          **({"guard/skipped_updates": spike.count} if left_out else {})}, step)
         bar = f"loss or gradient norm above the last {g.window} steps' mean + {g.threshold:g} deviations" + (
             f", {spike.nonfinite} non-finite" if spike.nonfinite else "")
-        what = ("update left out by the spike guard" if skip else
-                f"an outlier for the spike guard, {len(spike.window)} in the last {g.window} steps "
-                f"(guard.rollback_after {g.rollback_after})")
+        watched = (f", {len(spike.window)} in the last {g.window} steps (guard.rollback_after {g.rollback_after})"
+                   if config.train.spike_guard == "rollback" else "")
+        what = ("update left out by the spike guard" if left_out else "an outlier for the spike guard") + watched
         self.report(step, {"spike_outliers": list(spike.since), "spike_count": spike.count,
-                           "spike_nonfinite": spike.nonfinite, "spike_action": "skipped" if skip else "watched"},
+                           "spike_nonfinite": spike.nonfinite, "spike_action": "skipped" if left_out else "watched"},
                     f"step{'s' * (spike.count > 1)} {named}: {what} ({bar})")
 
     def responded(self, response, step: int, config) -> None:
         """What the spike guard's response (spike_response.py `Response`) did after `step` steps."""
-        self.outliers(response.spike, step, config)
+        self.outliers(response.spike, step, config,
+                      left_out=response.action == "skip" or config.train.spike_guard == "skip")
         if response.action == "no rollback target":
             self.no_rollback_target(response.spike, step, left_out=response.left_out)
         elif response.action == "roll back":
@@ -188,7 +189,7 @@ class RunLog:
     def no_rollback_target(self, spike, step: int, *, left_out: bool) -> None:
         """`rollback` found outliers (spike_guard.py `Spike`) before any checkpoint of this run lies behind them."""
         what = ("their updates were left out" if left_out else
-                "their updates stand (this step cannot leave one out: ZeRO 0 with fused AdamW can)")
+                "their updates stand (this step cannot leave one out: ZeRO 0 can)")
         self.report(step, {"spike_outliers": list(spike.since), "spike_action": "no rollback target"},
                     f"spike guard: outliers at steps {', '.join(map(str, spike.since))} and no checkpoint of this run "
                     f"before them to roll back to: {what}; the run goes on")

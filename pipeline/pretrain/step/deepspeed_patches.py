@@ -210,8 +210,9 @@ def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
 
 def needs_finite_gradients(optimizer: torch.optim.Optimizer) -> bool:
     """Whether a step it leaves out must still be handed finite gradients: torch's fused kernel skips a left-out
-    update whole; the others compute it and scale it by 0, and NaN × 0 is NaN."""
-    return not optimizer.defaults.get("fused", False)
+    update whole, and LAMB and StableAdamW zero them themselves; the others compute it and scale it by 0, and NaN × 0
+    is NaN."""
+    return not (optimizer.defaults.get("fused", False) or getattr(optimizer, "takes_nonfinite_gradients", False))
 
 
 def clip_gradients(engine, guard: StepJudge, leave_out: torch.Tensor | None) -> None:
@@ -221,7 +222,7 @@ def clip_gradients(engine, guard: StepJudge, leave_out: torch.Tensor | None) -> 
     gradients zeroed (no such kernel).
 
     Every rank holds the whole averaged gradient at ZeRO 0, so its norm is the global one without a collective. With
-    the guard on and clipping off, DeepSpeed is told an infinite clip (engine.py), so that the norm is still taken.
+    clipping off, DeepSpeed is told an infinite clip (engine.py), so that the norm is still taken and checked.
     """
     params = list(engine.module.parameters())
     grads = [p.grad for p in params if p.grad is not None]

@@ -48,9 +48,10 @@ def deepspeed_config(config: PretrainConfig, plan: BatchPlan, load_universal: bo
     if load_universal:  # resuming on another world size (pipeline/pretrain/checkpoints/storage.py)
         ds.setdefault("checkpoint", {})["load_universal"] = True
     offload = offloads_optimizer(ds)
-    # At ZeRO 0 the spike guard takes the gradient norm where DeepSpeed clips (deepspeed_patches.py), which it calls
-    # only with a clip > 0: an infinite one measures without clipping.
-    measure = t.spike_guard != "off" and t.zero_stage == 0
+    # At ZeRO 0 the step's non-finite check and the spike guard take the gradient norm where DeepSpeed clips
+    # (deepspeed_patches.py), which it calls only with a clip > 0: an infinite one measures without clipping, so that
+    # a non-finite step is left out with clipping off too.
+    measure = t.zero_stage == 0
     ds.update(
         train_batch_size=plan.global_batch_size,
         train_micro_batch_size_per_gpu=plan.micro_batch_size,

@@ -12,8 +12,8 @@ Written out rather than taken from a library because each available one reads th
   `torch_optimizer.Lamb` (0.3.0, unmaintained) applies the trust ratio to biases and LayerNorm too.
 Both advertise `_step_supports_amp_scaling`, as torch's fused AdamW does: GradScaler then hands them `found_inf`
 instead of reading it, and the spike guard's verdict reaches them the same way (deepspeed_patches.py). A step left out
-changes nothing: weights, moments and step count stay (its gradients must be finite: deepspeed_patches.py zeroes a
-non-finite one first, since NaN × 0 is NaN).
+changes nothing, at any step count: weights, moments and step count stay, whatever its gradients hold (an fp16
+overflow's inf, a NaN: tests/pretrain/test_skipped_updates.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class DeviceStepOptimizer(torch.optim.Optimizer):
     """An optimizer whose groups step in multi-tensor kernels, leaving the step out at `found_inf`."""
 
     _step_supports_amp_scaling = True
+    takes_nonfinite_gradients = True
+    """A step left out may carry non-finite gradients: its caller need not zero them (deepspeed_patches.py)."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -49,23 +51,45 @@ class DeviceStepOptimizer(torch.optim.Optimizer):
             grads = [p.grad for p in params]
             if grad_scale is not None:  # GradScaler's gradients not yet unscaled
                 grads = torch._foreach_div(grads, grad_scale.to(params[0]))
+            if found_inf is not None:
+                # A step left out is computed and scaled by 0, and NaN × 0 is NaN: its non-finite gradients (an fp16
+                # overflow, a NaN nothing zeroed) are zeroed. A kept step's gradients are finite (found_inf says
+                # so), and pass unchanged.
+                for grad in grads:
+                    grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
             step = self._step_count(group, params)
             step.add_(keep)
-            self._step_group(group, params, grads, keep, step, *self._moments(params))
+            # A first step left out leaves the count at 0, where the bias corrections 1 - β⁰ are 0 and the update
+            # 0 / 0 (NaN, and NaN × 0 is NaN): they are taken at a count of at least 1; the update is scaled by 0.
+            self._step_group(group, params, grads, keep, step.clamp(min=1), *self._moments(params))
         return loss
 
     def _step_group(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor], keep: torch.Tensor,
                     step: torch.Tensor, exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor]) -> None:
-        """One group's update: `step` already counts this step (unless left out), the moments are its state."""
+        """One group's update: `step` already counts this step (unless left out; at least 1), the moments are its
+        state."""
         raise NotImplementedError
 
+    def __setstate__(self, state: dict) -> None:
+        """A loaded state (`load_state_dict`), whose groups may come from the optimizer an earlier release saved:
+        DeepSpeed's FusedLamb named the trust ratio's clamp `max_coeff`/`min_coeff`, torch-optimi's StableAdamW
+        kept `beta1`/`beta2`. A setting such a group lacks is this optimizer's (the run's config sets the rest:
+        checkpoints/storage.py `own_settings`)."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
     def _step_count(self, group: dict, params: list[torch.Tensor]) -> torch.Tensor:
-        """The group's step count, a float tensor on its parameters' device; an earlier release's LAMB kept it per
-        tensor, as a host int."""
+        """The group's step count, a float tensor on its parameters' device. Earlier releases' checkpoints hold it
+        elsewhere: their LAMB and DeepSpeed's FusedLamb per tensor, as a host int; torch-optimi's StableAdamW per
+        group, as an int32 tensor."""
         step = group.get("step")
         if step is None:
             step = self.state[params[0]].get("step", 0)
-        if not isinstance(step, torch.Tensor) or step.device != params[0].device:
+            for p in params:  # the group's count from now on: a per-tensor one left behind would go stale
+                self.state[p].pop("step", None)
+        if not isinstance(step, torch.Tensor) or step.device != params[0].device or step.dtype != torch.float32:
             step = torch.as_tensor(step, dtype=torch.float32).to(params[0].device)
         group["step"] = step
         return step
@@ -150,8 +174,10 @@ class StableAdamW(DeviceStepOptimizer):
         squares = moving_averages(exp_avgs, exp_avg_sqs, grads, (1 - beta1_hat) * keep, (1 - beta2_hat) * keep)
         # Each tensor's update RMS, √mean(g² / max(v, ε²)): a mean of non-negative values is their 1-norm / size.
         torch._foreach_div_(squares, torch._foreach_clamp_min(exp_avg_sqs, group["eps"] ** 2))
-        sizes = torch.tensor([g.numel() for g in grads], dtype=torch.float32, device=step.device)
-        rms = (torch.stack(torch._foreach_norm(squares, 1)) / sizes).sqrt()
+        # The sizes go to the kernel as scalar arguments: a tensor of them would be a copy to the device every step.
+        means = torch._foreach_norm(squares, 1)
+        torch._foreach_div_(means, [float(g.numel()) for g in grads])
+        rms = torch.stack(means).sqrt()
         lrs = group["lr"] / rms.clamp(min=1.0) * keep
         if group["weight_decay"]:
             decay = lrs / group["max_lr"] if group["decouple_lr"] else lrs
