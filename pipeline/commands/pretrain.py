@@ -62,11 +62,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
     string; `--skip-steps` adds to the config's own ranges)."""
     out = list(args.set)
     if args.skip_steps:
-        from pipeline.common.config.shipped_configs import find_config
-        from pipeline.common.config.tree import read_json_config
-
-        written = read_json_config(find_config(args.config, "pretrain")).get("train", {}).get("skip_steps", [])
-        out.append(f"train.skip_steps={json.dumps([*written, *args.skip_steps])}")
+        out.append(f"train.skip_steps+={json.dumps(args.skip_steps)}")
     if args.restart_from_scratch:
         out.append("train.restart_from_scratch=true")
     if args.allow_unlocked_folder:

@@ -52,13 +52,25 @@ def test_shipped_presets_have_the_published_recipes():
 
 
 def test_set_overrides_parse_json_values_else_strings():
-    assert parse_override("train.max_steps=100") == (["train", "max_steps"], 100)
-    assert parse_override("optimizer.betas=[0.9,0.95]") == (["optimizer", "betas"], [0.9, 0.95])
-    assert parse_override("data.shards=/data/shards") == (["data", "shards"], "/data/shards")
+    assert parse_override("train.max_steps=100") == (["train", "max_steps"], 100, False)
+    assert parse_override("optimizer.betas=[0.9,0.95]") == (["optimizer", "betas"], [0.9, 0.95], False)
+    assert parse_override("data.shards=/data/shards") == (["data", "shards"], "/data/shards", False)
     data = apply_overrides({"train": {}}, ["train.zero_stage=3", "deepspeed.bf16.immediate_grad_update=true"])
     assert data == {"train": {"zero_stage": 3}, "deepspeed": {"bf16": {"immediate_grad_update": True}}}
     with pytest.raises(PipelineError, match="section.key=value"):
         parse_override("no-equals-sign")
+
+
+def test_a_plus_equals_override_adds_its_items_to_the_list_the_config_holds():
+    """What `--skip-steps` passes: the config's own ranges stay, the new ones follow."""
+    data = {"train": {"skip_steps": ["3:4"]}}
+    assert apply_overrides(data, ['train.skip_steps+=["9:9", "12:13"]']) == {"train": {"skip_steps": ["3:4", "9:9",
+                                                                                                    "12:13"]}}
+    assert apply_overrides({}, ['train.skip_steps+=["9:9"]']) == {"train": {"skip_steps": ["9:9"]}}
+    with pytest.raises(PipelineError, match="adds a JSON list"):
+        apply_overrides(data, ["train.skip_steps+=9:9"])
+    with pytest.raises(PipelineError, match="train.max_steps is 100, not a list"):
+        apply_overrides({"train": {"max_steps": 100}}, ['train.max_steps+=["9:9"]'])
 
 
 def test_unknown_keys_wrong_types_and_cross_field_problems_come_in_one_error(tmp_path):

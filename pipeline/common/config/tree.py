@@ -65,29 +65,40 @@ def read_json_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`section.key=value` → (path, value); the value is JSON when it parses, else the raw string."""
+def parse_override(text: str) -> tuple[list[str], Any, bool]:
+    """`section.key=value` → (path, value, False); `section.key+=[...]` → (path, list, True), whose items are added
+    to the key's list. The value is JSON when it parses, else the raw string."""
     key, sep, raw = text.partition("=")
+    adds = key.endswith("+")
+    key = key.removesuffix("+")
     if not sep or not key.strip():
-        raise PipelineError(f"--set {text!r}: expected section.key=value")
+        raise PipelineError(f"--set {text!r}: expected section.key=value (or section.key+=[items] for a list)")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
-    return key.strip().split("."), value
+    if adds and not isinstance(value, list):
+        raise PipelineError(f"--set {text!r}: += adds a JSON list's items to the key's list, got {raw!r}")
+    return key.strip().split("."), value, adds
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of `data` with each `a.b.c=value` set, creating nested objects as needed."""
+    """Return a copy of `data` with each `a.b.c=value` set, creating nested objects as needed; `a.b.c+=[...]` adds
+    its items to the list there (an absent key: to an empty one)."""
     data = json.loads(json.dumps(data))
     for text in overrides:
-        path, value = parse_override(text)
+        path, value, adds = parse_override(text)
         node = data
         for part in path[:-1]:
             child = node.get(part)
             if not isinstance(child, dict):
                 child = node[part] = {}
             node = child
+        if adds:
+            present = node.get(path[-1], [])
+            if not isinstance(present, list):
+                raise PipelineError(f"--set {text!r}: {'.'.join(path)} is {present!r}, not a list to add to")
+            value = [*present, *value]
         node[path[-1]] = value
     return data
 
