@@ -25,7 +25,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,11 +47,10 @@ from pipeline.pretrain.checkpoints.storage import (
     complete_checkpoints,
     load_into,
     newest_complete,
-    newest_intact,
     prune_set_aside,
     resolve_checkpoint,
     save_checkpoint,
-    set_aside,
+    set_aside_for_start,
     tag_for,
 )
 from pipeline.pretrain.config import PretrainConfig
@@ -101,16 +100,19 @@ class Checkpointer:
         """The run's start, once: rank 0 holds the run folder for the whole run, or every rank stops (a live run
         holds it, named) before anything is written; then it makes sure of the plan's start, as `confirm` does. A
         failure after the folder is held leaves it held: the caller releases it (`release`)."""
-        return self._decided(plan, "opening the run (its folder, ledger and checkpoints)", hold=True)
+        return self._decided(lambda: plan, "opening the run (its folder, ledger and checkpoints)", hold=True)
 
     def confirm(self, plan: RunPlan) -> RunPlan:
         """The plan every rank carries out (a rollback's): rank 0 makes sure of its start (`_start_made_sure`),
         every rank takes rank 0's plan."""
-        return self._decided(plan, "planning the run's start (its ledger and checkpoints)", hold=False)
+        return self._decided(lambda: plan, "planning the run's start (its ledger and checkpoints)", hold=False)
 
-    def _decided(self, plan: RunPlan, what: str, *, hold: bool) -> RunPlan:
+    def _decided(self, planned: Callable[[], RunPlan], what: str, *, hold: bool) -> RunPlan:
+        """Rank 0 holds the run folder (with `hold`), makes `planned()` and makes sure of its start, in one decision
+        every rank takes; a refusal of the folder stops every rank."""
         started = time.perf_counter()
-        outcome = decided_on_rank_zero(lambda: self._held(hold) or self._start_made_sure(plan), what, self.topology)
+        outcome = decided_on_rank_zero(lambda: self._held(hold) or self._start_made_sure(planned()), what,
+                                       self.topology)
         if isinstance(outcome, str):  # refused: rank 0 says why
             if self.topology.is_main:
                 raise PipelineError(outcome)
@@ -137,13 +139,16 @@ class Checkpointer:
 
     def _start_made_sure(self, plan: RunPlan) -> RunPlan:
         """Rank 0: the ledger's new events first, then the set-asides they call for (a kill in between still rolls
-        them back at the next start), then the start's checksums, falling back past a damaged start."""
-        ledger = plan.ledger.append(self._start_events(plan.start_step, plan.unrecorded_skips))
-        moved = self._rolled_back_set_aside(plan.rolled_back)
-        found = self._intact_start(plan.start, moved)
+        them back at the next start) and the start's checksums (falling back past a damaged start), then the old
+        set-asides pruned."""
+        events = self._start_events(plan.start_step, plan.unrecorded_skips)
+        ledger = plan.ledger.append(events)
+        moved, found = set_aside_for_start(self.root, plan.rolled_back, plan.start, self._warn)
         ledger = ledger.append([SetAsideEvent(p.name, "damaged" if p.name.startswith("damaged-") else "rolled-back",
                                               plan.start_step) for p in moved])
-        self._old_set_asides_pruned()
+        for folder in prune_set_aside(self.root, self.keep_set_aside):
+            self._warn(f"deleted {folder.name}, set aside earlier (checkpoint.keep_set_aside {self.keep_set_aside} "
+                       "keeps the last ones set aside)")
         plan = dataclasses.replace(plan, ledger=ledger)
         if plan.start is not None and found != plan.start.checkpoint:
             plan = plan.starting_from(StartPoint.at(found, read_record(found), plan.world_size) if found else None)
@@ -157,26 +162,6 @@ class Checkpointer:
             notes.append(LockTakenOverEvent(self.lock.taken_over.describe(), step))
             self._taken_over_noted = True
         return notes + [SkipEvent(r.start + 1, r.stop, step) for r in skips]
-
-    def _rolled_back_set_aside(self, rolled_back: tuple[Path, ...]) -> list[Path]:
-        """The checkpoints a plan rolls back, set aside, the newest last."""
-        moved = [set_aside(folder, "rolled-back") for folder in sorted(rolled_back)]
-        for aside in moved:
-            self._warn(f"checkpoint {aside.name.removeprefix('rolled-back-')} trained on a skipped range "
-                       f"(train.skip_steps); set aside as {aside.name}")
-        return moved
-
-    def _intact_start(self, start: StartPoint | None, moved: list[Path]) -> Path | None:
-        """A plan's `start`, or (its checksums failing) the newest intact checkpoint before it, a damaged one set
-        aside into `moved`; an anneal's source is another run's, and is taken as it is."""
-        if start is None or start.anneal:
-            return start.checkpoint if start else None
-        return newest_intact(self.root, self._warn, moved)  # the plan's start is the newest left: check it
-
-    def _old_set_asides_pruned(self) -> None:
-        for folder in prune_set_aside(self.root, self.keep_set_aside):
-            self._warn(f"deleted {folder.name}, set aside earlier (checkpoint.keep_set_aside {self.keep_set_aside} "
-                       "keeps the last ones set aside)")
 
     def load(self, engine, guard: GuardWindow) -> int:
         """Load the plan's start into the engine and its window into the spike `guard`, on every rank; returns its
@@ -226,13 +211,14 @@ class Checkpointer:
 
     def carry_out(self, plan: RunPlan, response: Outcome, info: TokenizerInfo) -> Outcome:
         """The checkpoints' part in the spike guard's response (spike_response.py): its events noted in the ledger;
-        a rollback's plan made from the checkpoint it names (later ones set aside), every rank taking rank 0's."""
+        a rollback's plan made from the checkpoint it names and its start made sure of (later ones set aside), in one
+        decision of rank 0's that every rank takes."""
         ledger = self.note(plan.ledger, response.events)
         if response.action != "roll back":
             return response
-        again = decided_on_rank_zero(lambda: plan_after_rollback(plan, ledger, info),
-                                     "planning a rollback (the run from its checkpoint)", self.topology)
-        return dataclasses.replace(response, plan=self.confirm(again), rollbacks=ledger.rollbacks)
+        again = self._decided(lambda: plan_after_rollback(plan, ledger, info),
+                              "planning a rollback (the run from its checkpoint)", hold=False)
+        return dataclasses.replace(response, plan=again, rollbacks=ledger.rollbacks)
 
     def newest_complete(self) -> Path | None:
         return newest_complete(self.root)

@@ -136,6 +136,21 @@ def set_aside(folder: Path, why: str) -> Path:
     return aside
 
 
+def set_aside_for_start(root: Path, rolled_back: tuple[Path, ...], start: StartPoint | None,
+                        warn: Callable[[str], None]) -> tuple[list[Path], Path | None]:
+    """What a start sets aside, and where it then starts: the checkpoints it rolls back (`rolled_back`: they trained
+    on a skipped range), the newest last; then its `start`'s checksums checked, a damaged start set aside and the
+    newest intact one before it taken (an anneal's source is another run's, taken as it is). Returns (the folders
+    set aside, the start's checkpoint)."""
+    moved = [set_aside(folder, "rolled-back") for folder in sorted(rolled_back)]
+    for aside in moved:
+        warn(f"checkpoint {aside.name.removeprefix('rolled-back-')} trained on a skipped range (train.skip_steps); "
+             f"set aside as {aside.name}")
+    if start is None or start.anneal:
+        return moved, start.checkpoint if start else None
+    return moved, newest_intact(root, warn, moved)  # the plan's start is the newest left: check it
+
+
 def set_aside_folders(root: Path) -> list[Path]:
     """The checkpoints set aside under `root`, the first set aside first (ties: the lower step first)."""
     if not root.is_dir():
