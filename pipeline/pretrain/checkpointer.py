@@ -8,9 +8,9 @@ the config. The preflight asks it before any process group exists; the spike gua
 
 Once the process group exists, the trainer's start opens the run (`open_run`): rank 0 holds the run folder
 (common/folder_lock.py, the kernel's lock; a second run on a live run's folder is refused on every rank, naming the
-holder, before anything is written), then makes sure of the plan's start, as every rollback's `confirm` does, in
-named steps: the ledger's new events (a lock left by an ended holder, the plan's new skipped ranges), the
-checkpoints they roll back set aside, the start's checksums checked (falling back past a damaged one), the
+holder, before anything is written), then makes sure of the plan's start, as every rollback's plan is made sure
+of (`carry_out`), in named steps: the ledger's new events (a lock left by an ended holder, the plan's new skipped
+ranges), the checkpoints they roll back set aside, the start's checksums checked (falling back past a damaged one), the
 set-aside checkpoints beyond `checkpoint.keep_set_aside` deleted, the first set aside first. Every rank then takes
 rank 0's plan, so the ranks never act on different sets of checkpoints (a shared file system may show them
 different ones for a while), or rank 0's error, so that every rank stops at once naming it
@@ -98,14 +98,10 @@ class Checkpointer:
 
     def open_run(self, plan: RunPlan) -> RunPlan:
         """The run's start, once: rank 0 holds the run folder for the whole run, or every rank stops (a live run
-        holds it, named) before anything is written; then it makes sure of the plan's start, as `confirm` does. A
-        failure after the folder is held leaves it held: the caller releases it (`release`)."""
+        holds it, named) before anything is written; then it makes sure of the plan's start (`_start_made_sure`),
+        as a rollback's plan is made sure of (`carry_out`). A failure after the folder is held leaves it held: the
+        caller releases it (`release`)."""
         return self._decided(lambda: plan, "opening the run (its folder, ledger and checkpoints)", hold=True)
-
-    def confirm(self, plan: RunPlan) -> RunPlan:
-        """The plan every rank carries out (a rollback's): rank 0 makes sure of its start (`_start_made_sure`),
-        every rank takes rank 0's plan."""
-        return self._decided(lambda: plan, "planning the run's start (its ledger and checkpoints)", hold=False)
 
     def _decided(self, planned: Callable[[], RunPlan], what: str, *, hold: bool) -> RunPlan:
         """Rank 0 holds the run folder (with `hold`), makes `planned()` and makes sure of its start, in one decision

@@ -92,7 +92,7 @@ def main(out: Path) -> None:
     results = {}
 
     plan = SimpleNamespace(ledger=FullDiskLedger(config.layout.ledger), unrecorded_skips=(), start_step=0)
-    results["checkpoint"] = timed(lambda: checkpointer.confirm(plan))
+    results["checkpoint"] = timed(lambda: checkpointer.open_run(plan))
 
     spike_response.complete_checkpoints = on_rank_zero(rank, OSError(errno.EIO, os.strerror(errno.EIO),
                                                                      str(config.layout.checkpoints)))

@@ -285,7 +285,9 @@ def test_set_aside_checkpoints_beyond_the_bound_go_the_first_set_aside_first_and
         (checkpoints / name).mkdir()
         os.utime(checkpoints / name, (1000 + age, 1000 + age))
     plan = prepare_run(config, ['train.skip_steps=["9:9"]', "checkpoint.keep_set_aside=3"])
-    Checkpointer(plan.config, Topology(0, 0, 1, False), reporter=None).confirm(plan)
+    checkpointer = Checkpointer(plan.config, Topology(0, 0, 1, False), reporter=None)
+    checkpointer.open_run(plan)
+    checkpointer.release()
     assert sorted(p.name for p in checkpoints.iterdir()) == [
         "rolled-back-step_00000006", "rolled-back-step_00000010", "rolled-back-step_00000012",
         "step_00000002", "step_00000004", "step_00000008"]  # the start (8) and every live checkpoint kept
