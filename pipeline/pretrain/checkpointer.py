@@ -94,7 +94,6 @@ class Checkpointer:
         self.keep_set_aside = config.checkpoint.keep_set_aside
         self.plan: RunPlan | None = None
         self.verify_seconds = 0.0
-        self._taken_over_noted = False
 
     def open_run(self, plan: RunPlan) -> RunPlan:
         """The run's start, once: rank 0 holds the run folder for the whole run, or every rank stops (a live run
@@ -107,7 +106,7 @@ class Checkpointer:
         """Rank 0 holds the run folder (with `hold`), makes `planned()` and makes sure of its start, in one decision
         every rank takes; a refusal of the folder stops every rank."""
         started = time.perf_counter()
-        outcome = decided_on_rank_zero(lambda: self._held(hold) or self._start_made_sure(planned()), what,
+        outcome = decided_on_rank_zero(lambda: self._held(hold) or self._start_made_sure(planned(), opening=hold), what,
                                        self.topology)
         if isinstance(outcome, str):  # refused: rank 0 says why
             if self.topology.is_main:
@@ -133,11 +132,11 @@ class Checkpointer:
             self.lock.release()
             self.lock = None
 
-    def _start_made_sure(self, plan: RunPlan) -> RunPlan:
+    def _start_made_sure(self, plan: RunPlan, *, opening: bool) -> RunPlan:
         """Rank 0: the ledger's new events first, then the set-asides they call for (a kill in between still rolls
         them back at the next start) and the start's checksums (falling back past a damaged start), then the old
         set-asides pruned."""
-        events = self._start_events(plan.start_step, plan.unrecorded_skips)
+        events = self._start_events(plan.start_step, plan.unrecorded_skips, opening)
         ledger = plan.ledger.append(events)
         moved, found = set_aside_for_start(self.root, plan.rolled_back, plan.start, self._warn)
         ledger = ledger.append([SetAsideEvent(p.name, "damaged" if p.name.startswith("damaged-") else "rolled-back",
@@ -150,13 +149,11 @@ class Checkpointer:
             plan = plan.starting_from(StartPoint.at(found, read_record(found), plan.world_size) if found else None)
         return plan
 
-    def _start_events(self, step: int, skips: tuple[range, ...]) -> list[LedgerEvent]:
-        """What this start at `step` found new: a lock its ended holder left (once, at the run's start), the skipped
+    def _start_events(self, step: int, skips: tuple[range, ...], opening: bool) -> list[LedgerEvent]:
+        """What this start at `step` found new: a lock its ended holder left (named when the run opens), the skipped
         ranges the ledger does not hold yet (`skips`)."""
-        notes: list[LedgerEvent] = []
-        if self.lock is not None and self.lock.taken_over is not None and not self._taken_over_noted:
-            notes.append(LockTakenOverEvent(self.lock.taken_over.describe(), step))
-            self._taken_over_noted = True
+        taken_over = self.lock.taken_over if opening and self.lock is not None else None
+        notes: list[LedgerEvent] = [LockTakenOverEvent(taken_over.describe(), step)] if taken_over else []
         return notes + [SkipEvent(r.start + 1, r.stop, step) for r in skips]
 
     def load(self, engine, guard: GuardWindow) -> int:

@@ -28,12 +28,13 @@ from pipeline.common.folder_lock import (
 )
 
 # A holder that forks a child first, as a trainer forks its data loader workers: the child must not keep the
-# folder held once the trainer is killed. The child says when it runs its own code, which is after filelock's fork
-# hook has closed its copy of the lock: a trainer is killed long after its workers started, and on a loaded machine
-# a child may not have been scheduled yet when its parent dies.
+# folder held once the trainer is killed. The child says on stderr (its own pipe: on stdout its line could interleave
+# with the parent's pid) when it runs its own code, which is after filelock's fork hook has closed its copy of the
+# lock: a trainer is killed long after its workers started, and on a loaded machine a child may not have been
+# scheduled yet when its parent dies.
 HOLD_WITH_CHILD = ("import os, sys, time; from pipeline.common.folder_lock import FolderLock; "
                    "FolderLock(sys.argv[1]).acquire(); child = os.fork()\n"
-                   "if child == 0: print('child running', flush=True); time.sleep(120); os._exit(0)\n"
+                   "if child == 0: print('child running', file=sys.stderr, flush=True); time.sleep(120); os._exit(0)\n"
                    "print(child, flush=True); time.sleep(120)")
 
 # One contender of the race: for each folder read from stdin, take it and print who won or who refused it.
@@ -59,9 +60,9 @@ def dead_holders_lock(folder, pid: int = 999_999, **slurm) -> Holder:
 
 def test_a_second_process_is_refused_naming_the_holder_and_takes_over_at_once_after_kill_9(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", HOLD_WITH_CHILD, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "SLURM_JOB_ID": "4242"})
-    lines = [proc.stdout.readline().strip() for _ in range(2)]  # the child's pid and its word, in either order
-    child = int(next(line for line in lines if line != "child running"))
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "SLURM_JOB_ID": "4242"})
+    child = int(proc.stdout.readline())
+    assert proc.stderr.readline().strip() == "child running"
     try:
         with pytest.raises(PipelineError, match=rf"another run holds this run folder: pid {proc.pid} on \S+, SLURM "
                                                 rf"job 4242 \(since .*\)"):
