@@ -55,7 +55,7 @@ class ModelConfig:
     """modernbert only: the rotary base of the global layers."""
     local_rope_theta: float = 10_000.0
     """modernbert only: the rotary base of the local (sliding-window) layers."""
-    classifier_pooling: Literal["cls", "mean"] = "mean"
+    classifier_pooling: Pooling = "mean"
     """modernbert only: what a sequence classifier fine-tuned from the export pools, the first token or the mean of
     the real tokens. Saved in the export's config, so fine-tuning and the hub follow it. `mean`: MLM never trains
     the first token's output, and a small, briefly pretrained model's `cls` feature then barely depends on the
