@@ -6,7 +6,8 @@
     roberta-embed-eval --run PRETRAIN_RUN --retrieval PAIRS.jsonl [--sts …] --out DIR     (every kept revision)
 
 --model is any model the stage takes: an export, a pretraining run or checkpoint (exported once), a fine-tuning
-output or saved model, a released HF folder, or a Sentence-Transformers folder (its own pooling and length).
+output or saved model, a released HF folder, or a Sentence-Transformers folder (its own pooling and length, and
+its prompts: a search's queries get its `query` prompt, its corpus the `document` one, and the output says so).
 Each file is read and checked before the model loads (docs/embeddings.md has the formats):
   --retrieval            {"query", "positive", "negative"?}: each query searched against every positive and negative
                          of the file as the corpus, by exact cosine search; nDCG@10, MRR@10, Recall@10 and @100
@@ -70,20 +71,23 @@ def score_range(text: str) -> tuple[float, float]:
 
 
 def encoder_for(model: str, args: argparse.Namespace):
-    """`(encode, tokenizer, max_len)` of `model` on the chosen backend."""
+    """`(encoder, tokenizer, max_len)` of `model` on the chosen backend: its `encode`, and its prompts by role
+    (`encoder.prompts`, a Sentence-Transformers folder's own; none elsewhere)."""
     if args.backend == "torch":
         from pipeline.models.embedding_encoder import load_encoder
         from pipeline.pretrain.export.folder import export_for_loading
 
         encoder, _ = load_encoder(model, pooling=args.pooling, max_seq_len=args.max_seq_len,
                                   batch_size=args.batch_size, exporter=export_for_loading)
-        return encoder.encode, encoder.tokenizer, encoder.max_seq_len
+        return encoder, encoder.tokenizer, encoder.max_seq_len
     if args.pooling or args.max_seq_len:
         raise PipelineError("--pooling and --max-seq-len: an ONNX backend pools and cuts as its folder says")
     from pipeline.hub.onnx_export import OnnxEncoder
+    from pipeline.models.embedding_encoder import RolePrompts
 
     encoder = OnnxEncoder(Path(model), int8=args.backend == "onnx-int8", batch_size=args.batch_size)
-    return encoder.encode, encoder.tokenizer, encoder.max_seq_len
+    encoder.prompts = RolePrompts.read(model)
+    return encoder, encoder.tokenizer, encoder.max_seq_len
 
 
 @exit_on_pipeline_error
@@ -102,13 +106,18 @@ def main(argv: list[str] | None = None) -> None:
     quiet_frameworks(args.verbose)
     from pipeline.hub.embedding_evaluation import bm25_probes, score_probes, warn_long_texts
     from pipeline.hub.embedding_results import log_to_mlflow, mteb_records, table
+    from pipeline.models.embedding_encoder import prompted
 
     lexical = bm25_probes(probes)
+    used = {}
 
     def score(model: str) -> dict[str, float]:
-        encode, tokenizer, max_len = encoder_for(model, args)
+        encoder, tokenizer, max_len = encoder_for(model, args)
         warn_long_texts(probes, tokenizer, max_len)
-        return {**score_probes(encode, probes), **lexical}
+        prompts = used[model] = encoder.prompts
+        return {**score_probes(prompted(encoder.encode, prompts.default), probes,
+                               queries=prompted(encoder.encode, prompts.query),
+                               documents=prompted(encoder.encode, prompts.document)), **lexical}
 
     if args.run is not None:
         score_run(args, score)
@@ -116,11 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     figures = score(args.model)
     seconds = time.monotonic() - started
-    print(table(figures))
+    prompts = used[args.model]
+    print(table(figures) + (f"\n{prompts.describe()}" if prompts else ""))
     if args.json:
         from pipeline.common.atomic_files import write_json_atomic
 
-        write_json_atomic(args.json, mteb_records(figures, probes, args.model, seconds))
+        record = mteb_records(figures, probes, args.model, seconds)
+        write_json_atomic(args.json, {**record, **({"prompts": prompts.record()} if prompts else {})})
         print(f"written to {args.json}", file=sys.stderr)
     if args.tracking_uri:
         run_id = log_to_mlflow(figures, args.tracking_uri, run_name=f"embed-eval {Path(args.model).name}")

@@ -19,6 +19,7 @@ from pipeline.common.processes.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_layout import FinetuneLayout
 from pipeline.data.tasks.catalog import GLUE_TASKS, QA_TASKS, SPAN_TASKS, task_spec
 from pipeline.finetune.families.embedding.config import EMBEDDING_TASKS, EmbeddingConfig
+from pipeline.finetune.families.embedding.options import task_problems as embedding_task_problems
 from pipeline.models.precision import Precision
 from pipeline.tracking.settings import TrackingConfig
 
@@ -131,7 +132,8 @@ class FinetuneConfig:
     train: FinetuneTrainConfig = field(default_factory=FinetuneTrainConfig)
     tracking: TrackingConfig = field(default_factory=lambda: TrackingConfig(experiment="finetune"))
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
-    """Embedding tasks only: pooling, the loss's scale and cache, the STS score range (docs/embeddings.md)."""
+    """Embedding tasks only: pooling, the loss's scale and cache, the STS score range, and the training options
+    (hard negatives, Matryoshka widths, prompts; docs/embeddings.md)."""
 
     def __post_init__(self):
         """The task against its data section; the data's files are the preflight's (they may not exist here)."""
@@ -173,6 +175,8 @@ class FinetuneConfig:
                 add(stride_problem)
             if d.n_best < 1 or d.max_answer_length < 1:
                 add(f"data.n_best and data.max_answer_length must be ≥ 1, got {d.n_best} and {d.max_answer_length}")
+        if self.task in EMBEDDING_TASKS:
+            problems += embedding_task_problems(self.embedding, self.task)
         return problems
 
     @property

@@ -145,9 +145,10 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (unit(a) * unit(b)).sum(1)
 
 
-def score_retrieval(encode: Encode, pairs: Split) -> dict[str, float]:
+def score_retrieval(encode: Encode, pairs: Split, documents: Encode | None = None) -> dict[str, float]:
+    """Queries embedded by `encode`, the corpus by `documents` (a document prompt's encoder; default `encode`)."""
     task = RetrievalTask.of(pairs)
-    return task.metrics(unit(encode(task.queries)) @ unit(encode(task.corpus)).T)
+    return task.metrics(unit(encode(task.queries)) @ unit((documents or encode)(task.corpus)).T)
 
 
 def score_sts(encode: Encode, split: Split) -> dict[str, float]:
@@ -177,10 +178,17 @@ SCORERS = {"retrieval": score_retrieval, "sts": score_sts, "pair_classification"
            "clustering": score_clustering}
 
 
-def score_probes(encode: Encode, probes: Probes) -> dict[str, float]:
-    """Every file's figures, flat: `<kind>/<name>/<metric>`."""
+def score_probes(encode: Encode, probes: Probes, *, queries: Encode | None = None,
+                 documents: Encode | None = None) -> dict[str, float]:
+    """Every file's figures, flat: `<kind>/<name>/<metric>`; a search's queries through `queries` and its corpus
+    through `documents` where given (a model's query and document prompts), every other text through `encode`."""
+    def scored(kind, split):
+        if kind == "retrieval":
+            return score_retrieval(queries or encode, split, documents)
+        return SCORERS[kind](encode, split)
+
     return {f"{kind}/{name}/{metric}": value for kind, name, split in probes.items()
-            for metric, value in SCORERS[kind](encode, split).items()}
+            for metric, value in scored(kind, split).items()}
 
 
 def bm25_probes(probes: Probes) -> dict[str, float]:

@@ -6,14 +6,15 @@ token's), so a Sentence-Transformers folder gives the same embeddings here as th
 
 `load_encoder` reads any model the stage takes: an export, a pretraining run or checkpoint (exported once), a
 fine-tuning output or saved model, a released HF folder, or a Sentence-Transformers folder (its `modules.json`
-says where the transformer is and how it pools).
+says where the transformer is and how it pools, and `config_sentence_transformers.json` its prompts, which
+`encode_query` and `encode_document` apply).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 ST_MODULES = "modules.json"
 ST_SETTINGS = "sentence_bert_config.json"
+ST_CONFIG = "config_sentence_transformers.json"
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+"""The names `SentenceTransformer.encode_document` looks its prompt up by, in its order."""
 KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
 """The Sentence-Transformers modules this encoder reproduces; a folder with others (Dense, …) is refused by name."""
 
@@ -40,6 +44,53 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
+@dataclass(frozen=True)
+class RolePrompts:
+    """The prompts of a Sentence-Transformers folder by role, as its `encode_query` (`query`), `encode_document`
+    (`document`, `passage` or `corpus`) and plain `encode` (the `default_prompt_name`'s) apply them."""
+
+    query: str = ""
+    document: str = ""
+    default: str = ""
+    source: str = ""
+    """Where they were read (a folder's `config_sentence_transformers.json`, or the config's `embedding.prompts`)."""
+
+    @classmethod
+    def of(cls, named: dict[str, str], default_name: str | None = None, source: str = "") -> RolePrompts:
+        document = next((named[k] for k in DOCUMENT_PROMPT_NAMES if named.get(k)), "")
+        default = named.get(default_name) if default_name else None
+        return cls(named.get("query") or "", document, default or "", source)
+
+    @classmethod
+    def read(cls, folder: str | Path) -> RolePrompts:
+        """`folder`'s prompts (none when it has no `config_sentence_transformers.json`)."""
+        path = Path(folder) / ST_CONFIG
+        if not path.is_file():
+            return cls()
+        try:
+            config = json.loads(path.read_text())
+            named = {str(k): v for k, v in (config.get("prompts") or {}).items() if isinstance(v, str)}
+        except (OSError, ValueError, AttributeError) as err:
+            raise PipelineError(f"{path}: not a Sentence-Transformers config ({err})") from None
+        return cls.of(named, config.get("default_prompt_name"), str(path))
+
+    def __bool__(self) -> bool:
+        return bool(self.query or self.document or self.default)
+
+    def describe(self) -> str:
+        roles = [f"{role} {text!r}" for role, text in (("queries", self.query), ("documents", self.document),
+                                                       ("other texts", self.default)) if text]
+        return f"prompts applied ({self.source}): " + ", ".join(roles)
+
+    def record(self) -> dict[str, str]:
+        return {"query": self.query, "document": self.document, "default": self.default, "source": self.source}
+
+
+def prompted(encode: Callable[[Sequence[str]], np.ndarray], prompt: str) -> Callable[[Sequence[str]], np.ndarray]:
+    """`encode` with `prompt` put before each text, as sentence-transformers does (`prompt + text`)."""
+    return encode if not prompt else lambda texts: encode([prompt + t for t in texts])
+
+
 @dataclass
 class PooledEncoder:
     """`encode(texts)` → float32 (n, width): a live model (in eval mode while encoding) and its tokenizer."""
@@ -49,6 +100,18 @@ class PooledEncoder:
     pooling: Pooling = "mean"
     max_seq_len: int = 128
     batch_size: int = 32
+    prompts: RolePrompts = field(default_factory=RolePrompts)
+    """Applied by `encode_query` and `encode_document` (and `encode_other`); `encode` applies none."""
+
+    def encode_query(self, texts: Sequence[str]) -> np.ndarray:
+        return prompted(self.encode, self.prompts.query)(texts)
+
+    def encode_document(self, texts: Sequence[str]) -> np.ndarray:
+        return prompted(self.encode, self.prompts.document)(texts)
+
+    def encode_other(self, texts: Sequence[str]) -> np.ndarray:
+        """A text that is neither query nor document (STS, clustering): the default prompt, as `encode` does."""
+        return prompted(self.encode, self.prompts.default)(texts)
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -81,6 +144,7 @@ class SentenceFolder:
     transformer: Path
     pooling: Pooling
     max_seq_len: int | None
+    prompts: RolePrompts = RolePrompts()
 
 
 def sentence_folder(folder: str | Path) -> SentenceFolder | None:
@@ -108,7 +172,7 @@ def sentence_folder(folder: str | Path) -> SentenceFolder | None:
                             "CLS pooling alone")
     settings = kinds["Transformer"] / ST_SETTINGS
     length = json.loads(settings.read_text()).get("max_seq_length") if settings.is_file() else None
-    return SentenceFolder(kinds["Transformer"], modes[0], length)
+    return SentenceFolder(kinds["Transformer"], modes[0], length, RolePrompts.read(folder))
 
 
 def default_length(config, tokenizer, cap: int = 512) -> int:
@@ -121,18 +185,15 @@ def default_length(config, tokenizer, cap: int = 512) -> int:
 
 
 def load_transformer(folder: str | Path, *, from_scratch: bool = False) -> torch.nn.Module:
-    """The bare encoder (no head) of an HF folder, its load report silenced (a head left behind is expected)."""
+    """The bare encoder (no head) of an HF folder; a weight of the encoder missing from the checkpoint is an error
+    naming it, while a head left behind is expected (`encoder_weights.load_encoder_weights`)."""
     from transformers import AutoConfig, AutoModel
-    from transformers.utils import logging as hf_logging
+
+    from pipeline.models.encoder_weights import load_encoder_weights
 
     if from_scratch:
         return AutoModel.from_config(AutoConfig.from_pretrained(folder))
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        return AutoModel.from_pretrained(folder)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    return load_encoder_weights(folder)
 
 
 def load_encoder(model: str | Path, *, pooling: Pooling | None = None, max_seq_len: int | None = None,
@@ -156,5 +217,6 @@ def load_encoder(model: str | Path, *, pooling: Pooling | None = None, max_seq_l
     own = (found.max_seq_len or (told if isinstance(told, int) and 0 < told < 1 << 20 else None)) if found else None
     length = max_seq_len or own or default_length(config, tokenizer)
     encoder = PooledEncoder(load_transformer(folder), tokenizer, pooling or (found.pooling if found else "mean"),
-                            min(length, position_limit(config)), batch_size)
+                            min(length, position_limit(config)), batch_size,
+                            found.prompts if found else RolePrompts())
     return encoder, folder

@@ -5,7 +5,9 @@ The epoch is chosen as the other families choose it: by the selection slice when
 named `select_`), else by dev; dev is then scored once, on that epoch. Each epoch is scored by the family's own
 figure (retrieval nDCG@10, or Spearman) through the stage's encoder (`encoder.PooledEncoder`), the same code the
 evaluator runs. A seed also records its model's zero-shot figure (before any step) and, for search, BM25's on the
-same dev split, so the run's report sets what training bought beside what word overlap gets.
+same dev split, so the run's report sets what training bought beside what word overlap gets. The options of
+`embedding` act here: hard negatives are mined from the training split before the first step, prompts go to the
+trainer by column and to the scoring encoder by role, and a Matryoshka width beyond the model's is refused first.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from pipeline.common.config.tree import flatten, to_dict
 from pipeline.common.errors import PipelineError
 from pipeline.common.run_kernel import seed_everything
 from pipeline.data.tasks.embedding_records import count_truncated, warn_truncated
+from pipeline.finetune.families.embedding.hard_negatives import mine_negatives
 from pipeline.finetune.families.embedding.sentence_folder import (
     build_sentence_model,
     model_dropout,
     save_sentence_model,
 )
 from pipeline.finetune.loop.arm import SeedResult, Training
-from pipeline.models.embedding_encoder import PooledEncoder
+from pipeline.models.embedding_encoder import PooledEncoder, RolePrompts
 from pipeline.tracking.sinks import open_metrics
 
 CHECK_TEXTS = 32
@@ -45,7 +48,12 @@ class EmbeddingTuner:
         seed_everything(self.seed)
         source = self.arm.source.path
         self.model = build_sentence_model(source, pooling=c.embedding.pooling, max_seq_len=c.data.max_seq_len,
-                                          from_scratch=self.arm.from_scratch, dropout=c.embedding.dropout)
+                                          from_scratch=self.arm.from_scratch, dropout=c.embedding.dropout,
+                                          prompts=c.embedding.prompts.named)
+        width = self.model.get_embedding_dimension()
+        if (too_wide := [d for d in c.embedding.matryoshka_dims or () if d > width]):
+            raise PipelineError(f"embedding.matryoshka_dims: {too_wide} exceed the width of {source}'s embeddings, "
+                                f"{width}")
         if self.family.kind == "simcse" and model_dropout(self.model[0].auto_model.config) == 0:
             raise PipelineError(f"{source}: its config has no dropout, and SimCSE's only augmentation is dropout; "
                                 "set embedding.dropout (0.1 in the SimCSE paper)")
@@ -60,15 +68,18 @@ class EmbeddingTuner:
         result.state = self.best_state
         return result
 
-    def encode(self, texts):
-        module = self.model[0]
-        return PooledEncoder(module.auto_model, module.tokenizer, self.config.embedding.pooling,
-                             self.config.data.max_seq_len, self.config.train.eval_batch_size).encode(texts)
+    def score(self, split):
+        """The family's figures of `split` under the model as it is now, queries and documents with their prompts
+        (`embedding.prompts`), through the stage's own encoder."""
+        module, e = self.model[0], self.config.embedding
+        encoder = PooledEncoder(module.auto_model, module.tokenizer, e.pooling, self.config.data.max_seq_len,
+                                self.config.train.eval_batch_size, RolePrompts.of(e.prompts.named))
+        return self.family.score(encoder.encode_query, split, encoder.encode_document)
 
     def _reference_figures(self) -> dict[str, float]:
         """Dev before any step (zero-shot), and BM25 on dev: what the report sets the trained figure beside."""
         dev, main = next(iter(self.data.dev.values())), self.family.main_metric
-        figures = {f"zero_shot_{main}": self.family.score(self.encode, dev)[main]}
+        figures = {f"zero_shot_{main}": self.score(dev)[main]}
         if (bm25 := self.family.bm25(dev)):
             figures[f"bm25_{main}"] = bm25[main]
         return figures
@@ -86,6 +97,7 @@ class EmbeddingTuner:
         length = self.config.data.max_seq_len
         warn_truncated(self.data.train.source, count_truncated(self.model.tokenizer, texts, length), len(texts), length)
         result, self.best_state, tuner = SeedResult(self.seed, {}, 0), None, self
+        train_sets = self.family.training_sets(self._training_split())
 
         class EpochScores(TrainerCallback):
             """Scores each epoch when it ends; the step losses of the epoch give its mean training loss."""
@@ -99,7 +111,7 @@ class EmbeddingTuner:
 
             def on_epoch_end(self, args, state, control, **kwargs):
                 epoch = len(result.history) + 1
-                scores = {f"{prefix}{k}": v for k, v in tuner.family.score(tuner.encode, choose).items()}
+                scores = {f"{prefix}{k}": v for k, v in tuner.score(choose).items()}
                 loss = sum(self.losses) / max(1, len(self.losses))
                 self.losses = []
                 result.history.append({"epoch": epoch, "train_loss": loss, **scores})
@@ -119,13 +131,23 @@ class EmbeddingTuner:
                 bf16=t.precision == "bf16", fp16=t.precision == "fp16", save_strategy="no", eval_strategy="no",
                 logging_strategy="steps", logging_steps=1, report_to="none", dataloader_pin_memory=False,
                 disable_tqdm=not self.arm.is_main,
-                batch_sampler=BatchSamplers.NO_DUPLICATES if self.family.no_duplicates else BatchSamplers.BATCH_SAMPLER)
-            trainer = SentenceTransformerTrainer(model=self.model, args=args,
-                                                 train_dataset=self.family.training_sets(self.data.train),
+                batch_sampler=BatchSamplers.NO_DUPLICATES if self.family.no_duplicates else BatchSamplers.BATCH_SAMPLER,
+                prompts=self.config.embedding.prompts.columns(columns_of(train_sets)) or None)
+            trainer = SentenceTransformerTrainer(model=self.model, args=args, train_dataset=train_sets,
                                                  loss=self.family.loss(self.model, self.config.embedding),
                                                  callbacks=[EpochScores()])
             trainer.train()
         return self._score_dev_once(result) if training.held_out is not None else result
+
+    def _training_split(self):
+        """The training split, with mined hard negatives when `embedding.hard_negatives` names a miner."""
+        settings = self.config.embedding.hard_negatives
+        self.mined = None
+        if settings.miner is None:
+            return self.data.train
+        self.mined = mine_negatives(self.data.train, settings, model=self.model, prompts=self.config.embedding.prompts,
+                                    batch_size=self.config.train.eval_batch_size)
+        return self.mined.split
 
     def _take_over(self, done: SeedResult) -> SeedResult:
         """A finished trial this seed would repeat step for step: its best epoch's weights, dev scored once."""
@@ -141,10 +163,17 @@ class EmbeddingTuner:
     def _score_dev_once(self, result: SeedResult) -> SeedResult:
         self.model.load_state_dict(self.best_state)
         dev = {k: v for name, split in self.data.dev.items()
-               for k, v in self.family.score(self.encode, split).items()}
+               for k, v in self.score(split).items()}
         result.best = {**dev, **result.best}
         self.metrics.log({f"eval/{k}": v for k, v in dev.items()}, result.best_epoch)
         return result
+
+    def _options(self) -> dict:
+        """The training options in effect, for the folder's provenance."""
+        e, mined = self.config.embedding, getattr(self, "mined", None)
+        return {**({"matryoshka_dims": e.matryoshka_dims} if e.matryoshka_dims else {}),
+                **({"prompts": e.prompts.named} if e.prompts.named else {}),
+                **({"hard_negatives": mined.record()} if mined else {})}
 
     def _save(self, result: SeedResult) -> None:
         """Reports, the Sentence-Transformers folder (a seed's), `complete.json` last."""
@@ -162,7 +191,7 @@ class EmbeddingTuner:
                 **self.family.provenance(), "name": self.config.task_name, "seed": self.seed,
                 "metrics": result.best, "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
                 "pooling": self.config.embedding.pooling, "loss": self.family.loss_name(self.config.embedding),
-                "from_scratch": self.arm.from_scratch, "source_model": source.path,
+                "from_scratch": self.arm.from_scratch, "source_model": source.path, **self._options(),
                 "pretrain_run_id": source.pretrain_run_id, "pretrain_checkpoint": source.pretrain_checkpoint,
                 "recipe": {"learning_rate": t.learning_rate, "batch_size": t.batch_size, "epochs": t.epochs,
                            "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "precision": t.precision},
@@ -173,3 +202,9 @@ class EmbeddingTuner:
             self.metrics.log_artifact(path)
         self.training.mark_complete({"metrics": result.best, "best_epoch": result.best_epoch, "processes": 1})
         self.metrics.close()
+
+
+def columns_of(train_sets) -> list[str]:
+    """The training columns of one dataset or of each in a dict of them."""
+    sets = train_sets.values() if isinstance(train_sets, dict) else [train_sets]
+    return list(dict.fromkeys(name for one in sets for name in one.column_names))

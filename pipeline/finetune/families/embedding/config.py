@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from pipeline.common.config import size_limits as lim
 from pipeline.common.config.tree import refuse
+from pipeline.finetune.families.embedding.options import HardNegatives, Prompts
 from pipeline.models.architectures.config import Pooling
 
 EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse")
@@ -34,6 +35,13 @@ class EmbeddingConfig:
     dropout: float | None = None
     """Dropout set on every dropout of the model's config while fine-tuning; None: the model's own. SimCSE needs
     some (its only augmentation): the SimCSE paper's 0.1."""
+    hard_negatives: HardNegatives = field(default_factory=HardNegatives)
+    """`embed-pairs`: mined hard negatives for the pairs without one (`options.HardNegatives`); off by default."""
+    matryoshka_dims: list[int] | None = None
+    """Train the loss at these widths too (sentence-transformers' `MatryoshkaLoss`, the full width always included),
+    and score the main figure at each (`ndcg_at_10@64`); each must be ≤ the model's width. None: off."""
+    prompts: Prompts = field(default_factory=Prompts)
+    """Text put before queries (`query`) and documents (`document`) in training, scoring and the saved folder."""
 
     def __post_init__(self):
         problems = []
@@ -47,6 +55,9 @@ class EmbeddingConfig:
             problems.append(f"embedding.cache_mini_batch: must be ≥ 1 (or null), got {self.cache_mini_batch}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             problems.append(f"embedding.dropout: must be in [0, 1) (or null), got {self.dropout}")
+        dims = self.matryoshka_dims
+        if dims is not None and (not dims or min(dims) < 1 or len(set(dims)) != len(dims)):
+            problems.append(f"embedding.matryoshka_dims: expected distinct widths ≥ 1 (or null), got {dims}")
         problems += lim.bound_problems([("embedding.cache_mini_batch", self.cache_mini_batch, lim.MAX_MICRO_BATCH)],
                                        minimum=-(1 << 62))
         refuse(self, problems)

@@ -7,8 +7,11 @@
                   masks; scored by retrieval nDCG@10 of each held-out text's first half searching for its second half
 
 In-batch negatives are the cached (GradCache) form when `embedding.cache_mini_batch` is set, and their batches
-come from sentence-transformers' no-duplicates sampler, so that no text is its own in-batch negative. The family's
-trainer is `tuner.EmbeddingTuner` (sentence-transformers' trainer), which `trainer.train_or_reuse` runs for it.
+come from sentence-transformers' no-duplicates sampler, so that no text is its own in-batch negative. With
+`embedding.matryoshka_dims` the loss is wrapped in `MatryoshkaLoss` and the main figure is also scored on each
+embedding's first components (`ndcg_at_10@64`); mined hard negatives (`hard_negatives.py`) arrive as more
+columns. The family's trainer is `tuner.EmbeddingTuner` (sentence-transformers' trainer), which
+`trainer.train_or_reuse` runs for it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def load_embedding_task(config) -> TaskData:
     test = {"test": read(d.test_file)} if d.test_file else {}
     metrics = ("spearman",) if kind == "sts" else RETRIEVAL_METRICS
     metrics += ("zero_shot_" + metrics[0],) + (("bm25_" + metrics[0],) if kind != "sts" else ())
+    metrics += tuple(f"{metrics[0]}@{dim}" for dim in config.embedding.matryoshka_dims or ())
     return TaskData(TaskSpec(config.task, COLUMNS[kind], "score" if kind == "sts" else None, None, metrics),
                     train, dev, test)
 
@@ -61,6 +65,34 @@ def text_halves(split: Split) -> Split:
     return pairs
 
 
+def pair_columns(size: int) -> tuple[str, ...]:
+    """The training columns of a row of `size` texts: anchor, positive, then `negative` or `negative_1`, …"""
+    negatives = ("negative",) if size == 3 else tuple(f"negative_{i}" for i in range(1, size - 1))
+    return ("anchor", "positive") + negatives
+
+
+def group_name(size: int) -> str:
+    return {2: "pairs", 3: "with_negative"}.get(size, f"with_{size - 2}_negatives")
+
+
+def remembered(encode):
+    """`encode` computing each list of texts once (the full and the truncated figures share the embeddings)."""
+    seen = {}
+
+    def encode_once(texts):
+        key = tuple(texts)
+        if key not in seen:
+            seen[key] = encode(texts)
+        return seen[key]
+
+    return encode_once
+
+
+def truncated(encode, dim: int):
+    """`encode` keeping the first `dim` components (a Matryoshka model's short embedding)."""
+    return lambda texts: encode(texts)[:, :dim]
+
+
 class EmbeddingFamily(TaskFamily):
     """The per-family parts of embedding fine-tuning; the training itself is `loop/embedding_tuner.py`'s."""
 
@@ -68,14 +100,26 @@ class EmbeddingFamily(TaskFamily):
 
     def __init__(self, data: TaskData, options=None):
         self.spec, self.kind = data.spec, KINDS[data.spec.name]
+        self.dims = [int(name.rpartition("@")[2]) for name in self.spec.metrics if "@" in name]
+        """The widths the main figure is also scored at (`embedding.matryoshka_dims`: its metrics `<main>@<width>`)."""
 
-    def score(self, encode, split: Split) -> dict[str, float]:
-        """The split's figures under `encode` (the first is the main metric)."""
+    def score(self, encode, split: Split, documents=None) -> dict[str, float]:
+        """The split's figures under `encode` (the first is the main metric); a search's corpus through `documents`
+        where given (the document prompt's encoder); the main figure again on the first `self.dims` components."""
         from pipeline.hub.embedding_evaluation import score_retrieval, score_sts
 
-        if self.kind == "sts":
-            return score_sts(encode, split)
-        return score_retrieval(encode, split if self.kind == "pairs" else text_halves(split))
+        def figures(encode, documents):
+            if self.kind == "sts":
+                return score_sts(encode, split)
+            return score_retrieval(encode, split if self.kind == "pairs" else text_halves(split), documents)
+
+        if not self.dims:
+            return figures(encode, documents)
+        encode, documents = remembered(encode), remembered(documents) if documents else None
+        out, main = figures(encode, documents), self.main_metric
+        for dim in self.dims:
+            out[f"{main}@{dim}"] = figures(truncated(encode, dim), documents and truncated(documents, dim))[main]
+        return out
 
     def bm25(self, split: Split) -> dict[str, float]:
         """BM25's figures on the split (retrieval kinds; STS has none)."""
@@ -100,30 +144,35 @@ class EmbeddingFamily(TaskFamily):
         groups = {}
         for texts in split.texts:
             groups.setdefault(len(texts), []).append(texts)
-        columns = ("anchor", "positive", "negative")
-        sets = {("pairs", "with_negative")[size - 2]: Dataset.from_dict(
-                    {name: [row[i] for row in rows] for i, name in enumerate(columns[:size])})
+        sets = {group_name(size): Dataset.from_dict({name: [row[i] for row in rows]
+                                                     for i, name in enumerate(pair_columns(size))})
                 for size, rows in sorted(groups.items())}
         if len(sets) > 1:
-            print(f"{split.source}: {len(groups[3])} of {len(split)} pairs have a hard negative; the two kinds are "
-                  "batched apart", file=sys.stderr, flush=True)
+            print(f"{split.source}: {len(split) - len(groups.get(2, []))} of {len(split)} pairs have hard negatives; "
+                  f"each count of negatives is batched apart", file=sys.stderr, flush=True)
         return sets if len(sets) > 1 else next(iter(sets.values()))
 
     def loss(self, model, embedding):
-        """CoSENT for scored pairs; in-batch negatives (cached with `embedding.cache_mini_batch`) otherwise."""
+        """CoSENT for scored pairs; in-batch negatives (cached with `embedding.cache_mini_batch`) otherwise; either
+        inside `MatryoshkaLoss` with `embedding.matryoshka_dims` (at those widths and the full one)."""
         from sentence_transformers.sentence_transformer import losses
 
         if self.kind == "sts":
-            return losses.CoSENTLoss(model, scale=embedding.scale)
-        if embedding.cache_mini_batch:
-            return losses.CachedMultipleNegativesRankingLoss(model, scale=embedding.scale,
+            loss = losses.CoSENTLoss(model, scale=embedding.scale)
+        elif embedding.cache_mini_batch:
+            loss = losses.CachedMultipleNegativesRankingLoss(model, scale=embedding.scale,
                                                              mini_batch_size=embedding.cache_mini_batch)
-        return losses.MultipleNegativesRankingLoss(model, scale=embedding.scale)
+        else:
+            loss = losses.MultipleNegativesRankingLoss(model, scale=embedding.scale)
+        if not embedding.matryoshka_dims:
+            return loss
+        width = model.get_embedding_dimension()
+        return losses.MatryoshkaLoss(model, loss, sorted({width, *embedding.matryoshka_dims}, reverse=True))
 
     def loss_name(self, embedding) -> str:
-        if self.kind == "sts":
-            return "CoSENTLoss"
-        return "CachedMultipleNegativesRankingLoss" if embedding.cache_mini_batch else "MultipleNegativesRankingLoss"
+        name = "CoSENTLoss" if self.kind == "sts" else \
+            f"{'Cached' if embedding.cache_mini_batch else ''}MultipleNegativesRankingLoss"
+        return f"MatryoshkaLoss({name})" if embedding.matryoshka_dims else name
 
     @property
     def no_duplicates(self) -> bool:

@@ -35,18 +35,25 @@ def model_dropout(config) -> float:
 
 
 def build_sentence_model(source: str, *, pooling: Pooling, max_seq_len: int, from_scratch: bool = False,
-                         dropout: float | None = None):
+                         dropout: float | None = None, prompts: dict[str, str] | None = None):
     """A `SentenceTransformer` of `source`'s encoder (no head) and `pooling`; random weights of the same
-    architecture `from_scratch`; `dropout` (None: the model's own) set on every dropout of the config."""
+    architecture `from_scratch`; `dropout` (None: the model's own) set on every dropout of the config; `prompts`
+    by name (`query`, `document`), saved with the folder. A checkpoint
+    lacking a weight of the encoder is refused, naming it (`encoder_weights.load_encoder_weights`), before
+    sentence-transformers loads it."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
+    from pipeline.models.encoder_weights import load_encoder_weights
+
+    if not from_scratch:
+        load_encoder_weights(source)  # strict: raises naming the keys; sentence-transformers loads its own copy
     present = AutoConfig.from_pretrained(source).to_dict()
     config_kwargs = {key: dropout for key in DROPOUT_KEYS if key in present} if dropout is not None else {}
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # an export's masked-LM head is left behind on purpose: no load report
+    hf_logging.set_verbosity_error()  # the load report was judged above
     try:
         transformer = models.Transformer(source, max_seq_length=max_seq_len, config_kwargs=config_kwargs or None)
     finally:
@@ -54,7 +61,7 @@ def build_sentence_model(source: str, *, pooling: Pooling, max_seq_len: int, fro
     if from_scratch:
         transformer.model = AutoModel.from_config(transformer.model.config)
     pool = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)
-    return SentenceTransformer(modules=[transformer, pool], device="cpu")
+    return SentenceTransformer(modules=[transformer, pool], device="cpu", prompts=prompts or None)
 
 
 @dataclass(frozen=True)
