@@ -5,7 +5,8 @@ The epoch is chosen as the other families choose it: by the selection slice when
 named `select_`), else by dev; dev is then scored once, on that epoch. Each epoch is scored by the family's own
 figure (retrieval nDCG@10, or Spearman) through the stage's encoder (`encoder.PooledEncoder`), the same code the
 evaluator runs. A seed also records its model's zero-shot figure (before any step) and, for search, BM25's on the
-same dev split, so the run's report sets what training bought beside what word overlap gets.
+same dev split, so the run's report sets what training bought beside what word overlap gets, and the geometry of
+its dev texts' embeddings (`zero_shot_mean_cosine`, `zero_shot_effective_rank`: `hub/retrieval/geometry.py`).
 """
 
 from __future__ import annotations
@@ -66,9 +67,14 @@ class EmbeddingTuner:
                              self.config.data.max_seq_len, self.config.train.eval_batch_size).encode(texts)
 
     def _reference_figures(self) -> dict[str, float]:
-        """Dev before any step (zero-shot), and BM25 on dev: what the report sets the trained figure beside."""
+        """Dev before any step (zero-shot) with its texts' geometry, and BM25 on dev: what the report sets the
+        trained figure beside."""
+        from pipeline.hub.retrieval.geometry import embedding_geometry
+
         dev, main = next(iter(self.data.dev.values())), self.family.main_metric
         figures = {f"zero_shot_{main}": self.family.score(self.encode, dev)[main]}
+        texts = list(dict.fromkeys(t for row in dev.texts for t in row))
+        figures.update({f"zero_shot_{k}": v for k, v in embedding_geometry(self.encode(texts)).items()})
         if (bm25 := self.family.bm25(dev)):
             figures[f"bm25_{main}"] = bm25[main]
         return figures
