@@ -2,7 +2,8 @@
 
     roberta-embed-eval --model FOLDER [--retrieval PAIRS.jsonl] [--sts STS.jsonl]
         [--pair-classification PAIRS.jsonl] [--clustering TEXTS.jsonl] [--json OUT] [--tracking-uri URI]
-        [--pooling mean|cls] [--max-seq-len N] [--backend torch|onnx|onnx-int8]
+        [--pooling mean|cls] [--max-seq-len N] [--backend torch|onnx|onnx-int8] [--hybrid [--hybrid-select PAIRS]]
+    roberta-embed-eval --model ST_FOLDER --fit-centring TEXTS.jsonl [--whiten] --write NEW_FOLDER   (then scores it)
     roberta-embed-eval --run PRETRAIN_RUN --retrieval PAIRS.jsonl [--sts …] --out DIR     (every kept revision)
 
 --model is any model the stage takes: an export, a pretraining run or checkpoint (exported once), a fine-tuning
@@ -11,10 +12,16 @@ its prompts: a search's queries get its `query` prompt, its corpus the `document
 Each file is read and checked before the model loads (docs/embeddings.md has the formats):
   --retrieval            {"query", "positive", "negative"?}: each query searched against every positive and negative
                          of the file as the corpus, by exact cosine search; nDCG@10, MRR@10, Recall@10 and @100
-                         (trec_eval, via pytrec-eval), with BM25 (bm25s) on the same search beside each
+                         (trec_eval, via pytrec-eval), with BM25 (bm25s) on the same search beside each, and
+                         the corpus's geometry (mean cosine, effective rank, hubness: hub/retrieval/geometry.py)
   --sts                  {"sentence1", "sentence2", "score"}: Spearman correlation of cosine (scipy)
   --pair-classification  {"sentence1", "sentence2", "label" 0/1}: average precision of cosine (scikit-learn)
   --clustering           {"text", "label"}: V-measure of k-means on the embeddings (scikit-learn)
+--hybrid fuses the model's search with BM25's (hub/retrieval/fusion.py): z-normalised scores added with a weight
+chosen on held-out queries (--hybrid-select's pairs, else each half of the file's queries on the other half), and
+reciprocal rank fusion (k 60); `retrieval/<name>/hybrid/…` and `…/hybrid_rrf/…` stand beside the model and BM25.
+--fit-centring writes --write, a copy of a Sentence-Transformers folder with a centring (--whiten: whitening) module
+fitted on a {"text"} file (hub/retrieval/centring.py), and scores that folder on the files given, if any.
 --json writes the figures in MTEB's result shape; --tracking-uri logs them to MLflow (experiment `embeddings`).
 --backend onnx runs a Sentence-Transformers folder's onnx/model.onnx with onnxruntime (verified against PyTorch
 first); onnx-int8 its quantized twin (`roberta-export --onnx FOLDER --int8`).
@@ -52,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=None, help="default: the folder's own, or its positions (≤ 512)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--backend", choices=("torch", "onnx", "onnx-int8"), default="torch")
+    p.add_argument("--hybrid", action="store_true", help="fuse each search with BM25's (weighted and RRF)")
+    p.add_argument("--hybrid-select", type=Path, default=None, metavar="PAIRS",
+                   help="with --hybrid: choose the weight on this pairs file (default: cross-fitted halves)")
+    p.add_argument("--fit-centring", type=Path, default=None, metavar="TEXTS",
+                   help='fit a centring module on these {"text"} lines; needs --write')
+    p.add_argument("--whiten", action="store_true", help="with --fit-centring: whiten, not only centre")
+    p.add_argument("--write", type=Path, default=None, metavar="FOLDER",
+                   help="with --fit-centring: the new Sentence-Transformers folder (must not exist)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="the figures in MTEB's result shape")
     p.add_argument("--out", type=Path, default=None, help="with --run: revisions, revisions.json and the curve")
     p.add_argument("--tracking-uri", default=None, help="log the figures to MLflow (with --run: into the run's own)")
@@ -97,27 +112,40 @@ def main(argv: list[str] | None = None) -> None:
 
     probes = read_probes(args.retrieval, args.sts, args.pair_classification, args.clustering,
                          score_range(args.score_range))
-    if not probes.items():
+    check_centring_flags(args)
+    if not probes.items() and args.fit_centring is None:
         raise PipelineError("give at least one file: --retrieval, --sts, --pair-classification or --clustering")
     if args.run is not None and args.out is None:
         raise PipelineError("--run: give --out, the folder for its revisions and their curve")
     from pipeline.common.console import quiet_frameworks
 
     quiet_frameworks(args.verbose)
+    from pipeline.data.tasks.embedding_records import read_pairs
     from pipeline.hub.embedding_evaluation import bm25_probes, score_probes, warn_long_texts
     from pipeline.hub.embedding_results import log_to_mlflow, mteb_records, table
+    from pipeline.hub.retrieval.figures import RememberingEncode, RetrievalExtras
     from pipeline.models.embedding_encoder import prompted
 
+    extras = RetrievalExtras(probes, args.hybrid or args.hybrid_select is not None,
+                             read_pairs(args.hybrid_select) if args.hybrid_select else None)
     lexical = bm25_probes(probes)
     used = {}
+    if args.fit_centring is not None:
+        args.model = fit_centring(args)
+        if not probes.items():
+            return
 
     def score(model: str) -> dict[str, float]:
         encoder, tokenizer, max_len = encoder_for(model, args)
         warn_long_texts(probes, tokenizer, max_len)
         prompts = used[model] = encoder.prompts
-        return {**score_probes(prompted(encoder.encode, prompts.default), probes,
-                               queries=prompted(encoder.encode, prompts.query),
-                               documents=prompted(encoder.encode, prompts.document)), **lexical}
+        queries, documents = (RememberingEncode(prompted(encoder.encode, prompt))
+                              for prompt in (prompts.query, prompts.document))
+        figures = {**score_probes(prompted(encoder.encode, prompts.default), probes, queries=queries,
+                                  documents=documents), **lexical, **extras.figures(queries, documents)}
+        for note in extras.notes:
+            print(note, file=sys.stderr)
+        return figures
 
     if args.run is not None:
         score_run(args, score)
@@ -136,6 +164,35 @@ def main(argv: list[str] | None = None) -> None:
     if args.tracking_uri:
         run_id = log_to_mlflow(figures, args.tracking_uri, run_name=f"embed-eval {Path(args.model).name}")
         print(f"MLflow run {run_id} at {args.tracking_uri}", file=sys.stderr)
+
+
+def check_centring_flags(args: argparse.Namespace) -> None:
+    """--fit-centring's companions, every problem at once, before any model loads."""
+    problems = []
+    if args.fit_centring is not None:
+        if args.write is None:
+            problems.append("--fit-centring: give --write, the new folder")
+        if args.model is None:
+            problems.append("--fit-centring: give --model, a Sentence-Transformers folder")
+        if args.backend != "torch":
+            problems.append("--fit-centring: fitted with PyTorch; score the new folder's ONNX export afterwards")
+        if not args.fit_centring.is_file():
+            problems.append(f"--fit-centring {args.fit_centring}: no such file")
+    elif args.whiten or args.write is not None:
+        problems.append("--whiten and --write go with --fit-centring")
+    if problems:
+        raise PipelineError("; ".join(problems))
+
+
+def fit_centring(args: argparse.Namespace) -> str:
+    """Write the centred copy of --model; the folder the evaluation then scores."""
+    from pipeline.hub.retrieval.centring import write_centred_folder
+
+    record = write_centred_folder(args.model, args.fit_centring, args.write, whiten=args.whiten,
+                                  batch_size=args.batch_size)
+    print(f"{record['method']} fitted on {record['texts']} texts of {args.fit_centring}: {args.write} "
+          f"(module {record['module']})", file=sys.stderr)
+    return str(args.write)
 
 
 def score_run(args: argparse.Namespace, score) -> None:

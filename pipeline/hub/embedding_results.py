@@ -15,7 +15,8 @@ MTEB_NAMES = {"spearman": "cosine_spearman", "ap": "cosine_ap"}
 
 
 def split_figures(figures: dict[str, float]) -> dict[tuple[str, str, str], dict[str, float]]:
-    """`kind/name/[bm25/]metric` → {(kind, name, scorer): {metric: value}}, scorer `model` or `bm25`."""
+    """`kind/name/[scorer/]metric` → {(kind, name, scorer): {metric: value}}: scorer `model`, `bm25`, `hybrid`,
+    `hybrid_rrf`, or `geometry` (the corpus's embeddings, not a search)."""
     out: dict[tuple[str, str, str], dict[str, float]] = {}
     for key, value in figures.items():
         kind, name, *rest = key.split("/")
@@ -24,17 +25,30 @@ def split_figures(figures: dict[str, float]) -> dict[tuple[str, str, str], dict[
     return out
 
 
+COLUMNS = {"bm25": "BM25", "hybrid": "hybrid", "hybrid_rrf": "RRF"}
+"""The scorers shown beside the model, when the figures hold them."""
+
+
 def table(figures: dict[str, float]) -> str:
-    """One line per file and metric: the model's figure, and BM25's beside it for retrieval."""
+    """One line per file and metric: the model's figure, and beside it for retrieval BM25's and (with `--hybrid`)
+    the fused ones; then the corpus's geometry (in the model's column) and the hybrid's weight (in its own)."""
     groups = split_figures(figures)
-    lines = [f"{'task':<22}{'file':<24}{'metric':<12}{'model':>9}{'BM25':>9}"]
+    shown = [s for s in COLUMNS if any(scorer == s for _, _, scorer in groups)]
+    lines = [f"{'task':<22}{'file':<24}{'metric':<16}{'model':>9}" + "".join(f"{COLUMNS[s]:>9}" for s in shown)]
+
+    def line(kind: str, name: str, metric: str, cells: list[dict[str, float]]) -> str:
+        return f"{kind:<22}{name[:23]:<24}{metric:<16}" + "".join(
+            f"{c[metric]:>9.4f}" if metric in c else f"{'—':>9}" for c in cells)
+
     for (kind, name, scorer), values in groups.items():
         if scorer != "model":
             continue
-        bm25 = groups.get((kind, name, "bm25"), {})
-        for metric, value in values.items():
-            lexical = f"{bm25[metric]:>9.4f}" if metric in bm25 else f"{'—':>9}"
-            lines.append(f"{kind:<22}{name[:23]:<24}{metric:<12}{value:>9.4f}{lexical}")
+        beside = [groups.get((kind, name, s), {}) for s in shown]
+        lines += [line(kind, name, metric, [values, *beside]) for metric in values]
+        lines += [line(kind, name, metric, [groups[kind, name, "geometry"]] + [{}] * len(shown))
+                  for metric in groups.get((kind, name, "geometry"), {})]
+        own = dict.fromkeys(m for group in beside for m in group if m not in values)
+        lines += [line(kind, name, metric, [{}, *beside]) for metric in own]
     return "\n".join(lines)
 
 
@@ -46,13 +60,20 @@ def file_digest(split_source: str) -> str | None:
 
 
 def mteb_records(figures: dict[str, float], probes: Probes, model: str, seconds: float) -> dict:
-    """MTEB's result shape, one entry per file (and per BM25 run): `task_name`, `dataset_revision` (the file's
-    sha256), `evaluation_time`, `scores: {"test": [{"main_score", "hf_subset", metric_at_k, …}]}`."""
+    """MTEB's result shape, one entry per file (and per BM25 or fused run): `task_name`, `dataset_revision` (the
+    file's sha256), `evaluation_time`, `scores: {"test": [{"main_score", "hf_subset", metric_at_k, …}]}`; the
+    corpus's geometry joins the model's scores as `geometry_<figure>`."""
     results = []
     splits = {(kind, name): split for kind, name, split in probes.items()}
-    for (kind, name, scorer), values in split_figures(figures).items():
+    groups = split_figures(figures)
+    for (kind, name, scorer), values in groups.items():
+        if scorer == "geometry":
+            continue
+        if scorer == "model":
+            values = {**values, **{f"geometry_{k}": v for k, v in groups.get((kind, name, "geometry"), {}).items()}}
         main = values[MAIN_SCORE[kind]]
-        results.append({"task_name": name if scorer == "model" else f"{name} (BM25)", "task_type": kind,
+        label = {"bm25": "BM25", "hybrid": "hybrid", "hybrid_rrf": "hybrid RRF"}.get(scorer, scorer)
+        results.append({"task_name": name if scorer == "model" else f"{name} ({label})", "task_type": kind,
                         "dataset_revision": file_digest(splits[(kind, name)].source), "mteb_version": None,
                         "evaluation_time": round(seconds, 3), "scorer": scorer,
                         "scores": {"test": [{"main_score": main, "hf_subset": "default", "languages": [],

@@ -14,6 +14,7 @@ with named classification heads:
     ner.predict("ner", "EU rejects German call")         # ['B-ORG', 'O', 'B-MISC', 'O']
     qa = Encoder.from_pretrained("runs/squad")           # extractive QA
     qa.answer("Who rejects?", "EU rejects German call")  # 'EU'
+    lm.search_index(docs, fusion="rrf").search("sort a list", k=5)  # [(doc index, score), ...]: retrieval/
 
 The encoder, MLM head and task heads are transformers' own modules, loaded with `from_pretrained`;
 this class only adds fairseq's calling conventions (token tensors in, features and log-probs out).
@@ -324,6 +325,17 @@ class Encoder(nn.Module):
         autocasts the forwards (faster on CPUs with native bf16, slightly different sums; pseudo_likelihood.py).
         """
         return pseudo_log_likelihoods(self, sentences, batch_tokens=batch_tokens, precision=precision)
+
+    def search_index(self, documents: list[str], *, pooling: str = "mean", fusion: str = "dense",
+                     weight: float = 0.5, max_seq_len: int | None = None, batch_size: int = 32):
+        """A `SearchIndex` of `documents` embedded by this encoder (`pooling` of the last hidden states; `fusion`
+        dense, bm25, hybrid with `weight` the model's share, or rrf)."""
+        from pipeline.hub.retrieval.search_index import SearchIndex
+        from pipeline.models.embedding_encoder import PooledEncoder, default_length
+
+        length = max_seq_len or default_length(self.model.config, self.tokenizer)
+        encoder = PooledEncoder(self.model, self.tokenizer, pooling, length, batch_size)
+        return SearchIndex(documents, encoder.encode, fusion, weight)
 
     def _word(self, token_id: int) -> str:
         """A predicted token as text, with a leading space when it starts a word."""

@@ -3,7 +3,9 @@ onnxruntime.
 
     Sentence-Transformers folder   onnx/model.onnx   inputs input_ids, attention_mask → last_hidden_state
                                                      (pooled as 1_Pooling/config.json says; the file
-                                                     sentence-transformers' ONNX backend reads)
+                                                     sentence-transformers' ONNX backend reads; the folder's
+                                                     modules after the pooling, such as a centring Dense, run
+                                                     on the pooled vectors, as that backend runs them)
     masked-LM or classifier folder model.onnx        inputs input_ids, attention_mask → logits
 
 The graph comes from torch's own exporter (`torch.onnx.export`, dynamo). optimum is not used: optimum-onnx 0.1
@@ -55,6 +57,8 @@ class OnnxLayout:
     transformer: Path
     pooling: str | None = None
     max_seq_len: int | None = None
+    after_pooling: tuple[tuple[str, Path], ...] = ()
+    """A Sentence-Transformers folder's modules after its pooling (Normalize, a Dense without activation)."""
 
     @property
     def output(self) -> str:
@@ -83,7 +87,8 @@ def onnx_layout(folder: str | Path) -> OnnxLayout:
         raise PipelineError(f"--onnx {folder}: not a folder")
     found = sentence_folder(folder)
     if found is not None:
-        return OnnxLayout("sentence", folder, found.transformer, found.pooling, found.max_seq_len)
+        return OnnxLayout("sentence", folder, found.transformer, found.pooling, found.max_seq_len,
+                          found.after_pooling)
     config = folder / "config.json"
     if not config.is_file():
         raise PipelineError(f"--onnx {folder}: not a model folder (no config.json, no modules.json)")
@@ -205,6 +210,7 @@ def export_onnx(folder: str | Path, *, int8: bool = False) -> dict:
         refuse_unless_close(agreement, layout.path)
         record = {"kind": layout.kind, "file": layout.path.relative_to(layout.folder).as_posix(),
                   "inputs": ["input_ids", "attention_mask"], "output": layout.output, "pooling": layout.pooling,
+                  "after_pooling": [f"{kind} ({path.name})" for kind, path in layout.after_pooling],
                   "opset": OPSET, "exporter": f"torch.onnx (dynamo), torch {torch.__version__}",
                   "versions": {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
                   "parity": agreement.record()}
@@ -260,6 +266,8 @@ class OnnxEncoder:
     def __post_init__(self):
         from transformers import AutoTokenizer
 
+        from pipeline.models.embedding_encoder import sentence_folder, vector_map
+
         self.layout = onnx_layout(self.folder)
         if self.layout.kind != "sentence":
             raise PipelineError(f"{self.folder}: the ONNX backend encodes with a Sentence-Transformers folder's "
@@ -270,6 +278,7 @@ class OnnxEncoder:
         elif not path.is_file():
             raise PipelineError(f"{self.folder}: no {path.name}; run `roberta-export --onnx {self.folder} --int8`")
         self.session = session(path)
+        self.after_pooling = vector_map(sentence_folder(self.folder))
         self.tokenizer = AutoTokenizer.from_pretrained(self.layout.transformer)
         told = self.tokenizer.model_max_length
         self.max_seq_len = self.layout.max_seq_len or (told if 0 < told < 1 << 20 else 512)
@@ -290,4 +299,4 @@ class OnnxEncoder:
             if out is None:
                 out = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
             out[rows] = vectors
-        return out
+        return self.after_pooling(out) if self.after_pooling is not None and out is not None else out

@@ -32,8 +32,10 @@ ST_SETTINGS = "sentence_bert_config.json"
 ST_CONFIG = "config_sentence_transformers.json"
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
 """The names `SentenceTransformer.encode_document` looks its prompt up by, in its order."""
-KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
-"""The Sentence-Transformers modules this encoder reproduces; a folder with others (Dense, …) is refused by name."""
+KNOWN_MODULES = ("Transformer", "Pooling", "Normalize", "Dense")
+"""The Sentence-Transformers modules this encoder reproduces (a Dense only without activation: a linear map, such as
+the evaluator's centring or whitening); a folder with others is refused by name."""
+VectorMap = Callable[[np.ndarray], np.ndarray]
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
@@ -102,6 +104,8 @@ class PooledEncoder:
     batch_size: int = 32
     prompts: RolePrompts = field(default_factory=RolePrompts)
     """Applied by `encode_query` and `encode_document` (and `encode_other`); `encode` applies none."""
+    after_pooling: VectorMap | None = None
+    """The folder's modules after its pooling (`vector_map`), applied to the pooled vectors; None: none."""
 
     def encode_query(self, texts: Sequence[str]) -> np.ndarray:
         return prompted(self.encode, self.prompts.query)(texts)
@@ -134,7 +138,7 @@ class PooledEncoder:
         out = np.zeros((len(texts), parts[0].shape[1] if parts else 0), dtype=np.float32)
         if parts:
             out[order] = np.concatenate(parts)
-        return out
+        return self.after_pooling(out) if self.after_pooling is not None and parts else out
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class SentenceFolder:
     pooling: Pooling
     max_seq_len: int | None
     prompts: RolePrompts = RolePrompts()
+    after_pooling: tuple[tuple[str, Path], ...] = ()
+    """(kind, folder) of each module after the pooling, in order: Normalize, or a Dense without activation."""
 
 
 def sentence_folder(folder: str | Path) -> SentenceFolder | None:
@@ -155,7 +161,8 @@ def sentence_folder(folder: str | Path) -> SentenceFolder | None:
         return None
     try:
         modules = json.loads((folder / ST_MODULES).read_text())
-        kinds = {m["type"].rsplit(".", 1)[-1]: folder / m["path"] for m in modules}
+        chain = [(m["type"].rsplit(".", 1)[-1], folder / m["path"]) for m in modules]
+        kinds = dict(chain)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise PipelineError(f"{folder / ST_MODULES}: not a Sentence-Transformers module list ({err})") from None
     unknown = [kind for kind in kinds if kind not in KNOWN_MODULES]
@@ -172,7 +179,43 @@ def sentence_folder(folder: str | Path) -> SentenceFolder | None:
                             "CLS pooling alone")
     settings = kinds["Transformer"] / ST_SETTINGS
     length = json.loads(settings.read_text()).get("max_seq_length") if settings.is_file() else None
-    return SentenceFolder(kinds["Transformer"], modes[0], length, RolePrompts.read(folder))
+    after = tuple(chain[[kind for kind, _ in chain].index("Pooling") + 1:])
+    for kind, path in after:
+        config = json.loads((path / "config.json").read_text()) if kind == "Dense" else {}
+        if kind == "Dense" and (not config.get("activation_function", "").endswith(".Identity")
+                                or config.get("use_residual")):
+            raise PipelineError(f"{path / 'config.json'}: a Dense with activation "
+                                f"{config.get('activation_function')!r}; this encoder reproduces a Dense without "
+                                "activation (a linear map) alone")
+    return SentenceFolder(kinds["Transformer"], modes[0], length, RolePrompts.read(folder), after)
+
+
+def vector_map(found: SentenceFolder) -> VectorMap | None:
+    """The modules after a folder's pooling as one function of the pooled vectors (None when there are none):
+    Normalize as unit length, a Dense as `x W^T + b` (its `model.safetensors`), in the folder's order."""
+    if not found.after_pooling:
+        return None
+    from safetensors.numpy import load_file
+
+    steps = []
+    for kind, path in found.after_pooling:
+        if kind == "Normalize":
+            steps.append(lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12))
+        elif kind == "Dense":
+            if not (path / "model.safetensors").is_file():
+                raise PipelineError(f"{path}: a Dense module without model.safetensors (this encoder reads no other "
+                                    "weight format)")
+            weights = load_file(str(path / "model.safetensors"))
+            weight, bias = weights["linear.weight"].astype(np.float64), weights.get("linear.bias")
+            steps.append(lambda x, w=weight, b=bias: x @ w.T + (0 if b is None else b.astype(np.float64)))
+
+    def apply(vectors: np.ndarray) -> np.ndarray:
+        out = vectors.astype(np.float64)
+        for step in steps:
+            out = step(out)
+        return out.astype(np.float32)
+
+    return apply
 
 
 def default_length(config, tokenizer, cap: int = 512) -> int:
@@ -218,5 +261,5 @@ def load_encoder(model: str | Path, *, pooling: Pooling | None = None, max_seq_l
     length = max_seq_len or own or default_length(config, tokenizer)
     encoder = PooledEncoder(load_transformer(folder), tokenizer, pooling or (found.pooling if found else "mean"),
                             min(length, position_limit(config)), batch_size,
-                            found.prompts if found else RolePrompts())
+                            found.prompts if found else RolePrompts(), vector_map(found) if found else None)
     return encoder, folder

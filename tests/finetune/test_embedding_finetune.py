@@ -72,6 +72,7 @@ def test_a_kept_seed_is_a_sentence_transformers_folder_that_embeds_as_the_stage_
     from pipeline.hub.embedding_evaluation import score_retrieval
 
     seed = json.loads((best.parent / "metrics.json").read_text())
+    assert -1 <= seed["zero_shot_mean_cosine"] <= 1 and seed["zero_shot_effective_rank"] >= 1  # geometry beside it
     assert score_retrieval(ours.encode, read_pairs(dev))["ndcg_at_10"] == pytest.approx(seed["ndcg_at_10"], abs=1e-6)
 
 

@@ -5,9 +5,11 @@ The epoch is chosen as the other families choose it: by the selection slice when
 named `select_`), else by dev; dev is then scored once, on that epoch. Each epoch is scored by the family's own
 figure (retrieval nDCG@10, or Spearman) through the stage's encoder (`encoder.PooledEncoder`), the same code the
 evaluator runs. A seed also records its model's zero-shot figure (before any step) and, for search, BM25's on the
-same dev split, so the run's report sets what training bought beside what word overlap gets. The options of
-`embedding` act here: hard negatives are mined from the training split before the first step, prompts go to the
-trainer by column and to the scoring encoder by role, and a Matryoshka width beyond the model's is refused first.
+same dev split, so the run's report sets what training bought beside what word overlap gets, and the geometry of
+its dev texts' embeddings (`zero_shot_mean_cosine`, `zero_shot_effective_rank`: `hub/retrieval/geometry.py`). The
+options of `embedding` act here: hard negatives are mined from the training split before the first step, prompts go
+to the trainer by column and to the scoring encoder by role, and a Matryoshka width beyond the model's is refused
+first.
 """
 
 from __future__ import annotations
@@ -68,18 +70,27 @@ class EmbeddingTuner:
         result.state = self.best_state
         return result
 
-    def score(self, split):
-        """The family's figures of `split` under the model as it is now, queries and documents with their prompts
-        (`embedding.prompts`), through the stage's own encoder."""
+    def encoder(self) -> PooledEncoder:
+        """The stage's own encoder of the model as it is now, with its prompts (`embedding.prompts`)."""
         module, e = self.model[0], self.config.embedding
-        encoder = PooledEncoder(module.auto_model, module.tokenizer, e.pooling, self.config.data.max_seq_len,
-                                self.config.train.eval_batch_size, RolePrompts.of(e.prompts.named))
+        return PooledEncoder(module.auto_model, module.tokenizer, e.pooling, self.config.data.max_seq_len,
+                             self.config.train.eval_batch_size, RolePrompts.of(e.prompts.named))
+
+    def score(self, split):
+        """The family's figures of `split` under the model as it is now, queries and documents with their prompts."""
+        encoder = self.encoder()
         return self.family.score(encoder.encode_query, split, encoder.encode_document)
 
     def _reference_figures(self) -> dict[str, float]:
-        """Dev before any step (zero-shot), and BM25 on dev: what the report sets the trained figure beside."""
+        """Dev before any step (zero-shot) with its texts' geometry, and BM25 on dev: what the report sets the
+        trained figure beside."""
+        from pipeline.hub.retrieval.geometry import embedding_geometry
+
         dev, main = next(iter(self.data.dev.values())), self.family.main_metric
         figures = {f"zero_shot_{main}": self.score(dev)[main]}
+        texts = list(dict.fromkeys(t for row in dev.texts for t in row))
+        figures.update({f"zero_shot_{k}": v
+                        for k, v in embedding_geometry(self.encoder().encode_document(texts)).items()})
         if (bm25 := self.family.bm25(dev)):
             figures[f"bm25_{main}"] = bm25[main]
         return figures
