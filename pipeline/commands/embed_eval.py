@@ -6,7 +6,9 @@
     roberta-embed-eval --run PRETRAIN_RUN --retrieval PAIRS.jsonl [--sts …] --out DIR     (every kept revision)
 
 --model is any model the stage takes: an export, a pretraining run or checkpoint (exported once), a fine-tuning
-output or saved model, a released HF folder, or a Sentence-Transformers folder (its own pooling and length).
+output or saved model, a released HF folder, or a Sentence-Transformers folder (its own pooling and length). A
+sparse (SPLADE) `SparseEncoder` folder, such as `embed-sparse` saves, is scored on --retrieval files by dot-product
+search, with the active dimensions per query and per document beside the figures.
 Each file is read and checked before the model loads (docs/embeddings.md has the formats):
   --retrieval            {"query", "positive", "negative"?}: each query searched against every positive and negative
                          of the file as the corpus, by exact cosine search; nDCG@10, MRR@10, Recall@10 and @100
@@ -69,6 +71,19 @@ def score_range(text: str) -> tuple[float, float]:
     return low, high
 
 
+def sparse_encoder_for(model: str, args: argparse.Namespace):
+    """`model`'s `SparseEncoder` when it is a sparse (SPLADE) folder or a fine-tuning output of one; else None."""
+    from pipeline.hub.retrieval.sparse_scoring import SparseFolderEncoder, sparse_folder_of
+
+    folder = sparse_folder_of(model)
+    if folder is None:
+        return None
+    if args.backend != "torch" or args.pooling:
+        raise PipelineError(f"--model {model}: a sparse (SPLADE) folder runs on the torch backend with its own "
+                            "pooling; leave out --backend and --pooling")
+    return SparseFolderEncoder.load(folder, batch_size=args.batch_size, max_seq_len=args.max_seq_len)
+
+
 def encoder_for(model: str, args: argparse.Namespace):
     """`(encode, tokenizer, max_len)` of `model` on the chosen backend."""
     if args.backend == "torch":
@@ -106,6 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     lexical = bm25_probes(probes)
 
     def score(model: str) -> dict[str, float]:
+        if (sparse := sparse_encoder_for(model, args)) is not None:  # dot-product search, active dims beside
+            from pipeline.hub.retrieval.sparse_scoring import score_sparse_probes
+
+            warn_long_texts(probes, sparse.tokenizer, sparse.max_seq_len)
+            return {**score_sparse_probes(sparse.encode, probes), **lexical}
         encode, tokenizer, max_len = encoder_for(model, args)
         warn_long_texts(probes, tokenizer, max_len)
         return {**score_probes(encode, probes), **lexical}

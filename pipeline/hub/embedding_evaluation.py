@@ -145,9 +145,16 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (unit(a) * unit(b)).sum(1)
 
 
-def score_retrieval(encode: Encode, pairs: Split) -> dict[str, float]:
+def cosine_scores(queries: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """(queries × documents) cosine similarities: the dense search's scores."""
+    return unit(queries) @ unit(documents).T
+
+
+def score_retrieval(encode: Callable, pairs: Split, similarity: Callable = cosine_scores) -> dict[str, float]:
+    """The pairs' search figures: queries and corpus encoded by `encode`, scored by `similarity` (cosine; a sparse
+    model's dot product, `retrieval.sparse_scoring`)."""
     task = RetrievalTask.of(pairs)
-    return task.metrics(unit(encode(task.queries)) @ unit(encode(task.corpus)).T)
+    return task.metrics(similarity(encode(task.queries), encode(task.corpus)))
 
 
 def score_sts(encode: Encode, split: Split) -> dict[str, float]:

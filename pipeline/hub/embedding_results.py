@@ -27,14 +27,15 @@ def split_figures(figures: dict[str, float]) -> dict[tuple[str, str, str], dict[
 def table(figures: dict[str, float]) -> str:
     """One line per file and metric: the model's figure, and BM25's beside it for retrieval."""
     groups = split_figures(figures)
-    lines = [f"{'task':<22}{'file':<24}{'metric':<12}{'model':>9}{'BM25':>9}"]
+    wide = max([12, *(len(metric) + 2 for values in groups.values() for metric in values)])  # active dims' names
+    lines = [f"{'task':<22}{'file':<24}{'metric':<{wide}}{'model':>9}{'BM25':>9}"]
     for (kind, name, scorer), values in groups.items():
         if scorer != "model":
             continue
         bm25 = groups.get((kind, name, "bm25"), {})
         for metric, value in values.items():
             lexical = f"{bm25[metric]:>9.4f}" if metric in bm25 else f"{'—':>9}"
-            lines.append(f"{kind:<22}{name[:23]:<24}{metric:<12}{value:>9.4f}{lexical}")
+            lines.append(f"{kind:<22}{name[:23]:<24}{metric:<{wide}}{value:>9.4f}{lexical}")
     return "\n".join(lines)
 
 

@@ -12,9 +12,10 @@ from pipeline.common.config import size_limits as lim
 from pipeline.common.config.tree import refuse
 from pipeline.models.architectures.config import Pooling
 
-EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse")
+EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse", "embed-sparse")
 """`embed-pairs`: jsonl of `query`, `positive` and an optional `negative`; `embed-sts`: `sentence1`, `sentence2`,
-`score`; `embed-simcse`: `text` only (unsupervised, dropout is the augmentation)."""
+`score`; `embed-simcse`: `text` only (unsupervised, dropout is the augmentation); `embed-sparse`: `embed-pairs`'
+files, trained as SPLADE (sparse vectors from the masked-LM head)."""
 
 
 
@@ -34,6 +35,11 @@ class EmbeddingConfig:
     dropout: float | None = None
     """Dropout set on every dropout of the model's config while fine-tuning; None: the model's own. SimCSE needs
     some (its only augmentation): the SimCSE paper's 0.1."""
+    query_regularizer_weight: float = 5e-5
+    """`embed-sparse`: the FLOPS regulariser's weight on query vectors (sparsity; sentence-transformers' SPLADE
+    default), reached after a third of the steps (its regulariser scheduler)."""
+    document_regularizer_weight: float = 3e-5
+    """`embed-sparse`: the FLOPS regulariser's weight on document vectors (positives and negatives)."""
 
     def __post_init__(self):
         problems = []
@@ -47,6 +53,9 @@ class EmbeddingConfig:
             problems.append(f"embedding.cache_mini_batch: must be ≥ 1 (or null), got {self.cache_mini_batch}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             problems.append(f"embedding.dropout: must be in [0, 1) (or null), got {self.dropout}")
+        for key in ("query_regularizer_weight", "document_regularizer_weight"):
+            if not getattr(self, key) >= 0:
+                problems.append(f"embedding.{key}: must be ≥ 0, got {getattr(self, key)}")
         problems += lim.bound_problems([("embedding.cache_mini_batch", self.cache_mini_batch, lim.MAX_MICRO_BATCH)],
                                        minimum=-(1 << 62))
         refuse(self, problems)
