@@ -8,7 +8,9 @@
 
 --model is any model the stage takes: an export, a pretraining run or checkpoint (exported once), a fine-tuning
 output or saved model, a released HF folder, or a Sentence-Transformers folder (its own pooling and length, and
-its prompts: a search's queries get its `query` prompt, its corpus the `document` one, and the output says so).
+its prompts: a search's queries get its `query` prompt, its corpus the `document` one, and the output says so). A
+sparse (SPLADE) `SparseEncoder` folder, such as `embed-sparse` saves, is scored on --retrieval files by dot-product
+search, with the active dimensions per query and per document beside the figures.
 Each file is read and checked before the model loads (docs/embeddings.md has the formats):
   --retrieval            {"query", "positive", "negative"?}: each query searched against every positive and negative
                          of the file as the corpus, by exact cosine search; nDCG@10, MRR@10, Recall@10 and @100
@@ -85,6 +87,19 @@ def score_range(text: str) -> tuple[float, float]:
     return low, high
 
 
+def sparse_encoder_for(model: str, args: argparse.Namespace):
+    """`model`'s `SparseEncoder` when it is a sparse (SPLADE) folder or a fine-tuning output of one; else None."""
+    from pipeline.hub.retrieval.sparse_scoring import SparseFolderEncoder, sparse_folder_of
+
+    folder = sparse_folder_of(model)
+    if folder is None:
+        return None
+    if args.backend != "torch" or args.pooling:
+        raise PipelineError(f"--model {model}: a sparse (SPLADE) folder runs on the torch backend with its own "
+                            "pooling; leave out --backend and --pooling")
+    return SparseFolderEncoder.load(folder, batch_size=args.batch_size, max_seq_len=args.max_seq_len)
+
+
 def encoder_for(model: str, args: argparse.Namespace):
     """`(encoder, tokenizer, max_len)` of `model` on the chosen backend: its `encode`, and its prompts by role
     (`encoder.prompts`, a Sentence-Transformers folder's own; none elsewhere)."""
@@ -136,6 +151,11 @@ def main(argv: list[str] | None = None) -> None:
             return
 
     def score(model: str) -> dict[str, float]:
+        if (sparse := sparse_encoder_for(model, args)) is not None:  # dot-product search, active dims beside
+            from pipeline.hub.retrieval.sparse_scoring import score_sparse_probes
+
+            warn_long_texts(probes, sparse.tokenizer, sparse.max_seq_len)
+            return {**score_sparse_probes(sparse.encode, probes), **lexical}
         encoder, tokenizer, max_len = encoder_for(model, args)
         warn_long_texts(probes, tokenizer, max_len)
         prompts = used[model] = encoder.prompts
@@ -153,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     figures = score(args.model)
     seconds = time.monotonic() - started
-    prompts = used[args.model]
+    prompts = used.get(args.model)
     print(table(figures) + (f"\n{prompts.describe()}" if prompts else ""))
     if args.json:
         from pipeline.common.atomic_files import write_json_atomic

@@ -145,10 +145,18 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (unit(a) * unit(b)).sum(1)
 
 
-def score_retrieval(encode: Encode, pairs: Split, documents: Encode | None = None) -> dict[str, float]:
-    """Queries embedded by `encode`, the corpus by `documents` (a document prompt's encoder; default `encode`)."""
+def cosine_scores(queries: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """(queries × documents) cosine similarities: the dense search's scores."""
+    return unit(queries) @ unit(documents).T
+
+
+def score_retrieval(encode: Callable, pairs: Split, documents: Callable | None = None,
+                    similarity: Callable = cosine_scores) -> dict[str, float]:
+    """The pairs' search figures: queries encoded by `encode`, the corpus by `documents` (a document prompt's
+    encoder; default `encode`), scored by `similarity` (cosine; a sparse model's dot product,
+    `retrieval.sparse_scoring`)."""
     task = RetrievalTask.of(pairs)
-    return task.metrics(unit(encode(task.queries)) @ unit((documents or encode)(task.corpus)).T)
+    return task.metrics(similarity(encode(task.queries), (documents or encode)(task.corpus)))
 
 
 def score_sts(encode: Encode, split: Split) -> dict[str, float]:

@@ -34,10 +34,11 @@ def table(figures: dict[str, float]) -> str:
     the fused ones; then the corpus's geometry (in the model's column) and the hybrid's weight (in its own)."""
     groups = split_figures(figures)
     shown = [s for s in COLUMNS if any(scorer == s for _, _, scorer in groups)]
-    lines = [f"{'task':<22}{'file':<24}{'metric':<16}{'model':>9}" + "".join(f"{COLUMNS[s]:>9}" for s in shown)]
+    wide = max([16, *(len(metric) + 2 for values in groups.values() for metric in values)])  # active dims' names
+    lines = [f"{'task':<22}{'file':<24}{'metric':<{wide}}{'model':>9}" + "".join(f"{COLUMNS[s]:>9}" for s in shown)]
 
     def line(kind: str, name: str, metric: str, cells: list[dict[str, float]]) -> str:
-        return f"{kind:<22}{name[:23]:<24}{metric:<16}" + "".join(
+        return f"{kind:<22}{name[:23]:<24}{metric:<{wide}}" + "".join(
             f"{c[metric]:>9.4f}" if metric in c else f"{'—':>9}" for c in cells)
 
     for (kind, name, scorer), values in groups.items():

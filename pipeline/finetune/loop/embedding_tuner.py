@@ -27,7 +27,9 @@ from pipeline.finetune.families.embedding.sentence_folder import (
     model_dropout,
     save_sentence_model,
 )
+from pipeline.finetune.families.embedding.sparse_folder import SPLADE_POOLING, build_sparse_model, save_sparse_model
 from pipeline.finetune.loop.arm import SeedResult, Training
+from pipeline.hub.retrieval.sparse_scoring import sparse_encode
 from pipeline.models.embedding_encoder import PooledEncoder, RolePrompts
 from pipeline.tracking.sinks import open_metrics
 
@@ -48,14 +50,17 @@ class EmbeddingTuner:
     def run(self, takes_over: SeedResult | None = None) -> SeedResult:
         training, c = self.training, self.config
         seed_everything(self.seed)
-        source = self.arm.source.path
-        self.model = build_sentence_model(source, pooling=c.embedding.pooling, max_seq_len=c.data.max_seq_len,
-                                          from_scratch=self.arm.from_scratch, dropout=c.embedding.dropout,
-                                          prompts=c.embedding.prompts.named)
-        width = self.model.get_embedding_dimension()
-        if (too_wide := [d for d in c.embedding.matryoshka_dims or () if d > width]):
-            raise PipelineError(f"embedding.matryoshka_dims: {too_wide} exceed the width of {source}'s embeddings, "
-                                f"{width}")
+        source, self.sparse = self.arm.source.path, self.family.kind == "sparse"
+        if self.sparse:  # SPLADE: a SparseEncoder over the masked-LM head (sparse_folder.py)
+            self.model = build_sparse_model(source, max_seq_len=c.data.max_seq_len, from_scratch=self.arm.from_scratch)
+        else:
+            self.model = build_sentence_model(source, pooling=c.embedding.pooling, max_seq_len=c.data.max_seq_len,
+                                              from_scratch=self.arm.from_scratch, dropout=c.embedding.dropout,
+                                              prompts=c.embedding.prompts.named)
+            width = self.model.get_embedding_dimension()
+            if (too_wide := [d for d in c.embedding.matryoshka_dims or () if d > width]):
+                raise PipelineError(f"embedding.matryoshka_dims: {too_wide} exceed the width of {source}'s "
+                                    f"embeddings, {width}")
         if self.family.kind == "simcse" and model_dropout(self.model[0].auto_model.config) == 0:
             raise PipelineError(f"{source}: its config has no dropout, and SimCSE's only augmentation is dropout; "
                                 "set embedding.dropout (0.1 in the SimCSE paper)")
@@ -78,8 +83,16 @@ class EmbeddingTuner:
 
     def score(self, split):
         """The family's figures of `split` under the model as it is now, queries and documents with their prompts."""
+        if self.sparse:
+            return self.family.score(self.encode, split)
         encoder = self.encoder()
         return self.family.score(encoder.encode_query, split, encoder.encode_document)
+
+    def encode(self, texts):
+        """`texts` under the model as it is now: sparse vectors (SPLADE), or the stage's dense encoder's."""
+        if self.sparse:
+            return sparse_encode(self.model, texts, self.config.train.eval_batch_size)
+        return self.encoder().encode(texts)
 
     def _reference_figures(self) -> dict[str, float]:
         """Dev before any step (zero-shot) with its texts' geometry, and BM25 on dev: what the report sets the
@@ -88,9 +101,10 @@ class EmbeddingTuner:
 
         dev, main = next(iter(self.data.dev.values())), self.family.main_metric
         figures = {f"zero_shot_{main}": self.score(dev)[main]}
-        texts = list(dict.fromkeys(t for row in dev.texts for t in row))
-        figures.update({f"zero_shot_{k}": v
-                        for k, v in embedding_geometry(self.encoder().encode_document(texts)).items()})
+        if not self.sparse:  # the geometry of dense vectors
+            texts = list(dict.fromkeys(t for row in dev.texts for t in row))
+            figures.update({f"zero_shot_{k}": v
+                            for k, v in embedding_geometry(self.encoder().encode_document(texts)).items()})
         if (bm25 := self.family.bm25(dev)):
             figures[f"bm25_{main}"] = bm25[main]
         return figures
@@ -99,6 +113,7 @@ class EmbeddingTuner:
         """Train every epoch, scoring each on the slice (or dev) and keeping the best epoch's weights."""
         from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
         from sentence_transformers.base.sampler import BatchSamplers
+        from sentence_transformers.sparse_encoder import SparseEncoderTrainer, SparseEncoderTrainingArguments
         from transformers import TrainerCallback
 
         training, t, main = self.training, self.config.train, self.family.main_metric
@@ -134,7 +149,8 @@ class EmbeddingTuner:
                                         for k, v in tuner.model.state_dict().items()}
 
         with tempfile.TemporaryDirectory(prefix="embed-trainer-") as scratch:
-            args = SentenceTransformerTrainingArguments(
+            Arguments = SparseEncoderTrainingArguments if self.sparse else SentenceTransformerTrainingArguments
+            args = Arguments(
                 output_dir=scratch, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
                 learning_rate=t.learning_rate, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
                 adam_beta1=t.adam_betas[0], adam_beta2=t.adam_betas[1], adam_epsilon=t.adam_eps,
@@ -144,9 +160,9 @@ class EmbeddingTuner:
                 disable_tqdm=not self.arm.is_main,
                 batch_sampler=BatchSamplers.NO_DUPLICATES if self.family.no_duplicates else BatchSamplers.BATCH_SAMPLER,
                 prompts=self.config.embedding.prompts.columns(columns_of(train_sets)) or None)
-            trainer = SentenceTransformerTrainer(model=self.model, args=args, train_dataset=train_sets,
-                                                 loss=self.family.loss(self.model, self.config.embedding),
-                                                 callbacks=[EpochScores()])
+            Trainer = SparseEncoderTrainer if self.sparse else SentenceTransformerTrainer
+            trainer = Trainer(model=self.model, args=args, train_dataset=train_sets,
+                              loss=self.family.loss(self.model, self.config.embedding), callbacks=[EpochScores()])
             trainer.train()
         return self._score_dev_once(result) if training.held_out is not None else result
 
@@ -198,10 +214,12 @@ class EmbeddingTuner:
         if self.training.keeps_weights:
             dev = next(iter(self.data.dev.values()))
             check = [x for row in dev.texts for x in row][:CHECK_TEXTS]
-            save_sentence_model(out.model, self.model, {
+            save = save_sparse_model if self.sparse else save_sentence_model
+            save(out.model, self.model, {
                 **self.family.provenance(), "name": self.config.task_name, "seed": self.seed,
                 "metrics": result.best, "best_epoch": result.best_epoch, "max_seq_len": self.config.data.max_seq_len,
-                "pooling": self.config.embedding.pooling, "loss": self.family.loss_name(self.config.embedding),
+                "pooling": f"splade-{SPLADE_POOLING}" if self.sparse else self.config.embedding.pooling,
+                "loss": self.family.loss_name(self.config.embedding),
                 "from_scratch": self.arm.from_scratch, "source_model": source.path, **self._options(),
                 "pretrain_run_id": source.pretrain_run_id, "pretrain_checkpoint": source.pretrain_checkpoint,
                 "recipe": {"learning_rate": t.learning_rate, "batch_size": t.batch_size, "epochs": t.epochs,

@@ -133,6 +133,12 @@ def _loading_section(model: Path, arch: str, kind: str) -> str:
 
 def _embedding_loading(model: Path, info: dict) -> str:
     folder = model.resolve()
+    if info.get("kind") == "sparse":
+        return (f"```python\nfrom sentence_transformers import SparseEncoder\n\n"
+                f"model = SparseEncoder(\"{folder}\")  # SPLADE: vocabulary-wide vectors, scored by dot product\n"
+                f"vectors = model.encode([\"a first text\", \"a second one\"])\n```\n\n"
+                f"Scored offline: `roberta-embed-eval --model {folder} --retrieval FILE` (with the active "
+                "dimensions per text).")
     return (f"```python\nfrom sentence_transformers import SentenceTransformer\n\n"
             f"model = SentenceTransformer(\"{folder}\")  # {info.get('pooling', 'mean')} pooling, as the folder says\n"
             f"embeddings = model.encode([\"a first text\", \"a second one\"])\n```\n\n"

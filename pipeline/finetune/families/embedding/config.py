@@ -13,9 +13,10 @@ from pipeline.common.config.tree import refuse
 from pipeline.finetune.families.embedding.options import HardNegatives, Prompts
 from pipeline.models.architectures.config import Pooling
 
-EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse")
+EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse", "embed-sparse")
 """`embed-pairs`: jsonl of `query`, `positive` and an optional `negative`; `embed-sts`: `sentence1`, `sentence2`,
-`score`; `embed-simcse`: `text` only (unsupervised, dropout is the augmentation)."""
+`score`; `embed-simcse`: `text` only (unsupervised, dropout is the augmentation); `embed-sparse`: `embed-pairs`'
+files, trained as SPLADE (sparse vectors from the masked-LM head)."""
 
 
 
@@ -42,6 +43,11 @@ class EmbeddingConfig:
     and score the main figure at each (`ndcg_at_10@64`); each must be ≤ the model's width. None: off."""
     prompts: Prompts = field(default_factory=Prompts)
     """Text put before queries (`query`) and documents (`document`) in training, scoring and the saved folder."""
+    query_regularizer_weight: float = 5e-5
+    """`embed-sparse`: the FLOPS regulariser's weight on query vectors (sparsity; sentence-transformers' SPLADE
+    default), reached after a third of the steps (its regulariser scheduler)."""
+    document_regularizer_weight: float = 3e-5
+    """`embed-sparse`: the FLOPS regulariser's weight on document vectors (positives and negatives)."""
 
     def __post_init__(self):
         problems = []
@@ -58,6 +64,9 @@ class EmbeddingConfig:
         dims = self.matryoshka_dims
         if dims is not None and (not dims or min(dims) < 1 or len(set(dims)) != len(dims)):
             problems.append(f"embedding.matryoshka_dims: expected distinct widths ≥ 1 (or null), got {dims}")
+        for key in ("query_regularizer_weight", "document_regularizer_weight"):
+            if not getattr(self, key) >= 0:
+                problems.append(f"embedding.{key}: must be ≥ 0, got {getattr(self, key)}")
         problems += lim.bound_problems([("embedding.cache_mini_batch", self.cache_mini_batch, lim.MAX_MICRO_BATCH)],
                                        minimum=-(1 << 62))
         refuse(self, problems)

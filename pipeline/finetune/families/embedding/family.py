@@ -1,10 +1,13 @@
-"""Embedding fine-tuning as a task family: the three configs' data, how a split is scored, the loss, the batches.
+"""Embedding fine-tuning as a task family: the four configs' data, how a split is scored, the loss, the batches.
 
     embed-pairs   (query, positive[, negative]): in-batch negatives (plus the hard negative where a pair has one),
                   scored by retrieval nDCG@10 on the split's pairs (`evaluation.RetrievalTask`)
     embed-sts     (sentence1, sentence2, score): CoSENT, scored by the Spearman correlation of cosine
     embed-simcse  (text,): unsupervised SimCSE (Gao et al. 2021), each text its own positive under two dropout
                   masks; scored by retrieval nDCG@10 of each held-out text's first half searching for its second half
+    embed-sparse  (query, positive[, negative]) as embed-pairs: SPLADE (`sparse_folder.py`), in-batch negatives on
+                  dot products of sparse vectors plus FLOPS regularisers; scored by nDCG@10 of dot-product search,
+                  with the active dimensions per query and per document beside it
 
 In-batch negatives are the cached (GradCache) form when `embedding.cache_mini_batch` is set, and their batches
 come from sentence-transformers' no-duplicates sampler, so that no text is its own in-batch negative. With
@@ -25,8 +28,13 @@ from pipeline.data.tasks.splits import Split, TaskData
 from pipeline.finetune.families.interface import TaskFamily
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
-KINDS = {"embed-pairs": "pairs", "embed-sts": "sts", "embed-simcse": "simcse"}
-COLUMNS = {"pairs": ("query", "positive", "negative"), "sts": ("sentence1", "sentence2"), "simcse": ("text",)}
+KINDS = {"embed-pairs": "pairs", "embed-sts": "sts", "embed-simcse": "simcse", "embed-sparse": "sparse"}
+COLUMNS = {"pairs": ("query", "positive", "negative"), "sts": ("sentence1", "sentence2"), "simcse": ("text",),
+           "sparse": ("query", "positive", "negative")}
+PAIR_KINDS = ("pairs", "sparse")
+"""The kinds whose files are `embed-pairs`' (query, positive[, negative]) records."""
+SPARSE_FIGURES = ("query_active_dims", "document_active_dims")
+"""`embed-sparse`'s figures beside the search metrics (`hub.retrieval.sparse_scoring.ACTIVE_DIMS`)."""
 MIN_HALF_WORDS = 2
 """Words a SimCSE text needs on each side of its middle to be a held-out search (shorter texts are left out)."""
 
@@ -34,8 +42,8 @@ MIN_HALF_WORDS = 2
 def load_embedding_task(config) -> TaskData:
     """The task's train, dev (and test) files, each checked line by line (`records.py`)."""
     kind, d = KINDS[config.task], config.data
-    read = {"pairs": read_pairs, "sts": lambda path: read_scored_pairs(path, config.embedding.score_range),
-            "simcse": read_texts}[kind]
+    read = {"pairs": read_pairs, "sparse": read_pairs, "simcse": read_texts,
+            "sts": lambda path: read_scored_pairs(path, config.embedding.score_range)}[kind]
     train = read(d.train_file)
     if d.max_train_examples:
         n = d.max_train_examples
@@ -44,6 +52,7 @@ def load_embedding_task(config) -> TaskData:
     test = {"test": read(d.test_file)} if d.test_file else {}
     metrics = ("spearman",) if kind == "sts" else RETRIEVAL_METRICS
     metrics += ("zero_shot_" + metrics[0],) + (("bm25_" + metrics[0],) if kind != "sts" else ())
+    metrics += SPARSE_FIGURES if kind == "sparse" else ()
     metrics += tuple(f"{metrics[0]}@{dim}" for dim in config.embedding.matryoshka_dims or ())
     return TaskData(TaskSpec(config.task, COLUMNS[kind], "score" if kind == "sts" else None, None, metrics),
                     train, dev, test)
@@ -111,6 +120,10 @@ class EmbeddingFamily(TaskFamily):
         def figures(encode, documents):
             if self.kind == "sts":
                 return score_sts(encode, split)
+            if self.kind == "sparse":
+                from pipeline.hub.retrieval.sparse_scoring import score_sparse_retrieval
+
+                return score_sparse_retrieval(encode, split)
             return score_retrieval(encode, split if self.kind == "pairs" else text_halves(split), documents)
 
         if not self.dims:
@@ -127,7 +140,7 @@ class EmbeddingFamily(TaskFamily):
 
         if self.kind == "sts":
             return {}
-        task = RetrievalTask.of(split if self.kind == "pairs" else text_halves(split))
+        task = RetrievalTask.of(split if self.kind in PAIR_KINDS else text_halves(split))
         return task.metrics(task.bm25_scores())
 
     def training_sets(self, split: Split):
@@ -153,10 +166,15 @@ class EmbeddingFamily(TaskFamily):
         return sets if len(sets) > 1 else next(iter(sets.values()))
 
     def loss(self, model, embedding):
-        """CoSENT for scored pairs; in-batch negatives (cached with `embedding.cache_mini_batch`) otherwise; either
-        inside `MatryoshkaLoss` with `embedding.matryoshka_dims` (at those widths and the full one)."""
+        """CoSENT for scored pairs; SPLADE's for sparse ones; in-batch negatives (cached with
+        `embedding.cache_mini_batch`) otherwise; either of the last two inside `MatryoshkaLoss` with
+        `embedding.matryoshka_dims` (at those widths and the full one)."""
         from sentence_transformers.sentence_transformer import losses
 
+        if self.kind == "sparse":
+            from pipeline.finetune.families.embedding.sparse_folder import splade_loss
+
+            return splade_loss(model, embedding)
         if self.kind == "sts":
             loss = losses.CoSENTLoss(model, scale=embedding.scale)
         elif embedding.cache_mini_batch:
@@ -170,6 +188,8 @@ class EmbeddingFamily(TaskFamily):
         return losses.MatryoshkaLoss(model, loss, sorted({width, *embedding.matryoshka_dims}, reverse=True))
 
     def loss_name(self, embedding) -> str:
+        if self.kind == "sparse":
+            return "SpladeLoss(SparseMultipleNegativesRankingLoss)"
         name = "CoSENTLoss" if self.kind == "sts" else \
             f"{'Cached' if embedding.cache_mini_batch else ''}MultipleNegativesRankingLoss"
         return f"MatryoshkaLoss({name})" if embedding.matryoshka_dims else name

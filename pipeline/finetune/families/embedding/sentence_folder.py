@@ -10,6 +10,7 @@ pair's cosine must be at least `MIN_COSINE`, or nothing is written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -71,6 +72,8 @@ class FolderAgreement:
     min_cosine: float
     texts: int
     threshold: float = MIN_COSINE
+    loader: str = "SentenceTransformer"
+    """The class that loaded the folder back (`SparseEncoder` for a sparse folder)."""
 
     @property
     def within_tolerance(self) -> bool:
@@ -79,7 +82,7 @@ class FolderAgreement:
     def record(self) -> dict:
         return {**asdict(self), "within_tolerance": self.within_tolerance,
                 "summary": f"{self.texts} dev texts were embedded by the model as it was trained and by this folder "
-                           f"loaded with `SentenceTransformer(folder)`: the least cosine between the two is "
+                           f"loaded with `{self.loader}(folder)`: the least cosine between the two is "
                            f"{self.min_cosine:.7f} (at least {self.threshold} required; a folder below it is "
                            "refused, never written)."}
 
@@ -97,15 +100,17 @@ def folder_agreement(model, folder: Path, texts: list[str]) -> FolderAgreement:
     return FolderAgreement(float(cosine.min()) if np.isfinite(cosine).all() else float("nan"), len(texts))
 
 
-def save_sentence_model(folder: Path, model, provenance: dict, check_texts: list[str]) -> FolderAgreement:
+def save_sentence_model(folder: Path, model, provenance: dict, check_texts: list[str],
+                        agree: Callable[[object, Path, list[str]], FolderAgreement] = folder_agreement
+                        ) -> FolderAgreement:
     """`model` as a Sentence-Transformers folder with `pipeline_finetune.json`, swapped into place whole once
-    `folder_agreement` holds; below `MIN_COSINE` nothing is written."""
+    `agree` (`folder_agreement`; a sparse model's own) holds; below `MIN_COSINE` nothing is written."""
     with staged_folder(folder) as tmp:
         model.save(str(tmp))
-        agreement = folder_agreement(model, tmp, check_texts)
+        agreement = agree(model, tmp, check_texts)
         if not agreement.within_tolerance:
             raise PipelineError(f"saving the embedding model {folder} refused: loaded back with "
-                                f"SentenceTransformer(folder), {agreement.texts} dev texts' embeddings reach a least "
+                                f"{agreement.loader}(folder), {agreement.texts} dev texts' embeddings reach a least "
                                 f"cosine of {agreement.min_cosine:.6f} with the model's own (at least {MIN_COSINE} "
                                 "required): the folder does not compute what the model computed")
         write_json_atomic(tmp / FINETUNE_PROVENANCE_FILE, {**provenance, "equivalence": agreement.record()})
