@@ -22,8 +22,11 @@ script named here), exactly as a user would type it:
                                         a held-out slice of train), 3 seeds, and a label-efficiency
                                         curve (--labels-per-class 8,32); and
                                         docstring search (data_prep/make_embedded_task.py --search:
-                                        first sentence → the rest), both arms zero-shot and after one
-                                        epoch of contrastive fine-tuning, BM25 beside
+                                        first sentence → the rest), both arms through a short
+                                        contrastive stage on the corpus itself (no labels), then one
+                                        epoch of the search pairs; SPLADE from each arm's masked-LM
+                                        head; the dense model fused with BM25 (launchers/embed_eval.py
+                                        --hybrid); BM25 beside
   9. launchers/minimal_pairs.py         minimal pairs made from held-out text (data_prep/
                                         make_minimal_pairs.py), the export against a unigram model
      (steps 6-9 run as processes two at a time: the short ones beside the fine-tuning runs)
@@ -96,6 +99,10 @@ TASK_PLANS = {
 }
 assert tuple(TASK_PLANS) == MAIN_JOB_TASKS
 SEARCH_CONFIG = "docstring-search"
+CORPUS_STAGE_CONFIG = "embed-corpus"
+SPARSE_CONFIG = "embed-sparse"
+Run = tuple[str, str, list]
+"""One stage as `MainJob.run_together` takes it: (name, stage, args)."""
 
 
 class MainJob:
@@ -124,24 +131,29 @@ class MainJob:
         name, stage, args = run
         self.run(step, name, stage, *args, env=env)
 
-    def run_together(self, step: str, runs: list[tuple[str, str, list]], env: dict, at_once: int = 2) -> None:
-        """Run several stages (`(name, stage, args)`) `at_once` at a time, one line each on screen as it ends.
+    def run_together(self, step: str, runs: list[Run | list[Run]], env: dict, at_once: int = 2) -> None:
+        """Run several stages `at_once` at a time, one line each on screen as it ends. A list of runs is a chain:
+        its stages one after the other in one slot, each only once the one before it ended well.
 
         The main job's fine-tuning runs are single-threaded and small: two side by side use both cores.
         """
-        print(f"\n== {step} ({len(runs)} runs, {at_once} at a time; each one's output in logs/)", flush=True)
-        for _, stage, cmd in runs:
+        chains = [run if isinstance(run, list) else [run] for run in runs]
+        count = sum(map(len, chains))
+        print(f"\n== {step} ({count} runs, {at_once} at a time; each one's output in logs/)", flush=True)
+        for _, stage, cmd in (run for chain in chains for run in chain):
             print(f"$ {shlex.join(['python', *self._args(stage, cmd, None)[1:]])}", flush=True)
 
-        def one(run: tuple[str, str, list]) -> tuple[str, int, Path]:
-            name, stage, cmd = run
-            code, log = self._run_logged(name, self._args(stage, cmd, None), env, screen=io.StringIO())
-            print(f"   {name}: {'done' if code == 0 else f'FAILED (exit {code})'} in {self.seconds[name]:.1f} s",
-                  flush=True)
+        def one(chain: list[Run]) -> tuple[str, int, Path]:
+            for name, stage, cmd in chain:
+                code, log = self._run_logged(name, self._args(stage, cmd, None), env, screen=io.StringIO())
+                print(f"   {name}: {'done' if code == 0 else f'FAILED (exit {code})'} in {self.seconds[name]:.1f} s",
+                      flush=True)
+                if code != 0:
+                    break
             return name, code, log
 
         with ThreadPoolExecutor(at_once) as pool:
-            failed = [(name, code, log) for name, code, log in pool.map(one, runs) if code != 0]
+            failed = [(name, code, log) for name, code, log in pool.map(one, chains) if code != 0]
         if failed:
             name, code, log = failed[0]
             raise SystemExit(f"main job stopped: '{name}' in step '{step}' failed (exit {code}); full output in {log}")
@@ -312,7 +324,8 @@ def check_and_finetune(job: MainJob, layout: MainJobLayout, sweep: list[str], en
     """
     runs = [finetune_run(layout, task, arm, layout.pretrain.export, sweep, LABELS_PER_CLASS)
             for task in TASK_PLANS for arm in MAIN_JOB_ARMS]
-    runs += [search_run(layout, arm) for arm in MAIN_JOB_ARMS]
+    runs += [search_chain(layout, arm) for arm in MAIN_JOB_ARMS]
+    runs += [sparse_search_run(layout, arm) for arm in MAIN_JOB_ARMS]
     runs += [minimal_pairs_run(layout), cloze_run(layout), *token_baseline_runs(layout)]
     job.run_together("6–9/10 cloze check, minimal pairs, token-count baselines; fine-tune both tasks and search, "
                      "pretrained and from scratch", runs, env)
@@ -324,13 +337,35 @@ def task_files(layout: MainJobLayout, task: str) -> list[str]:
             "--set", f"data.validation_file={folder / 'dev.jsonl'}"]
 
 
-def search_run(layout: MainJobLayout, arm: str) -> tuple[str, str, list]:
-    """Docstring search for one arm: its zero-shot and BM25 figures, then one short contrastive fine-tuning
-    (configs/tasks/docstring-search.json; one seed, no sweep: a glance, not the protocol's full comparison)."""
-    return (f"finetune-search-{arm}", "finetune", [
-        "--config", SEARCH_CONFIG, "--model", layout.pretrain.export, "--seeds", "1",
+def search_chain(layout: MainJobLayout, arm: str) -> list[Run]:
+    """Docstring search for one arm, as a chain: a short contrastive stage on the job's own corpus with no labels
+    (configs/tasks/embed-corpus.json: pairs mined from its documents), one epoch of the search pairs from that folder
+    (configs/tasks/docstring-search.json; one seed, no sweep: a glance, not the protocol's full comparison), and the
+    result fused with BM25 on the dev docstrings (`roberta-embed-eval --hybrid`, the weight chosen on held-out
+    queries)."""
+    corpus_stage, search = layout.finetune("search-corpus", arm), layout.finetune("search", arm)
+    return [
+        (f"corpus-stage-{arm}", "finetune", [
+            "--config", CORPUS_STAGE_CONFIG, "--model", layout.pretrain.export, "--seeds", "1",
+            *(["--from-scratch"] if arm == "from-scratch" else []), "--set", f"data.train_file={layout.corpus}",
+            "--set", f"train.output_dir={corpus_stage.root}", "--set", f"tracking.uri={layout.tracking_uri}",
+            *FULL_OUTPUT]),
+        (f"finetune-search-{arm}", "finetune", [
+            "--config", SEARCH_CONFIG, "--model", corpus_stage.seed(1).model, "--seeds", "1",
+            *task_files(layout, "search"), "--set", f"train.output_dir={search.root}",
+            "--set", f"tracking.uri={layout.tracking_uri}", *FULL_OUTPUT]),
+        (f"hybrid-search-{arm}", "embed_eval", [
+            "--model", search.seed(1).model, "--retrieval", layout.task("search") / "dev.jsonl", "--hybrid",
+            "--json", layout.hybrid_search(arm)])]
+
+
+def sparse_search_run(layout: MainJobLayout, arm: str) -> Run:
+    """Docstring search by SPLADE from one arm's masked-LM head (configs/tasks/embed-sparse.json on the search
+    pairs; one seed, no sweep)."""
+    return (f"sparse-search-{arm}", "finetune", [
+        "--config", SPARSE_CONFIG, "--model", layout.pretrain.export, "--seeds", "1",
         *(["--from-scratch"] if arm == "from-scratch" else []), *task_files(layout, "search"),
-        "--set", f"train.output_dir={layout.finetune('search', arm).root}",
+        "--set", f"train.output_dir={layout.finetune('search-sparse', arm).root}",
         "--set", f"tracking.uri={layout.tracking_uri}", *FULL_OUTPUT])
 
 

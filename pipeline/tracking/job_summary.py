@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline.common.config.shipped_configs import documented_path, find_config
 from pipeline.common.run_layout import MAIN_JOB_RECIPE, MainJobLayout
 from pipeline.tracking.finetune_report import read_json
-from pipeline.tracking.task_report import minimal_pairs_line, search_line, task_arms, task_findings, task_rows
+from pipeline.tracking.task_report import minimal_pairs_line, search_lines, task_arms, task_findings, task_rows
 
 SEED_SPREAD = "the main job's recipe over pretraining seeds"
 """Its headline sentence: the recipe's spread over seeds, which the summary and the README quote."""
@@ -145,8 +145,7 @@ def render_summary(out: Path, seconds: float | None = None, predict_cli: bool = 
                                           f"tokens (always the most frequent token: {cloze['constant_accuracy']:.3f})"))
     if (pairs := minimal_pairs_line(layout)) is not None:
         figures.append(("minimal pairs", pairs))
-    if (search := search_line(layout)) is not None:
-        figures.append(("search", search))
+    figures += search_lines(layout)
 
     uri = shlex.quote(layout.tracking_uri)
     keywords_model = shlex.quote(str(layout.finetune("keywords", "pretrained").root))

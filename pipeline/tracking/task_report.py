@@ -8,6 +8,8 @@ leads elsewhere. Nothing is recomputed.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLayout
 from pipeline.tracking.finetune_report import CurvePoint, FinetuneResult, finetune_result, read_json
 
@@ -102,12 +104,31 @@ def minimal_pairs_line(layout: MainJobLayout) -> str | None:
     return line
 
 
-def search_line(layout: MainJobLayout) -> str | None:
-    """Docstring search, nDCG@10 on the dev docstrings: each arm zero-shot → after a short fine-tuning; BM25 beside."""
-    reports = {arm: read_json(layout.finetune("search", arm).metrics) for arm in MAIN_JOB_ARMS}
-    if not all(reports.values()):
-        return None
-    arms = [f"{ARM_NAMES[arm]} {r['zero_shot_ndcg_at_10']:.3f} → {r['ndcg_at_10']:.3f}" for arm, r in reports.items()]
-    bm25 = reports["pretrained"]["bm25_ndcg_at_10"]
-    return (f"nDCG@10 (first sentence → the rest, dev docstrings), zero-shot → after one epoch: {'; '.join(arms)}; "
-            f"BM25 {bm25:.3f}")
+def search_scores(path: Path, scorer: str) -> dict[str, float] | None:
+    """One scorer's figures (`model`, `bm25`, `hybrid`, …) in a `roberta-embed-eval --json` record."""
+    record = read_json(path)
+    found = [r["scores"]["test"][0] for r in (record or {}).get("results", []) if r.get("scorer") == scorer]
+    return found[0] if found else None
+
+
+def search_lines(layout: MainJobLayout) -> list[tuple[str, str]]:
+    """Docstring search, nDCG@10 on the dev docstrings, each arm: dense (after the corpus stage with no labels →
+    after one epoch of pairs), sparse (SPLADE) and hybrid (dense fused with BM25); BM25 beside."""
+    dense = {arm: read_json(layout.finetune("search", arm).metrics) for arm in MAIN_JOB_ARMS}
+    if not all(dense.values()):
+        return []
+    main = "ndcg_at_10"
+    arms = [f"{ARM_NAMES[arm]} {r[f'zero_shot_{main}']:.3f} → {r[main]:.3f}" for arm, r in dense.items()]
+    lines = [("search, dense", f"nDCG@10 (first sentence → the rest, dev docstrings) after a contrastive stage on the "
+                               f"corpus (no labels) → after one epoch of pairs: {'; '.join(arms)}; "
+                               f"BM25 {dense['pretrained'][f'bm25_{main}']:.3f}")]
+    sparse = {arm: read_json(layout.finetune("search-sparse", arm).metrics) for arm in MAIN_JOB_ARMS}
+    if all(sparse.values()):
+        lines.append(("search, sparse", "SPLADE from each arm's masked-LM head, one epoch: " + "; ".join(
+            f"{ARM_NAMES[arm]} {r[main]:.3f} ({r['document_active_dims']:.0f} active dimensions per document)"
+            for arm, r in sparse.items())))
+    hybrid = {arm: search_scores(layout.hybrid_search(arm), "hybrid") for arm in MAIN_JOB_ARMS}
+    if all(hybrid.values()):
+        lines.append(("search, hybrid", "dense + BM25, the weight chosen on held-out queries: " + "; ".join(
+            f"{ARM_NAMES[arm]} {r[main]:.3f} (weight {r['weight']:.1f})" for arm, r in hybrid.items())))
+    return lines

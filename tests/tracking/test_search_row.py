@@ -1,5 +1,5 @@
-"""The main job's search row: docstring search pairs from the corpus (first sentence → the rest), and the summary's
-line with both arms zero-shot and fine-tuned beside BM25."""
+"""The main job's search rows: docstring search pairs from the corpus (first sentence → the rest), and the summary's
+dense, sparse and hybrid lines with both arms beside BM25."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 from pipeline.common.run_layout import MainJobLayout
 from pipeline.data.makers.docstring_task import write_search_task
-from pipeline.tracking.task_report import search_line
+from pipeline.tracking.task_report import search_lines
 
 
 def test_each_docstrings_first_sentence_searches_for_the_rest_of_it(tmp_path):
@@ -29,13 +29,28 @@ def test_each_docstrings_first_sentence_searches_for_the_rest_of_it(tmp_path):
     assert (tmp_path / "again" / "dev.jsonl").read_text() == (tmp_path / "search" / "dev.jsonl").read_text()
 
 
-def test_the_summary_line_sets_each_arm_zero_shot_and_fine_tuned_beside_bm25(tmp_path):
+def test_the_summary_sets_each_arms_dense_sparse_and_hybrid_search_beside_bm25(tmp_path):
     layout = MainJobLayout(tmp_path)
-    assert search_line(layout) is None  # not run: named nowhere, invented nowhere
-    for arm, (zero, tuned) in {"pretrained": (0.12, 0.22), "from-scratch": (0.21, 0.37)}.items():
+    assert search_lines(layout) == []  # not run: named nowhere, invented nowhere
+    for arm, (zero, tuned) in {"pretrained": (0.32, 0.52), "from-scratch": (0.21, 0.37)}.items():
         folder = layout.finetune("search", arm).root
         folder.mkdir(parents=True)
         (folder / "metrics.json").write_text(json.dumps({"ndcg_at_10": tuned, "zero_shot_ndcg_at_10": zero,
                                                          "bm25_ndcg_at_10": 0.619}))
-    assert search_line(layout) == ("nDCG@10 (first sentence → the rest, dev docstrings), zero-shot → after one "
-                                   "epoch: pretrained 0.120 → 0.220; from scratch 0.210 → 0.370; BM25 0.619")
+    assert search_lines(layout) == [("search, dense", (
+        "nDCG@10 (first sentence → the rest, dev docstrings) after a contrastive stage on the corpus (no labels) → "
+        "after one epoch of pairs: pretrained 0.320 → 0.520; from scratch 0.210 → 0.370; BM25 0.619"))]
+    for arm, figure in {"pretrained": 0.3, "from-scratch": 0.1}.items():
+        folder = layout.finetune("search-sparse", arm).root
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({"ndcg_at_10": figure, "document_active_dims": 180.4}))
+        layout.hybrid_search(arm).parent.mkdir(parents=True, exist_ok=True)
+        layout.hybrid_search(arm).write_text(json.dumps({"results": [
+            {"scorer": "model", "scores": {"test": [{"ndcg_at_10": 0.5}]}},
+            {"scorer": "hybrid", "scores": {"test": [{"ndcg_at_10": figure + 0.4, "weight": 0.6}]}}]}))
+    sparse, hybrid = search_lines(layout)[1:]
+    assert sparse == ("search, sparse", "SPLADE from each arm's masked-LM head, one epoch: pretrained 0.300 (180 "
+                                        "active dimensions per document); from scratch 0.100 (180 active dimensions "
+                                        "per document)")
+    assert hybrid == ("search, hybrid", "dense + BM25, the weight chosen on held-out queries: pretrained 0.700 "
+                                        "(weight 0.6); from scratch 0.500 (weight 0.6)")
