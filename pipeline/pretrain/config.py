@@ -18,6 +18,7 @@ from pipeline.common.config.tree import refuse, too_small
 from pipeline.common.processes.lost_rank import DEFAULT_COLLECTIVE_TIMEOUT_S
 from pipeline.common.run_layout import PretrainLayout
 from pipeline.models.architectures.config import ModelConfig
+from pipeline.models.architectures.span_contrast import SpanContrast
 from pipeline.models.precision import Precision
 from pipeline.pretrain.deepspeed_keys import (
     communication_problems,
@@ -175,6 +176,54 @@ class MaskingConfig:
         problem = self.unit == "span" and self._spans_valid and span_coverage_problem(key, rate, self.span_p,
                                                                                        self.span_max_words)
         return [problem] if problem else []
+
+
+@dataclass
+class ContrastiveConfig:
+    """A span-contrastive term added to the MLM loss (coCondenser's span loss, Contriever's crops): two random spans
+    of each document, mean-pooled from the MLM forward's last hidden states, in a symmetric in-batch InfoNCE
+    (batches/span_sampler.py draws them, models/architectures/span_contrast.py scores them). Off at weight 0."""
+
+    weight: float = 0.0
+    """λ, unitless: the training loss is MLM + λ · span loss (0: off, no spans drawn)."""
+    temperature: float = 0.05
+    """Unitless: the InfoNCE logits are the spans' cosine similarities divided by this."""
+    min_tokens: int = 8
+    """Tokens: the shortest span."""
+    max_tokens: int = 64
+    """Tokens: the longest span."""
+    min_fraction: float = 0.1
+    """Share of the document's tokens: the shortest span (rounded up; `min_tokens` when that is more)."""
+    max_fraction: float = 0.5
+    """Share of the document's tokens: the longest span (rounded down; `max_tokens` when that is less)."""
+    min_document_tokens: int = 16
+    """Tokens: shorter documents hold no spans (nor do those whose span bounds cross: min > max)."""
+    documents_per_row: int = 1
+    """Documents per row of a micro batch, the static count of its document slots (rows × this), filled at random
+    from its eligible documents: doc-packed rows hold several; full and doc rows one each."""
+
+    def __post_init__(self):
+        problems = too_small("contrastive", self, 1, "min_tokens", "min_document_tokens", "documents_per_row")
+        add = problems.append
+        if not 0 <= self.weight < float("inf"):
+            add(f"contrastive.weight: must be a finite number ≥ 0 (0 turns the term off), got {self.weight}")
+        if not 0 < self.temperature < float("inf"):
+            add(f"contrastive.temperature: must be a positive number, got {self.temperature}")
+        if self.max_tokens < self.min_tokens:
+            add(f"contrastive.max_tokens: must be ≥ contrastive.min_tokens {self.min_tokens}, got {self.max_tokens}")
+        if not 0 < self.min_fraction <= self.max_fraction <= 1:
+            add(f"contrastive.min_fraction and contrastive.max_fraction: need 0 < min ≤ max ≤ 1, got "
+                f"{self.min_fraction} and {self.max_fraction}")
+        refuse(self, problems)
+
+    @property
+    def on(self) -> bool:
+        return self.weight > 0
+
+    @property
+    def model_term(self) -> SpanContrast | None:
+        """What the training model needs of this section (its loss's weight and temperature); None when off."""
+        return SpanContrast(self.weight, self.temperature, self.documents_per_row) if self.on else None
 
 
 @dataclass
@@ -492,6 +541,8 @@ class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    """The span-contrastive term beside the MLM loss (off unless `contrastive.weight` > 0)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -527,6 +578,10 @@ class PretrainConfig:
             decays = [d for d in get_args(Decay) if d != "constant"]
             add(f"train.anneal_from with schedule.decay 'constant': the anneal is a decay; choose one of "
                 f"{', '.join(decays)}")
+        if c.contrastive.on and c.model.architecture == "bert" and c.model.next_sentence_loss:
+            add("contrastive.weight: BERT's next-sentence pair rows join two segments, often of two documents, so a "
+                "row is no document to draw spans from; set model.next_sentence_loss false and train on full, doc or "
+                "doc-packed shards, or set contrastive.weight 0")
         problems += self._deepspeed_problems() + self._guard_problems()
         refuse(self, problems)
 

@@ -218,6 +218,20 @@ def index_problems(config: PretrainConfig) -> tuple[list[str], dict[str, dict]]:
     return problems, indexes
 
 
+def contrastive_problems(config: PretrainConfig, folder: str, index: dict) -> list[str]:
+    """Whether the shards in `folder` hold documents the span-contrastive term can draw two spans from."""
+    c = config.contrastive
+    if not c.on:
+        return []
+    if index["pack"] == "pairs":
+        return [f"contrastive.weight: {folder} holds 'pairs' rows (two segments, often of two documents), no document "
+                "to draw spans from; train on shards packed full, doc or doc-packed, or set contrastive.weight 0"]
+    if index["seq_len"] < c.min_document_tokens:
+        return [f"contrastive.min_document_tokens: {c.min_document_tokens} is more than the {index['seq_len']} tokens "
+                f"of a row of {folder}, so no document would hold spans; lower it, or set contrastive.weight 0"]
+    return []
+
+
 def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, dict]) -> list[str]:
     """The shard folders against each other, the tokenizer and the model, without loading shards."""
     problems = []
@@ -237,6 +251,7 @@ def data_problems(config: PretrainConfig, tokenizer, info, indexes: dict[str, di
                             f"prediction), which needs shards packed with --pack pairs; {folder} holds "
                             f"{index['pack']!r} sequences: re-shard with --pack pairs, or set "
                             "model.next_sentence_loss false to train MLM alone on them")
+        problems += contrastive_problems(config, folder, index)
         if index["splits"]["val"]["sequences"] == 0:
             held_out = index["totals"].get("val_documents", 0)
             problems.append(f"data.shards: {folder} has no validation sequences ({held_out} documents held out "

@@ -72,7 +72,7 @@ class Pretrainer:
             self.info = describe_tokenizer(self.tokenizer, config.data.tokenizer)
             seed_everything(config.train.seed)  # the same initial weights on every rank
             # Positions are sized for the longest stretch from the start, so a hand-over changes no shape.
-            model = build_model(config.model, self.info, plan.max_seq_len)
+            model = build_model(config.model, self.info, plan.max_seq_len, config.contrastive.model_term)
             if model.init_note and not plan.start:  # a resumed run loads the head it trained
                 self.log.say(model.init_note)
             from deepspeed.accelerator import get_accelerator
@@ -173,7 +173,7 @@ class Pretrainer:
             out = self.engine(**{k: v.to(self.engine.device, non_blocking=True) for k, v in batch.items()})
             self.engine.backward(self.drill.scaled(out["loss"], self.step + 1))  # the drill's planted spike, or not
             losses.append(out["loss"].detach().float())
-            for key in ("mlm_loss", "nsp_loss"):
+            for key in ("mlm_loss", "nsp_loss", "span_loss"):
                 if key in out:
                     extra.setdefault(key, []).append(out[key].detach().float())
             if micro_step == plan.accumulation - 1:  # the guard judges the step by its loss before the update

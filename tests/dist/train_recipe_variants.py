@@ -9,7 +9,8 @@ there) and trains to the end with freshly built data loaders, masker and engine.
 their losses, and the 1-process launch with the 2-rank one. One launch for all variants saves a
 process-group start-up (~15 s here) per variant. The modernbert variant (ZeRO-2, 30% masking, one
 global and two windowed layers) trains on DOC_PACKED_SHARDS when given, so its per-document
-attention and window run inside the real loop.
+attention and window run inside the real loop; so does the contrastive one (the span loss beside the MLM loss,
+ZeRO-1), whose spans are drawn from the packed documents.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ VARIANTS = {
     "modernbert": ["model.architecture=modernbert", "model.num_hidden_layers=3", "model.intermediate_size=96",
                    "model.local_attention=16", "masking.probability=0.3", "train.zero_stage=2",
                    "train.export=true"],
+    "contrastive": ["model.architecture=modernbert", "contrastive.weight=1.0", "contrastive.min_tokens=4",
+                    "train.zero_stage=1"],
 }
+PACKED = ("modernbert", "contrastive")
+"""The variants that train on DOC_PACKED_SHARDS when given."""
 
 
 def main() -> None:
@@ -51,7 +56,7 @@ def main() -> None:
     from pipeline.pretrain.trainer import run_pretraining
 
     for name, overrides in VARIANTS.items():
-        if name == "modernbert" and args.doc_packed_shards:
+        if name in PACKED and args.doc_packed_shards:
             overrides = [*overrides, f"data.shards={args.doc_packed_shards}"]
         root = Path(args.out_root) / name
         full = prepare_run(args.config, [*overrides, f"train.output_dir={root / 'full'}"],

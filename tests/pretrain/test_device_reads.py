@@ -98,22 +98,25 @@ def boolean_index(args) -> bool:
 
 
 def train_counting(folder: Path, shards: Path, tokenizer: Path, architecture: str, precision: str, stage: int,
-                   monkeypatch, guard: str = "off", optimizer: str = "adamw", clipping: float = 1.0) -> DeviceReads:
+                   monkeypatch, guard: str = "off", optimizer: str = "adamw", clipping: float = 1.0,
+                   contrastive: bool = False) -> DeviceReads:
     """Train a 2-layer model for WARM_STEPS + COUNTED_STEPS steps (logging only at the end) through
     `Pretrainer.train`, counting reads in the last COUNTED_STEPS calls of its `train_step`; with the spike `guard`
-    judging from the third step (and, with `skip`, a spike planted at SPIKE_AT)."""
+    judging from the third step (and, with `skip`, a spike planted at SPIKE_AT); `contrastive` adds the span loss
+    (BERT then trains without next-sentence prediction)."""
     from deepspeed.accelerator import get_accelerator
 
     import pipeline.pretrain.trainer as trainer_module
     from pipeline.common.processes.topology import current_topology
     from pipeline.pretrain.preflight import prepare_run
 
-    model = {"architecture": architecture, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    model = {"architecture": architecture, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+             **({"next_sentence_loss": False} if contrastive and architecture == "bert" else {})}
     guarded = {"spike_guard": guard, **({"inject_spike": f"{SPIKE_AT}:1e4"} if guard == "skip" else {})}
     # fp16's first loss scale of 2^16 would turn the planted spike into an overflow, which is its scaler's to skip.
     scale = {"deepspeed": {"fp16": {"initial_scale_power": 0}}} if precision == "fp16" and guard == "skip" else {}
     data = tiny_pretrain_config(shards, tokenizer, folder, model=model, guard={"window": 4, "min_steps": 2}, **scale,
-                                optimizer={"name": optimizer},
+                                optimizer={"name": optimizer}, contrastive={"weight": 1.0 if contrastive else 0.0},
                                 train={"precision": precision, "zero_stage": stage, "log_every": 100,
                                        "gradient_clipping": clipping,
                                        "max_steps": WARM_STEPS + COUNTED_STEPS, "export": False, "eval_sequences": 8,
@@ -169,20 +172,23 @@ def paused(reads: DeviceReads, function, *args):
 
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory, process_group, roberta_shards, bpe_tokenizer_dir, pairs_shards,
-            wordpiece_tokenizer_dir):
-    """Each case's reads, counted once (the engine test and the head test read the same runs)."""
+            wordpiece_tokenizer_dir, doc_packed_shards):
+    """Each case's reads, counted once (the engine test and the head test read the same runs). With `contrastive`,
+    ModernBERT trains on doc-packed rows and BERT on full ones (its pairs hold no single document)."""
     cache: dict[tuple, DeviceReads] = {}
 
     def count(architecture: str, precision: str, stage: int, guard: str = "off",
-              optimizer: str = "adamw", clipping: float = 1.0) -> DeviceReads:
-        key = architecture, precision, stage, guard, optimizer, clipping
+              optimizer: str = "adamw", clipping: float = 1.0, contrastive: bool = False) -> DeviceReads:
+        key = architecture, precision, stage, guard, optimizer, clipping, contrastive
         if key not in cache:
-            shards, tokenizer = ((pairs_shards, wordpiece_tokenizer_dir) if architecture == "bert"
+            shards, tokenizer = ((pairs_shards, wordpiece_tokenizer_dir) if architecture == "bert" and not contrastive
                                  else (roberta_shards, bpe_tokenizer_dir))
+            if contrastive and architecture == "modernbert":
+                shards = doc_packed_shards
             with pytest.MonkeyPatch.context() as monkeypatch:
                 folder = tmp_path_factory.mktemp("run") / "out"
                 cache[key] = train_counting(folder, shards, tokenizer, *key[:3], monkeypatch, guard, optimizer,
-                                            clipping)
+                                            clipping, contrastive)
                 cache[key].folder = folder
         return cache[key]
 
@@ -233,6 +239,25 @@ def test_the_spike_guard_reads_nothing_back_between_logging_steps(counted, preci
     records = [json.loads(line) for line in (reads.folder / "metrics.jsonl").read_text().splitlines()]
     if guard == "skip":  # the planted spike was judged and left out inside the counted steps, read at the end
         assert [r["spike_outliers"] for r in records if "spike_outliers" in r] == [[SPIKE_AT]]
+
+
+CONTRASTIVE = [("roberta", 0), ("roberta", 1), ("roberta", 2), ("roberta", 3), ("modernbert", 0), ("bert", 0)]
+
+
+@pytest.mark.parametrize(("architecture", "stage"), CONTRASTIVE, ids=[f"{a}-zero{s}" for a, s in CONTRASTIVE])
+def test_the_span_contrastive_term_reads_nothing_back_between_logging_steps(counted, architecture, stage):
+    """The span loss (`contrastive.weight` 1) at bf16 on every ZeRO stage: its spans come with the batch, its pooling
+    and loss stay on the device, and its terms reach the log at the logging step only."""
+    reads = counted(architecture, "bf16", stage, contrastive=True)
+    assert not reads.at("model"), f"{architecture} ZeRO {stage}: {reads.at('model')} over {COUNTED_STEPS} steps"
+    # DeepSpeed's own reads and copies are the engine tests' (STEP_READS, STEP_COPIES); the span loss adds none.
+    engine = {what: n for what, n in reads.at("engine").items()
+              if not (what == HOST_TO_DEVICE and ("bf16", stage) in STEP_COPIES) and ("bf16", stage) not in STEP_READS}
+    assert not engine, f"{architecture} ZeRO {stage}: {engine} over {COUNTED_STEPS} steps"
+    records = [json.loads(line) for line in (reads.folder / "metrics.jsonl").read_text().splitlines()]
+    (logged,) = [r for r in records if "train/loss" in r]
+    assert logged["step"] == WARM_STEPS + COUNTED_STEPS and logged["train/span_loss"] > 0
+    assert logged["train/loss"] == pytest.approx(logged["train/mlm_loss"] + logged["train/span_loss"], rel=1e-5)
 
 
 def shipped_optimizers() -> list[tuple[str, str, int, float]]:

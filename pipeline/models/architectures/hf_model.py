@@ -35,6 +35,7 @@ from pipeline.common.hub_names import local_or_hub
 from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.models.architectures.config import ModelConfig
 from pipeline.models.architectures.packed_attention import FLEX, check_flex_mask, encoder_inputs
+from pipeline.models.architectures.span_contrast import SpanContrast
 from pipeline.models.heads import IGNORE_INDEX
 
 HF_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -130,24 +131,43 @@ def encode(encoder, input_ids, attention_mask=None, token_type_ids=None, documen
 
 class SparseMaskedLM:
     """RoBERTa's and pre-LN RoBERTa's training forward: the encoder, then `lm_head` at the masked slots only
-    (ModernBERT's: its own `_slot_logits`).
+    (ModernBERT's: its own `_hidden` and `_mlm_head`).
 
     Every training class has `masked_logits(**batch)`: the logits of the real masked positions, row-major, on
     the path its training forward takes the loss of (the export's equivalence check compares them with the
-    exported folder's).
+    exported folder's). With `span_contrast` set and `span_ids` in the batch, the training forward adds the
+    span-contrastive term, pooled from the same last hidden states (span_contrast.py).
     """
 
-    def _slot_logits(self, input_ids, masked_positions, attention_mask=None, token_type_ids=None,
-                     document_ids=None, position_ids=None, **_) -> torch.Tensor:
+    span_contrast: SpanContrast | None = None
+    """The span-contrastive term's settings (`build_model` sets them; a training switch, not saved in exports)."""
+
+    def _hidden(self, input_ids, attention_mask=None, token_type_ids=None, document_ids=None, position_ids=None,
+                **_) -> torch.Tensor:
+        """The encoder's last hidden states, (rows, seq_len, H): what the MLM head reads."""
         encoder = getattr(self, self.base_model_prefix)
-        hidden = encode(encoder, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
-        return _head_at(hidden.last_hidden_state, masked_positions, self.lm_head)
+        return encode(encoder, input_ids, attention_mask, token_type_ids, document_ids, position_ids).last_hidden_state
+
+    def _mlm_head(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(rows)
 
     def masked_logits(self, input_ids, masked_positions, masked_labels, **batch) -> torch.Tensor:
-        return _real_slots(self._slot_logits(input_ids, masked_positions, **batch), masked_labels)
+        return _real_slots(_head_at(self._hidden(input_ids, **batch), masked_positions, self._mlm_head), masked_labels)
 
-    def forward(self, input_ids, masked_positions, masked_labels, **batch):
-        return {"loss": _slot_loss(self._slot_logits(input_ids, masked_positions, **batch), masked_labels)}
+    def forward(self, input_ids, masked_positions, masked_labels, span_ids=None, **batch):
+        hidden = self._hidden(input_ids, **batch)
+        mlm = _slot_loss(_head_at(hidden, masked_positions, self._mlm_head), masked_labels)
+        if span_ids is None:
+            return {"loss": mlm}
+        return _contrast(self).losses(mlm, hidden, span_ids)
+
+
+def _contrast(model) -> SpanContrast:
+    """The model's span-contrastive settings, for a batch that carries `span_ids`."""
+    if model.span_contrast is None:
+        raise ValueError(f"{type(model).__name__}: the batch carries span_ids, but the model has no span_contrast "
+                         "(build_model sets it from the config's contrastive section)")
+    return model.span_contrast
 
 
 class SparseRobertaForMaskedLM(SparseMaskedLM, RobertaForMaskedLM):
@@ -165,10 +185,11 @@ class SparseModernBertForMaskedLM(SparseMaskedLM, ModernBertForMaskedLM):
     data-dependent shape, so it is left off: the saved config keeps it false, and an export gives full logits.
     """
 
-    def _slot_logits(self, input_ids, masked_positions, attention_mask=None, document_ids=None,
-                     position_ids=None, **_) -> torch.Tensor:
-        hidden = encode(self.model, input_ids, attention_mask, None, document_ids, position_ids)
-        return _head_at(hidden.last_hidden_state, masked_positions, lambda rows: self.decoder(self.head(rows)))
+    def _hidden(self, input_ids, attention_mask=None, document_ids=None, position_ids=None, **_) -> torch.Tensor:
+        return encode(self.model, input_ids, attention_mask, None, document_ids, position_ids).last_hidden_state
+
+    def _mlm_head(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.head(rows))
 
 
 class SparseBertForPreTraining(BertForPreTraining):
@@ -176,10 +197,11 @@ class SparseBertForPreTraining(BertForPreTraining):
 
     `next_sentence_loss = False` trains MLM alone, on segment pairs (the NSP ablation) or on full,
     doc or doc-packed rows: the next-sentence head and the pooler then get no gradient and stay as
-    initialised.
+    initialised. Then, with `span_contrast` and `span_ids`, it adds the span-contrastive term.
     """
 
     next_sentence_loss = True
+    span_contrast: SpanContrast | None = None
 
     def masked_logits(self, input_ids, masked_positions, masked_labels, attention_mask=None, token_type_ids=None,
                       document_ids=None, position_ids=None, **_) -> torch.Tensor:
@@ -187,10 +209,12 @@ class SparseBertForPreTraining(BertForPreTraining):
         return _real_slots(_head_at(out.last_hidden_state, masked_positions, self.cls.predictions), masked_labels)
 
     def forward(self, input_ids, masked_positions, masked_labels, next_sentence_label=None, attention_mask=None,
-                token_type_ids=None, document_ids=None, position_ids=None, **_):
+                token_type_ids=None, document_ids=None, position_ids=None, span_ids=None, **_):
         out = encode(self.bert, input_ids, attention_mask, token_type_ids, document_ids, position_ids)
         logits = _head_at(out.last_hidden_state, masked_positions, self.cls.predictions)
         mlm = _slot_loss(logits, masked_labels)
+        if span_ids is not None:  # the config allows spans without next-sentence prediction only
+            return _contrast(self).losses(mlm, out.last_hidden_state, span_ids)
         if not self.next_sentence_loss:  # full, doc or doc-packed rows carry no next-sentence label
             return {"loss": mlm, "mlm_loss": mlm}
         nsp = F.cross_entropy(self.cls.seq_relationship(out.pooler_output).float(), next_sentence_label)
@@ -203,8 +227,10 @@ EXPORT_CLASSES = {"roberta": RobertaForMaskedLM, "roberta-prelayernorm": Roberta
                   "bert": BertForPreTraining, "modernbert": ModernBertForMaskedLM}
 
 
-def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> torch.nn.Module:
-    """A freshly initialised training model, or one loaded from `model.init_from`, in training mode.
+def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int,
+                span_contrast: SpanContrast | None = None) -> torch.nn.Module:
+    """A freshly initialised training model, or one loaded from `model.init_from`, in training mode; with
+    `span_contrast`, its training forward adds the span-contrastive term where a batch carries `span_ids`.
 
     A released encoder often ships without its MLM head (a sentence-embedding model is saved as
     `BertModel`): transformers then initialises the head, the decoder tied to the word embeddings
@@ -221,6 +247,7 @@ def build_model(model: ModelConfig, tokenizer: TokenizerInfo, seq_len: int) -> t
         built = cls(hf_config(model, tokenizer, seq_len))
     if model.architecture == "bert":
         built.next_sentence_loss = model.next_sentence_loss  # a training switch, not saved in the export's config
+    built.span_contrast = span_contrast
     built.init_note = note
     return built
 

@@ -29,6 +29,7 @@ from pipeline.data.tokenizer import TokenizerInfo
 from pipeline.models.architectures.hf_model import first_position_id
 from pipeline.models.architectures.packed_attention import document_layout
 from pipeline.pretrain.batches.masked_slots import masked_count, masked_slots, slot_bound
+from pipeline.pretrain.batches.span_sampler import SpanSampler, row_documents
 from pipeline.pretrain.plan.masking import EVAL_STREAM, Masker, build_masker
 from pipeline.pretrain.plan.run_plan import RunPlan, Stretch
 from pipeline.pretrain.plan.stream import DataStream, MicroBatchKey
@@ -38,12 +39,14 @@ class MaskedBatches(torch.utils.data.Dataset):
     """`dataset[MicroBatchKey]` → a model-ready batch of tensors (masked input, the masked slots, …)."""
 
     def __init__(self, cache: TokenCache | ConcatenatedCaches, masker: Masker, *, with_segments: bool,
-                 position_offset: int = 0):
-        """`position_offset`: the first position id (RoBERTa: pad id + 1, BERT: 0), for doc-packed rows."""
+                 position_offset: int = 0, spans: SpanSampler | None = None):
+        """`position_offset`: the first position id (RoBERTa: pad id + 1, BERT: 0), for doc-packed rows; `spans`
+        draws each document's two spans for the span-contrastive term (`span_ids`; None: no spans)."""
         self.cache = cache
         self.masker = masker
         self.with_segments = with_segments
         self.position_offset = position_offset
+        self.spans = spans
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -56,6 +59,7 @@ class MaskedBatches(torch.utils.data.Dataset):
         corrupted, labels = self.masker(ids, key.epoch, key.indices, key.stream)
         bound = slot_bound(ids.size, self.masker.probability, self.masker.masking)
         batch = {"input_ids": torch.from_numpy(corrupted), **masked_slots(labels, bound)}
+        documents = None
         if "doc_starts" in fields:  # doc-packed rows: documents side by side, each attending to itself only
             documents, position_ids = document_layout(fields["doc_starts"], fields["length"].astype(np.int64),
                                                       ids.shape[1], self.position_offset)
@@ -71,6 +75,11 @@ class MaskedBatches(torch.utils.data.Dataset):
                 segment_b = (positions[None, :] >= b_start[:, None]) & (positions[None, :] < lengths[:, None])
                 batch["token_type_ids"] = torch.from_numpy(segment_b.astype(np.int64))
                 batch["next_sentence_label"] = torch.from_numpy(fields["nsp_label"].astype(np.int64))
+        if self.spans is not None:  # one document per row unless doc-packed
+            if documents is None:
+                documents = row_documents(*ids.shape, fields["length"].astype(np.int64) if "length" in fields else None)
+            keys = self.masker.keys(key.epoch, np.asarray(key.indices), key.stream)
+            batch["span_ids"] = torch.from_numpy(self.spans(keys, documents))
         return batch
 
 
@@ -159,10 +168,12 @@ class PretrainData:
 
     def __init__(self, stretch: Stretch, plan: BatchPlan, masker: Masker, *, seed: int, cache_dir: Path,
                  tokenizer_fingerprint: str, with_segments: bool, position_offset: int = 0,
-                 eval_masker: Masker | None = None, num_workers: int = 0, skipped: tuple[range, ...] = ()):
+                 eval_masker: Masker | None = None, num_workers: int = 0, skipped: tuple[range, ...] = (),
+                 spans: SpanSampler | None = None):
         """`plan`: the stretch's batch on this world size; `eval_masker` masks the validation batches
         (`masking.eval_probability`); None: `masker`. The loader reads with `num_workers` processes and leaves
-        out the steps `skipped`."""
+        out the steps `skipped`; `spans` draws the training batches' spans (validation has none: its loss is the
+        MLM loss alone)."""
         self.stretch, self.plan, self.num_workers, self.skipped = stretch, plan, num_workers, skipped
         self.corpora = stretch.corpora
         self.mixed = len(self.corpora) > 1 or stretch.phase.data.mixed
@@ -184,7 +195,7 @@ class PretrainData:
         val_rows = ConcatenatedCaches(val) if self.mixed else val[0]
         self.stream = stretch.stream(seed, plan)
         self.train_batches = MaskedBatches(train_rows, masker, with_segments=with_segments,
-                                           position_offset=position_offset)
+                                           position_offset=position_offset, spans=spans)
         self.val_batches = MaskedBatches(val_rows, eval_masker or masker, with_segments=with_segments,
                                          position_offset=position_offset)
 
@@ -203,7 +214,8 @@ class PretrainData:
                    with_segments=config.model.architecture == "bert",  # where the shards hold pairs
                    # doc-packed rows restart positions per document from the first position id
                    position_offset=first_position_id(config.model.architecture, info.pad_id),
-                   eval_masker=eval_masker, num_workers=config.data.num_workers, skipped=run.skipped)
+                   eval_masker=eval_masker, num_workers=config.data.num_workers, skipped=run.skipped,
+                   spans=SpanSampler(config.contrastive) if config.contrastive.on else None)
 
     def loader(self, *, rank: int, start_step: int) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's micro batches from `start_step` to the stretch's end, skipped steps left out, read lazily."""
