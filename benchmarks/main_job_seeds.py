@@ -1,8 +1,10 @@
 """How much the main job's result hangs on its pretraining seed: its recipe pretrained on several seeds, each judged.
 
 Through the main job's own stages: its data and tasks once, then per arm and seed a fresh main-job folder
-(pretraining, minimal pairs) and, unless `--screen`, word order through the fair protocol. docs/benchmarks.md says
-what is judged; the main job's summary and the README quote the default record (pipeline/tracking/job_summary.py).
+(pretraining, minimal pairs) and, unless `--screen`, word order through the fair protocol; with `--search`, the
+main job's search rows too (the corpus stage → pairs chain and SPLADE, each arm's seeds and from scratch once).
+docs/benchmarks.md says what is judged; the main job's summary and the README quote the default record
+(pipeline/tracking/job_summary.py).
 """
 
 from __future__ import annotations
@@ -58,6 +60,27 @@ def word_order_median(layout: MainJobLayout, arm: str) -> float | None:
 
     result = finetune_result(layout.finetune(TASK, arm).metrics)
     return None if result is None else result.median
+
+
+def search_figures(layout: MainJobLayout, arm: str) -> dict[str, float] | None:
+    """The main job's search rows of one arm (nDCG@10 on the dev docstrings): dense after the corpus stage and
+    after the pairs, sparse, hybrid, and BM25's; None when they were not run."""
+    from pipeline.tracking.finetune_report import read_json
+    from pipeline.tracking.task_report import search_scores
+
+    dense, sparse = (read_json(layout.finetune(task, arm).metrics) for task in ("search", "search-sparse"))
+    hybrid = search_scores(layout.hybrid_search(arm), "hybrid")
+    if not (dense and sparse and hybrid):
+        return None
+    return {"corpus stage": dense["zero_shot_ndcg_at_10"], "dense": dense["ndcg_at_10"],
+            "sparse": sparse["ndcg_at_10"], "hybrid": hybrid["ndcg_at_10"], "bm25": dense["bm25_ndcg_at_10"]}
+
+
+def search_cells(search: dict[str, float], scratch: dict[str, float] | None) -> dict[str, str]:
+    """A row's search cells: each figure, and from scratch's beside it."""
+    cells = {f"search {k} (scratch)": f"{v:.3f}" + (f" ({scratch[k]:.3f})" if scratch else "")
+             for k, v in search.items() if k != "bm25"}
+    return {**cells, "search BM25": f"{search['bm25']:.3f}"}
 
 
 def seed_row(arm: str, seed: int, figures: dict, scratch: float | None, pretrained: float | None) -> dict:
@@ -138,6 +161,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="ARM:KEY=VALUE",
                    help="a pretraining config override for one arm, e.g. mask30:masking.probability=0.3")
     p.add_argument("--screen", action="store_true", help="pretraining and minimal pairs only (no word order)")
+    p.add_argument("--search", action="store_true", help="the main job's search rows too, both arms")
     p.add_argument("--variant", help="record as main_job_seeds.VARIANT (a search round), not the default record")
     p.add_argument("--out", type=Path, help="work folder (default: the benchmarks' work folder, main-job-seeds)")
     a = p.parse_args()
@@ -149,11 +173,11 @@ def main() -> None:
     out = work_dir("main-job-seeds", a.out)
     with STUDY.record(a.variant) as rec:
         rec.data["recipe_sha256"] = recipe_fingerprint()
-        measure(rec, out, arms, seeds, overrides, a.ranks, a.screen)
+        measure(rec, out, arms, seeds, overrides, a.ranks, a.screen, a.search)
 
 
 def measure(rec: BenchmarkRecord, out: Path, arms: list[str], seeds: list[int], overrides: dict[str, list[str]],
-            ranks: int, screen: bool) -> None:
+            ranks: int, screen: bool, search: bool = False) -> None:
     use_environment_extensions_dir()  # as the main job: DeepSpeed's comm op built once per environment
     data = MainJobLayout(out / "data")
     data.root.mkdir(parents=True, exist_ok=True)
@@ -180,6 +204,17 @@ def measure(rec: BenchmarkRecord, out: Path, arms: list[str], seeds: list[int], 
             name, stage, args = job.finetune_run(first, TASK, "from-scratch", first.pretrain.export, [], None)
             runs.append((f"{name}-{arm}", stage, args))
         job.MainJob(out, verbose=False).run_together(f"{TASK} through the fair protocol, all labels", runs, env)
+    if search:  # every arm's seeds through the search rows; from scratch once, in the first arm's first seed
+        def named(run: job.Run, arm: str, seed: int) -> job.Run:
+            return (f"{run[0]}-{arm}-seed-{seed}", *run[1:])
+
+        first = layouts[arms[0]][seeds[0]]
+        runs = [[named(r, arm, seed) for r in job.search_chain(layout, "pretrained")]
+                for arm in arms for seed, layout in layouts[arm].items()]
+        runs += [named(job.sparse_search_run(layout, "pretrained"), arm, seed)
+                 for arm in arms for seed, layout in layouts[arm].items()]
+        runs += [job.search_chain(first, "from-scratch"), job.sparse_search_run(first, "from-scratch")]
+        job.MainJob(out, verbose=False).run_together("the search rows", runs, env)
 
     summaries, every_row = [], []
     for arm in arms:
@@ -187,6 +222,11 @@ def measure(rec: BenchmarkRecord, out: Path, arms: list[str], seeds: list[int], 
         figures = [{**seed_figures(layouts[arm][s]), "seconds": seconds[arm, s]} for s in seeds]
         rows = [seed_row(arm, s, f, scratch, None if screen else word_order_median(layouts[arm][s], "pretrained"))
                 for s, f in zip(seeds, figures, strict=True)]
+        if search:
+            from_scratch = search_figures(layouts[arms[0]][seeds[0]], "from-scratch")
+            for row, s in zip(rows, seeds, strict=True):
+                if (found := search_figures(layouts[arm][s], "pretrained")) is not None:
+                    row.update(search_cells(found, from_scratch))
         summaries.append(arm_summary(arm, overrides[arm], rows, figures))
         every_row += rows
         if len(arms) == 1:

@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         from pipeline.common.atomic_files import write_json_atomic
 
         record = mteb_records(figures, probes, args.model, seconds)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.json, {**record, **({"prompts": prompts.record()} if prompts else {})})
         print(f"written to {args.json}", file=sys.stderr)
     if args.tracking_uri:

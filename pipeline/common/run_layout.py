@@ -242,7 +242,7 @@ class MainJobLayout:
     def hybrid_search(self, arm: str) -> Path:
         """The search chain's model of `arm` fused with BM25 on the search dev split (`roberta-embed-eval --hybrid
         --json`)."""
-        return self.task("search") / f"hybrid-{arm}.json"
+        return self.root / "finetune" / "search-hybrid" / f"{arm}.json"
 
     @property
     def cloze(self) -> Path:
