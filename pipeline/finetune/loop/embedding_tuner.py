@@ -112,7 +112,8 @@ class EmbeddingTuner:
 
         with tempfile.TemporaryDirectory(prefix="embed-trainer-") as scratch:
             args = SentenceTransformerTrainingArguments(
-                output_dir=scratch, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
+                output_dir=scratch, num_train_epochs=t.epochs, max_steps=self.config.embedding.max_steps or -1,
+                per_device_train_batch_size=t.batch_size,
                 learning_rate=t.learning_rate, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
                 adam_beta1=t.adam_betas[0], adam_beta2=t.adam_betas[1], adam_epsilon=t.adam_eps,
                 max_grad_norm=t.max_grad_norm, seed=self.seed, data_seed=self.seed,

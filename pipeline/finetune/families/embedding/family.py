@@ -5,6 +5,8 @@
     embed-sts     (sentence1, sentence2, score): CoSENT, scored by the Spearman correlation of cosine
     embed-simcse  (text,): unsupervised SimCSE (Gao et al. 2021), each text its own positive under two dropout
                   masks; scored by retrieval nDCG@10 of each held-out text's first half searching for its second half
+    embed-corpus  a raw corpus: (query, positive) pairs mined from its documents (`corpus_stage.py`), trained as
+                  pairs and scored by retrieval nDCG@10 on the pairs mined from the held-out documents
 
 In-batch negatives are the cached (GradCache) form when `embedding.cache_mini_batch` is set, and their batches
 come from sentence-transformers' no-duplicates sampler, so that no text is its own in-batch negative. The family's
@@ -19,11 +21,15 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.tasks.catalog import TaskSpec
 from pipeline.data.tasks.embedding_records import read_pairs, read_scored_pairs, read_texts
 from pipeline.data.tasks.splits import Split, TaskData
+from pipeline.finetune.families.embedding.corpus_stage import read_corpus_pairs
 from pipeline.finetune.families.interface import TaskFamily
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
-KINDS = {"embed-pairs": "pairs", "embed-sts": "sts", "embed-simcse": "simcse"}
-COLUMNS = {"pairs": ("query", "positive", "negative"), "sts": ("sentence1", "sentence2"), "simcse": ("text",)}
+KINDS = {"embed-pairs": "pairs", "embed-sts": "sts", "embed-simcse": "simcse", "embed-corpus": "corpus"}
+COLUMNS = {"pairs": ("query", "positive", "negative"), "sts": ("sentence1", "sentence2"), "simcse": ("text",),
+           "corpus": ("query", "positive")}
+PAIRED = ("pairs", "corpus")
+"""Kinds whose splits are (query, positive[, negative]) pairs, trained and scored as they are."""
 MIN_HALF_WORDS = 2
 """Words a SimCSE text needs on each side of its middle to be a held-out search (shorter texts are left out)."""
 
@@ -32,7 +38,7 @@ def load_embedding_task(config) -> TaskData:
     """The task's train, dev (and test) files, each checked line by line (`records.py`)."""
     kind, d = KINDS[config.task], config.data
     read = {"pairs": read_pairs, "sts": lambda path: read_scored_pairs(path, config.embedding.score_range),
-            "simcse": read_texts}[kind]
+            "simcse": read_texts, "corpus": lambda path: read_corpus_pairs(path, config)}[kind]
     train = read(d.train_file)
     if d.max_train_examples:
         n = d.max_train_examples
@@ -75,7 +81,7 @@ class EmbeddingFamily(TaskFamily):
 
         if self.kind == "sts":
             return score_sts(encode, split)
-        return score_retrieval(encode, split if self.kind == "pairs" else text_halves(split))
+        return score_retrieval(encode, split if self.kind in PAIRED else text_halves(split))
 
     def bm25(self, split: Split) -> dict[str, float]:
         """BM25's figures on the split (retrieval kinds; STS has none)."""
@@ -83,7 +89,7 @@ class EmbeddingFamily(TaskFamily):
 
         if self.kind == "sts":
             return {}
-        task = RetrievalTask.of(split if self.kind == "pairs" else text_halves(split))
+        task = RetrievalTask.of(split if self.kind in PAIRED else text_halves(split))
         return task.metrics(task.bm25_scores())
 
     def training_sets(self, split: Split):

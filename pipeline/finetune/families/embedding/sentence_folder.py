@@ -37,12 +37,23 @@ def model_dropout(config) -> float:
 def build_sentence_model(source: str, *, pooling: Pooling, max_seq_len: int, from_scratch: bool = False,
                          dropout: float | None = None):
     """A `SentenceTransformer` of `source`'s encoder (no head) and `pooling`; random weights of the same
-    architecture `from_scratch`; `dropout` (None: the model's own) set on every dropout of the config."""
+    architecture `from_scratch`; `dropout` (None: the model's own) set on every dropout of the config.
+
+    A Sentence-Transformers folder (an earlier embedding stage's output) gives its transformer, and its pooling
+    must be `pooling`: a stage that pooled otherwise than its source was trained to is refused before it loads."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
+    from pipeline.models.embedding_encoder import sentence_folder
+
+    if (folder := sentence_folder(source)) is not None:
+        if folder.pooling != pooling:
+            raise PipelineError(f"{source}: a Sentence-Transformers folder that pools {folder.pooling!r}, but "
+                                f"embedding.pooling is {pooling!r}; set embedding.pooling to {folder.pooling!r} to "
+                                "go on from it (or start from the model it was trained from)")
+        source = str(folder.transformer)
     present = AutoConfig.from_pretrained(source).to_dict()
     config_kwargs = {key: dropout for key in DROPOUT_KEYS if key in present} if dropout is not None else {}
     verbosity = hf_logging.get_verbosity()
