@@ -55,6 +55,7 @@ def test_the_corpus_stage_feeds_the_supervised_pairs_stage(tmp_path, modernbert)
     folder = stage / "seed_1" / "model"
     info = json.loads((folder / "pipeline_finetune.json").read_text())
     assert info["loss"] == "CachedMultipleNegativesRankingLoss" and (folder / "modules.json").is_file()
+    assert "3 epochs (at most 2 steps)" in (folder / "README.md").read_text()
 
     rows = [{"query": " ".join(d.split()[:4]), "positive": " ".join(d.split()[4:])}
             for d in make_documents(30, seed=12, min_words=9, max_words=20)]

@@ -166,7 +166,8 @@ class EmbeddingTuner:
                 "from_scratch": self.arm.from_scratch, "source_model": source.path,
                 "pretrain_run_id": source.pretrain_run_id, "pretrain_checkpoint": source.pretrain_checkpoint,
                 "recipe": {"learning_rate": t.learning_rate, "batch_size": t.batch_size, "epochs": t.epochs,
-                           "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "precision": t.precision},
+                           "max_steps": self.config.embedding.max_steps, "warmup_ratio": t.warmup_ratio,
+                           "weight_decay": t.weight_decay, "precision": t.precision},
                 **({"selection": self.training.protocol} if self.training.protocol else {})}, check)
         self.metrics.log({f"best/{k}": v for k, v in result.best.items()} | {"best/epoch": result.best_epoch},
                          t.epochs)
