@@ -124,7 +124,7 @@ class FinetuneTrainConfig:
 class FinetuneConfig:
     task: str = "sst2"
     """A GLUE task name, `custom`, a token task (`ner`, `pos`, `token-custom`), a QA task (`squad`, `qa-custom`) or
-    an embedding task (`embed-pairs`, `embed-sts`, `embed-simcse`, `embed-sparse`)."""
+    an embedding task (`embed-pairs`, `embed-sts`, `embed-simcse`, `embed-sparse`, `embed-corpus`)."""
     name: str | None = None
     """What tracking and the comparison table call this task; None: `task`. Name each custom task, so that two
     of them in one MLflow store keep their metrics apart (`keywords/accuracy`, not both `custom/accuracy`)."""

@@ -45,4 +45,20 @@ def file_problems(config: FinetuneConfig) -> list[str]:
         return [f"data.glue_dir: {d.glue_dir} is not a folder"] if d.glue_dir and not Path(d.glue_dir).is_dir() else []
     names = ["train_file", "validation_file"] + (["test_file"] if config.task in own_files else [])
     named = {name: getattr(d, name) for name in names if getattr(d, name)}
+    if config.task == "embed-corpus":
+        return corpus_problems(named)
     return [f"data.{name}: {path} does not exist" for name, path in named.items() if not Path(path).is_file()]
+
+
+def corpus_problems(named: dict[str, str]) -> list[str]:
+    """`embed-corpus` reads what the sharder reads: a file, a folder or a glob of .txt, .jsonl or .parquet."""
+    from pipeline.common.errors import PipelineError
+    from pipeline.data.corpus import resolve_inputs
+
+    problems = []
+    for name, path in named.items():
+        try:
+            resolve_inputs([path])
+        except PipelineError as err:
+            problems.append(f"data.{name}: {str(err).removeprefix('--input ')}")
+    return problems

@@ -151,7 +151,8 @@ class EmbeddingTuner:
         with tempfile.TemporaryDirectory(prefix="embed-trainer-") as scratch:
             Arguments = SparseEncoderTrainingArguments if self.sparse else SentenceTransformerTrainingArguments
             args = Arguments(
-                output_dir=scratch, num_train_epochs=t.epochs, per_device_train_batch_size=t.batch_size,
+                output_dir=scratch, num_train_epochs=t.epochs, max_steps=self.config.embedding.max_steps or -1,
+                per_device_train_batch_size=t.batch_size,
                 learning_rate=t.learning_rate, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
                 adam_beta1=t.adam_betas[0], adam_beta2=t.adam_betas[1], adam_epsilon=t.adam_eps,
                 max_grad_norm=t.max_grad_norm, seed=self.seed, data_seed=self.seed,
@@ -223,7 +224,8 @@ class EmbeddingTuner:
                 "from_scratch": self.arm.from_scratch, "source_model": source.path, **self._options(),
                 "pretrain_run_id": source.pretrain_run_id, "pretrain_checkpoint": source.pretrain_checkpoint,
                 "recipe": {"learning_rate": t.learning_rate, "batch_size": t.batch_size, "epochs": t.epochs,
-                           "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "precision": t.precision},
+                           "max_steps": self.config.embedding.max_steps, "warmup_ratio": t.warmup_ratio,
+                           "weight_decay": t.weight_decay, "precision": t.precision},
                 **({"selection": self.training.protocol} if self.training.protocol else {})}, check)
         self.metrics.log({f"best/{k}": v for k, v in result.best.items()} | {"best/epoch": result.best_epoch},
                          t.epochs)

@@ -97,8 +97,9 @@ def _protocol_section(info: dict, report: dict, best: dict, metric: str) -> str:
     else:
         lines.append("- No sweep: the config's setting, the best epoch chosen on dev.")
     if recipe := info.get("recipe"):
+        steps = f" (at most {recipe['max_steps']} steps)" if recipe.get("max_steps") else ""
         lines.append(f"- Recipe: learning rate {recipe['learning_rate']:g}, batch {recipe['batch_size']}, "
-                     f"{recipe['epochs']} epochs, warmup {recipe['warmup_ratio']:.0%}, weight decay "
+                     f"{recipe['epochs']} epochs{steps}, warmup {recipe['warmup_ratio']:.0%}, weight decay "
                      f"{recipe['weight_decay']:g}, {recipe['precision']}, at most {info.get('max_seq_len')} tokens.")
     if curve := report.get("label_curve"):
         points = ", ".join(f"{p['labels_per_class']}: {p['median']:.3f}" for p in curve)

@@ -10,13 +10,15 @@ from dataclasses import dataclass, field
 
 from pipeline.common.config import size_limits as lim
 from pipeline.common.config.tree import refuse
+from pipeline.data.tasks.corpus_pairs import CorpusPairsConfig
 from pipeline.finetune.families.embedding.options import HardNegatives, Prompts
 from pipeline.models.architectures.config import Pooling
 
-EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse", "embed-sparse")
+EMBEDDING_TASKS = ("embed-pairs", "embed-sts", "embed-simcse", "embed-sparse", "embed-corpus")
 """`embed-pairs`: jsonl of `query`, `positive` and an optional `negative`; `embed-sts`: `sentence1`, `sentence2`,
 `score`; `embed-simcse`: `text` only (unsupervised, dropout is the augmentation); `embed-sparse`: `embed-pairs`'
-files, trained as SPLADE (sparse vectors from the masked-LM head)."""
+files, trained as SPLADE (sparse vectors from the masked-LM head); `embed-corpus`: a raw corpus (what
+`data_prep/shard.py` reads), pairs mined from its documents (`embedding.corpus`)."""
 
 
 
@@ -32,6 +34,12 @@ class EmbeddingConfig:
     cache_mini_batch: int | None = None
     """Cached in-batch negatives (GradCache, Gao et al. 2021): embeddings are computed this many examples at a time,
     so `train.batch_size` (the number of in-batch negatives) can exceed what fits in memory. None: plain in-batch."""
+
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (the last epoch scored where it stops); None: `train.epochs` whole
+    epochs. A short corpus stage before supervised pairs needs only a few hundred."""
+    corpus: CorpusPairsConfig = field(default_factory=CorpusPairsConfig)
+    """`embed-corpus` only: the corpus's keys and the pairs mined from it (`data/tasks/corpus_pairs.py`)."""
 
     dropout: float | None = None
     """Dropout set on every dropout of the model's config while fine-tuning; None: the model's own. SimCSE needs
@@ -59,6 +67,8 @@ class EmbeddingConfig:
             problems.append(f"embedding.scale: must be > 0, got {self.scale}")
         if self.cache_mini_batch is not None and self.cache_mini_batch < 1:
             problems.append(f"embedding.cache_mini_batch: must be ≥ 1 (or null), got {self.cache_mini_batch}")
+        if self.max_steps is not None and self.max_steps < 1:
+            problems.append(f"embedding.max_steps: must be ≥ 1 (or null), got {self.max_steps}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             problems.append(f"embedding.dropout: must be in [0, 1) (or null), got {self.dropout}")
         dims = self.matryoshka_dims

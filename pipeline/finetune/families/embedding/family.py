@@ -8,6 +8,8 @@
     embed-sparse  (query, positive[, negative]) as embed-pairs: SPLADE (`sparse_folder.py`), in-batch negatives on
                   dot products of sparse vectors plus FLOPS regularisers; scored by nDCG@10 of dot-product search,
                   with the active dimensions per query and per document beside it
+    embed-corpus  a raw corpus: (query, positive) pairs mined from its documents (`corpus_stage.py`), trained as
+                  pairs and scored by retrieval nDCG@10 on the pairs mined from the held-out documents
 
 In-batch negatives are the cached (GradCache) form when `embedding.cache_mini_batch` is set, and their batches
 come from sentence-transformers' no-duplicates sampler, so that no text is its own in-batch negative. With
@@ -25,14 +27,16 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.tasks.catalog import TaskSpec
 from pipeline.data.tasks.embedding_records import read_pairs, read_scored_pairs, read_texts
 from pipeline.data.tasks.splits import Split, TaskData
+from pipeline.finetune.families.embedding.corpus_stage import read_corpus_pairs
 from pipeline.finetune.families.interface import TaskFamily
 
 RETRIEVAL_METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_10", "recall_at_100")
-KINDS = {"embed-pairs": "pairs", "embed-sts": "sts", "embed-simcse": "simcse", "embed-sparse": "sparse"}
+KINDS = {"embed-pairs": "pairs", "embed-sts": "sts", "embed-simcse": "simcse", "embed-sparse": "sparse",
+         "embed-corpus": "corpus"}
 COLUMNS = {"pairs": ("query", "positive", "negative"), "sts": ("sentence1", "sentence2"), "simcse": ("text",),
-           "sparse": ("query", "positive", "negative")}
-PAIR_KINDS = ("pairs", "sparse")
-"""The kinds whose files are `embed-pairs`' (query, positive[, negative]) records."""
+           "sparse": ("query", "positive", "negative"), "corpus": ("query", "positive")}
+PAIRED = ("pairs", "sparse", "corpus")
+"""Kinds whose splits are (query, positive[, negative]) pairs, trained and scored as they are."""
 SPARSE_FIGURES = ("query_active_dims", "document_active_dims")
 """`embed-sparse`'s figures beside the search metrics (`hub.retrieval.sparse_scoring.ACTIVE_DIMS`)."""
 MIN_HALF_WORDS = 2
@@ -43,7 +47,8 @@ def load_embedding_task(config) -> TaskData:
     """The task's train, dev (and test) files, each checked line by line (`records.py`)."""
     kind, d = KINDS[config.task], config.data
     read = {"pairs": read_pairs, "sparse": read_pairs, "simcse": read_texts,
-            "sts": lambda path: read_scored_pairs(path, config.embedding.score_range)}[kind]
+            "sts": lambda path: read_scored_pairs(path, config.embedding.score_range),
+            "corpus": lambda path: read_corpus_pairs(path, config)}[kind]
     train = read(d.train_file)
     if d.max_train_examples:
         n = d.max_train_examples
@@ -124,7 +129,7 @@ class EmbeddingFamily(TaskFamily):
                 from pipeline.hub.retrieval.sparse_scoring import score_sparse_retrieval
 
                 return score_sparse_retrieval(encode, split)
-            return score_retrieval(encode, split if self.kind == "pairs" else text_halves(split), documents)
+            return score_retrieval(encode, split if self.kind in PAIRED else text_halves(split), documents)
 
         if not self.dims:
             return figures(encode, documents)
@@ -140,7 +145,7 @@ class EmbeddingFamily(TaskFamily):
 
         if self.kind == "sts":
             return {}
-        task = RetrievalTask.of(split if self.kind in PAIR_KINDS else text_halves(split))
+        task = RetrievalTask.of(split if self.kind in PAIRED else text_halves(split))
         return task.metrics(task.bm25_scores())
 
     def training_sets(self, split: Split):

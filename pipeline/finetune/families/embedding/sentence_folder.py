@@ -39,16 +39,25 @@ def build_sentence_model(source: str, *, pooling: Pooling, max_seq_len: int, fro
                          dropout: float | None = None, prompts: dict[str, str] | None = None):
     """A `SentenceTransformer` of `source`'s encoder (no head) and `pooling`; random weights of the same
     architecture `from_scratch`; `dropout` (None: the model's own) set on every dropout of the config; `prompts`
-    by name (`query`, `document`), saved with the folder. A checkpoint
-    lacking a weight of the encoder is refused, naming it (`encoder_weights.load_encoder_weights`), before
-    sentence-transformers loads it."""
+    by name (`query`, `document`), saved with the folder. A checkpoint lacking a weight of the encoder is refused,
+    naming it (`encoder_weights.load_encoder_weights`), before sentence-transformers loads it.
+
+    A Sentence-Transformers folder (an earlier embedding stage's output) gives its transformer, and its pooling
+    must be `pooling`: a stage that pooled otherwise than its source was trained to is refused before it loads."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as models
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
+    from pipeline.models.embedding_encoder import sentence_folder
     from pipeline.models.encoder_weights import load_encoder_weights
 
+    if (folder := sentence_folder(source)) is not None:
+        if folder.pooling != pooling:
+            raise PipelineError(f"{source}: a Sentence-Transformers folder that pools {folder.pooling!r}, but "
+                                f"embedding.pooling is {pooling!r}; set embedding.pooling to {folder.pooling!r} to "
+                                "go on from it (or start from the model it was trained from)")
+        source = str(folder.transformer)
     if not from_scratch:
         load_encoder_weights(source)  # strict: raises naming the keys; sentence-transformers loads its own copy
     present = AutoConfig.from_pretrained(source).to_dict()
