@@ -34,7 +34,11 @@ STUDY = harness.Study(
     arms=tuple(ARMS.values()))
 TASKS = ("squad", "stsb", "mrpc", "bbc")
 MAX_SEQ_LEN = 128
-"""Every arm reads at most 128 tokens: the export's positions (longer texts are truncated and counted)."""
+"""Every arm reads at most 128 tokens: the export's positions. The task files are cut to what every neural arm's
+tokenizer reads within them (`same_text`), so BM25 and TF-IDF read exactly the text the models read."""
+WIDEN_ROUNDS = 2
+"""A learning-rate grid whose winner is at its edge is widened (one value beyond that edge) at most this often."""
+WIDEN_FACTOR = 3.0
 SWEEPS = {"minilm": "train.learning_rate=1e-5,3e-5", "export": "train.learning_rate=3e-4,1e-3",
           "scratch": "train.learning_rate=3e-4,1e-3"}
 
@@ -62,23 +66,49 @@ def tsv(path: Path) -> list[dict]:
     return [row for _, row, _ in table_rows(path)]
 
 
-def make_data(a: argparse.Namespace, folder: Path) -> dict[str, Path]:
-    """The task files: SQuAD split by article, STS-B, MRPC and BBC News as the evaluator's and fine-tuning's jsonl."""
+def same_text(tokenizers: list) -> callable:
+    """A function cutting a text to its longest prefix of whole words that every tokenizer reads within
+    `MAX_SEQ_LEN` tokens (special tokens included): what a neural arm reads is then all of it, for BM25 too."""
+
+    def fits(text: str) -> bool:
+        return all(len(t(text, truncation=False)["input_ids"]) <= MAX_SEQ_LEN for t in tokenizers)
+
+    def cut(text: str) -> str:
+        if fits(text):
+            return text
+        words = text.split()
+        low, high = 0, len(words)  # words[:low] fits, words[:high] does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(" ".join(words[:middle])) else (low, middle)
+        return " ".join(words[:low])
+
+    return cut
+
+
+def make_data(a: argparse.Namespace, folder: Path, cut) -> dict[str, Path]:
+    """The task files, every text `cut` to what the models read: SQuAD split by article, STS-B, MRPC and BBC News as
+    the evaluator's and fine-tuning's jsonl. The fine-tuning runs' dev files are held out of the training data (the
+    last tenth of the training articles; a tenth of STS-B train), never the reported files."""
     articles = read_squad()
-    train = [{"query": qa["question"], "positive": p["context"]}
-             for art in articles[0::2] for p in art["paragraphs"] for qa in p["qas"]]
-    searched = articles[1::2]
-    # One question per paragraph is searched (the corpus: every paragraph of the held-out articles); another
-    # question of each is the fine-tuning runs' dev split, reported only.
-    test = [{"query": p["qas"][0]["question"], "positive": p["context"]} for art in searched for p in art["paragraphs"]]
-    dev = [{"query": p["qas"][1]["question"], "positive": p["context"]} for art in searched for p in art["paragraphs"]
-           if len(p["qas"]) > 1]
+    training, searched = articles[0::2], articles[1::2]
+    held = max(1, len(training) // 10)
+    train = [{"query": qa["question"], "positive": cut(p["context"])}
+             for art in training[:-held] for p in art["paragraphs"] for qa in p["qas"]]
+    dev = [{"query": p["qas"][0]["question"], "positive": cut(p["context"])} for art in training[-held:]
+           for p in art["paragraphs"]]
+    # One question per paragraph of the held-out articles is searched; the corpus is every one of their paragraphs.
+    test = [{"query": p["qas"][0]["question"], "positive": cut(p["context"])} for art in searched
+            for p in art["paragraphs"]]
     glue = harness.SHARED / "glue"
-    sts = [{"sentence1": r["sentence1"], "sentence2": r["sentence2"], "score": float(r["score"])}
-           for r in tsv(glue / "STS-B" / "train.tsv")]
-    sts_dev = [{"sentence1": r["sentence1"], "sentence2": r["sentence2"], "score": float(r["score"])}
+    sts_rows = [{"sentence1": cut(r["sentence1"]), "sentence2": cut(r["sentence2"]), "score": float(r["score"])}
+                for r in tsv(glue / "STS-B" / "train.tsv")]
+    sts_held = spread(sts_rows, max(1, len(sts_rows) // 10))
+    held_ids = {id(r) for r in sts_held}
+    sts = [r for r in sts_rows if id(r) not in held_ids]
+    sts_dev = [{"sentence1": cut(r["sentence1"]), "sentence2": cut(r["sentence2"]), "score": float(r["score"])}
                for r in tsv(glue / "STS-B" / "dev.tsv")]
-    mrpc = [{"sentence1": r["#1 String"], "sentence2": r["#2 String"], "label": int(r["Quality"])}
+    mrpc = [{"sentence1": cut(r["#1 String"]), "sentence2": cut(r["#2 String"]), "label": int(r["Quality"])}
             for r in tsv(glue / "MRPC" / "dev.tsv")]
     bbc = [json.loads(line) for line in (harness.SHARED / "tasks" / "bbc_news.jsonl").read_text().splitlines()]
     cap = a.eval_rows or 1 << 30
@@ -86,9 +116,10 @@ def make_data(a: argparse.Namespace, folder: Path) -> dict[str, Path]:
             "squad-dev": write_jsonl(folder / "squad-dev.jsonl", spread(dev, a.squad_dev)),
             "squad": write_jsonl(folder / "squad.jsonl", spread(test, cap)),
             "stsb-train": write_jsonl(folder / "stsb-train.jsonl", spread(sts, a.stsb_train)),
+            "stsb-dev": write_jsonl(folder / "stsb-dev.jsonl", sts_held),
             "stsb": write_jsonl(folder / "stsb.jsonl", spread(sts_dev, cap)),
             "mrpc": write_jsonl(folder / "mrpc.jsonl", spread(mrpc, cap)),
-            "bbc": write_jsonl(folder / "bbc.jsonl", [{"text": r["text"], "label": r["category"]}
+            "bbc": write_jsonl(folder / "bbc.jsonl", [{"text": cut(r["text"]), "label": r["category"]}
                                                       for r in spread(bbc, a.bbc)])}
 
 
@@ -132,18 +163,58 @@ def lexical(files: dict[str, Path]) -> dict[str, float]:
     return figures
 
 
-def finetune(a, out: Path, files: dict[str, Path], arm: str, task: str, model: Path, env: dict) -> Path:
-    """One arm on one training task through the protocol; its output folder."""
-    folder = out / "finetune" / f"{task}-{arm}"
-    config = "embed-pairs" if task == "squad" else "embed-sts"
-    cmd = harness.finetune_command(config, model, a.seeds, scratch=arm == "scratch", sweeps=[SWEEPS[arm]], sets={
-        "data.train_file": files[f"{task}-train"], "data.validation_file": files["squad-dev" if task == "squad"
-                                                                                 else "stsb"],
+def finetune(a, out: Path, files: dict[str, Path], arm: str, task: str, model: Path, env: dict, grid: list[float],
+             config: str | None = None) -> Path:
+    """One arm on one training task through the protocol (the learning rate chosen from `grid` on held-out training
+    pairs); its output folder."""
+    rates = ",".join(f"{lr:g}" for lr in grid)
+    folder = out / "finetune" / f"{task}-{arm}-lr{rates.replace(',', '_')}"
+    config = config or ("embed-pairs" if task == "squad" else "embed-sts")
+    cmd = harness.finetune_command(config, model, a.seeds, scratch=arm.startswith("scratch"),
+                                   sweeps=[f"train.learning_rate={rates}"], sets={
+        "data.train_file": files[f"{task}-train"], "data.validation_file": files[f"{task}-dev"],
         "data.max_seq_len": MAX_SEQ_LEN, "train.epochs": a.epochs, "train.batch_size": 32, "train.eval_batch_size": 64,
         "train.output_dir": folder, "tracking.uri": f"sqlite:///{out / 'mlflow.db'}",
         "tracking.experiment": "embeddings-benchmark"})
     harness.launch(cmd, env=env, log=out / "logs" / f"{folder.name}.log")
     return folder
+
+
+def chosen_rate(folder: Path) -> float:
+    return float(json.loads((folder / "selection.json").read_text())["chosen"]["train.learning_rate"])
+
+
+def widened(grid: list[float], chosen: float) -> list[float] | None:
+    """The grid one value beyond the edge its winner sits on (None: the winner is inside it)."""
+    if chosen == max(grid) and len(grid) > 1:
+        return [chosen, chosen * WIDEN_FACTOR]
+    if chosen == min(grid) and len(grid) > 1:
+        return [chosen / WIDEN_FACTOR, chosen]
+    return None
+
+
+def finetune_widening(a, out: Path, files: dict[str, Path], arm: str, task: str, model: Path, env: dict,
+                      grid: list[float], config: str | None = None) -> tuple[Path, list[list[float]]]:
+    """`finetune`, rerun on a widened grid while its winner sits at the grid's edge (at most `WIDEN_ROUNDS` times):
+    the last run's folder, and every grid tried."""
+    grids = [grid]
+    folder = finetune(a, out, files, arm, task, model, env, grid, config)
+    while len(grids) <= WIDEN_ROUNDS and (wider := widened(grids[-1], chosen_rate(folder))):
+        grids.append(wider)
+        folder = finetune(a, out, files, arm, task, model, env, wider, config)
+    return folder, grids
+
+
+def seed_models(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.glob("seed_*/model") if path.is_dir())
+
+
+def median_over_seeds(folder: Path, files: dict[str, Path], tasks: tuple[str, ...]) -> dict[str, float]:
+    """Each seed's model scored on the reported files; the median of each figure over the seeds."""
+    scores = [score_model(model, files, tasks)[0] for model in seed_models(folder)]
+    if not scores:
+        raise SystemExit(f"{folder}: no seed's model was saved")
+    return {key: statistics.median(s[key] for s in scores) for key in scores[0]}
 
 
 def st_parity(model: Path, files: dict[str, Path], ours: dict[str, float]) -> list[dict]:

@@ -66,14 +66,12 @@ def search_figures(layout: MainJobLayout, arm: str) -> dict[str, float] | None:
     """The main job's search rows of one arm (nDCG@10 on the dev docstrings): dense after the corpus stage and
     after the pairs, sparse, hybrid, and BM25's; None when they were not run."""
     from pipeline.tracking.finetune_report import read_json
-    from pipeline.tracking.task_report import search_scores
 
     dense, sparse = (read_json(layout.finetune(task, arm).metrics) for task in ("search", "search-sparse"))
-    hybrid = search_scores(layout.hybrid_search(arm), "hybrid")
-    if not (dense and sparse and hybrid):
+    if not (dense and sparse):
         return None
     return {"corpus stage": dense["zero_shot_ndcg_at_10"], "dense": dense["ndcg_at_10"],
-            "sparse": sparse["ndcg_at_10"], "hybrid": hybrid["ndcg_at_10"], "bm25": dense["bm25_ndcg_at_10"]}
+            "sparse": sparse["ndcg_at_10"], "hybrid": dense["hybrid_ndcg_at_10"], "bm25": dense["bm25_ndcg_at_10"]}
 
 
 def search_cells(search: dict[str, float], scratch: dict[str, float] | None) -> dict[str, str]:

@@ -24,9 +24,8 @@ script named here), exactly as a user would type it:
                                         docstring search (data_prep/make_embedded_task.py --search:
                                         first sentence → the rest), both arms through a short
                                         contrastive stage on the corpus itself (no labels), then one
-                                        epoch of the search pairs; SPLADE from each arm's masked-LM
-                                        head; the dense model fused with BM25 (launchers/embed_eval.py
-                                        --hybrid); BM25 beside
+                                        epoch of the search pairs, fused with BM25 too; SPLADE from
+                                        each arm's masked-LM head; BM25 beside
   9. launchers/minimal_pairs.py         minimal pairs made from held-out text (data_prep/
                                         make_minimal_pairs.py), the export against a unigram model
      (steps 6-9 run as processes two at a time: the short ones beside the fine-tuning runs)
@@ -99,7 +98,7 @@ TASK_PLANS = {
 }
 assert tuple(TASK_PLANS) == MAIN_JOB_TASKS
 SEARCH_CONFIG = "docstring-search"
-CORPUS_STAGE_CONFIG = "embed-corpus"
+CORPUS_STAGE_CONFIG = "docstring-corpus"
 SPARSE_CONFIG = "embed-sparse"
 Run = tuple[str, str, list]
 """One stage as `MainJob.run_together` takes it: (name, stage, args)."""
@@ -300,6 +299,8 @@ def make_tasks(job: MainJob, layout: MainJobLayout) -> None:
             "--out", layout.task("word-order"))
     job.run("7/10 task: search", "task-search", "make.embedded_task", "--corpus", layout.corpus, "--search",
             "--out", layout.task("search"))
+    job.run("7/10 task: the corpus's documents", "task-documents", "make.embedded_task", "--corpus", layout.corpus,
+            "--documents", "--val-fraction", HELD_OUT_FRACTION, "--out", layout.task("documents"))
 
 
 def token_baseline_runs(layout: MainJobLayout) -> list[tuple[str, str, list]]:
@@ -338,34 +339,30 @@ def task_files(layout: MainJobLayout, task: str) -> list[str]:
 
 
 def search_chain(layout: MainJobLayout, arm: str) -> list[Run]:
-    """Docstring search for one arm, as a chain: a short contrastive stage on the job's own corpus with no labels
-    (configs/tasks/embed-corpus.json: pairs mined from its documents), one epoch of the search pairs from that folder
-    (configs/tasks/docstring-search.json; one seed, no sweep: a glance, not the protocol's full comparison), and the
-    result fused with BM25 on the dev docstrings (`roberta-embed-eval --hybrid`, the weight chosen on held-out
-    queries)."""
-    corpus_stage, search = layout.finetune("search-corpus", arm), layout.finetune("search", arm)
+    """Docstring search for one arm, as a chain: a short contrastive stage on the job's own documents with no labels
+    (configs/tasks/docstring-corpus.json: pairs mined from them, selected on the held-out ones), then one epoch of the
+    search pairs from that folder (configs/tasks/docstring-search.json; one seed, no sweep: a glance, not the
+    protocol's full comparison), which scores the model beside BM25 and fused with it."""
+    corpus_stage = layout.finetune("search-corpus", arm)
     return [
         (f"corpus-stage-{arm}", "finetune", [
             "--config", CORPUS_STAGE_CONFIG, "--model", layout.pretrain.export, "--seeds", "1",
-            *(["--from-scratch"] if arm == "from-scratch" else []), "--set", f"data.train_file={layout.corpus}",
+            *(["--from-scratch"] if arm == "from-scratch" else []), *task_files(layout, "documents"),
             "--set", f"train.output_dir={corpus_stage.root}", "--set", f"tracking.uri={layout.tracking_uri}",
             *FULL_OUTPUT]),
         (f"finetune-search-{arm}", "finetune", [
             "--config", SEARCH_CONFIG, "--model", corpus_stage.seed(1).model, "--seeds", "1",
-            *task_files(layout, "search"), "--set", f"train.output_dir={search.root}",
-            "--set", f"tracking.uri={layout.tracking_uri}", *FULL_OUTPUT]),
-        (f"hybrid-search-{arm}", "embed_eval", [
-            "--model", search.seed(1).model, "--retrieval", layout.task("search") / "dev.jsonl", "--hybrid",
-            "--json", layout.hybrid_search(arm)])]
+            *task_files(layout, "search"), "--set", f"train.output_dir={layout.finetune('search', arm).root}",
+            "--set", f"tracking.uri={layout.tracking_uri}", *FULL_OUTPUT])]
 
 
 def sparse_search_run(layout: MainJobLayout, arm: str) -> Run:
     """Docstring search by SPLADE from one arm's masked-LM head (configs/tasks/embed-sparse.json on the search
-    pairs; one seed, no sweep)."""
+    pairs, one epoch; one seed, no sweep)."""
     return (f"sparse-search-{arm}", "finetune", [
         "--config", SPARSE_CONFIG, "--model", layout.pretrain.export, "--seeds", "1",
         *(["--from-scratch"] if arm == "from-scratch" else []), *task_files(layout, "search"),
-        "--set", f"train.output_dir={layout.finetune('search-sparse', arm).root}",
+        "--set", "train.epochs=1", "--set", f"train.output_dir={layout.finetune('search-sparse', arm).root}",
         "--set", f"tracking.uri={layout.tracking_uri}", *FULL_OUTPUT])
 
 

@@ -239,11 +239,6 @@ class MainJobLayout:
         """One of `MAIN_JOB_TASKS` (or `search`) made from the corpus: train.jsonl, dev.jsonl."""
         return self.root / "tasks" / name
 
-    def hybrid_search(self, arm: str) -> Path:
-        """The search chain's model of `arm` fused with BM25 on the search dev split (`roberta-embed-eval --hybrid
-        --json`)."""
-        return self.root / "finetune" / "search-hybrid" / f"{arm}.json"
-
     @property
     def cloze(self) -> Path:
         """The export's cloze check on the validation text (launchers/cloze.py --json)."""

@@ -8,8 +8,6 @@ leads elsewhere. Nothing is recomputed.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pipeline.common.run_layout import MAIN_JOB_ARMS, MAIN_JOB_TASKS, MainJobLayout
 from pipeline.tracking.finetune_report import CurvePoint, FinetuneResult, finetune_result, read_json
 
@@ -104,16 +102,9 @@ def minimal_pairs_line(layout: MainJobLayout) -> str | None:
     return line
 
 
-def search_scores(path: Path, scorer: str) -> dict[str, float] | None:
-    """One scorer's figures (`model`, `bm25`, `hybrid`, …) in a `roberta-embed-eval --json` record."""
-    record = read_json(path)
-    found = [r["scores"]["test"][0] for r in (record or {}).get("results", []) if r.get("scorer") == scorer]
-    return found[0] if found else None
-
-
 def search_lines(layout: MainJobLayout) -> list[tuple[str, str]]:
     """Docstring search, nDCG@10 on the dev docstrings, each arm: dense (after the corpus stage with no labels →
-    after one epoch of pairs), sparse (SPLADE) and hybrid (dense fused with BM25); BM25 beside."""
+    after one epoch of pairs), sparse (SPLADE), and hybrid (the dense model fused with BM25); BM25 beside."""
     dense = {arm: read_json(layout.finetune("search", arm).metrics) for arm in MAIN_JOB_ARMS}
     if not all(dense.values()):
         return []
@@ -124,11 +115,11 @@ def search_lines(layout: MainJobLayout) -> list[tuple[str, str]]:
                                f"BM25 {dense['pretrained'][f'bm25_{main}']:.3f}")]
     sparse = {arm: read_json(layout.finetune("search-sparse", arm).metrics) for arm in MAIN_JOB_ARMS}
     if all(sparse.values()):
-        lines.append(("search, sparse", "SPLADE from each arm's masked-LM head, one epoch: " + "; ".join(
+        lines.append(("search, sparse", "SPLADE from each arm's masked-LM head: " + "; ".join(
             f"{ARM_NAMES[arm]} {r[main]:.3f} ({r['document_active_dims']:.0f} active dimensions per document)"
             for arm, r in sparse.items())))
-    hybrid = {arm: search_scores(layout.hybrid_search(arm), "hybrid") for arm in MAIN_JOB_ARMS}
-    if all(hybrid.values()):
+    if all(f"hybrid_{main}" in r for r in dense.values()):
         lines.append(("search, hybrid", "dense + BM25, the weight chosen on held-out queries: " + "; ".join(
-            f"{ARM_NAMES[arm]} {r[main]:.3f} (weight {r['weight']:.1f})" for arm, r in hybrid.items())))
+            f"{ARM_NAMES[arm]} {r[f'hybrid_{main}']:.3f} (weight {r['hybrid_weight']:.1f})"
+            for arm, r in dense.items())))
     return lines

@@ -74,6 +74,12 @@ def test_a_kept_seed_is_a_sentence_transformers_folder_that_embeds_as_the_stage_
     seed = json.loads((best.parent / "metrics.json").read_text())
     assert -1 <= seed["zero_shot_mean_cosine"] <= 1 and seed["zero_shot_effective_rank"] >= 1  # geometry beside it
     assert score_retrieval(ours.encode, read_pairs(dev))["ndcg_at_10"] == pytest.approx(seed["ndcg_at_10"], abs=1e-6)
+    # ... and the same model fused with BM25, the weight cross-fitted on dev's queries, as the evaluator fuses it.
+    from pipeline.hub.retrieval.figures import hybrid_figures
+
+    fused = hybrid_figures(read_pairs(dev), ours.encode)
+    assert fused["hybrid_ndcg_at_10"] == pytest.approx(seed["hybrid_ndcg_at_10"], abs=1e-6)
+    assert 0 <= seed["hybrid_weight"] <= 1
 
 
 @pytest.mark.parametrize("task", ["embed-sts", "embed-simcse"])

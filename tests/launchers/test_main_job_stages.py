@@ -53,8 +53,6 @@ def test_a_chain_runs_its_stages_in_order_in_one_slot_and_stops_at_the_first_fai
 def test_the_search_chain_takes_each_stages_folder_from_the_stage_before(tmp_path):
     layout = MainJobLayout(tmp_path)
     for arm in ("pretrained", "from-scratch"):
-        corpus, search, hybrid = run_default.search_chain(layout, arm)
+        corpus, search = run_default.search_chain(layout, arm)
         assert ("--from-scratch" in corpus[2]) == (arm == "from-scratch") and "--from-scratch" not in search[2]
         assert search[2][search[2].index("--model") + 1] == layout.finetune("search-corpus", arm).seed(1).model
-        assert hybrid[2][hybrid[2].index("--model") + 1] == layout.finetune("search", arm).seed(1).model
-        assert "--hybrid" in hybrid[2]

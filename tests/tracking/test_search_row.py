@@ -44,13 +44,12 @@ def test_the_summary_sets_each_arms_dense_sparse_and_hybrid_search_beside_bm25(t
         folder = layout.finetune("search-sparse", arm).root
         folder.mkdir(parents=True)
         (folder / "metrics.json").write_text(json.dumps({"ndcg_at_10": figure, "document_active_dims": 180.4}))
-        layout.hybrid_search(arm).parent.mkdir(parents=True, exist_ok=True)
-        layout.hybrid_search(arm).write_text(json.dumps({"results": [
-            {"scorer": "model", "scores": {"test": [{"ndcg_at_10": 0.5}]}},
-            {"scorer": "hybrid", "scores": {"test": [{"ndcg_at_10": figure + 0.4, "weight": 0.6}]}}]}))
+        dense = layout.finetune("search", arm).metrics
+        dense.write_text(json.dumps({**json.loads(dense.read_text()), "hybrid_ndcg_at_10": figure + 0.4,
+                                     "hybrid_weight": 0.6}))
     sparse, hybrid = search_lines(layout)[1:]
-    assert sparse == ("search, sparse", "SPLADE from each arm's masked-LM head, one epoch: pretrained 0.300 (180 "
-                                        "active dimensions per document); from scratch 0.100 (180 active dimensions "
-                                        "per document)")
+    assert sparse == ("search, sparse", "SPLADE from each arm's masked-LM head: pretrained 0.300 (180 active "
+                                        "dimensions per document); from scratch 0.100 (180 active dimensions per "
+                                        "document)")
     assert hybrid == ("search, hybrid", "dense + BM25, the weight chosen on held-out queries: pretrained 0.700 "
                                         "(weight 0.6); from scratch 0.500 (weight 0.6)")

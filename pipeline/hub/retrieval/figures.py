@@ -123,20 +123,37 @@ class RetrievalExtras:
 
     def fused(self, name: str, model: np.ndarray, chosen: float | None) -> dict[str, float]:
         searched = self.searched[name]
-        task, bm25 = searched.task, searched.bm25
         if chosen is not None:
-            fused, weight = weighted_fusion(model, bm25, chosen), chosen
+            figures = searched.task.metrics(weighted_fusion(model, searched.bm25, chosen))
+            weight = chosen
         else:
-            order = np.random.default_rng(SEED).permutation(len(task.queries))
-            halves = order[: len(order) // 2], order[len(order) // 2:]
-            fused = np.zeros(model.shape)
-            weights = []
-            for rows, other in (halves, halves[::-1]):
-                w = searched.best_weight(model, other)
-                fused[rows] = weighted_fusion(model[rows], bm25[rows], w)
-                weights.append(w)
+            figures, weights = cross_fitted(searched, model)
             weight = float(np.mean(weights))
             self.notes.append(f"hybrid {name}: weights {weights[0]:.1f} and {weights[1]:.1f} (the model's share), "
-                              f"each chosen on the other half of the file's {len(task.queries)} queries (seed {SEED})")
-        return {**{f"hybrid/{k}": v for k, v in task.metrics(fused).items()}, "hybrid/weight": weight,
-                **{f"hybrid_rrf/{k}": v for k, v in task.metrics(rrf_fusion(model, bm25)).items()}}
+                              f"each chosen on the other half of the file's {len(searched.task.queries)} queries "
+                              f"(seed {SEED})")
+        return {**{f"hybrid/{k}": v for k, v in figures.items()}, "hybrid/weight": weight,
+                **{f"hybrid_rrf/{k}": v for k, v in searched.task.metrics(rrf_fusion(model, searched.bm25)).items()}}
+
+
+def cross_fitted(searched: Searched, model: np.ndarray) -> tuple[dict[str, float], list[float]]:
+    """The weighted fusion's figures on every query of `searched`, each half of the queries (seeded) fused with the
+    weight chosen on the other half; and the two weights."""
+    task, bm25 = searched.task, searched.bm25
+    order = np.random.default_rng(SEED).permutation(len(task.queries))
+    halves = order[: len(order) // 2], order[len(order) // 2:]
+    fused, weights = np.zeros(model.shape), []
+    for rows, other in (halves, halves[::-1]):
+        weights.append(searched.best_weight(model, other))
+        fused[rows] = weighted_fusion(model[rows], bm25[rows], weights[-1])
+    return task.metrics(fused), weights
+
+
+def hybrid_figures(pairs: Split, queries: Encode, documents: Encode | None = None) -> dict[str, float]:
+    """A pairs split's search figures, and the model fused with BM25 (weights cross-fitted on the split's own
+    queries, as `roberta-embed-eval --hybrid` without a selection file): `hybrid_<metric>` and `hybrid_weight`."""
+    searched = Searched.of(pairs)
+    model = cosine_scores(queries, documents or queries, searched.task)
+    fused, weights = cross_fitted(searched, model)
+    return {**searched.task.metrics(model), **{f"hybrid_{k}": v for k, v in fused.items()},
+            "hybrid_weight": float(np.mean(weights))}

@@ -1,7 +1,8 @@
-"""Embedding fine-tuning as a task family: the four configs' data, how a split is scored, the loss, the batches.
+"""Embedding fine-tuning as a task family: the five configs' data, how a split is scored, the loss, the batches.
 
     embed-pairs   (query, positive[, negative]): in-batch negatives (plus the hard negative where a pair has one),
-                  scored by retrieval nDCG@10 on the split's pairs (`evaluation.RetrievalTask`)
+                  scored by retrieval nDCG@10 on the split's pairs (`evaluation.RetrievalTask`), and fused with
+                  BM25 (`hybrid_ndcg_at_10`, the weight cross-fitted on the split's queries: `retrieval/figures.py`)
     embed-sts     (sentence1, sentence2, score): CoSENT, scored by the Spearman correlation of cosine
     embed-simcse  (text,): unsupervised SimCSE (Gao et al. 2021), each text its own positive under two dropout
                   masks; scored by retrieval nDCG@10 of each held-out text's first half searching for its second half
@@ -38,6 +39,8 @@ COLUMNS = {"pairs": ("query", "positive", "negative"), "sts": ("sentence1", "sen
 PAIRED = ("pairs", "sparse", "corpus")
 """Kinds whose splits are (query, positive[, negative]) pairs, trained and scored as they are."""
 SPARSE_FIGURES = ("query_active_dims", "document_active_dims")
+HYBRID_FIGURES = ("hybrid_ndcg_at_10", "hybrid_weight")
+"""`embed-pairs`' figures of the model fused with BM25 (`hub.retrieval.figures.hybrid_figures`)."""
 """`embed-sparse`'s figures beside the search metrics (`hub.retrieval.sparse_scoring.ACTIVE_DIMS`)."""
 MIN_HALF_WORDS = 2
 """Words a SimCSE text needs on each side of its middle to be a held-out search (shorter texts are left out)."""
@@ -58,6 +61,7 @@ def load_embedding_task(config) -> TaskData:
     metrics = ("spearman",) if kind == "sts" else RETRIEVAL_METRICS
     metrics += ("zero_shot_" + metrics[0],) + (("bm25_" + metrics[0],) if kind != "sts" else ())
     metrics += SPARSE_FIGURES if kind == "sparse" else ()
+    metrics += HYBRID_FIGURES if kind == "pairs" else ()
     metrics += tuple(f"{metrics[0]}@{dim}" for dim in config.embedding.matryoshka_dims or ())
     return TaskData(TaskSpec(config.task, COLUMNS[kind], "score" if kind == "sts" else None, None, metrics),
                     train, dev, test)
@@ -129,6 +133,10 @@ class EmbeddingFamily(TaskFamily):
                 from pipeline.hub.retrieval.sparse_scoring import score_sparse_retrieval
 
                 return score_sparse_retrieval(encode, split)
+            if self.kind == "pairs" and len(split) > 1:  # the model beside BM25 and fused with it
+                from pipeline.hub.retrieval.figures import hybrid_figures
+
+                return hybrid_figures(split, encode, documents)
             return score_retrieval(encode, split if self.kind in PAIRED else text_halves(split), documents)
 
         if not self.dims:
