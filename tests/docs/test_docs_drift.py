@@ -97,6 +97,7 @@ def load_script(script: str):
     name = "docs_drift_" + re.sub(r"\W", "_", script)
     spec = importlib.util.spec_from_file_location(name, ROOT / script)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as importlib's recipe: a script's dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
