@@ -358,11 +358,12 @@ def search_chain(layout: MainJobLayout, arm: str) -> list[Run]:
 
 def sparse_search_run(layout: MainJobLayout, arm: str) -> Run:
     """Docstring search by SPLADE from one arm's masked-LM head (configs/tasks/embed-sparse.json on the search
-    pairs, one epoch; one seed, no sweep)."""
+    pairs, 20 steps: a glance at what the head holds, sized to the job's time; one seed, no sweep)."""
     return (f"sparse-search-{arm}", "finetune", [
         "--config", SPARSE_CONFIG, "--model", layout.pretrain.export, "--seeds", "1",
         *(["--from-scratch"] if arm == "from-scratch" else []), *task_files(layout, "search"),
-        "--set", "train.epochs=1", "--set", f"train.output_dir={layout.finetune('search-sparse', arm).root}",
+        "--set", "embedding.max_steps=20",
+        "--set", f"train.output_dir={layout.finetune('search-sparse', arm).root}",
         "--set", f"tracking.uri={layout.tracking_uri}", *FULL_OUTPUT])
 
 
