@@ -28,6 +28,12 @@ def make_documents(n: int, seed: int = 0, min_words: int = 5, max_words: int = 1
     return docs
 
 
+def write_records(path: Path, records: list[dict]) -> Path:
+    """`records` as JSON lines at `path`."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
 def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
     path.write_text("".join(json.dumps({"id": i, field: d}) + "\n" for i, d in enumerate(docs)))
     return path

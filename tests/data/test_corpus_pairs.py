@@ -4,9 +4,9 @@ shape, mining fixed by its seed, and bad input as a clear error naming the file 
 from __future__ import annotations
 
 import gzip
-import json
 
 import pytest
+from helpers import write_records
 
 from pipeline.common.config.tree import SectionProblems
 from pipeline.common.errors import PipelineError
@@ -22,14 +22,10 @@ def document(i: int, sentences: int = 4) -> str:
     return ". ".join(f"doc{i} {SENTENCES[(i + k) % len(SENTENCES)]}" for k in range(sentences)) + "."
 
 
-def write_jsonl(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
 
 def test_the_sharders_formats_are_read_with_titles_where_the_input_has_them(tmp_path):
     records = [{"body": document(0), "title": "The mill"}, {"body": document(1)}]
-    jsonl = write_jsonl(tmp_path / "a.jsonl", records)
+    jsonl = write_records(tmp_path / "a.jsonl", records)
     gz = tmp_path / "b.txt.gz"
     gz.write_bytes(gzip.compress(f"# A heading\n{document(2)}\n\n{document(3)}\n".encode()))
     documents = read_documents([str(jsonl), str(gz)], text_key="body")
@@ -66,7 +62,7 @@ def test_mining_is_fixed_by_its_seed_and_each_view_switches_on_alone():
 
 
 def test_a_record_without_the_text_key_names_the_file_line_and_key(tmp_path):
-    path = write_jsonl(tmp_path / "corpus.jsonl", [{"text": document(0)}, {"body": document(1)}])
+    path = write_records(tmp_path / "corpus.jsonl", [{"text": document(0)}, {"body": document(1)}])
     with pytest.raises(PipelineError, match=r"corpus\.jsonl:2: no key 'text' \(keys: 'body'\); set "
                                             r"embedding\.corpus\.text_key"):
         read_documents(str(path))

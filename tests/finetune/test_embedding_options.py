@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import make_documents
+from helpers import make_documents, write_records
 from model_folders import save_export
 
 from pipeline.commands.finetune import main as finetune
@@ -26,10 +26,6 @@ def export(tmp_path_factory, bpe_tokenizer_dir):
     return save_export(bpe_tokenizer_dir, tmp_path_factory.mktemp("export") / "roberta", "roberta")
 
 
-def write_rows(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
@@ -37,7 +33,7 @@ def pairs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pairs")
     documents = make_documents(60, seed=5, min_words=9, max_words=24)
     rows = [{"query": " ".join(d.split()[1:4]), "positive": " ".join(d.split()[4:])} for d in documents]
-    return write_rows(folder / "train.jsonl", rows[:44]), write_rows(folder / "dev.jsonl", rows[44:])
+    return write_records(folder / "train.jsonl", rows[:44]), write_records(folder / "dev.jsonl", rows[44:])
 
 
 def run(out, export, train, dev, *sets):

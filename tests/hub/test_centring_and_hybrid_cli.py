@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import make_documents
+from helpers import make_documents, write_records
 from model_folders import save_export
 
 from pipeline.commands.embed_eval import build_parser
@@ -16,11 +16,6 @@ from pipeline.commands.embed_eval import main as embed_eval
 from pipeline.commands.export import main as export_main
 from pipeline.common.errors import PipelineError
 from pipeline.hub.onnx_export import OnnxEncoder
-
-
-def write(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +26,7 @@ def folders(tmp_path_factory, wordpiece_tokenizer_dir):
     root = tmp_path_factory.mktemp("centring")
     export = save_export(wordpiece_tokenizer_dir, root / "bert", "bert")
     build_sentence_model(str(export), pooling="mean", max_seq_len=48).save(str(root / "st"))
-    corpus = write(root / "corpus.jsonl", [{"text": d} for d in make_documents(100, seed=5, max_words=30)])
+    corpus = write_records(root / "corpus.jsonl", [{"text": d} for d in make_documents(100, seed=5, max_words=30)])
     embed_eval(["--model", str(root / "st"), "--fit-centring", str(corpus), "--write", str(root / "centred")])
     return root / "st", corpus, root / "centred"
 
@@ -92,7 +87,7 @@ def test_bad_input_is_refused_before_any_fit(folders, tmp_path, bpe_tokenizer_di
          "no such file"),
         (["--model", str(st), "--whiten"], "go with --fit-centring"),
     ]
-    few = write(tmp_path / "few.jsonl", [{"text": d} for d in make_documents(10, seed=1)])
+    few = write_records(tmp_path / "few.jsonl", [{"text": d} for d in make_documents(10, seed=1)])
     cases.append((["--model", str(st), "--fit-centring", str(few), "--whiten", "--write", str(tmp_path / "w")],
                   "whitening needs more than the width, 64"))
     for argv, message in cases:
@@ -111,8 +106,8 @@ def test_the_hybrid_flags_parse():
 def test_hybrid_search_end_to_end_beside_the_model_bm25_and_the_geometry(folders, tmp_path, capsys):
     _, _, centred = folders
     docs = make_documents(24, seed=12, min_words=8, max_words=20)
-    pairs = write(tmp_path / "search.jsonl", [{"query": " ".join(d.split()[:3]), "positive": " ".join(d.split()[3:])}
-                                               for d in docs])
+    pairs = write_records(tmp_path / "search.jsonl", [{"query": " ".join(d.split()[:3]),
+                                                       "positive": " ".join(d.split()[3:])} for d in docs])
     out = tmp_path / "result.json"
     embed_eval(["--model", str(centred), "--retrieval", str(pairs), "--hybrid", "--json", str(out)])
     screen = capsys.readouterr()
