@@ -21,7 +21,8 @@ import render_tables  # noqa: E402
 from harness import BenchmarkRecord, Study  # noqa: E402
 
 # modules, not benchmarks
-HELPERS = {"harness.py", "render_tables.py", "hf_baselines.py", "gpu_runs.py", "gpu_bundle.py", "plain_loop.py"}
+HELPERS = {"harness.py", "render_tables.py", "hf_baselines.py", "gpu_runs.py", "gpu_bundle.py", "plain_loop.py",
+           "embedding_data.py", "embedding_serving.py"}
 TOY = Study("toy_bench", question="Is ours faster?", metric="tokens/s", baseline="HF", arms=("ours", "HF"))
 
 
