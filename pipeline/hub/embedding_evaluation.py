@@ -119,21 +119,36 @@ class RetrievalTask:
                 "recall_at_100": mean(r["recall_100"] for r in per_query.values())}
 
     def bm25_scores(self) -> np.ndarray:
-        """BM25 (Lucene's variant, k1 1.5, b 0.75; English stop words) of every query against every document."""
+        """BM25 (`Bm25`) of every query against every document."""
+        return Bm25(self.corpus).scores(self.queries)
+
+
+class Bm25:
+    """bm25s over `documents`, indexed once: Lucene's BM25 (k1 1.5, b 0.75) with English stop words, the lexical
+    baseline of every search the pipeline scores (the evaluator, the search index, hard-negative mining)."""
+
+    def __init__(self, documents: Sequence[str]):
         import bm25s
 
-        scores = np.zeros((len(self.queries), len(self.corpus)), dtype=np.float32)
-        corpus = bm25s.tokenize(self.corpus, stopwords="en", show_progress=False)
-        if not corpus.vocab:
-            return scores  # no word of two letters or more in the corpus: nothing for BM25 to match
-        index = bm25s.BM25()
-        index.index(corpus, show_progress=False)
-        tokens = bm25s.tokenize(self.queries, stopwords="en", show_progress=False, return_ids=False)
-        for q, words in enumerate(tokens):
-            known = [w for w in words if w in index.vocab_dict]
-            if known:  # a query none of whose words is in the corpus scores 0 everywhere
-                scores[q] = index.get_scores(known)
-        return scores
+        corpus = bm25s.tokenize(list(documents), stopwords="en", show_progress=False)
+        self.size, self.index = len(documents), None
+        if corpus.vocab:  # no word of two letters or more in the corpus: nothing for BM25 to match
+            self.index = bm25s.BM25()
+            self.index.index(corpus, show_progress=False)
+
+    def scores(self, queries: Sequence[str]) -> np.ndarray:
+        """(queries × documents) float32; a query none of whose words is in the corpus scores 0 everywhere."""
+        import bm25s
+
+        out = np.zeros((len(queries), self.size), dtype=np.float32)
+        if self.index is None:
+            return out
+        for q, words in enumerate(bm25s.tokenize(list(queries), stopwords="en", show_progress=False,
+                                                 return_ids=False)):
+            known = [w for w in words if w in self.index.vocab_dict]
+            if known:
+                out[q] = self.index.get_scores(known)
+        return out
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:

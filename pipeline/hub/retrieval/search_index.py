@@ -6,8 +6,8 @@
     SearchIndex(documents, model, fusion="hybrid", weight=0.6)            # weight: the model's share
     SearchIndex(documents, model, fusion="rrf")                           # reciprocal rank fusion, k = 60
 
-The documents are embedded once (and, for `bm25`, `hybrid` and `rrf`, indexed once by bm25s with the evaluator's
-settings: Lucene's BM25, k1 1.5, b 0.75, English stop words). `hybrid` z-normalises each query's scores over the
+The documents are embedded once (and, for `bm25`, `hybrid` and `rrf`, indexed once by the evaluator's
+`Bm25`). `hybrid` z-normalises each query's scores over the
 documents and adds them with the weight (`roberta-embed-eval --hybrid` prints the weight chosen on held-out
 queries); `rrf` needs no weight. The hub `Encoder` gives one too (`Encoder.search_index`).
 """
@@ -20,37 +20,12 @@ from typing import Literal
 
 import numpy as np
 
+from pipeline.hub.embedding_evaluation import Bm25
 from pipeline.hub.retrieval.fusion import rrf_fusion, weighted_fusion
 from pipeline.hub.retrieval.geometry import unit_rows
 
 Fusion = Literal["dense", "bm25", "hybrid", "rrf"]
 FUSIONS = ("dense", "bm25", "hybrid", "rrf")
-
-
-class Bm25:
-    """bm25s over the documents, indexed once."""
-
-    def __init__(self, documents: Sequence[str]):
-        import bm25s
-
-        corpus = bm25s.tokenize(list(documents), stopwords="en", show_progress=False)
-        self.size, self.index = len(documents), None
-        if corpus.vocab:  # no word of two letters or more: nothing for BM25 to match
-            self.index = bm25s.BM25()
-            self.index.index(corpus, show_progress=False)
-
-    def scores(self, queries: Sequence[str]) -> np.ndarray:
-        import bm25s
-
-        out = np.zeros((len(queries), self.size), dtype=np.float32)
-        if self.index is None:
-            return out
-        for q, words in enumerate(bm25s.tokenize(list(queries), stopwords="en", show_progress=False,
-                                                 return_ids=False)):
-            known = [w for w in words if w in self.index.vocab_dict]
-            if known:
-                out[q] = self.index.get_scores(known)
-        return out
 
 
 @dataclass

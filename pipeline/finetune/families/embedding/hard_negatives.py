@@ -97,22 +97,11 @@ def bm25_ranked(queries: list[str], corpus: list[str], positives: dict[str, set[
                 relative_margin: float | None) -> dict[str, list[str]]:
     """Each query's best BM25 matches (Lucene's BM25, English stop words, as the evaluator's baseline), its positives
     and the candidates within `relative_margin` of its weakest positive's score left out; no shared word, no match."""
-    import bm25s
+    from pipeline.hub.embedding_evaluation import Bm25
 
-    index = bm25s.BM25()
-    tokens = bm25s.tokenize(corpus, stopwords="en", show_progress=False)
-    if not tokens.vocab:
-        return {}
-    index.index(tokens, show_progress=False)
     where = {text: i for i, text in enumerate(corpus)}
     ranked = {}
-    for query, words in zip(queries, bm25s.tokenize(queries, stopwords="en", show_progress=False, return_ids=False),
-                            strict=True):
-        known = [w for w in words if w in index.vocab_dict]
-        if not known:
-            ranked[query] = []
-            continue
-        scores = index.get_scores(known)
+    for query, scores in zip(queries, Bm25(corpus).scores(queries), strict=True):
         own = [where[p] for p in positives[query]]
         positive = float(scores[own].min())
         scores[own] = 0.0
