@@ -17,9 +17,9 @@ import numpy as np
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.tasks.splits import Split
-from pipeline.hub.embedding_evaluation import Encode, Probes, RetrievalTask
+from pipeline.hub.embedding_evaluation import Encode, Probes, RetrievalTask, cosine_scores
 from pipeline.hub.retrieval.fusion import choose_weight, rrf_fusion, weighted_fusion
-from pipeline.hub.retrieval.geometry import embedding_geometry, unit_rows
+from pipeline.hub.retrieval.geometry import embedding_geometry
 
 SEED = 0
 """The seed of the cross-fitting's split of a file's queries into halves."""
@@ -40,8 +40,9 @@ class RememberingEncode:
         return np.stack([self.seen[t] for t in texts])
 
 
-def cosine_scores(queries: Encode, documents: Encode, task: RetrievalTask) -> np.ndarray:
-    return unit_rows(queries(task.queries)) @ unit_rows(documents(task.corpus)).T
+def search_scores(queries: Encode, documents: Encode, task: RetrievalTask) -> np.ndarray:
+    """The task's (queries × corpus) cosines, queries and documents each through their own encoder."""
+    return cosine_scores(queries(task.queries), documents(task.corpus))
 
 
 def query_subset(task: RetrievalTask, rows: np.ndarray) -> RetrievalTask:
@@ -109,12 +110,12 @@ class RetrievalExtras:
         out = {}
         chosen = None
         if self.held_out is not None:
-            chosen = self.held_out.best_weight(cosine_scores(queries, documents, self.held_out.task))
+            chosen = self.held_out.best_weight(search_scores(queries, documents, self.held_out.task))
             self.notes.append(f"hybrid: weight {chosen:.1f} (the model's share) chosen on {self.select.source} "
                               f"({len(self.held_out.task.queries)} queries)")
         for name, pairs in self.probes.retrieval.items():
             task = self.searched[name].task if name in self.searched else RetrievalTask.of(pairs)
-            scores = cosine_scores(queries, documents, task)
+            scores = search_scores(queries, documents, task)
             geometry = embedding_geometry(documents(task.corpus), scores)
             out.update({f"retrieval/{name}/geometry/{k}": v for k, v in geometry.items()})
             if self.hybrid:
@@ -153,7 +154,7 @@ def hybrid_figures(pairs: Split, queries: Encode, documents: Encode | None = Non
     """A pairs split's search figures, and the model fused with BM25 (weights cross-fitted on the split's own
     queries, as `roberta-embed-eval --hybrid` without a selection file): `hybrid_<metric>` and `hybrid_weight`."""
     searched = Searched.of(pairs)
-    model = cosine_scores(queries, documents or queries, searched.task)
+    model = search_scores(queries, documents or queries, searched.task)
     fused, weights = cross_fitted(searched, model)
     return {**searched.task.metrics(model), **{f"hybrid_{k}": v for k, v in fused.items()},
             "hybrid_weight": float(np.mean(weights))}

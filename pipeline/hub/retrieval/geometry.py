@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.hub.embedding_evaluation import unit
+
 NO_SPREAD = 1e-6
 """Singular values summing below this fraction of the embeddings' norm count as no variation at all."""
 
 
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    vectors = np.asarray(vectors, dtype=np.float64)
-    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-
-
 def mean_cosine(vectors: np.ndarray) -> float:
     """The mean cosine over all pairs of distinct rows: (|Σ u|² − n) / (n (n − 1)) for unit rows u."""
-    units = unit_rows(vectors)
+    units = unit(np.asarray(vectors, dtype=np.float64))
     n = len(units)
     if n < 2:
         return float("nan")

@@ -20,9 +20,8 @@ from typing import Literal
 
 import numpy as np
 
-from pipeline.hub.embedding_evaluation import Bm25
+from pipeline.hub.embedding_evaluation import Bm25, unit
 from pipeline.hub.retrieval.fusion import rrf_fusion, weighted_fusion
-from pipeline.hub.retrieval.geometry import unit_rows
 
 Fusion = Literal["dense", "bm25", "hybrid", "rrf"]
 FUSIONS = ("dense", "bm25", "hybrid", "rrf")
@@ -54,7 +53,7 @@ class SearchIndex:
             raise ValueError("SearchIndex: " + "; ".join(problems))
         self.documents = list(self.documents)
         if self.fusion != "bm25":
-            self.vectors = unit_rows(self._encode(self.documents))
+            self.vectors = unit(self._encode(self.documents))
         if self.fusion != "dense":
             self.bm25 = Bm25(self.documents)
 
@@ -64,7 +63,7 @@ class SearchIndex:
 
     def scores(self, queries: Sequence[str]) -> np.ndarray:
         """(queries × documents): cosine, BM25, or their fusion."""
-        model = unit_rows(self._encode(queries)) @ self.vectors.T if self.vectors is not None else None
+        model = unit(self._encode(queries)) @ self.vectors.T if self.vectors is not None else None
         if self.fusion == "dense":
             return model
         lexical = self.bm25.scores(queries)
