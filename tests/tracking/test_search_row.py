@@ -53,3 +53,17 @@ def test_the_summary_sets_each_arms_dense_sparse_and_hybrid_search_beside_bm25(t
                                         "document)")
     assert hybrid == ("search, hybrid", "dense + BM25, the weight chosen on held-out queries: pretrained 0.700 "
                                         "(weight 0.6); from scratch 0.500 (weight 0.6)")
+
+
+def test_the_corpus_stage_trains_on_the_documents_pretraining_reads_and_selects_on_those_it_holds_out(tmp_path):
+    from pipeline.data.makers.docstring_task import write_document_split
+    from pipeline.data.shards.tokenize_worker import held_out
+
+    texts = [f"Document {i} says something of its own, at some length." for i in range(200)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"kind": "topic", "text": t}) + "\n" for t in texts))
+    counts = write_document_split(corpus, tmp_path / "documents", 0.1)
+    dev = [json.loads(line)["text"] for line in (tmp_path / "documents" / "dev.jsonl").read_text().splitlines()]
+    train = [json.loads(line)["text"] for line in (tmp_path / "documents" / "train.jsonl").read_text().splitlines()]
+    assert sorted(dev + train) == sorted(texts) and counts == {"train": len(train), "dev": len(dev)}
+    assert dev == [t for t in texts if held_out(t, 0.1)] and 0 < len(dev) < 60  # the shard stage's own rule

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pipeline.common.atomic_files import write_atomic
 from pipeline.common.errors import PipelineError
-from pipeline.data.shards.tokenize_worker import val_score
+from pipeline.data.shards.tokenize_worker import held_out
 
 LABELS = {0: "original", 1: "swapped"}
 
@@ -103,7 +103,7 @@ def corpus_sentences(corpus: Path, val_fraction: float, min_words: int = 6,
                 raise PipelineError(f"{path}:{number}: expected a JSON object with a `text` field") from None
         else:
             text = line
-        where = "held-out" if val_fraction <= 0 or val_score(text) < val_fraction else "training"
+        where = "held-out" if val_fraction <= 0 or held_out(text, val_fraction) else "training"
         for tokens in sentences_of(text, min_words, max_words):
             key = " ".join(tokens)
             if key not in seen:

@@ -74,12 +74,12 @@ def write_search_task(corpus: Path, out: Path, dev_fraction: float = 0.2, max_ch
 def write_document_split(corpus: Path, out: Path, val_fraction: float) -> dict:
     """Write the corpus's documents as `out/train.jsonl` and `out/dev.jsonl` ({"text"}), split as the shard stage
     splits them at `val_fraction`: dev holds the documents pretraining holds out, for a corpus stage's selection."""
-    from pipeline.data.shards.tokenize_worker import val_score
+    from pipeline.data.shards.tokenize_worker import held_out
 
     records = [json.loads(line) for line in Path(corpus).read_text(encoding="utf-8").splitlines() if line.strip()]
     splits: dict[str, list[str]] = {"train": [], "dev": []}
     for r in records:
-        splits["dev" if val_score(r["text"]) < val_fraction else "train"].append(json.dumps({"text": r["text"]}))
+        splits["dev" if held_out(r["text"], val_fraction) else "train"].append(json.dumps({"text": r["text"]}))
     if not splits["train"] or not splits["dev"]:
         raise PipelineError(f"{corpus}: at --val-fraction {val_fraction}, no document is held out (or none is left "
                             "to train on)")

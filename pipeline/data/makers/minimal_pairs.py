@@ -17,7 +17,7 @@ not become pairs. The output is deterministic given the text and the seed: sente
 in a seeded order and each edit site is chosen by a generator keyed by (seed, sentence).
 
 Held out: with `--held-out-fraction F` (default: the shard stage's validation fraction) only the
-documents the shard stage puts in its validation split are used (`val_score(text) < F`, the same
+documents the shard stage puts in its validation split are used (`held_out(text, F)`, the same
 rule), so pairs come from text the model did not train on. `--held-out-fraction 1` uses all.
 """
 
@@ -114,10 +114,10 @@ def held_out_texts(inputs: list[str], fraction: float, text_field: str = "text")
     """The documents of `inputs` that the shard stage puts in validation at `fraction` (all of them at 1)."""
     from pipeline.data.corpus import iter_texts, resolve_inputs
     from pipeline.data.corpus_types import CorpusOptions
-    from pipeline.data.shards.tokenize_worker import val_score
+    from pipeline.data.shards.tokenize_worker import held_out
 
     for text in iter_texts(resolve_inputs(inputs), CorpusOptions(text_field=text_field)):
-        if fraction >= 1 or val_score(text) < fraction:
+        if fraction >= 1 or held_out(text, fraction):
             yield text
 
 

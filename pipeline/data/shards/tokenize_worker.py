@@ -71,6 +71,11 @@ def val_score(text: str) -> float:
     return int.from_bytes(digest, "little") / 2.0**64
 
 
+def held_out(text: str, val_fraction: float) -> bool:
+    """Whether the shard stage puts this document in validation at `val_fraction` (never at 0)."""
+    return val_fraction > 0 and val_score(text) < val_fraction
+
+
 def hash_batch(source: str, fmt: str, lines: list[int], payloads: list) -> np.ndarray:
     """The normalised-text hash of every record of one batch (NO_TEXT where a record has no usable text)."""
     assert _settings is not None, "init_worker was not called"
@@ -122,8 +127,7 @@ def tokenize_batch(
     lengths = np.fromiter((len(e) for e in encodings), np.int64, len(encodings))
     ids = np.fromiter((i for e in encodings for i in e.ids), np.uint32, int(lengths.sum()))
     fraction = _settings.val_fraction
-    is_val = np.fromiter((val_score(t) < fraction for t in texts), bool, len(texts)) if fraction > 0 \
-        else np.zeros(len(texts), bool)
+    is_val = np.fromiter((held_out(t, fraction) for t in texts), bool, len(texts))
     return TokenizedBatch(ids, lengths, is_val, origin_keys(file, kept_lines), counts, examples)
 
 
