@@ -495,20 +495,20 @@ def main() -> None:
     p.add_argument("--export", type=Path, required=True, help="a pretraining output folder (or its export)")
     p.add_argument("--seeds", default="1,2")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--squad-train", type=int, default=1000, help="training questions, spread over the even articles")
+    p.add_argument("--squad-train", type=int, default=600, help="training questions, spread over the even articles")
     p.add_argument("--squad-dev", type=int, default=300, help="held-out training questions (the last tenth of the "
                                                                  "even articles)")
-    p.add_argument("--stsb-train", type=int, default=2000, help="STS-B training pairs, spread over the file")
-    p.add_argument("--bbc", type=int, default=1000, help="BBC News articles clustered, spread over the file")
-    p.add_argument("--eval-rows", type=int, default=None,
-                   help="at most this many searched questions, STS-B dev and MRPC pairs (quick trials; default all)")
+    p.add_argument("--stsb-train", type=int, default=1000, help="STS-B training pairs, spread over the file")
+    p.add_argument("--bbc", type=int, default=500, help="BBC News articles clustered, spread over the file")
+    p.add_argument("--eval-rows", type=int, default=500,
+                   help="at most this many searched questions, STS-B dev and MRPC pairs")
     p.add_argument("--corpus", nargs="+", default=None, metavar="FILE",
                    help="the corpus stage's pretraining text, each file an equal share (default: IMDB, WikiText-2 "
                         "and Shakespeare from ../shared/data/corpus, the export's own)")
     p.add_argument("--corpus-docs", type=int, default=3000, help="documents drawn from the pretraining text")
     p.add_argument("--corpus-held-out", type=float, default=0.05, help="the share of documents held out (seeded)")
-    p.add_argument("--corpus-steps", type=int, default=50, help="the corpus stage's steps (embedding.max_steps)")
-    p.add_argument("--corpus-batch", type=int, default=64, help="the corpus stage's batch (its in-batch negatives)")
+    p.add_argument("--corpus-steps", type=int, default=40, help="the corpus stage's steps (embedding.max_steps)")
+    p.add_argument("--corpus-batch", type=int, default=32, help="the corpus stage's batch (its in-batch negatives)")
     p.add_argument("--threads", type=int, default=1, help="threads for the latency and throughput tables")
     p.add_argument("--out", type=Path, default=None, help="data and runs (default: a work folder, not runs/)")
     p.add_argument("--variant", default=None, help="write benchmarks/results/embeddings.VARIANT.json (a trial: "
