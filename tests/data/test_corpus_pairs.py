@@ -50,10 +50,12 @@ def test_each_view_pairs_a_document_with_itself(tmp_path):
     assert pairs["title"] == ("The mill", " ".join(text.split()[:12]))
 
 
-def test_mining_is_fixed_by_its_seed_and_each_view_switches_on_alone():
+def test_mining_is_fixed_by_its_seed_not_the_path_and_each_view_switches_on_alone():
     documents = [Document(document(i), None, f"c.jsonl:{i + 1}") for i in range(6)]
     first, again = (mine_pairs(documents, CorpusPairsConfig(seed=3), "c.jsonl").split.texts for _ in range(2))
     assert first == again != mine_pairs(documents, CorpusPairsConfig(seed=4), "c.jsonl").split.texts
+    elsewhere = [Document(d.text, d.title, f"/another/checkout/{d.where}") for d in documents]
+    assert mine_pairs(elsewhere, CorpusPairsConfig(seed=3), "c.jsonl").split.texts == first  # not the path's
     crops = mine_pairs(documents, CorpusPairsConfig(views=["crops"], seed=3), "c.jsonl").split
     assert all(key.endswith("#crops") for key in crops.ids)
     assert crops.texts == [pair for pair, key in zip(first, [f"c.jsonl:{i + 1}#{v}" for i in range(6)

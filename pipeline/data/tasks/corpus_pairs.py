@@ -7,9 +7,10 @@ Three views, each switched on in `embedding.corpus.views`:
     inverse_cloze  a sentence, and the passage around it with that sentence removed (Lee et al. 2019)
     title          a record's title (or a text document's Markdown heading) and its body (E5/GTE's weak pairs)
 
-Mining is seeded per document (`seed` and where the document was read), so the same corpus gives the same pairs
-whatever the other documents, and every training seed of a run trains on one fixed set of pairs. Documents too
-short for a view are skipped for it and counted in one warning; a corpus where no view gives a pair is an error.
+Mining is seeded per document (`seed` and the document's own text, not the path it was read from), so the same
+corpus gives the same pairs whatever the other documents and wherever the checkout or the data lies, and every
+training seed of a run trains on one fixed set of pairs. Documents too short for a view are skipped for it and
+counted in one warning; a corpus where no view gives a pair is an error.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def mine_pairs(documents: list[Document], config: CorpusPairsConfig, source: str
     split = Split(f"{source} (mined: {', '.join(config.views)})")
     made, skipped = dict.fromkeys(config.views, 0), dict.fromkeys(config.views, 0)
     for document in documents:
-        rng = random.Random(f"{config.seed}\0{document.where}")
+        rng = random.Random(f"{config.seed}\0{document.title}\0{document.text}")
         for view in config.views:
             pair = MINERS[view](document, config, rng)
             if pair is None:
