@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from helpers import write_records
+
 from pipeline.common.run_layout import MainJobLayout
 from pipeline.data.makers.docstring_task import write_search_task
 from pipeline.tracking.task_report import search_lines
@@ -60,8 +62,7 @@ def test_the_corpus_stage_trains_on_the_documents_pretraining_reads_and_selects_
     from pipeline.data.shards.tokenize_worker import held_out
 
     texts = [f"Document {i} says something of its own, at some length." for i in range(200)]
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"kind": "topic", "text": t}) + "\n" for t in texts))
+    corpus = write_records(tmp_path / "corpus.jsonl", [{"kind": "topic", "text": t} for t in texts])
     counts = write_document_split(corpus, tmp_path / "documents", 0.1)
     dev = [json.loads(line)["text"] for line in (tmp_path / "documents" / "dev.jsonl").read_text().splitlines()]
     train = [json.loads(line)["text"] for line in (tmp_path / "documents" / "train.jsonl").read_text().splitlines()]
